@@ -1,0 +1,1 @@
+"""coalescer: debounce and coalesce refreshes of aggregates, on Redis."""

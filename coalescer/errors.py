@@ -1,0 +1,48 @@
+"""Every exception coalescer raises on purpose, in one place."""
+
+from __future__ import annotations
+
+
+class CoalescerError(Exception):
+    """Base class of coalescer's own errors."""
+
+
+class ConfigError(CoalescerError):
+    """A rules file that cannot be used, with the file, line and field at fault."""
+
+    def __init__(self, message: str, *, file: str = "<rules>", line: int | None = None,
+                 field: str | None = None) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.message = message
+        where = file if line is None else f"{file}:{line}"
+        what = f"{field}: " if field else ""
+        super().__init__(f"{where}: {what}{message}")
+
+
+class UnknownKeyError(CoalescerError, KeyError):
+    """A touched key that matches no rule."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(key)
+
+    def __str__(self) -> str:
+        return f"no rule matches key {self.key!r}"
+
+
+class BackpressureError(CoalescerError):
+    """The in-process buffer is full: the touch was not accepted (G8)."""
+
+
+class ClosedError(CoalescerError):
+    """touch() or flush() on a coalescer that is closed or not started."""
+
+
+class NotLeaderError(CoalescerError):
+    """A claim was refused because this node no longer holds the shard's lease."""
+
+
+class ScriptError(CoalescerError):
+    """A Lua script answered with a code that coalescer does not know."""
