@@ -1,0 +1,108 @@
+"""The in-process absorber between ``touch()`` and Redis.
+
+A touched key waits in ``pending`` until the flusher writes it. While it
+waits, more touches of it cost one dict lookup: they are *absorbed*, never
+dropped, because the write that follows them is what makes Redis schedule the
+refresh (the server stamps the write's own time, which is after every touch it
+carries). A key written to Redis is remembered in ``recent``, a cachetools
+time-aware cache whose entries live for the rule's ``absorb`` interval; a key
+touched again while it is recent is *held* until its entry expires, so a hot key
+costs at most one Redis write per absorb interval. Everything else is sent as
+soon as the flusher is free: writes are group-committed, one Lua call per shard.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cachetools import TLRUCache
+
+from .errors import BackpressureError
+
+Matcher = Callable[[str], Any]  # key -> its Rule; raises UnknownKeyError
+
+
+def _expires(_key: str, expiry: float, _now: float) -> float:
+    return expiry
+
+
+class Absorber:
+    """Buffers touched keys; bounded by ``max_keys`` (G8)."""
+
+    def __init__(self, match: Matcher, *, max_keys: int) -> None:
+        self._match = match
+        self._max_keys = max_keys
+        self._pending: dict[str, Any] = {}
+        self._recent: TLRUCache[str, float] = TLRUCache(maxsize=max_keys, ttu=_expires)
+        self._lock = threading.Lock()
+        self._wake: Callable[[], None] = lambda: None
+        self.idle = True
+        self.touches = 0
+        self.absorbed = 0
+
+    def set_waker(self, wake: Callable[[], None]) -> None:
+        """``wake`` tells the flusher there is something to send now."""
+        self._wake = wake
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def touch(self, key: str) -> None:
+        """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
+        self.touches += 1
+        if key in self._pending:
+            self.absorbed += 1
+            return
+        rule = self._match(key)
+        with self._lock:
+            if len(self._pending) >= self._max_keys and key not in self._pending:
+                self.touches -= 1
+                raise BackpressureError(
+                    f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
+                    "and not yet written to Redis (is Redis reachable?)")
+            self._pending[key] = rule
+            fresh = key not in self._recent
+        if fresh and self.idle:
+            self.idle = False
+            self._wake()
+
+    def take(self, *, everything: bool = False) -> dict[str, Any]:
+        """Remove and return the keys ready to write (all of them with ``everything``)."""
+        with self._lock:
+            if everything:
+                ready, self._pending = self._pending, {}
+                return ready
+            ready = {}
+            held = {}
+            for key, rule in self._pending.items():
+                if key in self._recent:
+                    held[key] = rule
+                else:
+                    ready[key] = rule
+            self._pending = held
+            return ready
+
+    def written(self, batch: dict[str, Any]) -> None:
+        """Remember a batch as written: its keys are recent for their absorb interval."""
+        recent, now = self._recent, time.monotonic()
+        for key, rule in batch.items():
+            recent[key] = now + rule.absorb
+
+    def give_back(self, batch: dict[str, Any]) -> None:
+        """Return an unwritten batch to the buffer; nothing accepted is lost."""
+        with self._lock:
+            for key, rule in batch.items():
+                self._pending.setdefault(key, rule)
+
+    def next_ready_in(self) -> float | None:
+        """Seconds until a held key may be written, or None when none is held."""
+        with self._lock:
+            if not self._pending:
+                return None
+            expiries = [self._recent.get(key) for key in self._pending]
+        if any(e is None for e in expiries):
+            return 0.0
+        return max(0.0, min(e for e in expiries if e is not None) - time.monotonic())

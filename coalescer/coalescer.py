@@ -1,0 +1,295 @@
+"""``Coalescer``: the lifecycle that ties touch, flush, election, polling and refresh."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .absorber import Absorber
+from .connection import Connection, connect
+from .embedded import EmbeddedServer, resolve_redis_url
+from .errors import ClosedError, UnknownKeyError
+from .flusher import Flusher
+from .handlers import Invoke, invoker_for
+from .keys import KeySpace
+from .leadership import Leadership
+from .metrics import Metrics
+from .poller import Poller
+from .rules import Config, HttpHandler, Rule
+from .runner import Runner
+from .scripts import Scripts
+from .status import gather_status
+from .wakeups import WakeListener
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUFFERED = 100_000
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Coalescer:
+    """Debounce and coalesce refreshes, across every process and node, on Redis.
+
+    ``touch(key)`` is sync and cheap; ``await flush()`` returns once Redis holds
+    every earlier touch. With ``worker=True`` this process also joins the leader
+    election and runs refresh handlers. Use as ``async with``.
+    """
+
+    def __init__(self, config: Config, *, redis_url: str | None = None, worker: bool = True,
+                 node_id: str | None = None, max_buffered: int = DEFAULT_MAX_BUFFERED,
+                 grace: float = 30.0, embedded_root: Path | None = None) -> None:
+        self.config = config
+        self.worker = worker
+        self.node_id = node_id or default_node_id()
+        self.grace = grace
+        self.metrics = Metrics()
+        self.keyspace = KeySpace(config.namespace, config.shards)
+        self.webhooks: Any = None
+        self._redis_url = redis_url
+        self._embedded_root = embedded_root
+        self._embedded: EmbeddedServer | None = None
+        self._absorber = Absorber(self._match, max_keys=max_buffered)
+        self._conn: Connection | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._leaderships: list[Leadership] = []
+        self._runner: Runner | None = None
+        self._flusher: Flusher | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._state = "new"
+        self._closed = asyncio.Event()
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
+        """Load and validate ``path`` (SPEC §3), then build a coalescer on it."""
+        return cls(Config.from_yaml(path), **options)
+
+    def _match(self, key: str) -> Rule:
+        return self.config.match(key)[0]
+
+    # -- the write path --------------------------------------------------------------
+
+    def touch(self, key: str) -> None:
+        """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
+
+        Sync, non-blocking, safe from any thread. Raises UnknownKeyError for a key
+        no rule matches, BackpressureError when the buffer is full, ClosedError
+        when the coalescer is not running.
+        """
+        if self._state != "running":
+            raise ClosedError(f"touch({key!r}): the coalescer is {self._state}, not running")
+        self._absorber.touch(key)
+
+    def unknown_keys(self, keys: Iterable[str]) -> list[str]:
+        """The keys of ``keys`` that no rule matches (nothing is touched)."""
+        out = []
+        for key in keys:
+            try:
+                self.config.match(key)
+            except UnknownKeyError:
+                out.append(key)
+        return out
+
+    async def flush(self) -> None:
+        """Return once Redis holds the due time of every touch made before this call."""
+        if self._flusher is None:
+            raise ClosedError("flush(): the coalescer was never started")
+        await self._flusher.flush()
+        self._sync_counters()
+
+    def _sync_counters(self) -> None:
+        a, m = self._absorber, self.metrics
+        touches, absorbed = a.touches, a.absorbed
+        m.touches.inc(touches - self._seen[0])
+        m.absorbed.inc(absorbed - self._seen[1])
+        self._seen = (touches, absorbed)
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def redis(self) -> Any:
+        if self._conn is None:
+            raise ClosedError("the coalescer is not connected")
+        return self._conn.client
+
+    @property
+    def redis_url(self) -> str | None:
+        return self._conn.url if self._conn else self._redis_url
+
+    async def status(self) -> dict[str, Any]:
+        """The JSON of ``coalescer status --json``."""
+        return await gather_status(self.redis, self.config)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except (RedisError, OSError, ClosedError):
+            return False
+
+    def leads(self) -> list[int]:
+        """The shards this node leads now."""
+        return sorted(s for s in self._led)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Coalescer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise ClosedError(f"start(): the coalescer is already {self._state}")
+        self._state = "starting"
+        self._seen = (0, 0)
+        self._led: set[int] = set()
+        url, self._embedded = resolve_redis_url(self._redis_url, self._embedded_root)
+        try:
+            self._conn = await connect(url)
+        except BaseException:
+            self._release_embedded()
+            self._state = "closed"
+            raise
+        scripts = Scripts(self._conn.client)
+        self._flusher = Flusher(self._absorber, scripts, self.keyspace, self.metrics)
+        self._spawn("flusher", self._flusher.run())
+        self._spawn("metrics", self._metrics_loop())
+        if self.worker:
+            self._start_worker(scripts)
+        self._state = "running"
+        log.info("coalescer %s started on %s (worker=%s, %d shards)", self.node_id,
+                 self._conn.url, self.worker, self.config.shards)
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=f"coalescer {name}")
+        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s died: %r", task.get_name(), task.exception(),
+                      exc_info=task.exception())
+
+    def _invokers(self) -> dict[str, Invoke]:
+        sync_slots = sum(r.concurrency for r in self.config.rules if callable(r.handler))
+        self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
+                                            thread_name_prefix="coalescer-handler")
+        if any(isinstance(r.handler, HttpHandler) for r in self.config.rules):
+            from .webhook import Webhooks
+            self.webhooks = Webhooks()
+        return {r.name: invoker_for(r, self._executor, self.webhooks) for r in self.config.rules}
+
+    def _start_worker(self, scripts: Scripts) -> None:
+        assert self._conn is not None
+        cfg = self.config
+        self._runner = runner = Runner(
+            scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
+            invokers=self._invokers(), claim_lease=cfg.claim_lease,
+            on_slot_free=self._slot_freed)
+        for sk in self.keyspace.all_shards():
+            poller = Poller(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
+                            node_id=self.node_id, leader_lease=cfg.leader_lease,
+                            claim_lease=cfg.claim_lease, wake=asyncio.Event())
+            self._leaderships.append(Leadership(
+                shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
+                leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
+                metrics=self.metrics))
+        routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
+        listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
+        self._spawn("wakeups", listener.run())
+        self._spawn("outbox", runner.outbox_loop())
+        self._spawn("renew", runner.renew_loop())
+        for ls_ in self._leaderships:
+            self._spawn(f"shard {ls_.shard}", ls_.run())
+
+    def _slot_freed(self) -> None:
+        for ls_ in self._leaderships:
+            if ls_.poller.starved:
+                ls_.poller.poke()
+
+    def _poke_all(self) -> None:
+        for ls_ in self._leaderships:
+            if ls_.leading:
+                ls_.poller.poke()
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._sync_counters()
+            self.metrics.buffered.set(len(self._absorber))
+
+    async def close(self) -> None:
+        """Stop taking work, flush, drain refreshes up to ``grace``, release leases.
+
+        Idempotent: a second call waits for the first to finish.
+        """
+        if self._state in ("closing", "closed"):
+            await self._closed.wait()
+            return
+        if self._state == "new":
+            self._state = "closed"
+            self._closed.set()
+            return
+        self._state = "closing"
+        try:
+            await self._shutdown()
+        finally:
+            self._state = "closed"
+            self._closed.set()
+
+    async def _shutdown(self) -> None:
+        for ls_ in self._leaderships:
+            ls_.stop()
+        await self._quietly("flush", self._final_flush())
+        if self._leaderships:
+            await self._quietly("release leases", asyncio.gather(
+                *(ls_.stopped() for ls_ in self._leaderships)))
+        if self._runner is not None:
+            await self._runner.drain(self.grace)
+            await self._quietly("record results", self._runner.flush_outbox(), timeout=5.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_resources()
+        log.info("coalescer %s closed", self.node_id)
+
+    async def _final_flush(self) -> None:
+        assert self._flusher is not None
+        await self._flusher.flush()
+        self._sync_counters()
+
+    async def _quietly(self, what: str, aw: Any, timeout: float = 10.0) -> None:
+        try:
+            await asyncio.wait_for(aw, timeout)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("shutdown: %s failed: %r", what, exc)
+
+    async def _close_resources(self) -> None:
+        if self.webhooks is not None:
+            await self.webhooks.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._conn is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._conn.close()
+        self._release_embedded()
+
+    def _release_embedded(self) -> None:
+        if self._embedded is not None:
+            self._embedded.release()
+            self._embedded = None

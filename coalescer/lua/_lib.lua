@@ -1,0 +1,106 @@
+-- _lib.lua: helpers prepended to every script by scripts.py.
+--
+-- A key's state lives in the shard's meta hash, one field per touched key:
+--   pending  "P|FIRST|LAST|ATTEMPTS"         (the key is in due:RULE)
+--   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
+--            (the key is in inflight:RULE; the R* part is a touch that came
+--            while it ran, re-armed by ack, fail or recovery)
+--   dead     "D|FIRST|LAST|ATTEMPTS|ERROR"   (the key is in dead:RULE)
+-- FIRST and LAST are the burst's first and last touch, server-clock ms;
+-- ATTEMPTS counts the tries made so far, ATTEMPT the one running now.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function split(v, n)
+  local out, pos = {}, 1
+  for i = 1, n - 1 do
+    local bar = string.find(v, '|', pos, true)
+    if not bar then
+      out[i] = string.sub(v, pos)
+      return out
+    end
+    out[i] = string.sub(v, pos, bar - 1)
+    pos = bar + 1
+  end
+  out[n] = string.sub(v, pos)
+  return out
+end
+
+local function decode(v)
+  if not v then return nil end
+  local kind = string.sub(v, 1, 1)
+  local f = split(string.sub(v, 3), 8)
+  if kind == 'P' then
+    return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3])}
+  elseif kind == 'D' then
+    f = split(string.sub(v, 3), 4)
+    return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
+            error = f[4]}
+  end
+  return {kind = 'R', token = tonumber(f[1]), first = tonumber(f[2]), last = tonumber(f[3]),
+          attempt = tonumber(f[4]), due = tonumber(f[5]), rdue = tonumber(f[6]),
+          rfirst = tonumber(f[7]), rlast = tonumber(f[8])}
+end
+
+local function pending(first, last, attempts)
+  return 'P|' .. int(first) .. '|' .. int(last) .. '|' .. int(attempts)
+end
+
+local function running(r)
+  local v = 'R|' .. int(r.token) .. '|' .. int(r.first) .. '|' .. int(r.last) .. '|'
+    .. int(r.attempt) .. '|' .. int(r.due)
+  if r.rdue then
+    v = v .. '|' .. int(r.rdue) .. '|' .. int(r.rfirst) .. '|' .. int(r.rlast)
+  end
+  return v
+end
+
+local function dead(first, last, attempts, err)
+  return 'D|' .. int(first) .. '|' .. int(last) .. '|' .. int(attempts) .. '|' .. err
+end
+
+-- The running claim of `key` if its token is `token`, else nil (a stale holder).
+local function held(meta, key, token)
+  local r = decode(redis.call('HGET', meta, key))
+  if r and r.kind == 'R' and r.token == tonumber(token) then return r end
+  return nil
+end
+
+-- Put a finished claim back to pending with its re-armed touch, if it has one.
+-- Returns the new due time, or nil when nothing was touched while it ran.
+local function rearm(meta, due_key, key, r)
+  if not r.rdue then return nil end
+  redis.call('HSET', meta, key, pending(r.rfirst, r.rlast, 0))
+  redis.call('ZADD', due_key, r.rdue, key)
+  return r.rdue
+end
+
+-- Tell a sleeping poller about a due time nearer than the one it sleeps to.
+local function wake(next_key, channel, earliest)
+  if not earliest then return 0 end
+  local planned = tonumber(redis.call('GET', next_key))
+  if planned and planned <= earliest then return 0 end
+  redis.call('SET', next_key, int(earliest))
+  redis.call('PUBLISH', channel, int(earliest))
+  return 1
+end
+
+local function min(a, b)
+  if not a then return b end
+  if not b then return a end
+  return math.min(a, b)
+end
+
+-- Record a node as alive in the shard's node set; returns the live count.
+local function heartbeat(nodes_key, node, now, ttl)
+  redis.call('ZADD', nodes_key, now, node)
+  redis.call('ZREMRANGEBYSCORE', nodes_key, '-inf', now - ttl)
+  return redis.call('ZCARD', nodes_key)
+end

@@ -1,0 +1,60 @@
+-- claim.lua: the leader claims due keys of one shard into its in-flight sets.
+--
+-- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] next-wake   KEYS[5] nodes
+-- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
+-- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms
+-- ARGV[3] claim lease ms   ARGV[4] longest sleep ms   ARGV[5] node id
+-- ARGV[6+r] how many keys of rule r to claim at most (0 claims none)
+--
+-- Checks the caller still holds the shard's lease and renews it, in this same
+-- script, so an ex-leader can never claim. Claims only keys whose due time has
+-- come, lowest first, and gives each a fencing token from the shard's counter.
+-- Returns {0} when the caller is not the leader, else
+-- {1, now, next due or -1, next lease expiry or -1, live nodes, claims}, claims
+-- being a flat list of (rule index, key, token, first, last, attempt, due).
+
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+local leader_lease = tonumber(ARGV[2])
+redis.call('PEXPIRE', KEYS[1], leader_lease)
+local meta, now = KEYS[2], now_ms()
+local lease_until = now + tonumber(ARGV[3])
+local live = heartbeat(KEYS[5], ARGV[5], now, 2 * leader_lease)
+local claims, next_due, next_expiry = {}, nil, nil
+
+local function head(zset)
+  local h = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+  return tonumber(h[2])
+end
+
+local function claim_rule(rule_index, due_key, inflight_key, limit)
+  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  local n = #ready / 2
+  if n == 0 then return end
+  redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+  local token = redis.call('INCRBY', KEYS[3], n) - n
+  local states, leases = {}, {}
+  for i = 1, n do
+    local key, due = ready[2 * i - 1], tonumber(ready[2 * i])
+    local p = decode(redis.call('HGET', meta, key)) or {first = due, last = due, attempts = 0}
+    token = token + 1
+    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = due}
+    states[2 * i - 1], states[2 * i] = key, running(r)
+    leases[2 * i - 1], leases[2 * i] = lease_until, key
+    for _, v in ipairs({rule_index, key, token, r.first, r.last, r.attempt, due}) do
+      claims[#claims + 1] = v
+    end
+  end
+  redis.call('HSET', meta, unpack(states))
+  redis.call('ZADD', inflight_key, unpack(leases))
+end
+
+for r = 0, (#KEYS - 5) / 2 - 1 do
+  local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
+  local limit = tonumber(ARGV[6 + r])
+  if limit > 0 then claim_rule(r, due_key, inflight_key, limit) end
+  next_due = min(next_due, head(due_key))
+  next_expiry = min(next_expiry, head(inflight_key))
+end
+
+redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[4]))))
+return {1, now, next_due or -1, next_expiry or -1, live, claims}

@@ -1,0 +1,56 @@
+-- fail.lua: finish claims whose refresh failed or timed out.
+--
+-- KEYS[1] meta   KEYS[2] next-wake
+-- KEYS[3+3g], KEYS[4+3g], KEYS[5+3g]   due:RULE, inflight:RULE, dead:RULE of group g
+-- ARGV[1] wake channel; then per group g: MAX_ATTEMPTS, N, then N quadruples
+--         (key, token, retry delay ms, error text)
+--
+-- Only the holder of the claim's fencing token may fail it (else: stale). An
+-- attempt below MAX_ATTEMPTS is retried after its delay (the caller draws the
+-- backoff and jitter), keeping the burst's first touch; the last attempt
+-- dead-letters the key, unless it was touched while it ran, which counts as a
+-- new touch: a new burst with fresh attempts.
+-- Returns {retried, dead, stale keys...}.
+
+local meta, next_key, now = KEYS[1], KEYS[2], now_ms()
+local retried, died, stale, earliest, pos = 0, 0, {}, nil, 2
+
+local function retry(due_key, key, r, delay)
+  local first, last = r.first, r.last
+  if r.rdue then first, last = math.min(first, r.rfirst), math.max(last, r.rlast) end
+  redis.call('HSET', meta, key, pending(first, last, r.attempt))
+  redis.call('ZADD', due_key, now + delay, key)
+  return now + delay
+end
+
+local function give_up(due_key, dead_key, key, r, err)
+  local due = rearm(meta, due_key, key, r)
+  if due then return due end
+  redis.call('HSET', meta, key, dead(r.first, r.last, r.attempt, err))
+  redis.call('ZADD', dead_key, now, key)
+  died = died + 1
+  return nil
+end
+
+for g = 0, (#KEYS - 2) / 3 - 1 do
+  local due_key, inflight_key, dead_key = KEYS[3 + 3 * g], KEYS[4 + 3 * g], KEYS[5 + 3 * g]
+  local max_attempts, n = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  for i = pos + 2, pos + 1 + 4 * n, 4 do
+    local key = ARGV[i]
+    local r = held(meta, key, ARGV[i + 1])
+    if not r then
+      stale[#stale + 1] = key
+    else
+      redis.call('ZREM', inflight_key, key)
+      if r.attempt < max_attempts then
+        earliest = min(earliest, retry(due_key, key, r, tonumber(ARGV[i + 2])))
+        retried = retried + 1
+      else
+        earliest = min(earliest, give_up(due_key, dead_key, key, r, ARGV[i + 3]))
+      end
+    end
+  end
+  pos = pos + 2 + 4 * n
+end
+wake(next_key, ARGV[1], earliest)
+return {retried, died, unpack(stale)}

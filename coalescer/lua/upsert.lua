@@ -1,0 +1,56 @@
+-- upsert.lua: schedule one batch of touched keys (one shard, one or more rules).
+--
+-- KEYS[1]   meta hash          KEYS[2]  next-wake string
+-- KEYS[3+2g], KEYS[4+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
+-- ARGV[1]   wake channel
+-- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, then N keys
+--
+-- Per key, with t the server time: a new burst is due at t + W; a burst that
+-- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
+-- backoff). A running key records the touch for a re-arm when it finishes. A
+-- dead-lettered key starts a new burst with fresh attempts.
+-- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0}.
+
+local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
+local now = now_ms()
+
+local function touch_running(key, r, window, max_wait)
+  if r.rdue then
+    r.rdue = math.max(r.rdue, math.min(now + window, r.rfirst + max_wait))
+  else
+    r.rfirst, r.rdue = now, now + window
+  end
+  r.rlast = now
+  redis.call('HSET', meta, key, running(r))
+end
+
+local function touch(due_key, dead_key, key, window, max_wait)
+  local s = decode(redis.call('HGET', meta, key))
+  local first, attempts, due = now, 0, now + window
+  if s and s.kind == 'R' then
+    touch_running(key, s, window, max_wait)
+    return nil
+  elseif s and s.kind == 'P' then
+    first, attempts = s.first, s.attempts
+    local old = tonumber(redis.call('ZSCORE', due_key, key)) or 0
+    due = math.max(old, math.min(now + window, first + max_wait))
+  elseif s and s.kind == 'D' then
+    redis.call('ZREM', dead_key, key)
+  end
+  redis.call('HSET', meta, key, pending(first, now, attempts))
+  redis.call('ZADD', due_key, due, key)
+  return due
+end
+
+local earliest, scheduled, pos = nil, 0, 2
+for g = 0, (#KEYS - 2) / 2 - 1 do
+  local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
+  local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  local n = tonumber(ARGV[pos + 2])
+  for i = pos + 3, pos + 2 + n do
+    earliest = min(earliest, touch(due_key, dead_key, ARGV[i], window, max_wait))
+  end
+  scheduled = scheduled + n
+  pos = pos + 3 + n
+end
+return {now, scheduled, wake(next_key, channel, earliest)}

@@ -1,0 +1,43 @@
+"""Prometheus metrics of one coalescer, in a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+
+
+class Metrics:
+    """Every metric coalescer exports; ``registry`` is what /metrics serves."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.touches = Counter("coalescer_touches_total", "touch() calls accepted", registry=r)
+        self.absorbed = Counter(
+            "coalescer_absorbed_touches_total",
+            "touches absorbed in process (no Redis I/O of their own)", registry=r)
+        self.flushes = Counter("coalescer_flushes_total", "batches written to Redis", registry=r)
+        self.flush_keys = Histogram(
+            "coalescer_flush_batch_keys", "keys per batch written to Redis",
+            buckets=_BATCH_BUCKETS, registry=r)
+        self.refreshes = Counter(
+            "coalescer_refreshes_total", "refreshes finished, by rule and outcome",
+            ["rule", "outcome"], registry=r)
+        self.duration = Histogram(
+            "coalescer_refresh_duration_seconds", "handler run time", ["rule"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.start_lag = Histogram(
+            "coalescer_refresh_start_lag_seconds", "refresh start minus due time", ["rule"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.pending = Gauge("coalescer_pending_keys", "keys waiting for their due time",
+                             ["rule"], registry=r)
+        self.in_flight = Gauge("coalescer_in_flight_keys", "keys claimed and refreshing",
+                               ["rule"], registry=r)
+        self.dead = Gauge("coalescer_dead_keys", "dead-lettered keys", ["rule"], registry=r)
+        self.leader = Gauge("coalescer_shard_leader",
+                            "1 where this node leads the shard, else 0", ["shard"], registry=r)
+        self.buffered = Gauge("coalescer_buffered_keys",
+                              "touched keys buffered in process, not yet in Redis", registry=r)
+        self.redis_errors = Counter("coalescer_redis_errors_total",
+                                    "Redis errors met by background loops", ["loop"], registry=r)

@@ -1,0 +1,608 @@
+"""The rules file (SPEC §3): loading, validation with file/line/field, and key matching."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import random
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from coalescer.durations import ACCEPTED as DURATIONS_ACCEPTED
+from coalescer.durations import format_duration, parse_duration
+from coalescer.errors import ConfigError, UnknownKeyError
+from coalescer.patterns import KeyPattern
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_SHARDS = 16384
+HTTP_METHODS = ("POST", "PUT", "PATCH")
+_URL_FIELD_RE = re.compile(r"\{([^{}]*)\}")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "defaults", "rules")
+_SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
+_RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
+_RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
+_HTTP_FIELDS = ("url", "method", "timeout", "secret_env")
+
+TOP_DEFAULTS: dict[str, float] = {
+    "shards": 1, "leader_lease": 3.0, "claim_lease": 5.0,
+}
+RULE_DEFAULTS: dict[str, float] = {
+    "window": 2.0, "max_wait": 30.0, "absorb": 0.05, "timeout": 30.0, "concurrency": 16,
+    "retry.attempts": 5, "retry.backoff": 1.0, "retry.max_backoff": 300.0,
+}
+DEFAULT_NAMESPACE = "coalescer"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a failing refresh is tried again (G6)."""
+
+    attempts: int
+    backoff: float
+    max_backoff: float
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based), jittered to 50-100%."""
+        exponent = min(max(attempt, 1) - 1, 1023)
+        base = min(self.max_backoff, self.backoff * 2.0**exponent)
+        jitter = rng.uniform(0.5, 1.0) if rng is not None else random.uniform(0.5, 1.0)
+        return base * jitter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HttpHandler:
+    """The ``http:`` handler form: a webhook called with the claim as its JSON body."""
+
+    url: str
+    method: str = "POST"
+    timeout: float | None = None
+    secret_env: str | None = None
+
+    def url_for(self, params: Mapping[str, str]) -> str:
+        """The url with every ``{name}`` replaced by the URL-quoted captured segment."""
+        return _URL_FIELD_RE.sub(lambda m: quote(params[m.group(1)], safe=""), self.url)
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.url}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """One resolved rule: every setting filled in from the rule, ``defaults`` or built-ins."""
+
+    name: str
+    pattern: KeyPattern
+    window: float
+    max_wait: float
+    absorb: float
+    timeout: float
+    concurrency: int
+    retry: RetryPolicy
+    handler: Callable[..., object] | HttpHandler
+    handler_ref: str
+    line: int
+
+    def params(self, key: str) -> dict[str, str] | None:
+        """The captured segments when ``key`` matches this rule, else None."""
+        return self.pattern.match(key)
+
+    def describe(self) -> str:
+        """A few lines with every resolved setting."""
+        retry = self.retry
+        lines = [
+            f"{self.name}  (line {self.line})",
+            f"  match:    {self.pattern.source}",
+            f"  handler:  {self.handler_ref}",
+            f"  window: {format_duration(self.window)}  "
+            f"max_wait: {format_duration(self.max_wait)}  "
+            f"absorb: {format_duration(self.absorb)}  "
+            f"timeout: {format_duration(self.timeout)}  concurrency: {self.concurrency}",
+            f"  retry: attempts {retry.attempts}, backoff {format_duration(retry.backoff)}, "
+            f"max_backoff {format_duration(retry.max_backoff)}",
+        ]
+        if isinstance(self.handler, HttpHandler):
+            lines.append("  http: " + _describe_http(self.handler, self.timeout))
+        return "\n".join(lines)
+
+
+def _describe_http(handler: HttpHandler, rule_timeout: float) -> str:
+    timeout = handler.timeout if handler.timeout is not None else rule_timeout
+    signed = f"signed with ${handler.secret_env}" if handler.secret_env else "unsigned"
+    return f"request timeout {format_duration(timeout)}, {signed}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """A loaded rules file. Rules match in file order; the first match wins."""
+
+    namespace: str
+    shards: int
+    leader_lease: float
+    claim_lease: float
+    rules: tuple[Rule, ...]
+    source: str
+    _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
+    _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _groups: dict[int, tuple[Rule, int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        alternatives: list[str] = []
+        groups: dict[int, tuple[Rule, int]] = {}
+        next_group = 1
+        for rule in self.rules:
+            groups[next_group] = (rule, next_group + 1)
+            alternatives.append(f"({rule.pattern.regex.pattern})")
+            next_group += 1 + rule.pattern.regex.groups
+        object.__setattr__(self, "_by_name", {rule.name: rule for rule in self.rules})
+        object.__setattr__(self, "_matcher", re.compile("|".join(alternatives), re.DOTALL))
+        object.__setattr__(self, "_groups", groups)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> Config:
+        """Load and validate a rules file; handlers import from the file's folder."""
+        source = os.fspath(path)
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError("rules file not found", file=source) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read rules file: {exc}", file=source) from None
+        return cls.from_string(text, source=source, base_dir=Path(source).resolve().parent)
+
+    @classmethod
+    def from_string(cls, text: str, *, source: str = "<string>",
+                    base_dir: Path | None = None) -> Config:
+        """Load and validate rules from text; handlers import from ``base_dir`` if given."""
+        return _Loader(source, base_dir).load(text)
+
+    def match(self, key: str) -> tuple[Rule, dict[str, str]]:
+        """The first rule whose pattern matches ``key`` and its captures."""
+        found = self._matcher.fullmatch(key) if self.rules else None
+        if found is None or found.lastindex is None:
+            raise UnknownKeyError(key)
+        rule, first = self._groups[found.lastindex]
+        values = found.groups()[first - 1:first - 1 + len(rule.pattern.names)]
+        return rule, dict(zip(rule.pattern.names, values, strict=True))
+
+    def rule(self, name: str) -> Rule:
+        """The rule called ``name``; KeyError if there is none."""
+        return self._by_name[name]
+
+    def describe(self) -> str:
+        """A human-readable listing of the settings and every resolved rule."""
+        head = [
+            f"rules file: {self.source}",
+            f"namespace: {self.namespace}  shards: {self.shards}  "
+            f"leader_lease: {format_duration(self.leader_lease)}  "
+            f"claim_lease: {format_duration(self.claim_lease)}",
+            f"{len(self.rules)} rule(s), matched in this order (first match wins):",
+        ]
+        body = [
+            _indent(f"{number}. {rule.describe()}", "   ")
+            for number, rule in enumerate(self.rules, start=1)
+        ]
+        return "\n".join(head + body)
+
+
+def _indent(text: str, prefix: str) -> str:
+    first, *rest = text.split("\n")
+    return "\n".join([prefix + first, *(prefix + "  " + line for line in rest)])
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """A resolved setting and where it was set (level 0 built-in, 1 defaults, 2 rule)."""
+
+    value: float
+    field: str | None = None
+    line: int | None = None
+    level: int = 0
+
+
+Entries = dict[str, tuple[Node, Node]]
+Settings = dict[str, _Setting]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _line(node: Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "nothing (null)"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "a mapping"}
+    return names.get(type(value), type(value).__name__)
+
+
+class _Loader:
+    """Walks the composed YAML nodes so every error carries its line and field."""
+
+    def __init__(self, file: str, base_dir: Path | None) -> None:
+        self.file = file
+        self.base_dir = base_dir
+
+    def error(self, message: str, node: Node | None = None,
+              field: str | None = None) -> ConfigError:
+        line = _line(node) if node is not None else None
+        return ConfigError(message, file=self.file, line=line, field=field)
+
+    # -- YAML plumbing --
+
+    def compose(self, text: str) -> Node:
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = int(mark.line) + 1 if mark is not None else None
+            problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+            if exc.context_mark is not None and exc.context_mark is not mark:
+                problem += f" (started on line {int(exc.context_mark.line) + 1})"
+            raise ConfigError(f"YAML syntax error: {problem}; the file must be valid YAML",
+                              file=self.file, line=line) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"YAML error: {exc}", file=self.file) from None
+        if root is None:
+            raise ConfigError("the file is empty; expected a mapping with a 'rules' list",
+                              file=self.file)
+        return root
+
+    def value(self, node: Node, field: str) -> Any:
+        loader = yaml.SafeLoader("")
+        try:
+            return loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise self.error(f"cannot read value: {exc}", node, field) from None
+        finally:
+            loader.dispose()
+
+    def mapping(self, node: Node, prefix: str, allowed: tuple[str, ...],
+                what: str) -> Entries:
+        if not isinstance(node, MappingNode):
+            got = _kind(self.value(node, prefix))
+            raise self.error(f"{what} must be a mapping, got {got}", node, prefix or None)
+        self.no_twice(node, prefix)
+        self.flatten(node, prefix)
+        entries: Entries = {}
+        for key_node, value_node in node.value:  # merged keys first, so explicit ones win
+            name = self.key_name(key_node, prefix)
+            if name not in allowed:
+                raise self.unknown(name, key_node, prefix, allowed, what)
+            entries[name] = (key_node, value_node)
+        return entries
+
+    def no_twice(self, node: MappingNode, prefix: str) -> None:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            name = self.key_name(key_node, prefix)
+            if name in seen:
+                raise self.error(f"field {name!r} is given twice; give it once",
+                                 key_node, _join(prefix, name))
+            seen.add(name)
+
+    def flatten(self, node: MappingNode, prefix: str) -> None:
+        """Apply YAML merge keys (``<<: *anchor``) in place."""
+        loader = yaml.SafeLoader("")
+        try:
+            loader.flatten_mapping(node)
+        except yaml.YAMLError as exc:
+            raise self.error(f"bad merge key: {exc}", node, prefix or None) from None
+        finally:
+            loader.dispose()
+
+    def key_name(self, node: Node, prefix: str) -> str:
+        if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:str":
+            return str(node.value)
+        shown = node.value if isinstance(node, ScalarNode) else _kind(self.value(node, prefix))
+        raise self.error(f"field names must be plain strings, got {shown!r}", node,
+                         prefix or None)
+
+    def unknown(self, name: str, node: Node, prefix: str, allowed: tuple[str, ...],
+                what: str) -> ConfigError:
+        close = difflib.get_close_matches(name, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return self.error(f"unknown field {name!r} in {what}{hint}; allowed: "
+                          f"{', '.join(allowed)}", node, _join(prefix, name))
+
+    def require(self, entries: Entries, name: str, node: Node, prefix: str,
+                what: str) -> Node:
+        if name not in entries:
+            raise self.error(f"{what} is missing the required field {name!r}", node,
+                             _join(prefix, name))
+        return entries[name][1]
+
+    # -- typed values --
+
+    def duration(self, node: Node, field: str, *, positive: bool) -> float:
+        raw = self.value(node, field)
+        try:
+            seconds = parse_duration(raw)
+        except ValueError as exc:
+            raise self.error(str(exc), node, field) from None
+        if positive and seconds <= 0:
+            raise self.error(f"must be longer than 0, got {raw!r}; expected "
+                             f"{DURATIONS_ACCEPTED}, above 0", node, field)
+        return seconds
+
+    def positive_int(self, node: Node, field: str, limit: int | None = None) -> int:
+        raw = self.value(node, field)
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise self.error(f"must be a positive whole number (1, 2, ...), got {raw!r}",
+                             node, field)
+        if limit is not None and raw > limit:
+            raise self.error(f"must be at most {limit}, got {raw}", node, field)
+        return raw
+
+    def string(self, node: Node, field: str, what: str) -> str:
+        raw = self.value(node, field)
+        if not isinstance(raw, str) or not raw:
+            raise self.error(f"{what} must be a non-empty string, got {_kind(raw)} "
+                             f"({raw!r})", node, field)
+        return raw
+
+    def identifier(self, node: Node, field: str, what: str) -> str:
+        raw = self.string(node, field, what)
+        if NAME_RE.fullmatch(raw) is None:
+            raise self.error(f"{what} {raw!r} may only use letters, digits, '_', '.' and '-' "
+                             f"(it becomes part of Redis keys)", node, field)
+        return raw
+
+    # -- the document --
+
+    def load(self, text: str) -> Config:
+        root = self.compose(text)
+        entries = self.mapping(root, "", _TOP_FIELDS, "the top level")
+        namespace = DEFAULT_NAMESPACE
+        if "namespace" in entries:
+            namespace = self.identifier(entries["namespace"][1], "namespace", "namespace")
+        shards = int(TOP_DEFAULTS["shards"])
+        if "shards" in entries:
+            shards = self.positive_int(entries["shards"][1], "shards", MAX_SHARDS)
+        leases = {name: self.lease(entries, name) for name in ("leader_lease", "claim_lease")}
+        defaults = self.defaults(entries)
+        rules = self.rules(self.require(entries, "rules", root, "", "the rules file"),
+                           defaults)
+        return Config(namespace=namespace, shards=shards, leader_lease=leases["leader_lease"],
+                      claim_lease=leases["claim_lease"], rules=rules, source=self.file)
+
+    def lease(self, entries: Entries, name: str) -> float:
+        if name not in entries:
+            return TOP_DEFAULTS[name]
+        return self.duration(entries[name][1], name, positive=True)
+
+    def defaults(self, entries: Entries) -> Settings:
+        settings = {name: _Setting(value) for name, value in RULE_DEFAULTS.items()}
+        if "defaults" not in entries:
+            return settings
+        node = entries["defaults"][1]
+        if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return settings
+        found = self.mapping(node, "defaults", _SETTING_FIELDS, "defaults")
+        return settings | self.settings(found, "defaults", level=1)
+
+    def settings(self, entries: Entries, prefix: str, level: int) -> Settings:
+        out: Settings = {}
+        for name in ("window", "max_wait", "absorb", "timeout"):
+            if name in entries:
+                where = _join(prefix, name)
+                node = entries[name][1]
+                seconds = self.duration(node, where, positive=name != "absorb")
+                out[name] = _Setting(seconds, where, _line(node), level)
+        if "concurrency" in entries:
+            where, node = _join(prefix, "concurrency"), entries["concurrency"][1]
+            out["concurrency"] = _Setting(self.positive_int(node, where), where, _line(node),
+                                          level)
+        if "retry" in entries:
+            out |= self.retry(entries["retry"][1], _join(prefix, "retry"), level)
+        return out
+
+    def retry(self, node: Node, prefix: str, level: int) -> Settings:
+        entries = self.mapping(node, prefix, _RETRY_FIELDS, "retry")
+        out: Settings = {}
+        for name, (_, value) in entries.items():
+            where = _join(prefix, name)
+            number = (self.positive_int(value, where) if name == "attempts"
+                      else self.duration(value, where, positive=False))
+            out[f"retry.{name}"] = _Setting(number, where, _line(value), level)
+        return out
+
+    def rules(self, node: Node, defaults: Settings) -> tuple[Rule, ...]:
+        if not isinstance(node, SequenceNode):
+            got = _kind(self.value(node, "rules"))
+            raise self.error(f"rules must be a list of rules, got {got}", node, "rules")
+        if not node.value:
+            raise self.error("rules is empty; give at least one rule (match: \"*\" accepts "
+                             "every key)", node, "rules")
+        seen: dict[str, int] = {}
+        return tuple(self.rule(item, f"rules[{index}]", defaults, seen)
+                     for index, item in enumerate(node.value))
+
+    def rule(self, node: Node, prefix: str, defaults: Settings, seen: dict[str, int]) -> Rule:
+        entries = self.mapping(node, prefix, _RULE_FIELDS, "a rule")
+        name = self.rule_name(self.require(entries, "name", node, prefix, "the rule"),
+                              f"{prefix}.name", seen)
+        match_node = self.require(entries, "match", node, prefix, "the rule")
+        pattern = self.pattern(match_node, f"{prefix}.match")
+        handler_node = self.require(entries, "handler", node, prefix, "the rule")
+        settings = defaults | self.settings(entries, prefix, level=2)
+        self.check(settings, node)
+        handler, ref = self.handler(handler_node, f"{prefix}.handler", pattern)
+        retry = RetryPolicy(attempts=int(settings["retry.attempts"].value),
+                            backoff=settings["retry.backoff"].value,
+                            max_backoff=settings["retry.max_backoff"].value)
+        return Rule(name=name, pattern=pattern, window=settings["window"].value,
+                    max_wait=settings["max_wait"].value, absorb=settings["absorb"].value,
+                    timeout=settings["timeout"].value,
+                    concurrency=int(settings["concurrency"].value), retry=retry,
+                    handler=handler, handler_ref=ref, line=_line(node))
+
+    def rule_name(self, node: Node, field: str, seen: dict[str, int]) -> str:
+        name = self.identifier(node, field, "rule name")
+        if name in seen:
+            raise self.error(f"duplicate rule name {name!r} (first used on line "
+                             f"{seen[name]}); rule names must be unique", node, field)
+        seen[name] = _line(node)
+        return name
+
+    def pattern(self, node: Node, field: str) -> KeyPattern:
+        source = self.string(node, field, "match")
+        try:
+            return KeyPattern.compile(source)
+        except ValueError as exc:
+            raise self.error(str(exc), node, field) from None
+
+    # -- cross-field checks --
+
+    def check(self, settings: Settings, node: Node) -> None:
+        window, absorb = settings["window"], settings["absorb"]
+        if absorb.value >= window.value:
+            self.blame(absorb, window, node,
+                       f"absorb ({format_duration(absorb.value)}) must be shorter than "
+                       f"window ({format_duration(window.value)}); "
+                       "lengthen window or shorten absorb")
+        max_wait = settings["max_wait"]
+        if max_wait.value < window.value:
+            self.blame(max_wait, window, node,
+                       f"max_wait ({format_duration(max_wait.value)}) must be at least "
+                       f"window ({format_duration(window.value)}); "
+                       "raise max_wait or shorten window")
+        backoff, cap = settings["retry.backoff"], settings["retry.max_backoff"]
+        if backoff.value > cap.value:
+            self.blame(backoff, cap, node,
+                       f"retry backoff ({format_duration(backoff.value)}) must not exceed "
+                       f"retry max_backoff ({format_duration(cap.value)})")
+
+    def blame(self, first: _Setting, second: _Setting, node: Node, message: str) -> None:
+        """Raise at whichever of the two settings was given most specifically."""
+        culprit = second if second.level > first.level else first
+        line = culprit.line if culprit.line is not None else _line(node)
+        raise ConfigError(message, file=self.file, line=line, field=culprit.field)
+
+    # -- handlers --
+
+    def handler(self, node: Node, field: str,
+                pattern: KeyPattern) -> tuple[Callable[..., object] | HttpHandler, str]:
+        if isinstance(node, MappingNode):
+            entries = self.mapping(node, field, ("http",), "handler")
+            if "http" not in entries:
+                raise self.error("handler mapping needs an 'http' block", node, field)
+            http = self.http(entries["http"][1], f"{field}.http", pattern)
+            return http, str(http)
+        ref = self.string(node, field, "handler")
+        return self.import_handler(ref, node, field), ref
+
+    def http(self, node: Node, prefix: str, pattern: KeyPattern) -> HttpHandler:
+        entries = self.mapping(node, prefix, _HTTP_FIELDS, "the http handler")
+        url = self.url(self.require(entries, "url", node, prefix, "the http handler"),
+                       f"{prefix}.url", pattern)
+        method = "POST"
+        if "method" in entries:
+            method = self.method(entries["method"][1], f"{prefix}.method")
+        timeout = None
+        if "timeout" in entries:
+            timeout = self.duration(entries["timeout"][1], f"{prefix}.timeout", positive=True)
+        secret_env = None
+        if "secret_env" in entries:
+            secret_env = self.env_name(entries["secret_env"][1], f"{prefix}.secret_env")
+        return HttpHandler(url=url, method=method, timeout=timeout, secret_env=secret_env)
+
+    def url(self, node: Node, field: str, pattern: KeyPattern) -> str:
+        url = self.string(node, field, "url")
+        for name in _URL_FIELD_RE.findall(url):
+            if name not in pattern.names:
+                known = ", ".join(f"{{{n}}}" for n in pattern.names) or "none"
+                raise self.error(f"url uses {{{name}}}, which is not a capture of the rule's "
+                                 f"pattern {pattern.source!r} (its captures: {known})",
+                                 node, field)
+        bare = _URL_FIELD_RE.sub("x", url)
+        if "{" in bare or "}" in bare:
+            raise self.error(f"unbalanced brace in url {url!r}; use {{name}} for a capture",
+                             node, field)
+        parts = urlsplit(bare)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise self.error(f"url {url!r} must be an absolute http:// or https:// URL",
+                             node, field)
+        return url
+
+    def method(self, node: Node, field: str) -> str:
+        raw = self.string(node, field, "method")
+        if raw.upper() not in HTTP_METHODS:
+            raise self.error(f"method {raw!r} is not allowed; use one of "
+                             f"{', '.join(HTTP_METHODS)}", node, field)
+        return raw.upper()
+
+    def env_name(self, node: Node, field: str) -> str:
+        raw = self.string(node, field, "secret_env")
+        if _ENV_RE.fullmatch(raw) is None:
+            raise self.error(f"secret_env {raw!r} must be the name of an environment "
+                             f"variable (letters, digits and '_')", node, field)
+        return raw
+
+    def import_handler(self, ref: str, node: Node, field: str) -> Callable[..., object]:
+        module_name, attr_path = _split_ref(ref)
+        if not module_name:
+            raise self.error(f"handler {ref!r} must have the form 'module:function' "
+                             f"(e.g. myapp.stats:refresh_user), or be an http: block",
+                             node, field)
+        with self.on_path():
+            try:
+                target: object = importlib.import_module(module_name)
+            except Exception as exc:
+                raise self.error(f"handler module {module_name!r} does not import "
+                                 f"({type(exc).__name__}: {exc}); it is looked up with "
+                                 f"{self.where()} first on sys.path", node, field) from None
+        for part in attr_path.split("."):
+            if not hasattr(target, part):
+                raise self.error(f"module {module_name!r} has no attribute {attr_path!r}",
+                                 node, field)
+            target = getattr(target, part)
+        if not callable(target):
+            raise self.error(f"handler {ref!r} is {type(target).__name__}, not a function; "
+                             f"it must be an async or plain function", node, field)
+        return target
+
+    def where(self) -> str:
+        return repr(str(self.base_dir)) if self.base_dir is not None else "nothing extra"
+
+    @contextmanager
+    def on_path(self) -> Iterator[None]:
+        """Import with the rules file's folder first on sys.path (it stays there)."""
+        if self.base_dir is not None:
+            folder = str(self.base_dir)
+            if sys.path[:1] != [folder]:
+                while folder in sys.path:
+                    sys.path.remove(folder)
+                sys.path.insert(0, folder)
+        importlib.invalidate_caches()
+        yield
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    """('module', 'attr.path') from 'module:attr.path', or ('', '') when malformed."""
+    module_name, sep, attr_path = ref.partition(":")
+    parts = [*module_name.split("."), *attr_path.split(".")]
+    if not sep or not all(part.isidentifier() for part in parts):
+        return "", ""
+    return module_name, attr_path

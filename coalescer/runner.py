@@ -1,0 +1,260 @@
+"""Runs claimed refreshes: per-rule concurrency, timeouts, retries, leases.
+
+Each claim runs as one task. Its outcome goes to an outbox that is
+group-committed to Redis (one ack and one fail call per shard). While a claim
+is held (running, or finished but not yet acked) its lease is renewed every
+third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .backoff import Backoff
+from .claim import Claim
+from .handlers import Invoke
+from .keys import KeySpace
+from .metrics import Metrics
+from .scripts import ClaimedKey, Failure, Scripts
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_TEXT = 200
+
+
+@dataclass(slots=True)
+class Job:
+    """One held claim on this node."""
+
+    shard: int
+    rule: Any
+    claim: Claim
+    task: asyncio.Task[None] | None = None
+    lost: bool = False
+
+
+@dataclass(slots=True)
+class Outbox:
+    """Finished claims of one shard whose results Redis does not hold yet."""
+
+    acks: list[Job] = field(default_factory=list)
+    fails: list[tuple[Job, Failure]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.acks or self.fails)
+
+    def merge(self, other: Outbox) -> None:
+        self.acks[:0] = other.acks
+        self.fails[:0] = other.fails
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:MAX_ERROR_TEXT]
+
+
+class Runner:
+    """Holds this node's claims and runs their handlers."""
+
+    def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
+                 invokers: dict[str, Invoke], claim_lease: float,
+                 on_slot_free: Callable[[], None]) -> None:
+        self._scripts = scripts
+        self._keyspace = keyspace
+        self._metrics = metrics
+        self._invokers = invokers
+        self._claim_lease = claim_lease
+        self._on_slot_free = on_slot_free
+        self._jobs: dict[str, Job] = {}
+        self._active: dict[str, int] = defaultdict(int)
+        self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
+        self._outbox_event = asyncio.Event()
+        self._idle_event = asyncio.Event()
+        self._idle_event.set()
+        self._random = random.Random()
+
+    # -- claims in -----------------------------------------------------------------
+
+    def free_slots(self, rule: Any) -> int:
+        return max(0, int(rule.concurrency) - self._active[rule.name])
+
+    def holds(self) -> int:
+        return len(self._jobs)
+
+    def start(self, shard: int, rule: Any, claimed: ClaimedKey, clock_offset_ms: float) -> None:
+        """Start the handler of one fresh claim."""
+        claim = Claim(key=claimed.key, rule=rule.name, params=rule.params(claimed.key) or {},
+                      attempt=claimed.attempt, first_touch_ms=claimed.first_ms,
+                      last_touch_ms=claimed.last_ms, due_ms=claimed.due_ms, token=claimed.token)
+        job = Job(shard, rule, claim)
+        self._jobs[claim.key] = job
+        self._active[rule.name] += 1
+        self._idle_event.clear()
+        lag = (time.time() * 1000 + clock_offset_ms - claimed.due_ms) / 1000
+        self._metrics.start_lag.labels(rule.name).observe(max(0.0, lag))
+        job.task = asyncio.create_task(self._run(job), name=f"refresh {claim.key}")
+
+    async def _run(self, job: Job) -> None:
+        rule, claim = job.rule, job.claim
+        if claim.attempt > rule.retry.attempts:
+            self._finish(job, TimeoutError("claim lease expired on every attempt"))
+            return
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(rule.timeout):
+                await self._invokers[rule.name](claim)
+        except asyncio.CancelledError:
+            self._drop(job)
+            raise
+        except Exception as exc:  # a handler's failure is data, not a crash
+            self._metrics.duration.labels(rule.name).observe(time.monotonic() - started)
+            self._finish(job, exc)
+            return
+        self._metrics.duration.labels(rule.name).observe(time.monotonic() - started)
+        self._finish(job, None)
+
+    def _finish(self, job: Job, exc: BaseException | None) -> None:
+        rule, claim = job.rule, job.claim
+        box = self._outboxes[job.shard]
+        if exc is None:
+            box.acks.append(job)
+            self._metrics.refreshes.labels(rule.name, "success").inc()
+        else:
+            outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
+            self._metrics.refreshes.labels(rule.name, outcome).inc()
+            log.warning("refresh of %s failed (attempt %d of %d): %s", claim.key, claim.attempt,
+                        rule.retry.attempts, _error_text(exc))
+            delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
+            box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc))))
+        self._release_slot(job)
+        self._outbox_event.set()
+
+    def _drop(self, job: Job) -> None:
+        """A cancelled claim: left to its lease (another node, or we, re-run it)."""
+        self._release_slot(job)
+        self._jobs.pop(job.claim.key, None)
+        self._check_idle()
+
+    def _release_slot(self, job: Job) -> None:
+        self._active[job.rule.name] -= 1
+        self._on_slot_free()
+
+    def _check_idle(self) -> None:
+        if not self._jobs:
+            self._idle_event.set()
+
+    # -- outcomes out ----------------------------------------------------------------
+
+    async def outbox_loop(self) -> None:
+        """Group-commit acks and failures; survives Redis errors and retries them."""
+        backoff = Backoff()
+        while True:
+            await self._outbox_event.wait()
+            self._outbox_event.clear()
+            boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+            try:
+                await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+                backoff.reset()
+            except RedisError as exc:
+                self._metrics.redis_errors.labels("outbox").inc()
+                backoff.log(log, "outbox: results not recorded yet, will retry: %r", exc)
+                for shard, box in boxes.items():
+                    self._outboxes[shard].merge(box)
+                self._outbox_event.set()
+                await asyncio.sleep(backoff.next())
+
+    async def _commit(self, shard: int, box: Outbox) -> None:
+        keys = self._keyspace.shard(shard)
+        stale: list[str] = []
+        if box.acks:
+            acks: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for job in box.acks:
+                acks[job.rule.name].append((job.claim.key, job.claim.token))
+            stale += await self._scripts.ack(keys, list(acks.items()))
+            self._forget(box.acks)
+            box.acks = []
+        if box.fails:
+            fails: dict[Any, list[Failure]] = defaultdict(list)
+            for job, failure in box.fails:
+                fails[job.rule].append(failure)
+            groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]
+            stale += (await self._scripts.fail(keys, groups))[2]
+            self._forget([job for job, _ in box.fails])
+        for key in stale:
+            log.warning("claim of %s was taken over before its result was recorded", key)
+
+    def _forget(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if self._jobs.get(job.claim.key) is job:
+                del self._jobs[job.claim.key]
+        self._check_idle()
+
+    async def flush_outbox(self) -> None:
+        """Record every finished claim's result now (used at shutdown)."""
+        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+
+    # -- leases ------------------------------------------------------------------------
+
+    async def renew_loop(self) -> None:
+        """Every third of the claim lease, renew what this node holds; cancel what it lost."""
+        backoff = Backoff()
+        period = delay = self._claim_lease / 3
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.renew_once()
+                backoff.reset()
+                delay = period
+            except RedisError as exc:
+                self._metrics.redis_errors.labels("renew").inc()
+                backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
+                delay = min(period, backoff.next())
+
+    async def renew_once(self) -> None:
+        by_shard: dict[int, dict[str, list[tuple[str, int]]]] = defaultdict(
+            lambda: defaultdict(list))
+        for job in self._jobs.values():
+            by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
+        lease_ms = round(self._claim_lease * 1000)
+        for shard, groups in by_shard.items():
+            lost = await self._scripts.renew(self._keyspace.shard(shard), lease_ms,
+                                             list(groups.items()))
+            for key in lost:
+                self._lose(key)
+
+    def _lose(self, key: str) -> None:
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
+                    key, job.claim.token)
+        job.lost = True
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+        else:
+            self._jobs.pop(key, None)
+            self._check_idle()
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to ``grace`` for held claims to finish, then cancel the rest."""
+        try:
+            await asyncio.wait_for(self._idle_event.wait(), grace)
+        except TimeoutError:
+            tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
+            log.warning("shutdown: cancelling %d refreshes still running after %.1fs; "
+                        "they re-run once their claim lease expires", len(tasks), grace)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,82 @@
+"""Shared fixtures: real valkey-server processes (SPEC §5), namespaces, rules files.
+
+Fixtures:
+    redis_server   session   one ValkeyProcess for the whole run
+    redis_url      session   its URL
+    namespace      function  a unique namespace ("t" + 10 hex digits)
+    redis_client   function  redis.asyncio.Redis on redis_url, decode_responses=True
+    own_server     function  a fresh ValkeyProcess of the test's own (restart/kill freely)
+    cluster        session   a 3-master Cluster, started only if a test asks for it
+    rules_file     function  factory: rules_file(yaml_text, handlers_py=None) -> Path
+
+Helpers (import from ``servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
+poll_until, write_rules, free_port.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis.asyncio
+
+# Make ``import servers`` work from any test module, whatever the import mode.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+from servers import Cluster, ValkeyProcess, start_cluster, write_rules  # noqa: E402
+
+RulesFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess(dir=tmp_path_factory.mktemp("valkey"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: ValkeyProcess) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest_asyncio.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess(dir=tmp_path_factory.mktemp("own-valkey"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = start_cluster(tmp_path_factory.mktemp("cluster"), n_masters=3)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def rules_file(tmp_path: Path) -> RulesFactory:
+    def make(yaml_text: str, handlers_py: str | None = None) -> Path:
+        return write_rules(tmp_path, yaml_text, handlers_py)
+
+    return make

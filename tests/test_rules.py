@@ -1,0 +1,683 @@
+"""The rules-file loader (SPEC §3): defaults, matching, handlers, and every refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from coalescer.errors import ConfigError, UnknownKeyError
+from coalescer.rules import Config, HttpHandler, RetryPolicy, Rule
+
+HANDLERS = """\
+CALLS = []
+
+async def refresh_async(claim):
+    CALLS.append(("async", claim))
+
+def refresh_sync(claim):
+    CALLS.append(("sync", claim))
+
+NOT_CALLABLE = 42
+"""
+
+
+@pytest.fixture(autouse=True)
+def _restore_sys_path() -> Iterator[None]:
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Iterator[str]:
+    """A handler module in tmp_path under a name no other test uses."""
+    name = f"handlers_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(HANDLERS)
+    yield name
+    sys.modules.pop(name, None)
+
+
+def write(tmp_path: Path, text: str, name: str = "rules.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(dedent(text))
+    return path
+
+
+def refused(tmp_path: Path, text: str) -> tuple[ConfigError, Path]:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(path)
+    return info.value, path
+
+
+def assert_refused(tmp_path: Path, text: str, *, line: int | None, field: str | None,
+                   fragment: str) -> ConfigError:
+    error, path = refused(tmp_path, text)
+    assert error.file == str(path)
+    assert (error.line, error.field) == (line, field), error
+    assert fragment in error.message, error.message
+    assert str(path) in str(error)
+    return error
+
+
+# --- loading and defaults ---------------------------------------------------------
+
+
+def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+        rules:
+          - name: all
+            match: "*"
+            handler: json:dumps
+        """)
+    config = Config.from_yaml(path)
+    assert (config.namespace, config.shards) == ("coalescer", 1)
+    assert (config.leader_lease, config.claim_lease) == (3.0, 5.0)
+    assert config.source == str(path)
+    (rule,) = config.rules
+    assert (rule.window, rule.max_wait, rule.absorb, rule.timeout) == (2.0, 30.0, 0.05, 30.0)
+    assert rule.concurrency == 16
+    assert rule.retry == RetryPolicy(attempts=5, backoff=1.0, max_backoff=300.0)
+    assert rule.line == 2
+    assert rule.handler_ref == "json:dumps"
+
+
+def test_spec_example_loads(tmp_path: Path) -> None:
+    package = f"myapp_{uuid.uuid4().hex}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "stats.py").write_text("async def refresh_user(claim):\n    pass\n")
+    path = write(tmp_path, f"""\
+        namespace: coalescer
+        shards: 1
+        leader_lease: 3s
+        claim_lease: 5s
+        defaults:
+          window: 2s
+          max_wait: 30s
+          absorb: 50ms
+          timeout: 30s
+          concurrency: 16
+          retry: {{attempts: 5, backoff: 1s, max_backoff: 5m}}
+        rules:
+          - name: user-stats
+            match: "stats:user:{{user_id}}"
+            window: 2s
+            handler: {package}.stats:refresh_user
+          - name: org-stats
+            match: "stats:org:{{org_id}}"
+            window: 10s
+            max_wait: 2m
+            handler:
+              http:
+                url: "http://127.0.0.1:9000/refresh/{{org_id}}"
+                method: POST
+                timeout: 5s
+                secret_env: ORG_HOOK_SECRET
+        """)
+    try:
+        config = Config.from_yaml(path)
+    finally:
+        for name in [m for m in sys.modules if m.startswith(package)]:
+            del sys.modules[name]
+    user, org = config.rules
+    assert inspect.iscoroutinefunction(user.handler)
+    assert user.handler_ref == f"{package}.stats:refresh_user"
+    assert (org.window, org.max_wait) == (10.0, 120.0)
+    assert org.handler == HttpHandler(url="http://127.0.0.1:9000/refresh/{org_id}",
+                                      method="POST", timeout=5.0,
+                                      secret_env="ORG_HOOK_SECRET")
+    assert org.handler_ref == "POST http://127.0.0.1:9000/refresh/{org_id}"
+    assert (user.line, org.line) == (13, 17)
+
+
+def test_defaults_apply_and_rules_override(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, """\
+        namespace: myapp.prod-1
+        shards: 4
+        leader_lease: 2s
+        claim_lease: 10s
+        defaults:
+          window: 5s
+          concurrency: 4
+          retry: {attempts: 3}
+        rules:
+          - name: a
+            match: "a:{id}"
+            handler: json:dumps
+          - name: b
+            match: "b:{id}"
+            handler: json:dumps
+            window: 1s
+            absorb: 0
+            timeout: 90s
+            retry: {backoff: 2s}
+        """))
+    assert (config.namespace, config.shards) == ("myapp.prod-1", 4)
+    assert (config.leader_lease, config.claim_lease) == (2.0, 10.0)
+    a, b = config.rules
+    assert (a.window, a.concurrency, a.absorb, a.timeout) == (5.0, 4, 0.05, 30.0)
+    assert a.retry == RetryPolicy(attempts=3, backoff=1.0, max_backoff=300.0)
+    assert (b.window, b.concurrency, b.absorb, b.timeout) == (1.0, 4, 0.0, 90.0)
+    assert b.retry == RetryPolicy(attempts=3, backoff=2.0, max_backoff=300.0)
+
+
+def test_empty_defaults_block_is_allowed(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, """\
+        defaults:
+        rules:
+          - {name: a, match: "*", handler: "json:dumps"}
+        """))
+    assert config.rules[0].window == 2.0
+
+
+def test_yaml_anchors_and_merge_keys(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, """\
+        rules:
+          - &base {name: a, match: "a:*", handler: "json:dumps", window: 7s}
+          - <<: *base
+            name: b
+            match: "b:*"
+        """))
+    assert [(r.name, r.window) for r in config.rules] == [("a", 7.0), ("b", 7.0)]
+
+
+# --- matching ---------------------------------------------------------------------
+
+
+MATCHING = """\
+    rules:
+      - name: user
+        match: "stats:user:{user_id}"
+        handler: json:dumps
+      - name: user-any
+        match: "stats:user:*"
+        handler: json:dumps
+      - name: pair
+        match: "pair:{a}:{b}"
+        handler: json:dumps
+      - name: catch-all
+        match: "*"
+        handler: json:dumps
+    """
+
+
+def test_first_match_wins_in_file_order(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, MATCHING))
+    rule, params = config.match("stats:user:42")
+    assert (rule.name, params) == ("user", {"user_id": "42"})
+    rule, params = config.match("stats:user:42:daily")
+    assert (rule.name, params) == ("user-any", {})
+    rule, params = config.match("pair:x:y")
+    assert (rule.name, params) == ("pair", {"a": "x", "b": "y"})
+    rule, params = config.match("pair:x:y:z")
+    assert (rule.name, params) == ("catch-all", {})
+    assert config.match("")[0].name == "catch-all"
+
+
+def test_match_agrees_with_rule_params(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, MATCHING))
+    for key in ["stats:user:1", "stats:user:", "pair:a:b", "pair::b", "zzz", "a\nb"]:
+        rule, params = config.match(key)
+        earlier = config.rules[: config.rules.index(rule)]
+        assert all(r.params(key) is None for r in earlier)
+        assert rule.params(key) == params
+
+
+def test_unknown_key_is_refused_with_its_name(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, """\
+        rules:
+          - {name: user, match: "stats:user:{id}", handler: "json:dumps"}
+        """))
+    with pytest.raises(UnknownKeyError) as info:
+        config.match("stats:org:1")
+    assert info.value.key == "stats:org:1"
+    assert "stats:org:1" in str(info.value)
+    with pytest.raises(UnknownKeyError):
+        config.match("stats:user:1:2")
+
+
+def test_rule_by_name(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, MATCHING))
+    assert config.rule("pair").pattern.names == ("a", "b")
+    with pytest.raises(KeyError):
+        config.rule("nope")
+
+
+# --- handlers ---------------------------------------------------------------------
+
+
+def test_sync_and_async_handlers_import_from_the_rules_folder(
+        tmp_path: Path, module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path = write(tmp_path, f"""\
+        rules:
+          - {{name: s, match: "s:*", handler: "{module}:refresh_sync"}}
+          - {{name: a, match: "a:*", handler: "{module}:refresh_async"}}
+        """)
+    config = Config.from_yaml(path)
+    sync_rule, async_rule = config.rules
+    assert callable(sync_rule.handler)
+    assert not inspect.iscoroutinefunction(sync_rule.handler)
+    assert inspect.iscoroutinefunction(async_rule.handler)
+    assert sys.path[0] == str(tmp_path.resolve())
+    assert callable(async_rule.handler)
+    sync_rule.handler("c1")
+    asyncio.run(async_rule.handler("c2"))
+    assert sys.modules[module].CALLS == [("sync", "c1"), ("async", "c2")]
+
+
+def test_relative_rules_path(tmp_path: Path, module: str,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    (tmp_path / f"{module}.py").rename(folder / f"{module}.py")
+    write(folder, f"rules: [{{name: s, match: '*', handler: '{module}:refresh_sync'}}]\n")
+    monkeypatch.chdir(tmp_path)
+    config = Config.from_yaml(Path("conf") / "rules.yaml")
+    assert config.source == str(Path("conf") / "rules.yaml")
+    assert config.rules[0].handler is sys.modules[module].refresh_sync
+
+
+def test_from_string_imports_from_base_dir(tmp_path: Path, module: str) -> None:
+    text = f"rules: [{{name: s, match: '*', handler: '{module}:refresh_async'}}]\n"
+    config = Config.from_string(text, base_dir=tmp_path)
+    assert config.source == "<string>"
+    assert inspect.iscoroutinefunction(config.rules[0].handler)
+
+
+def test_from_string_errors_name_the_source() -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_string("rules: []\n", source="inline.yaml")
+    assert (info.value.file, info.value.line, info.value.field) == ("inline.yaml", 1, "rules")
+    with pytest.raises(ConfigError) as info:
+        Config.from_string("rules: []\n")
+    assert info.value.file == "<string>"
+
+
+def test_nested_attribute_handler() -> None:
+    text = "rules: [{name: s, match: '*', handler: 'json:JSONEncoder.encode'}]"
+    config = Config.from_string(text)
+    assert config.rules[0].handler_ref == "json:JSONEncoder.encode"
+
+
+# --- describe, retry delays, urls -------------------------------------------------
+
+
+def test_describe_lists_every_resolved_setting(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, """\
+        namespace: app
+        rules:
+          - name: user
+            match: "stats:user:{id}"
+            handler: json:dumps
+            absorb: 10ms
+          - name: hook
+            match: "hook:{id}"
+            handler: {http: {url: "https://example.com/h/{id}", secret_env: S}}
+        """))
+    text = config.describe()
+    for fragment in ["app", "shards: 1", "leader_lease: 3s", "claim_lease: 5s", "1. user",
+                     "2. hook", "stats:user:{id}", "json:dumps", "window: 2s",
+                     "max_wait: 30s", "absorb: 10ms", "timeout: 30s", "concurrency: 16",
+                     "attempts 5", "backoff 1s", "max_backoff 5m", "line 3",
+                     "POST https://example.com/h/{id}", "$S", str(config.source)]:
+        assert fragment in text, fragment
+
+
+def test_retry_delay_grows_caps_and_jitters() -> None:
+    policy = RetryPolicy(attempts=10, backoff=1.0, max_backoff=5.0)
+    rng = random.Random(7)
+    for attempt, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (9, 5.0), (5000, 5.0)]:
+        delays = [policy.delay(attempt, rng) for _ in range(200)]
+        assert all(0.5 * base <= d <= base for d in delays)
+        assert max(delays) - min(delays) > 0.3 * base  # jittered, not fixed
+    assert 0.5 <= policy.delay(1) <= 1.0
+
+
+def test_retry_delay_is_reproducible_with_a_seed() -> None:
+    policy = RetryPolicy(attempts=3, backoff=0.5, max_backoff=60.0)
+    assert policy.delay(3, random.Random(1)) == policy.delay(3, random.Random(1))
+
+
+def test_http_url_substitutes_quoted_captures() -> None:
+    handler = HttpHandler(url="http://h/refresh/{org_id}?x={kind}")
+    assert handler.url_for({"org_id": "a/b c", "kind": "é&"}) == \
+        "http://h/refresh/a%2Fb%20c?x=%C3%A9%26"
+
+
+def test_config_and_rules_are_frozen(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, MATCHING))
+    rule: Rule = config.rules[0]
+    with pytest.raises(AttributeError):
+        rule.window = 1.0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        config.shards = 2  # type: ignore[misc]
+
+
+# --- refusals: files and YAML -----------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(path)
+    assert info.value.file == str(path)
+    assert "not found" in info.value.message
+    assert str(path) in str(info.value)
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(tmp_path)
+    assert info.value.file == str(tmp_path)
+
+
+def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
+    assert_refused(tmp_path, """\
+        rules:
+          - name: a
+            match: "*
+            handler: json:dumps
+        """, line=5, field=None, fragment="(started on line 3)")
+
+
+def test_yaml_indentation_error_has_its_line(tmp_path: Path) -> None:
+    assert_refused(tmp_path, """\
+        namespace: x
+        rules:
+          - name: a
+           match: b
+        """, line=4, field=None, fragment="YAML syntax error")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    assert_refused(tmp_path, "", line=None, field=None, fragment="empty")
+
+
+def test_top_level_not_a_mapping(tmp_path: Path) -> None:
+    assert_refused(tmp_path, "- a\n- b\n", line=1, field=None,
+                   fragment="the top level must be a mapping, got a list")
+
+
+def test_bad_tag_is_refused(tmp_path: Path) -> None:
+    assert_refused(tmp_path, """\
+        namespace: !!python/name:os.system x
+        rules: []
+        """, line=1, field="namespace", fragment="cannot read value")
+
+
+# --- refusals: fields -------------------------------------------------------------
+
+
+RULE = '  - {name: a, match: "*", handler: "json:dumps"}\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        ("namespac: x\nrules:\n" + RULE, 1, "namespac", "did you mean 'namespace'"),
+        ("defaults:\n  windw: 2s\nrules:\n" + RULE, 2, "defaults.windw", "allowed: window"),
+        ("defaults:\n  retry:\n    tries: 2\nrules:\n" + RULE, 3, "defaults.retry.tries",
+         "allowed: attempts, backoff, max_backoff"),
+        ("rules:\n  - name: a\n    match: x\n    handler: json:dumps\n    windo: 1s\n", 5,
+         "rules[0].windo", "unknown field 'windo' in a rule"),
+        ("rules:\n  - {name: a, match: x, handler: json:dumps, retry: {attempt: 2}}\n", 2,
+         "rules[0].retry.attempt", "did you mean 'attempts'"),
+        ("rules:\n  - name: a\n    match: x\n    handler:\n      http:\n        url: http://h/\n"
+         "        verb: GET\n", 7, "rules[0].handler.http.verb", "allowed: url, method"),
+        ("rules:\n  - name: a\n    match: x\n    handler:\n      grpc: {}\n", 5,
+         "rules[0].handler.grpc", "allowed: http"),
+        ("rules:\n  - name: a\n    name: b\n    match: x\n    handler: json:dumps\n", 3,
+         "rules[0].name", "given twice"),
+        ("1: x\nrules:\n" + RULE, 1, None, "field names must be plain strings"),
+    ],
+)
+def test_unknown_and_duplicate_fields(tmp_path: Path, text: str, line: int, field: str,
+                                      fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+@pytest.mark.parametrize(
+    ("missing", "field"),
+    [("name", "rules[1].name"), ("match", "rules[1].match"), ("handler", "rules[1].handler")],
+)
+def test_missing_rule_fields(tmp_path: Path, missing: str, field: str) -> None:
+    entries = {"name": "name: b", "match": "match: 'b:*'", "handler": "handler: json:dumps"}
+    del entries[missing]
+    body = "\n    ".join(entries.values())
+    assert_refused(tmp_path, f"rules:\n{RULE}  - {body}\n", line=3, field=field,
+                   fragment=f"missing the required field '{missing}'")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        ("namespace: x\n", 1, "rules", "missing the required field 'rules'"),
+        ("rules: []\n", 1, "rules", "rules is empty"),
+        ("rules:\n", 1, "rules", "must be a list of rules, got nothing"),
+        ("rules: {a: 1}\n", 1, "rules", "must be a list of rules, got a mapping"),
+        ("rules:\n" + RULE + "  - just-a-string\n", 3, "rules[1]",
+         "a rule must be a mapping, got a string"),
+        ("defaults: [1]\nrules:\n" + RULE, 1, "defaults", "defaults must be a mapping"),
+        ("rules:\n  - {name: a, match: x, handler: json:dumps, retry: 3}\n", 2,
+         "rules[0].retry", "retry must be a mapping, got an integer"),
+    ],
+)
+def test_bad_structure(tmp_path: Path, text: str, line: int, field: str,
+                       fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+# --- refusals: values -------------------------------------------------------------
+
+
+def rule_with(setting: str) -> str:
+    return f"rules:\n  - name: a\n    match: x\n    handler: json:dumps\n    {setting}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        (rule_with("window: 2 days"), 5, "rules[0].window", "bad duration '2 days'"),
+        (rule_with("window: 0"), 5, "rules[0].window", "must be longer than 0"),
+        (rule_with("window: 0ms"), 5, "rules[0].window", "must be longer than 0"),
+        (rule_with("timeout: 0s"), 5, "rules[0].timeout", "must be longer than 0"),
+        (rule_with("max_wait: -1"), 5, "rules[0].max_wait", "bad duration -1"),
+        (rule_with("absorb: yes"), 5, "rules[0].absorb", "bad duration True"),
+        (rule_with("retry: {backoff: soon}"), 5, "rules[0].retry.backoff", "bad duration"),
+        ("defaults:\n  absorb: '5x'\nrules:\n" + RULE, 2, "defaults.absorb", "bad duration"),
+        ("leader_lease: soon\nrules:\n" + RULE, 1, "leader_lease", '"50ms"'),
+        ("claim_lease: 0\nrules:\n" + RULE, 1, "claim_lease", "must be longer than 0"),
+        (rule_with("concurrency: 0"), 5, "rules[0].concurrency", "positive whole number"),
+        (rule_with("concurrency: '8'"), 5, "rules[0].concurrency", "positive whole number"),
+        (rule_with("concurrency: 1.5"), 5, "rules[0].concurrency", "positive whole number"),
+        (rule_with("concurrency: true"), 5, "rules[0].concurrency", "positive whole number"),
+        (rule_with("retry: {attempts: 0}"), 5, "rules[0].retry.attempts",
+         "positive whole number"),
+        ("defaults:\n  retry:\n    attempts: -2\nrules:\n" + RULE, 3,
+         "defaults.retry.attempts", "positive whole number"),
+        ("shards: 0\nrules:\n" + RULE, 1, "shards", "positive whole number"),
+        ("shards: two\nrules:\n" + RULE, 1, "shards", "positive whole number"),
+        ("shards: 100000\nrules:\n" + RULE, 1, "shards", "at most 16384"),
+    ],
+)
+def test_bad_values(tmp_path: Path, text: str, line: int, field: str, fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        # the rule's own setting is blamed before one from defaults or the built-ins
+        (rule_with("window: 40ms"), 5, "rules[0].window", "absorb (50ms) must be shorter"),
+        (rule_with("absorb: 2s"), 5, "rules[0].absorb", "than window (2s)"),
+        (rule_with("{window: 1s, absorb: 1s}").replace("    {", "    <<: {"), 5,
+         "rules[0].absorb", "must be shorter"),
+        ("defaults:\n  absorb: 3s\nrules:\n" + RULE, 2, "defaults.absorb",
+         "absorb (3s) must be shorter than window (2s)"),
+        ("defaults:\n  absorb: 1s\nrules:\n" + rule_with("window: 1s").split("\n", 1)[1], 7,
+         "rules[0].window", "must be shorter"),
+        (rule_with("max_wait: 1s"), 5, "rules[0].max_wait",
+         "max_wait (1s) must be at least window (2s)"),
+        (rule_with("window: 1m"), 5, "rules[0].window",
+         "max_wait (30s) must be at least window (1m)"),
+        ("defaults:\n  max_wait: 3s\nrules:\n" + rule_with("window: 4s").split("\n", 1)[1], 7,
+         "rules[0].window", "must be at least"),
+        (rule_with("retry: {backoff: 10m}"), 5, "rules[0].retry.backoff",
+         "backoff (10m) must not exceed retry max_backoff (5m)"),
+        ("defaults:\n  retry: {backoff: 10s}\nrules:\n"
+         + rule_with("retry: {max_backoff: 5s}").split("\n", 1)[1], 7,
+         "rules[0].retry.max_backoff", "must not exceed"),
+    ],
+)
+def test_inconsistent_settings(tmp_path: Path, text: str, line: int, field: str,
+                               fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+def test_max_wait_equal_to_window_is_allowed(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, rule_with("{window: 5s, max_wait: 5s}")
+                                    .replace("    {", "    <<: {")))
+    assert config.rules[0].max_wait == config.rules[0].window == 5.0
+
+
+# --- refusals: names and patterns -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        ("rules:\n" + RULE + "  - name: x\n    match: y\n    handler: json:dumps\n"
+         "  - name: a\n    match: z\n    handler: json:dumps\n", 6, "rules[2].name",
+         "duplicate rule name 'a' (first used on line 2)"),
+        ("rules:\n  - {name: 'user stats', match: x, handler: json:dumps}\n", 2,
+         "rules[0].name", "letters, digits, '_', '.' and '-'"),
+        ("rules:\n  - {name: 'a{b}', match: x, handler: json:dumps}\n", 2, "rules[0].name",
+         "Redis keys"),
+        ("rules:\n  - {name: 12, match: x, handler: json:dumps}\n", 2, "rules[0].name",
+         "must be a non-empty string, got an integer"),
+        ("rules:\n  - {name: '', match: x, handler: json:dumps}\n", 2, "rules[0].name",
+         "non-empty string"),
+        ("namespace: 'my ns'\nrules:\n" + RULE, 1, "namespace", "letters, digits"),
+        ("namespace: 'a:b'\nrules:\n" + RULE, 1, "namespace", "Redis keys"),
+        ("rules:\n  - name: a\n    match: 'stats:{'\n    handler: json:dumps\n", 3,
+         "rules[0].match", "unbalanced '{'"),
+        ("rules:\n  - name: a\n    match: '{a}:{a}'\n    handler: json:dumps\n", 3,
+         "rules[0].match", "appears twice"),
+        ("rules:\n  - name: a\n    match: 'x:{1}'\n    handler: json:dumps\n", 3,
+         "rules[0].match", "not an identifier"),
+        ("rules:\n  - name: a\n    match: 'x:{}'\n    handler: json:dumps\n", 3,
+         "rules[0].match", "empty braces"),
+        ("rules:\n  - name: a\n    match: ''\n    handler: json:dumps\n", 3,
+         "rules[0].match", "non-empty string"),
+        ("rules:\n  - name: a\n    match: [x]\n    handler: json:dumps\n", 3,
+         "rules[0].match", "got a list"),
+    ],
+)
+def test_bad_names_and_patterns(tmp_path: Path, text: str, line: int, field: str,
+                                fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+# --- refusals: handlers -----------------------------------------------------------
+
+
+def handler_rule(handler: str) -> str:
+    return f"rules:\n  - name: a\n    match: 'x:{{id}}'\n    handler: {handler}\n"
+
+
+@pytest.mark.parametrize("ref", ["json", "'json:'", ":dumps", "my-app:f", "a:b:c", "a:1f",
+                                 "a..b:f", "'json: dumps'"])
+def test_handler_not_module_function(tmp_path: Path, ref: str) -> None:
+    assert_refused(tmp_path, handler_rule(ref), line=4, field="rules[0].handler",
+                   fragment="must have the form 'module:function'")
+
+
+def test_handler_module_does_not_import(tmp_path: Path) -> None:
+    error = assert_refused(tmp_path, handler_rule("no_such_module_xyz:f"), line=4,
+                           field="rules[0].handler", fragment="does not import")
+    assert "ModuleNotFoundError" in error.message
+    assert str(tmp_path.resolve()) in error.message
+
+
+def test_handler_module_raises_on_import(tmp_path: Path) -> None:
+    name = f"broken_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text("raise RuntimeError('boom')\n")
+    error = assert_refused(tmp_path, handler_rule(f"{name}:f"), line=4,
+                           field="rules[0].handler", fragment="does not import")
+    assert "RuntimeError: boom" in error.message
+
+
+def test_handler_module_with_syntax_error(tmp_path: Path) -> None:
+    name = f"broken_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text("def f(:\n")
+    assert_refused(tmp_path, handler_rule(f"{name}:f"), line=4, field="rules[0].handler",
+                   fragment="SyntaxError")
+
+
+def test_handler_attribute_missing(tmp_path: Path, module: str) -> None:
+    assert_refused(tmp_path, handler_rule(f"{module}:nope"), line=4,
+                   field="rules[0].handler", fragment="has no attribute 'nope'")
+
+
+def test_handler_not_callable(tmp_path: Path, module: str) -> None:
+    assert_refused(tmp_path, handler_rule(f"{module}:NOT_CALLABLE"), line=4,
+                   field="rules[0].handler", fragment="is int, not a function")
+
+
+def test_handler_of_wrong_type(tmp_path: Path) -> None:
+    assert_refused(tmp_path, handler_rule("[a]"), line=4, field="rules[0].handler",
+                   fragment="non-empty string")
+
+
+def http_rule(*lines: str) -> str:
+    body = "".join(f"\n        {line}" for line in lines)
+    return handler_rule("\n      http:" + body)
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "field", "fragment"),
+    [
+        (("method: POST",), 6, "rules[0].handler.http.url", "missing the required field 'url'"),
+        (("url: ftp://h/x",), 6, "rules[0].handler.http.url", "absolute http:// or https://"),
+        (("url: /refresh/{id}",), 6, "rules[0].handler.http.url", "absolute http://"),
+        (("url: 'http://h/{org}'",), 6, "rules[0].handler.http.url",
+         "{org}, which is not a capture of the rule's pattern 'x:{id}' (its captures: {id})"),
+        (("url: 'http://h/{id'",), 6, "rules[0].handler.http.url", "unbalanced brace"),
+        (("url: http://h/", "method: GET"), 7, "rules[0].handler.http.method",
+         "use one of POST, PUT, PATCH"),
+        (("url: http://h/", "timeout: 0"), 7, "rules[0].handler.http.timeout",
+         "must be longer than 0"),
+        (("url: http://h/", "timeout: fast"), 7, "rules[0].handler.http.timeout",
+         "bad duration"),
+        (("url: http://h/", "secret_env: 'MY SECRET'"), 7, "rules[0].handler.http.secret_env",
+         "environment variable"),
+    ],
+)
+def test_bad_http_handler(tmp_path: Path, lines: tuple[str, ...], line: int, field: str,
+                          fragment: str) -> None:
+    assert_refused(tmp_path, http_rule(*lines), line=line, field=field, fragment=fragment)
+
+
+def test_http_handler_not_a_mapping(tmp_path: Path) -> None:
+    assert_refused(tmp_path, handler_rule("{http: 'http://h/'}"), line=4,
+                   field="rules[0].handler.http", fragment="must be a mapping, got a string")
+
+
+def test_http_handler_defaults_and_method_case(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, http_rule("url: 'https://h/r/{id}'",
+                                                         "method: put")))
+    handler = config.rules[0].handler
+    assert handler == HttpHandler(url="https://h/r/{id}", method="PUT")
+    assert (handler.timeout, handler.secret_env) == (None, None)
