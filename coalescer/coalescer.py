@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from .absorber import Absorber
 from .connection import Connection, connect
+from .deadletters import requeue_dead
 from .embedded import EmbeddedServer, resolve_redis_url
 from .errors import ClosedError, UnknownKeyError
 from .flusher import Flusher
@@ -138,6 +139,12 @@ class Coalescer:
         except (RedisError, OSError, ClosedError):
             return False
 
+    async def retry_dead(self, keys: Iterable[str] | None = None) -> int:
+        """Re-queue dead-lettered ``keys`` (all of them when None); returns how many."""
+        if self._conn is None:
+            raise ClosedError("retry_dead(): the coalescer is not running")
+        return await requeue_dead(self._conn.client, self._scripts, self.config, keys)
+
     def leads(self) -> list[int]:
         """The shards this node leads now."""
         return sorted(s for s in self._led)
@@ -165,7 +172,7 @@ class Coalescer:
             self._release_embedded()
             self._state = "closed"
             raise
-        scripts = Scripts(self._conn.client)
+        self._scripts = scripts = Scripts(self._conn.client)
         self._flusher = Flusher(self._absorber, scripts, self.keyspace, self.metrics)
         self._spawn("flusher", self._flusher.run())
         self._spawn("metrics", self._metrics_loop())

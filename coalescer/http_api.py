@@ -1,0 +1,302 @@
+"""The HTTP surface of a node (SPEC §4): POST /touch, GET /healthz, /status, /metrics.
+
+Served with aiohttp on loopback unless told otherwise. With a token, every route but
+/healthz needs ``Authorization: Bearer <token>``. Every answer, errors included, is
+JSON, except /metrics (Prometheus text). A refused /touch applies nothing: the whole
+body is validated, unknown keys included, before the first key is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from .errors import BackpressureError, ClosedError, UnknownKeyError
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8470
+DEFAULT_MAX_BODY = 1024 * 1024
+PING_TIMEOUT = 2.0
+STATUS_TIMEOUT = 10.0
+SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Node(Protocol):
+    """What the HTTP API needs of a coalescer."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def touch(self, key: str) -> None: ...
+
+    def unknown_keys(self, keys: list[str]) -> list[str]: ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def ping(self) -> bool: ...
+
+
+class Refusal(Exception):
+    """A request answered with an error status and a JSON body ``{"error": ..., **extra}``."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: dict[str, Any] = {"error": message, **extra}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body, status=self.status)
+
+
+# --- /touch body validation ------------------------------------------------------------
+
+
+_SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw.strip():
+        raise Refusal(400, f"empty body; {_SHAPE}")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise Refusal(400, "the body is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
+                           f"column {exc.colno}") from None
+
+
+def _check_key(index: int, key: object) -> str:
+    if not isinstance(key, str):
+        raise Refusal(400, f"keys[{index}] must be a string, got {type(key).__name__}")
+    if not key:
+        raise Refusal(400, f"keys[{index}] is an empty string; keys must not be empty")
+    return key
+
+
+def parse_keys(raw: bytes) -> list[str]:
+    """The keys of a /touch body; Refusal(400) saying what is wrong with it."""
+    body = _decode(raw)
+    if not isinstance(body, dict):
+        raise Refusal(400, f"{_SHAPE}, got a JSON {type(body).__name__}")
+    extra = sorted(set(body) - {"keys"})
+    if extra:
+        raise Refusal(400, f"unknown field(s) {', '.join(map(repr, extra))}; {_SHAPE}")
+    if "keys" not in body:
+        raise Refusal(400, f"the field 'keys' is missing; {_SHAPE}")
+    keys = body["keys"]
+    if not isinstance(keys, list):
+        raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
+    return [_check_key(i, key) for i, key in enumerate(keys)]
+
+
+# --- middlewares -----------------------------------------------------------------------
+
+
+def _bearer(request: web.Request) -> bytes | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip().encode()
+
+
+def _auth_middleware(token: str) -> Any:
+    expected = token.encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        given = _bearer(request)
+        if given is None or not hmac.compare_digest(given, expected):
+            response = Refusal(401, "missing or wrong bearer token "
+                                    "(send 'Authorization: Bearer <token>')").response()
+            response.headers["WWW-Authenticate"] = 'Bearer realm="coalescer"'
+            return response
+        return await handler(request)
+
+    return auth
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refusals and aiohttp's own HTTP errors (404, 405, ...) as JSON."""
+    try:
+        return await handler(request)
+    except Refusal as refusal:
+        return refusal.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": exc.reason}, status=exc.status,
+                                 headers={k: v for k, v in exc.headers.items()
+                                          if k.lower() == "allow"})
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+class HttpApi:
+    """The aiohttp server of one coalescer node."""
+
+    def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> None:
+        if max_body < 1:
+            raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
+        self._c = coalescer
+        self._host = host
+        self._port = port
+        self._token = token or None
+        self._max_body = max_body
+        self._runner: web.AppRunner | None = None
+        self._bound: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when constructed with ``port=0``)."""
+        return self._bound if self._bound is not None else self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def url(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}"
+
+    def make_app(self) -> web.Application:
+        middlewares = [_error_middleware]
+        if self._token is not None:
+            middlewares.append(_auth_middleware(self._token))
+        app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
+        app.router.add_post("/touch", self._touch)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; returns once the socket listens."""
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(self.make_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port, shutdown_timeout=5.0)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._bound = int(runner.addresses[0][1])
+        log.info("HTTP API listening on %s (auth %s)", self.url,
+                 "on" if self._token else "off")
+
+    async def close(self) -> None:
+        """Stop serving; safe to call more than once."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> HttpApi:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- routes --
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        too_big = Refusal(413, f"the body is over the limit of {self._max_body} bytes",
+                          limit=self._max_body)
+        if request.content_length is not None and request.content_length > self._max_body:
+            raise too_big
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_big from None
+
+    async def _touch(self, request: web.Request) -> web.Response:
+        keys = parse_keys(await self._read_body(request))
+        unknown = self._c.unknown_keys(keys)
+        if unknown:
+            raise Refusal(422, f"{len(unknown)} key(s) match no rule; nothing was touched",
+                          unknown_keys=unknown[:SHOWN_KEYS])
+        self._apply(keys)
+        return web.json_response({"accepted": len(keys)}, status=202)
+
+    def _apply(self, keys: list[str]) -> None:
+        touch_many = getattr(self._c, "touch_many", None)
+        try:
+            if touch_many is not None:
+                touch_many(keys)  # all or nothing under back-pressure
+            else:
+                for key in keys:
+                    self._c.touch(key)
+        except BackpressureError as exc:
+            raise Refusal(503, str(exc)) from None
+        except ClosedError as exc:
+            raise Refusal(503, f"the node is not running: {exc}") from None
+        except UnknownKeyError as exc:
+            raise Refusal(422, str(exc), unknown_keys=[exc.key]) from None
+
+    async def _ping(self) -> bool:
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                return bool(await self._c.ping())
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.debug("healthz: ping failed: %r", exc)
+            return False
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if await self._ping():
+            return web.json_response({"ok": True})
+        return web.json_response({"ok": False, "error": "Redis is not reachable"}, status=503)
+
+    async def _read_status(self) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                return await self._c.status()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot read status from Redis: {exc!r}") from None
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._read_status())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self._refresh_gauges()
+        metrics = self._c.metrics
+        response = web.Response(body=generate_latest(metrics.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def _refresh_gauges(self) -> None:
+        """Pending, in-flight and dead per rule, from Redis; stale gauges if it is down."""
+        sync = getattr(self._c, "sync_metrics", None)
+        if callable(sync):
+            sync()  # touch counters up to date with the absorber
+        try:
+            status = await self._read_status()
+        except Refusal as refusal:
+            log.debug("metrics: gauges not refreshed: %s", refusal)
+            return
+        metrics = self._c.metrics
+        for rule, entry in status.get("rules", {}).items():
+            metrics.pending.labels(rule).set(entry.get("pending", 0))
+            metrics.in_flight.labels(rule).set(entry.get("in_flight", 0))
+            metrics.dead.labels(rule).set(entry.get("dead", 0))
