@@ -19,7 +19,7 @@ class Backoff:
     def next(self) -> float:
         delay = min(self._cap, self._base * 2 ** self._failures)
         self._failures += 1
-        return delay * random.uniform(0.5, 1.0)
+        return float(delay * random.uniform(0.5, 1.0))
 
     def reset(self) -> None:
         self._failures = 0

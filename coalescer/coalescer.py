@@ -71,6 +71,8 @@ class Coalescer:
         self._executor: ThreadPoolExecutor | None = None
         self._state = "new"
         self._closed = asyncio.Event()
+        self._seen: tuple[int, int] = (0, 0)
+        self._led: set[int] = set()
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -163,8 +165,6 @@ class Coalescer:
         if self._state != "new":
             raise ClosedError(f"start(): the coalescer is already {self._state}")
         self._state = "starting"
-        self._seen = (0, 0)
-        self._led: set[int] = set()
         url, self._embedded = resolve_redis_url(self._redis_url, self._embedded_root)
         try:
             self._conn = await connect(url)

@@ -68,8 +68,7 @@ async def run_demo(rules: str, redis_url: str | None) -> int:
 
 
 def _report(c: Coalescer, touches: int, records: list[tuple[Any, float]]) -> None:
-    writes = c.metrics.flush_keys.collect()[0].samples
-    keys_written = next((s.value for s in writes if s.name.endswith("_sum")), 0)
+    keys_written = c.metrics.registry.get_sample_value("coalescer_flush_batch_keys_sum") or 0
     lags = sorted(max(0.0, t * 1000 - claim.due_ms) for claim, t in records)
     hot = [claim for claim, _ in records if claim.key == "stats:user:42"]
     print(f"refreshes: {len(records)} for {touches:,} touches "

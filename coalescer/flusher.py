@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
@@ -78,10 +79,8 @@ class Flusher:
     async def _sleep(self) -> None:
         wait = self._absorber.next_ready_in()
         timeout = IDLE_CHECK if wait is None else min(wait, IDLE_CHECK)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            pass
 
     async def flush(self) -> None:
         """Return once Redis holds every touch buffered before this call."""

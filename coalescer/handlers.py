@@ -20,8 +20,8 @@ class WebhookCaller(Protocol):
 
 def _is_async(fn: Callable[..., object]) -> bool:
     target = fn.func if isinstance(fn, functools.partial) else fn
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None))
+    method = type(target).__call__ if not inspect.isroutine(target) else None
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
 
 
 def python_invoker(fn: Callable[..., object], executor: Executor) -> Invoke:

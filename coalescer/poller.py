@@ -9,6 +9,7 @@ freed handler slot or a reconnect wakes it early.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -100,7 +101,5 @@ class Poller:
         return min(self.sleep_cap, max(0.0, (nearest - batch.now_ms) / 1000))
 
     async def _sleep(self, delay: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)
-        except TimeoutError:
-            pass

@@ -150,8 +150,9 @@ class Scripts:
         result = await self._run("ack", keys, args)
         return [str(k) for k in result[2:]]
 
-    async def fail(self, shard: ShardKeys,
-                   groups: Sequence[tuple[str, int, Sequence[Failure]]]) -> tuple[int, int, list[str]]:
+    async def fail(
+        self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
+    ) -> tuple[int, int, list[str]]:
         """Record failed tries: (retried, dead-lettered, stale keys)."""
         keys = [shard.meta, shard.next_wake]
         args: list[Any] = [shard.wake_channel]

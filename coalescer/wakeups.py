@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class WakeListener:
     """One pub/sub connection per node for all its shards."""
 
-    def __init__(self, redis: Redis, routes: dict[str, Callable[[Any], None]],
+    def __init__(self, redis: Redis, routes: Mapping[str, Callable[[Any], None]],
                  on_reconnect: Callable[[], None], metrics: Metrics) -> None:
         self._redis = redis
         self._routes = routes
@@ -57,7 +57,7 @@ class WakeListener:
                 if message is not None:
                     self._dispatch(message)
         finally:
-            await pubsub.aclose()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         route = self._routes.get(message["channel"])
