@@ -68,12 +68,14 @@ _SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
 
 
 def _decode(raw: bytes) -> Any:
-    if not raw.strip():
-        raise Refusal(400, f"empty body; {_SHAPE}")
     try:
-        return json.loads(raw)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise Refusal(400, "the body is not UTF-8 text") from None
+    if not text.strip():
+        raise Refusal(400, f"empty body; {_SHAPE}")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
                            f"column {exc.colno}") from None
@@ -193,9 +195,9 @@ class HttpApi:
         """Bind and serve; returns once the socket listens."""
         if self._runner is not None:
             return
-        runner = web.AppRunner(self.make_app(), access_log=None)
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, shutdown_timeout=5.0)
+        site = web.TCPSite(runner, self._host, self._port)
         try:
             await site.start()
         except BaseException:

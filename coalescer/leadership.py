@@ -11,6 +11,7 @@ nodes)``) lets others try first, and a node above it hands a shard back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from typing import Any
@@ -44,6 +45,7 @@ class Leadership:
         self.released = asyncio.Event()
         self._yielded = False
         self._stopping = False
+        self._stop_event = asyncio.Event()
         self._done = asyncio.Event()
 
     @property
@@ -57,6 +59,7 @@ class Leadership:
     def stop(self) -> None:
         """Stop claiming now; ``stopped()`` waits until the lease is released."""
         self._stopping = True
+        self._stop_event.set()
         self.released.set()
         self.poller.poke()
 
@@ -95,6 +98,9 @@ class Leadership:
         await self.release()
 
     async def _round(self) -> None:
+        if self._yielded:  # just handed this shard back: give the others the first go
+            self._yielded = False
+            await self._pause(self._lease / 2)
         state = await self._scripts.acquire(self._shard, node_id=self._node_id,
                                             lease_ms=round(self._lease * 1000),
                                             mine=self.value or "")
@@ -133,8 +139,7 @@ class Leadership:
 
     async def _stand_by(self, state: LeaseState) -> None:
         """Sleep until the holder's lease would end, or a release is announced."""
-        polite = self._yielded or len(self._led) >= self._fair_share(state.live_nodes)
-        self._yielded = False
+        polite = len(self._led) >= self._fair_share(state.live_nodes)
         extra = self._lease / 2 if polite else 0.0
         wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
         self.released.clear()
@@ -145,11 +150,16 @@ class Leadership:
         except TimeoutError:
             pass
 
+    async def _pause(self, seconds: float) -> None:
+        self.released.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+
     async def release(self) -> None:
         """Give the lease up (clean shutdown), so a standby takes over at once."""
-        if self.value is not None:
-            await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
-                                        leave=True)
+        released = await self._scripts.release(self._shard, value=self.value or "",
+                                               node_id=self._node_id, leave=True)
+        if released:
             log.info("shard %d: %s released its lease", self._shard.shard, self._node_id)
         self._step_down(forget=True)
 

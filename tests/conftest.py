@@ -75,8 +75,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def rules_file(tmp_path: Path) -> RulesFactory:
+def rules_file(tmp_path: Path) -> Iterator[RulesFactory]:
+    """Each test's ``handlers`` module is its own: a cached one from an earlier test
+    (same module name, another folder) is dropped before and after."""
+
     def make(yaml_text: str, handlers_py: str | None = None) -> Path:
+        sys.modules.pop("handlers", None)
         return write_rules(tmp_path, yaml_text, handlers_py)
 
-    return make
+    yield make
+    sys.modules.pop("handlers", None)
