@@ -10,6 +10,7 @@ from .errors import (
     CoalescerError,
     ConfigError,
     UnknownKeyError,
+    WebhookError,
 )
 from .rules import Config, Rule
 from .sync import SyncCoalescer
@@ -25,4 +26,5 @@ __all__ = [
     "Rule",
     "SyncCoalescer",
     "UnknownKeyError",
+    "WebhookError",
 ]

@@ -69,6 +69,24 @@ class Absorber:
             self.idle = False
             self._wake()
 
+    def touch_many(self, keys: list[str]) -> None:
+        """Buffer every key or none: UnknownKeyError or BackpressureError apply nothing."""
+        rules = {key: self._match(key) for key in keys}
+        with self._lock:
+            new = [key for key in rules if key not in self._pending]
+            if len(self._pending) + len(new) > self._max_keys:
+                raise BackpressureError(
+                    f"{len(new)} new keys refused: {len(self._pending)} keys are already "
+                    f"buffered (the bound is {self._max_keys}) and not yet written to Redis "
+                    "(is Redis reachable?)")
+            self._pending.update(rules)
+            fresh = any(key not in self._recent for key in new)
+            self.touches += len(keys)
+            self.absorbed += len(keys) - len(new)
+        if fresh and self.idle:
+            self.idle = False
+            self._wake()
+
     def take(self, *, everything: bool = False) -> dict[str, Any]:
         """Remove and return the keys ready to write (all of them with ``everything``)."""
         with self._lock:

@@ -95,6 +95,12 @@ class Coalescer:
             raise ClosedError(f"touch({key!r}): the coalescer is {self._state}, not running")
         self._absorber.touch(key)
 
+    def touch_many(self, keys: Iterable[str]) -> None:
+        """Touch every key or none (UnknownKeyError, BackpressureError, ClosedError)."""
+        if self._state != "running":
+            raise ClosedError(f"touch_many(): the coalescer is {self._state}, not running")
+        self._absorber.touch_many(list(keys))
+
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
         out = []
@@ -110,9 +116,10 @@ class Coalescer:
         if self._flusher is None:
             raise ClosedError("flush(): the coalescer was never started")
         await self._flusher.flush()
-        self._sync_counters()
+        self.sync_metrics()
 
-    def _sync_counters(self) -> None:
+    def sync_metrics(self) -> None:
+        """Bring the touch counters of ``metrics`` up to date (they sync every second)."""
         a, m = self._absorber, self.metrics
         touches, absorbed = a.touches, a.absorbed
         m.touches.inc(touches - self._seen[0])
@@ -237,7 +244,7 @@ class Coalescer:
     async def _metrics_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self._sync_counters()
+            self.sync_metrics()
             self.metrics.buffered.set(len(self._absorber))
 
     async def close(self) -> None:
@@ -278,7 +285,7 @@ class Coalescer:
     async def _final_flush(self) -> None:
         assert self._flusher is not None
         await self._flusher.flush()
-        self._sync_counters()
+        self.sync_metrics()
 
     async def _quietly(self, what: str, aw: Any, timeout: float = 10.0) -> None:
         try:

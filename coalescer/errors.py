@@ -46,3 +46,7 @@ class NotLeaderError(CoalescerError):
 
 class ScriptError(CoalescerError):
     """A Lua script answered with a code that coalescer does not know."""
+
+
+class WebhookError(CoalescerError):
+    """A webhook call that failed: a non-2xx answer, a connection error, a missing secret."""

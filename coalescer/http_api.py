@@ -40,7 +40,9 @@ class Node(Protocol):
     @property
     def metrics(self) -> Metrics: ...
 
-    def touch(self, key: str) -> None: ...
+    def touch_many(self, keys: list[str]) -> None: ...
+
+    def sync_metrics(self) -> None: ...
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
 
@@ -243,13 +245,8 @@ class HttpApi:
         return web.json_response({"accepted": len(keys)}, status=202)
 
     def _apply(self, keys: list[str]) -> None:
-        touch_many = getattr(self._c, "touch_many", None)
         try:
-            if touch_many is not None:
-                touch_many(keys)  # all or nothing under back-pressure
-            else:
-                for key in keys:
-                    self._c.touch(key)
+            self._c.touch_many(keys)  # all or nothing, under back-pressure too
         except BackpressureError as exc:
             raise Refusal(503, str(exc)) from None
         except ClosedError as exc:
@@ -289,9 +286,7 @@ class HttpApi:
 
     async def _refresh_gauges(self) -> None:
         """Pending, in-flight and dead per rule, from Redis; stale gauges if it is down."""
-        sync = getattr(self._c, "sync_metrics", None)
-        if callable(sync):
-            sync()  # touch counters up to date with the absorber
+        self._c.sync_metrics()  # touch counters up to date with the absorber
         try:
             status = await self._read_status()
         except Refusal as refusal:

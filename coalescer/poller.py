@@ -59,9 +59,7 @@ class Poller:
             if await self._recover_expired(batch):
                 continue
             delay = self._delay(batch)
-            self.starved = delay == 0 and not self._full
-            if self.starved:  # due keys wait for a free handler slot: poke() wakes us
-                delay = self.sleep_cap
+            self.starved = batch.blocked  # due keys wait for a free slot: poke() wakes us
             if delay > 0:
                 await self._sleep(delay)
 
@@ -91,14 +89,16 @@ class Poller:
         return n > 0
 
     def _delay(self, batch: ClaimBatch) -> float:
-        """Seconds to sleep: 0 when more is due now and there is room to run it."""
+        """Seconds to sleep: 0 when a claim was cut short by its limit (more is due now)."""
         if self._full:
             return 0.0
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
         if nearest is None:
             return self.sleep_cap
-        return min(self.sleep_cap, max(0.0, (nearest - batch.now_ms) / 1000))
+        # Half a millisecond past the due time: due times are whole milliseconds of the
+        # server clock, and waking a hair early would cost a second, empty claim.
+        return min(self.sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
 
     async def _sleep(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):

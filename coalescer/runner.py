@@ -40,6 +40,7 @@ class Job:
     claim: Claim
     task: asyncio.Task[None] | None = None
     lost: bool = False
+    renewed: float = field(default_factory=time.monotonic)  # when the lease last began
 
 
 @dataclass(slots=True)
@@ -219,6 +220,20 @@ class Runner:
                 self._metrics.redis_errors.labels("renew").inc()
                 backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
                 delay = min(period, backoff.next())
+            self._stop_unrenewed()
+
+    def _stop_unrenewed(self) -> None:
+        """Cancel refreshes whose lease may lapse before we can renew it (G4).
+
+        Once a lease expires, the shard's leader hands the key to another run; a
+        holder cut off from Redis stops a quarter-lease before that can happen.
+        """
+        limit = time.monotonic() - self._claim_lease * 0.75
+        for job in list(self._jobs.values()):
+            if job.renewed < limit and not job.lost:
+                log.warning("could not renew the claim of %s in time: stopping its refresh",
+                            job.claim.key)
+                self._lose(job.claim.key)
 
     async def renew_once(self) -> None:
         by_shard: dict[int, dict[str, list[tuple[str, int]]]] = defaultdict(
@@ -227,8 +242,14 @@ class Runner:
             by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
         lease_ms = round(self._claim_lease * 1000)
         for shard, groups in by_shard.items():
+            sent = time.monotonic()
             lost = await self._scripts.renew(self._keyspace.shard(shard), lease_ms,
                                              list(groups.items()))
+            renewed = {key for items in groups.values() for key, _ in items} - set(lost)
+            for key in renewed:
+                held = self._jobs.get(key)
+                if held is not None:
+                    held.renewed = max(held.renewed, sent)
             for key in lost:
                 self._lose(key)
 

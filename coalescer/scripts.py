@@ -60,6 +60,7 @@ class ClaimBatch:
     next_expiry_ms: int | None
     live_nodes: int
     claims: list[ClaimedKey]
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,7 @@ class Scripts:
         if int(result[0]) != 1:
             raise ScriptError(f"claim answered {result!r}")
         return ClaimBatch(int(result[1]), _optional(result[2]), _optional(result[3]),
-                          int(result[4]), _claims(result[5]))
+                          int(result[4]), _claims(result[5]), bool(int(result[6])))
 
     async def ack(self, shard: ShardKeys,
                   groups: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> list[str]:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from .claim import Claim
-from .errors import CoalescerError
+from .errors import WebhookError
 from .rules import HttpHandler
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,6 @@ SIGNATURE_HEADER = "X-Coalescer-Signature"
 USER_AGENT = "coalescer-webhook/0.1"
 EXCERPT_BYTES = 200
 DRAIN_BYTES = 64 * 1024
-
-
-class WebhookError(CoalescerError):
-    """A webhook call that failed: a non-2xx answer, a connection error, a missing secret."""
 
 
 def signature(secret: str | bytes, body: bytes) -> str:

@@ -10,8 +10,10 @@
 -- script, so an ex-leader can never claim. Claims only keys whose due time has
 -- come, lowest first, and gives each a fencing token from the shard's counter.
 -- Returns {0} when the caller is not the leader, else
--- {1, now, next due or -1, next lease expiry or -1, live nodes, claims}, claims
--- being a flat list of (rule index, key, token, first, last, attempt, due).
+-- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked},
+-- claims being a flat list of (rule index, key, token, first, last, attempt, due),
+-- blocked 1 when a rule claimed with limit 0 has keys due now (they wait for a
+-- free slot; its due times are left out of "next due" so other rules are not held up).
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local leader_lease = tonumber(ARGV[2])
@@ -48,13 +50,19 @@ local function claim_rule(rule_index, due_key, inflight_key, limit)
   redis.call('ZADD', inflight_key, unpack(leases))
 end
 
+local blocked = 0
 for r = 0, (#KEYS - 5) / 2 - 1 do
   local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
   local limit = tonumber(ARGV[6 + r])
   if limit > 0 then claim_rule(r, due_key, inflight_key, limit) end
-  next_due = min(next_due, head(due_key))
+  local h = head(due_key)
+  if h and h <= now and limit == 0 then
+    blocked = 1  -- due work waits for a free slot; it must not delay other rules
+  else
+    next_due = min(next_due, h)
+  end
   next_expiry = min(next_expiry, head(inflight_key))
 end
 
 redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[4]))))
-return {1, now, next_due or -1, next_expiry or -1, live, claims}
+return {1, now, next_due or -1, next_expiry or -1, live, claims, blocked}

@@ -1,0 +1,138 @@
+"""The in-process absorber (coalescer/absorber.py): no Redis, real rules."""
+
+from __future__ import annotations
+
+import pytest
+from servers import poll_until
+
+from coalescer import BackpressureError, Config, UnknownKeyError
+from coalescer.absorber import Absorber
+from coalescer.rules import Rule
+
+RULES = """\
+namespace: t
+defaults: {window: 10s, max_wait: 1m}
+rules:
+  - name: fast
+    match: "fast:{id}"
+    absorb: 20ms
+    handler: builtins:print
+  - name: slow
+    match: "slow:{id}"
+    absorb: 5s
+    handler: builtins:print
+"""
+
+CONFIG = Config.from_string(RULES)
+FAST, SLOW = CONFIG.rule("fast"), CONFIG.rule("slow")
+
+
+def match(key: str) -> Rule:
+    return CONFIG.match(key)[0]
+
+
+def make(max_keys: int = 1000) -> tuple[Absorber, list[int]]:
+    absorber = Absorber(match, max_keys=max_keys)
+    wakes: list[int] = []
+    absorber.set_waker(lambda: wakes.append(1))
+    return absorber, wakes
+
+
+def test_touches_of_a_buffered_key_are_absorbed_and_counted_not_dropped() -> None:
+    a, _ = make()
+    for _ in range(5):
+        a.touch("fast:1")
+    a.touch("slow:1")
+    assert len(a) == 2
+    assert (a.touches, a.absorbed) == (6, 4)
+    assert a.take() == {"fast:1": FAST, "slow:1": SLOW}
+    assert len(a) == 0 and a.take() == {}
+
+
+def test_a_fresh_touch_wakes_the_flusher_once() -> None:
+    a, wakes = make()
+    a.touch("fast:1")
+    a.touch("fast:1")
+    a.touch("fast:2")
+    assert len(wakes) == 1  # the flusher is awake until it says it is idle again
+    a.take()
+    a.idle = True
+    a.touch("fast:3")
+    assert len(wakes) == 2
+
+
+def test_a_key_written_within_its_absorb_interval_is_held_then_released() -> None:
+    a, _ = make()
+    a.touch("fast:1")
+    a.touch("slow:1")
+    a.written(a.take())  # both in Redis now: each is recent for its rule's absorb
+
+    a.touch("fast:1")
+    a.touch("slow:1")
+    a.touch("fast:1")
+    assert a.absorbed == 1
+    assert a.take() == {}  # both held
+    assert len(a) == 2
+    wait = a.next_ready_in()
+    assert wait is not None and 0.0 <= wait <= FAST.absorb
+
+    # The fast key comes out once its 20 ms have passed; the slow one stays held.
+    assert poll_until(a.take, timeout=2.0, message="fast:1 released") == {"fast:1": FAST}
+    assert len(a) == 1 and a.take() == {}
+    slow_wait = a.next_ready_in()
+    assert slow_wait is not None and FAST.absorb < slow_wait <= SLOW.absorb
+
+
+def test_a_key_not_recently_written_is_never_held() -> None:
+    a, _ = make()
+    a.touch("slow:1")
+    a.written(a.take())
+    a.touch("slow:2")
+    assert a.next_ready_in() == 0.0
+    assert a.take() == {"slow:2": SLOW}
+
+
+def test_take_everything_includes_held_keys() -> None:
+    a, _ = make()
+    a.touch("slow:1")
+    a.written(a.take())
+    a.touch("slow:1")
+    a.touch("fast:1")
+    assert a.take(everything=True) == {"slow:1": SLOW, "fast:1": FAST}
+    assert len(a) == 0 and a.next_ready_in() is None
+
+
+def test_give_back_after_a_failed_write_loses_nothing() -> None:
+    a, _ = make()
+    a.touch("fast:1")
+    a.touch("fast:2")
+    batch = a.take()
+    a.touch("fast:2")  # touched again while the write was in flight
+    a.touch("fast:3")
+    a.give_back(batch)  # the write failed
+    assert a.take() == {"fast:1": FAST, "fast:2": FAST, "fast:3": FAST}
+
+
+def test_max_keys_refuses_new_keys_naming_them_and_keeps_the_accepted() -> None:
+    a, _ = make(max_keys=3)
+    for key in ("fast:1", "fast:2", "slow:1"):
+        a.touch(key)
+    with pytest.raises(BackpressureError, match="fast:4"):
+        a.touch("fast:4")
+    assert len(a) == 3 and a.touches == 3
+    a.touch("fast:1")  # a key already buffered costs nothing: still accepted
+    assert a.absorbed == 1
+    assert a.take(everything=True) == {"fast:1": FAST, "fast:2": FAST, "slow:1": SLOW}
+    a.touch("fast:4")  # room again once the buffer is written
+    assert len(a) == 1
+
+
+def test_an_unknown_key_is_refused_by_name_and_buffers_nothing() -> None:
+    a, wakes = make()
+    with pytest.raises(UnknownKeyError, match="other:1") as info:
+        a.touch("other:1")
+    assert info.value.key == "other:1"
+    with pytest.raises(UnknownKeyError):
+        a.touch("fast:1:extra")  # {id} captures one ':'-free segment
+    assert len(a) == 0 and a.take(everything=True) == {}
+    assert (a.touches, a.absorbed) == (0, 0) and wakes == []
