@@ -52,11 +52,12 @@ class Absorber:
 
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
-        self.touches += 1
         if key in self._pending:
+            self.touches += 1
             self.absorbed += 1
             return
-        rule = self._match(key)
+        rule = self._match(key)  # an unknown key is refused here: not counted
+        self.touches += 1
         with self._lock:
             if len(self._pending) >= self._max_keys and key not in self._pending:
                 self.touches -= 1
