@@ -24,17 +24,25 @@ local function touch_running(key, r, window, max_wait)
   redis.call('HSET', meta, key, running(r))
 end
 
-local function touch(due_key, dead_key, key, window, max_wait)
+local fresh = pending(now, now, 0)
+
+-- Returns the key's new due time, or nil when it is running; a key seen for the
+-- first time is only recorded here and scheduled by the group's one ZADD (adds).
+local function touch(due_key, dead_key, key, window, max_wait, adds)
+  if redis.call('HSETNX', meta, key, fresh) == 1 then
+    adds[#adds + 1], adds[#adds + 2] = now + window, key
+    return now + window
+  end
   local s = decode(redis.call('HGET', meta, key))
   local first, attempts, due = now, 0, now + window
-  if s and s.kind == 'R' then
+  if s.kind == 'R' then
     touch_running(key, s, window, max_wait)
     return nil
-  elseif s and s.kind == 'P' then
+  elseif s.kind == 'P' then
     first, attempts = s.first, s.attempts
     local old = tonumber(redis.call('ZSCORE', due_key, key)) or 0
     due = math.max(old, math.min(now + window, first + max_wait))
-  elseif s and s.kind == 'D' then
+  else
     redis.call('ZREM', dead_key, key)
   end
   redis.call('HSET', meta, key, pending(first, now, attempts))
@@ -47,8 +55,12 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local n = tonumber(ARGV[pos + 2])
+  local adds = {}
   for i = pos + 3, pos + 2 + n do
-    earliest = min(earliest, touch(due_key, dead_key, ARGV[i], window, max_wait))
+    earliest = min(earliest, touch(due_key, dead_key, ARGV[i], window, max_wait, adds))
+  end
+  for i = 1, #adds, 4000 do
+    redis.call('ZADD', due_key, unpack(adds, i, math.min(i + 3999, #adds)))
   end
   scheduled = scheduled + n
   pos = pos + 3 + n
