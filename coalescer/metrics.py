@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+OUTCOMES = ("success", "failure", "timeout")
 _BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMetrics:
+    """One rule's label children, resolved once (``labels()`` is too slow per refresh)."""
+
+    start_lag: Any
+    duration: Any
+    outcomes: dict[str, Any]
 
 
 class Metrics:
@@ -41,3 +54,14 @@ class Metrics:
                               "touched keys buffered in process, not yet in Redis", registry=r)
         self.redis_errors = Counter("coalescer_redis_errors_total",
                                     "Redis errors met by background loops", ["loop"], registry=r)
+
+        self._rules: dict[str, RuleMetrics] = {}
+
+    def rule(self, name: str) -> RuleMetrics:
+        """The metrics of rule ``name``."""
+        found = self._rules.get(name)
+        if found is None:
+            outcomes = {o: self.refreshes.labels(name, o) for o in OUTCOMES}
+            found = RuleMetrics(self.start_lag.labels(name), self.duration.labels(name), outcomes)
+            self._rules[name] = found
+        return found

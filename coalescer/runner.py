@@ -101,7 +101,7 @@ class Runner:
         self._active[rule.name] += 1
         self._idle_event.clear()
         lag = (time.time() * 1000 + clock_offset_ms - claimed.due_ms) / 1000
-        self._metrics.start_lag.labels(rule.name).observe(max(0.0, lag))
+        self._metrics.rule(rule.name).start_lag.observe(max(0.0, lag))
         job.task = asyncio.create_task(self._run(job), name=f"refresh {claim.key}")
 
     async def _run(self, job: Job) -> None:
@@ -117,10 +117,10 @@ class Runner:
             self._drop(job)
             raise
         except Exception as exc:  # a handler's failure is data, not a crash
-            self._metrics.duration.labels(rule.name).observe(time.monotonic() - started)
+            self._metrics.rule(rule.name).duration.observe(time.monotonic() - started)
             self._finish(job, exc)
             return
-        self._metrics.duration.labels(rule.name).observe(time.monotonic() - started)
+        self._metrics.rule(rule.name).duration.observe(time.monotonic() - started)
         self._finish(job, None)
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
@@ -128,10 +128,10 @@ class Runner:
         box = self._outboxes[job.shard]
         if exc is None:
             box.acks.append(job)
-            self._metrics.refreshes.labels(rule.name, "success").inc()
+            self._metrics.rule(rule.name).outcomes["success"].inc()
         else:
             outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
-            self._metrics.refreshes.labels(rule.name, outcome).inc()
+            self._metrics.rule(rule.name).outcomes[outcome].inc()
             log.warning("refresh of %s failed (attempt %d of %d): %s", claim.key, claim.attempt,
                         rule.retry.attempts, _error_text(exc))
             delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)

@@ -92,12 +92,12 @@ def _optional(value: Any) -> int | None:
     return None if number < 0 else number
 
 
-def _claims(flat: Sequence[Any]) -> list[ClaimedKey]:
+def _claims(encoded: Sequence[str]) -> list[ClaimedKey]:
     out = []
-    for i in range(0, len(flat), 7):
-        r, key, token, first, last, attempt, due = flat[i : i + 7]
-        out.append(ClaimedKey(int(r), str(key), int(token), int(first), int(last),
-                              int(attempt), int(due)))
+    for item in encoded:
+        r, token, first, last, attempt, due, key = item.split("|", 6)
+        out.append(ClaimedKey(int(r), key, int(token), int(first), int(last), int(attempt),
+                              int(due)))
     return out
 
 

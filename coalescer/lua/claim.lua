@@ -11,7 +11,8 @@
 -- come, lowest first, and gives each a fencing token from the shard's counter.
 -- Returns {0} when the caller is not the leader, else
 -- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked},
--- claims being a flat list of (rule index, key, token, first, last, attempt, due),
+-- claims being a list of "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings (the
+-- key last, as it may hold '|'; one string a claim keeps the reply cheap to parse),
 -- blocked 1 when a rule claimed with limit 0 has keys due now (they wait for a
 -- free slot; its due times are left out of "next due" so other rules are not held up).
 
@@ -42,9 +43,8 @@ local function claim_rule(rule_index, due_key, inflight_key, limit)
     local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = due}
     states[2 * i - 1], states[2 * i] = key, running(r)
     leases[2 * i - 1], leases[2 * i] = lease_until, key
-    for _, v in ipairs({rule_index, key, token, r.first, r.last, r.attempt, due}) do
-      claims[#claims + 1] = v
-    end
+    claims[#claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last), r.attempt,
+                                        int(due), key}, '|')
   end
   redis.call('HSET', meta, unpack(states))
   redis.call('ZADD', inflight_key, unpack(leases))
