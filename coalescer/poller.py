@@ -38,7 +38,8 @@ class Poller:
         self._node_id = node_id
         self._leader_lease_ms = round(leader_lease * 1000)
         self._claim_lease_ms = round(claim_lease * 1000)
-        self.sleep_cap = min(1.0, leader_lease / 3)
+        # About a second, and well inside the lease that each claim call renews.
+        self.sleep_cap = min(1.2, leader_lease / 2.5)
         self._wake = wake
         self.live_nodes = 1
         self.starved = False
