@@ -36,6 +36,7 @@ class Absorber:
         self._match = match
         self._max_keys = max_keys
         self._pending: dict[str, Any] = {}
+        self._taken = 0  # keys taken for a write that has not yet succeeded or failed
         self._recent: TLRUCache[str, float] = TLRUCache(maxsize=max_keys, ttu=_expires)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
@@ -48,7 +49,8 @@ class Absorber:
         self._wake = wake
 
     def __len__(self) -> int:
-        return len(self._pending)
+        """Keys accepted and not yet in Redis, the ones being written included."""
+        return len(self._pending) + self._taken
 
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
@@ -59,14 +61,15 @@ class Absorber:
         rule = self._match(key)  # an unknown key is refused here: not counted
         self.touches += 1
         with self._lock:
-            if len(self._pending) >= self._max_keys and key not in self._pending:
+            if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
                 self.touches -= 1
                 raise BackpressureError(
                     f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
                     "and not yet written to Redis (is Redis reachable?)")
             self._pending[key] = rule
-            fresh = key not in self._recent
-        if fresh and self.idle:
+        # Wake the flusher even for a held key: it then sleeps to the key's release
+        # time, instead of its idle check, so the touch is written within ``absorb``.
+        if self.idle:
             self.idle = False
             self._wake()
 
@@ -75,13 +78,13 @@ class Absorber:
         rules = {key: self._match(key) for key in keys}
         with self._lock:
             new = [key for key in rules if key not in self._pending]
-            if len(self._pending) + len(new) > self._max_keys:
+            if len(self._pending) + self._taken + len(new) > self._max_keys:
                 raise BackpressureError(
                     f"{len(new)} new keys refused: {len(self._pending)} keys are already "
                     f"buffered (the bound is {self._max_keys}) and not yet written to Redis "
                     "(is Redis reachable?)")
             self._pending.update(rules)
-            fresh = any(key not in self._recent for key in new)
+            fresh = bool(new)  # held keys too (see touch)
             self.touches += len(keys)
             self.absorbed += len(keys) - len(new)
         if fresh and self.idle:
@@ -93,6 +96,7 @@ class Absorber:
         with self._lock:
             if everything:
                 ready, self._pending = self._pending, {}
+                self._taken += len(ready)
                 return ready
             ready = {}
             held = {}
@@ -102,10 +106,15 @@ class Absorber:
                 else:
                     ready[key] = rule
             self._pending = held
+            self._taken += len(ready)
             return ready
 
     def written(self, batch: dict[str, Any]) -> None:
         """Remember a batch as written: its keys are recent for their absorb interval."""
+        with self._lock:
+            self._taken -= len(batch)
+        # ``recent`` is only used from the event loop's thread (take, written,
+        # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         recent, now = self._recent, time.monotonic()
         for key, rule in batch.items():
             recent[key] = now + rule.absorb
@@ -113,6 +122,7 @@ class Absorber:
     def give_back(self, batch: dict[str, Any]) -> None:
         """Return an unwritten batch to the buffer; nothing accepted is lost."""
         with self._lock:
+            self._taken -= len(batch)
             for key, rule in batch.items():
                 self._pending.setdefault(key, rule)
 

@@ -45,8 +45,11 @@ def test_touches_of_a_buffered_key_are_absorbed_and_counted_not_dropped() -> Non
     a.touch("slow:1")
     assert len(a) == 2
     assert (a.touches, a.absorbed) == (6, 4)
-    assert a.take() == {"fast:1": FAST, "slow:1": SLOW}
-    assert len(a) == 0 and a.take() == {}
+    batch = a.take()
+    assert batch == {"fast:1": FAST, "slow:1": SLOW}
+    assert len(a) == 2 and a.take() == {}  # being written: not in Redis yet
+    a.written(batch)
+    assert len(a) == 0
 
 
 def test_a_fresh_touch_wakes_the_flusher_once() -> None:
@@ -59,6 +62,20 @@ def test_a_fresh_touch_wakes_the_flusher_once() -> None:
     a.idle = True
     a.touch("fast:3")
     assert len(wakes) == 2
+
+
+def test_a_touch_of_a_held_key_still_wakes_an_idle_flusher() -> None:
+    """Else the flusher sleeps its idle check (1 s), not the key's absorb interval."""
+    a, wakes = make()
+    a.touch("fast:1")
+    a.written(a.take())
+    a.idle = True  # the flusher found nothing to send and went to sleep
+    wakes.clear()
+    a.touch("fast:1")
+    assert wakes == [1]
+    assert a.take() == {}  # held: the woken flusher sleeps only until its release
+    wait = a.next_ready_in()
+    assert wait is not None and wait <= FAST.absorb
 
 
 def test_a_key_written_within_its_absorb_interval_is_held_then_released() -> None:
@@ -78,7 +95,7 @@ def test_a_key_written_within_its_absorb_interval_is_held_then_released() -> Non
 
     # The fast key comes out once its 20 ms have passed; the slow one stays held.
     assert poll_until(a.take, timeout=2.0, message="fast:1 released") == {"fast:1": FAST}
-    assert len(a) == 1 and a.take() == {}
+    assert a.take() == {}
     slow_wait = a.next_ready_in()
     assert slow_wait is not None and FAST.absorb < slow_wait <= SLOW.absorb
 
@@ -99,7 +116,7 @@ def test_take_everything_includes_held_keys() -> None:
     a.touch("slow:1")
     a.touch("fast:1")
     assert a.take(everything=True) == {"slow:1": SLOW, "fast:1": FAST}
-    assert len(a) == 0 and a.next_ready_in() is None
+    assert a.next_ready_in() is None
 
 
 def test_give_back_after_a_failed_write_loses_nothing() -> None:
@@ -110,6 +127,7 @@ def test_give_back_after_a_failed_write_loses_nothing() -> None:
     a.touch("fast:2")  # touched again while the write was in flight
     a.touch("fast:3")
     a.give_back(batch)  # the write failed
+    assert len(a) == 3
     assert a.take() == {"fast:1": FAST, "fast:2": FAST, "fast:3": FAST}
 
 
@@ -122,8 +140,15 @@ def test_max_keys_refuses_new_keys_naming_them_and_keeps_the_accepted() -> None:
     assert len(a) == 3 and a.touches == 3
     a.touch("fast:1")  # a key already buffered costs nothing: still accepted
     assert a.absorbed == 1
-    assert a.take(everything=True) == {"fast:1": FAST, "fast:2": FAST, "slow:1": SLOW}
-    a.touch("fast:4")  # room again once the buffer is written
+    batch = a.take(everything=True)
+    assert batch == {"fast:1": FAST, "fast:2": FAST, "slow:1": SLOW}
+    with pytest.raises(BackpressureError, match="fast:4"):
+        a.touch("fast:4")  # keys being written still count against the bound
+    a.give_back(batch)  # the write failed: all three are back, still no room
+    with pytest.raises(BackpressureError, match="fast:4"):
+        a.touch("fast:4")
+    a.written(a.take(everything=True))
+    a.touch("fast:4")  # room again once the buffer is in Redis
     assert len(a) == 1
 
 

@@ -1,0 +1,264 @@
+"""The write path: ``Coalescer(worker=False)`` touch → absorber → flusher → Redis.
+
+Costs are counted on the server (``INFO commandstats``) of a server of the test's
+own, so nothing else talks to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis.asyncio
+from redis.crc import key_slot
+from redis.exceptions import RedisError
+from servers import ValkeyProcess, wait_until
+
+from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError
+from coalescer.scripts import SCRIPT_NAMES, script_source
+
+RULES = """\
+namespace: {ns}
+shards: {shards}
+defaults:
+  window: 10s
+  max_wait: 1m
+  absorb: {absorb}
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    handler: builtins:print
+"""
+WINDOW_MS = 10_000
+
+Make = Callable[..., Awaitable[Coalescer]]
+
+
+@pytest_asyncio.fixture
+async def make(rules_file: Callable[..., Any], namespace: str) -> AsyncIterator[Make]:
+    """make(url, absorb="50ms", shards=1, **options): a started write-path coalescer."""
+    started: list[Coalescer] = []
+
+    async def build(url: str, *, absorb: str = "50ms", shards: int = 1,
+                    **options: Any) -> Coalescer:
+        path = rules_file(RULES.format(ns=namespace, shards=shards, absorb=absorb))
+        c = Coalescer.from_yaml(path, redis_url=url, worker=False, **options)
+        await c.start()
+        started.append(c)
+        return c
+
+    yield build
+    for c in started:
+        await c.close()
+
+
+async def server_ms(client: Any) -> int:
+    sec, usec = await client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def command_calls(client: Any) -> dict[str, int]:
+    stats = await client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+
+
+# commandstats also counts the commands a script runs inside the server; these are the
+# ones our scripts run, so every other command there was sent by a client.
+IN_SCRIPTS = {name.lower() for src in map(script_source, SCRIPT_NAMES)
+              for name in re.findall(r"redis\.call\(\s*'(\w+)'", src)}
+
+
+def delta(before: dict[str, int], after: dict[str, int], *names: str) -> int:
+    keys = names or tuple(after)
+    return sum(after.get(k, 0) - before.get(k, 0) for k in keys)
+
+
+def client_commands(before: dict[str, int], after: dict[str, int]) -> int:
+    """Commands clients sent between the two readings, less the INFO that read ``before``."""
+    assert {"hset", "zadd"} <= IN_SCRIPTS
+    return delta(before, after, *(set(after) - IN_SCRIPTS)) - 1
+
+
+def buffered(c: Coalescer) -> float | None:
+    return c.metrics.registry.get_sample_value("coalescer_buffered_keys")
+
+
+async def test_flush_returns_once_redis_holds_the_due_times(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis) -> None:
+    c = await make(redis_url)
+    due_key = c.keyspace.shard(0).due("stats")
+    before = await server_ms(redis_client)
+    for key in ("stats:1", "stats:2", "stats:1"):
+        c.touch(key)
+    await c.flush()
+    scores = {k: await redis_client.zscore(due_key, k) for k in ("stats:1", "stats:2")}
+    after = await server_ms(redis_client)
+    for key, score in scores.items():
+        assert score is not None, f"{key} not in Redis after flush()"
+        assert before + WINDOW_MS <= score <= after + WINDOW_MS
+
+
+async def test_a_hot_key_costs_at_most_one_upsert_per_absorb_interval(
+        make: Make, own_server: ValkeyProcess) -> None:
+    absorb = 0.02
+    c = await make(own_server.url, absorb="20ms")
+    touches = 100_000
+    before = await command_calls(c.redis)
+    start = time.monotonic()
+    for i in range(touches):
+        c.touch("stats:hot")
+        if i % 10 == 0:
+            await asyncio.sleep(0)  # give the flusher every chance to write
+    await c.flush()
+    elapsed = time.monotonic() - start
+    after = await command_calls(c.redis)
+
+    upserts = delta(before, after, "evalsha", "eval")
+    assert upserts >= 1
+    # one write per absorb interval, + the first, + flush(), + a NOSCRIPT retry, + slack
+    assert upserts <= elapsed / absorb + 4, (upserts, elapsed)
+    assert upserts * 100 < touches
+    assert await c.redis.zscore(c.keyspace.shard(0).due("stats"), "stats:hot") is not None
+    await c.flush()  # counters catch up
+    assert c.metrics.registry.get_sample_value("coalescer_touches_total") == touches
+    absorbed = c.metrics.registry.get_sample_value("coalescer_absorbed_touches_total")
+    assert absorbed is not None and absorbed >= touches - upserts
+
+
+async def test_distinct_keys_are_batched_at_most_0_02_commands_per_key(
+        make: Make, own_server: ValkeyProcess) -> None:
+    c = await make(own_server.url)
+    n = 10_000
+    before = await command_calls(c.redis)
+    for i in range(n):
+        c.touch(f"stats:{i}")
+        if i % 500 == 0:
+            await asyncio.sleep(0)
+    await c.flush()
+    after = await command_calls(c.redis)
+
+    commands = client_commands(before, after)
+    assert commands <= 0.02 * n, after
+    assert delta(before, after, "evalsha", "eval") <= 0.02 * n
+    assert await c.redis.zcard(c.keyspace.shard(0).due("stats")) == n
+
+
+async def test_touches_survive_redis_being_down_and_are_written_once_it_is_back(
+        make: Make, own_server: ValkeyProcess) -> None:
+    c = await make(own_server.url)
+    due_key = c.keyspace.shard(0).due("stats")
+    c.touch("stats:before")
+    await c.flush()
+
+    own_server.stop()
+    keys = [f"stats:{i}" for i in range(50)]
+    for key in keys:
+        c.touch(key)  # accepted: touch() never waits for Redis
+    with pytest.raises(RedisError):
+        await c.flush()
+    await wait_until(lambda: buffered(c) == len(keys), message="50 keys buffered")
+
+    own_server.start()
+    await c.flush()
+    assert await c.redis.zcard(due_key) == len(keys)  # (it kept no data: no AOF)
+    scores = await c.redis.zmscore(due_key, keys)
+    assert None not in scores
+
+
+async def test_backpressure_bound_with_redis_down(make: Make, own_server: ValkeyProcess) -> None:
+    c = await make(own_server.url, max_buffered=100)
+    due_key = c.keyspace.shard(0).due("stats")
+    own_server.stop()
+    accepted = [f"stats:{i}" for i in range(100)]
+    for key in accepted:
+        c.touch(key)
+    with pytest.raises(BackpressureError, match="stats:100"):
+        c.touch("stats:100")
+    c.touch("stats:7")  # a key already buffered is still accepted
+
+    # However long Redis stays down and however often the flusher retries,
+    # the bound holds: new keys keep being refused.
+    def flusher_errors() -> float:
+        return c.metrics.registry.get_sample_value(
+            "coalescer_redis_errors_total", {"loop": "flusher"}) or 0.0
+
+    refused = 0
+    while flusher_errors() < 2:
+        try:
+            c.touch(f"stats:extra{refused}")
+        except BackpressureError:
+            refused += 1
+        else:
+            accepted.append(f"stats:extra{refused}")
+        await asyncio.sleep(0.001)
+    assert len(accepted) == 100, f"{len(accepted) - 100} keys over the bound were accepted"
+
+    own_server.start()
+    await c.flush()
+    assert await c.redis.zcard(due_key) == len(accepted)
+
+
+async def test_an_unknown_key_is_refused_by_name(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis) -> None:
+    c = await make(redis_url)
+    with pytest.raises(UnknownKeyError, match="users:1") as info:
+        c.touch("users:1")
+    assert info.value.key == "users:1"
+    await c.flush()
+    assert await redis_client.exists(c.keyspace.shard(0).meta) == 0
+
+
+async def test_touch_after_close_raises_and_close_is_idempotent(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis) -> None:
+    c = await make(redis_url)
+    c.touch("stats:1")
+    await c.close()  # a clean shutdown flushes first
+    assert await redis_client.zscore(c.keyspace.shard(0).due("stats"), "stats:1") is not None
+    with pytest.raises(ClosedError, match="stats:2"):
+        c.touch("stats:2")
+    await c.close()
+    await asyncio.gather(c.close(), c.close())
+    with pytest.raises(ClosedError):
+        c.touch("stats:2")
+
+
+async def test_touch_before_start_raises(rules_file: Callable[..., Any], namespace: str,
+                                         redis_url: str) -> None:
+    path = rules_file(RULES.format(ns=namespace, shards=1, absorb="50ms"))
+    c = Coalescer.from_yaml(path, redis_url=redis_url, worker=False)
+    with pytest.raises(ClosedError):
+        c.touch("stats:1")
+    await c.close()
+
+
+async def test_shards_spread_keys_and_every_key_carries_its_shard_hash_tag(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis, namespace: str) -> None:
+    c = await make(redis_url, shards=4)
+    keys = {f"stats:{i}" for i in range(400)}
+    for key in keys:
+        c.touch(key)
+    await c.flush()
+
+    seen: set[str] = set()
+    for n in range(4):
+        members = set(await redis_client.zrange(c.keyspace.shard(n).due("stats"), 0, -1))
+        assert 50 <= len(members) <= 150, f"shard {n} holds {len(members)} of 400"
+        assert not members & seen
+        seen |= members
+        assert set(await redis_client.hkeys(c.keyspace.shard(n).meta)) == members
+    assert seen == keys
+
+    names = [k async for k in redis_client.scan_iter(match=f"{namespace}:*")]
+    assert names
+    slots: dict[int, set[int]] = {}
+    for name in names:
+        tags = [n for n in range(4) if name.startswith(f"{namespace}:{{{namespace}:{n}}}:")]
+        assert len(tags) == 1, f"{name} carries no shard hash tag"
+        slots.setdefault(tags[0], set()).add(key_slot(name.encode()))
+    assert sorted(slots) == [0, 1, 2, 3]
+    assert all(len(s) == 1 for s in slots.values())  # one cluster slot per shard
