@@ -1,0 +1,223 @@
+"""The `coalescer` command line (SPEC §4), run as a real child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from e2e import REPO, NodeProcs, clean_env, coalescer_cmd, leader_node, line_rules
+from servers import poll_until, wait_until
+
+from coalescer import Coalescer
+from coalescer.keys import KeySpace
+
+RULES = """\
+namespace: {ns}
+leader_lease: 1s
+claim_lease: 1s
+defaults:
+  window: 100ms
+  max_wait: 2s
+  absorb: 10ms
+  retry: {{attempts: 1, backoff: 20ms, max_backoff: 50ms}}
+rules:
+  - name: item
+    match: "item:{{id}}"
+    window: {window}
+    max_wait: {max_wait}
+    handler: {{mod}}:{handler}
+  - name: other
+    match: "other:*"
+    handler: {{mod}}:refresh
+"""
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*coalescer_cmd(), *args], cwd=cwd, env=clean_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def write_rules(tmp_path: Path, namespace: str, *, window: str = "100ms",
+                max_wait: str = "2s", handler: str = "refresh") -> Path:
+    return line_rules(tmp_path, f"cli_{namespace}", RULES.format(
+        ns=namespace, window=window, max_wait=max_wait, handler=handler))
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def valkey_servers_under(folder: Path) -> list[int]:
+    """Pids of live valkey-server processes whose working directory is under ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if b"valkey-server" in cmdline and cwd.is_relative_to(folder) and state not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+# -- check --------------------------------------------------------------------------------
+
+
+def test_check_prints_the_rules(tmp_path: Path, namespace: str) -> None:
+    rules = write_rules(tmp_path, namespace)
+    done = cli("check", str(rules), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "OK" in done.stdout
+    assert "item" in done.stdout
+    assert "item:{id}" in done.stdout
+    assert "other:*" in done.stdout
+    assert "window: 100ms" in done.stdout
+
+
+def test_check_a_bad_file_names_file_line_and_field(tmp_path: Path, namespace: str) -> None:
+    rules = write_rules(tmp_path, namespace)
+    text = rules.read_text().replace("    window: 100ms\n", "    windw: 100ms\n", 1)
+    rules.write_text(text)
+    line = text.splitlines().index("    windw: 100ms") + 1
+    done = cli("check", str(rules), cwd=tmp_path)
+    assert done.returncode == 1
+    assert f"{rules}:{line}" in done.stderr
+    assert "windw" in done.stderr
+    # the default path is ./rules.yaml
+    done = cli("check", cwd=tmp_path)
+    assert done.returncode == 1
+    assert f"rules.yaml:{line}" in done.stderr
+
+
+# -- touch ----------------------------------------------------------------------------------
+
+
+def test_touch_exits_once_redis_holds_the_key(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace)
+    done = cli("touch", "item:1", "other:a:b", "--rules", str(rules), "--redis", redis_url,
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    sk = KeySpace(namespace, 1).shard(0)
+    assert r.zscore(sk.due("item"), "item:1") is not None
+    assert r.zscore(sk.due("other"), "other:a:b") is not None
+
+
+def test_touch_of_an_unknown_key_exits_2_and_touches_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace)
+    done = cli("touch", "item:1", "nope:1", "item:2", "--rules", str(rules),
+               "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "nope:1" in done.stderr
+    assert r.keys(f"{namespace}:*") == []
+
+
+# -- status, retry --------------------------------------------------------------------------
+
+
+def test_status_names_the_running_node(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    node_id = f"node-{namespace}"
+    nodes = NodeProcs(tmp_path)
+    try:
+        nodes.start(rules, redis_url, node_id, E2E_LOG=str(tmp_path / "refreshes.log"))
+        sk = KeySpace(namespace, 1).shard(0)
+        poll_until(lambda: leader_node(r.get(sk.leader)) == node_id, timeout=20,
+                   message=f"{node_id} leading; its log:\n{nodes.log(node_id)}")
+        assert cli("touch", "item:1", "item:2", "--rules", str(rules), "--redis", redis_url,
+                   cwd=tmp_path).returncode == 0
+
+        done = cli("status", "--json", "--rules", str(rules), "--redis", redis_url,
+                   cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        assert status["shards"][0]["shard"] == 0
+        assert status["shards"][0]["leader"] == node_id
+        assert status["rules"]["item"] | {"pending": 2, "in_flight": 0, "dead": 0} \
+            == status["rules"]["item"]
+        assert {"pending", "in_flight", "dead"} <= set(status["rules"]["other"])
+
+        table = cli("status", "--rules", str(rules), "--redis", redis_url, cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert node_id in table.stdout
+        assert "item" in table.stdout
+        assert "PENDING" in table.stdout.upper()
+    finally:
+        nodes.stop_all()
+
+
+async def test_retry_requeues_dead_keys(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, handler="fail")  # attempts: 1
+    sk = KeySpace(namespace, 1).shard(0)
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="w", grace=2) as c:
+        for key in ("item:1", "item:2", "item:3"):
+            c.touch(key)
+        await c.flush()
+        await wait_until(lambda: r.zcard(sk.dead("item")) == 3, message="three dead keys")
+
+    args = ("--rules", str(rules), "--redis", redis_url)
+    status = json.loads(cli("status", "--json", *args, cwd=tmp_path).stdout)
+    assert status["rules"]["item"]["dead"] == 3
+    assert any("refresh failed on purpose" in d["error"] for d in status["dead_letters"])
+
+    done = cli("retry", "item:1", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "1" in done.stdout
+    assert r.zscore(sk.due("item"), "item:1") is not None
+    assert r.zcard(sk.dead("item")) == 2
+
+    done = cli("retry", "--all", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "2" in done.stdout
+    assert r.zcard(sk.dead("item")) == 0
+    assert r.zcard(sk.due("item")) == 3
+    status = json.loads(cli("status", "--json", *args, cwd=tmp_path).stdout)
+    assert status["rules"]["item"] | {"pending": 3, "dead": 0} == status["rules"]["item"]
+
+    assert cli("retry", *args, cwd=tmp_path).returncode == 1  # neither KEYs nor --all
+
+
+# -- the embedded server ----------------------------------------------------------------------
+
+
+def test_demo_runs_on_the_embedded_server(tmp_path: Path) -> None:
+    done = cli("demo", "--rules", str(REPO / "rules.yaml"), cwd=tmp_path, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "refreshes:" in done.stdout
+    assert "touches" in done.stdout
+    root = tmp_path / ".coalescer"
+    assert (root / "data").is_dir()  # the embedded server ran with its data here
+    assert not (root / "server.json").exists()  # and was stopped afterwards
+    assert valkey_servers_under(root) == []
+
+
+def test_commands_share_the_embedded_server_when_no_redis_is_given(
+        tmp_path: Path, namespace: str) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    root = tmp_path / ".coalescer"
+    done = cli("touch", "item:1", "--rules", str(rules), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (root / "data").is_dir()
+    assert not (root / "server.json").exists()
+    assert valkey_servers_under(root) == []
+
+    # the next command in the same folder finds the touch (the data is kept, AOF on)
+    done = cli("status", "--json", "--rules", str(rules), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rules"]["item"]["pending"] == 1
+    assert valkey_servers_under(root) == []
