@@ -26,7 +26,7 @@ from .keys import KeySpace
 from .leadership import Leadership
 from .metrics import Metrics
 from .poller import Poller
-from .rules import Config, HttpHandler, Rule
+from .rules import Config, HttpHandler
 from .runner import Runner
 from .scripts import Scripts
 from .status import gather_status
@@ -62,7 +62,7 @@ class Coalescer:
         self._redis_url = redis_url
         self._embedded_root = embedded_root
         self._embedded: EmbeddedServer | None = None
-        self._absorber = Absorber(self._match, max_keys=max_buffered)
+        self._absorber = Absorber(config.rule_for, max_keys=max_buffered)
         self._conn: Connection | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._leaderships: list[Leadership] = []
@@ -79,8 +79,6 @@ class Coalescer:
         """Load and validate ``path`` (SPEC §3), then build a coalescer on it."""
         return cls(Config.from_yaml(path), **options)
 
-    def _match(self, key: str) -> Rule:
-        return self.config.match(key)[0]
 
     # -- the write path --------------------------------------------------------------
 
@@ -106,7 +104,7 @@ class Coalescer:
         out = []
         for key in keys:
             try:
-                self.config.match(key)
+                self.config.rule_for(key)
             except UnknownKeyError:
                 out.append(key)
         return out

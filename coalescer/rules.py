@@ -177,6 +177,13 @@ class Config:
         values = found.groups()[first - 1:first - 1 + len(rule.pattern.names)]
         return rule, dict(zip(rule.pattern.names, values, strict=True))
 
+    def rule_for(self, key: str) -> Rule:
+        """The first rule whose pattern matches ``key`` (``match`` without the captures)."""
+        found = self._matcher.fullmatch(key) if self.rules else None
+        if found is None or found.lastindex is None:
+            raise UnknownKeyError(key)
+        return self._groups[found.lastindex][0]
+
     def rule(self, name: str) -> Rule:
         """The rule called ``name``; KeyError if there is none."""
         return self._by_name[name]
