@@ -230,6 +230,7 @@ def test_match_agrees_with_rule_params(tmp_path: Path) -> None:
         earlier = config.rules[: config.rules.index(rule)]
         assert all(r.params(key) is None for r in earlier)
         assert rule.params(key) == params
+        assert config.rule_for(key) is rule  # the touch() path: the same rule, no captures
 
 
 def test_unknown_key_is_refused_with_its_name(tmp_path: Path) -> None:
@@ -243,6 +244,9 @@ def test_unknown_key_is_refused_with_its_name(tmp_path: Path) -> None:
     assert "stats:org:1" in str(info.value)
     with pytest.raises(UnknownKeyError):
         config.match("stats:user:1:2")
+    with pytest.raises(UnknownKeyError) as info:
+        config.rule_for("stats:org:1")
+    assert info.value.key == "stats:org:1"
 
 
 def test_rule_by_name(tmp_path: Path) -> None:
