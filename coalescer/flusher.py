@@ -9,8 +9,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .absorber import Absorber
 from .backoff import Backoff
 from .keys import KeySpace
@@ -70,7 +68,7 @@ class Flusher:
             try:
                 await self._write(batch)
                 backoff.reset()
-            except RedisError as exc:
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("flusher").inc()
                 backoff.log(log, "flusher: %d keys not written yet, will retry: %r",
                             len(batch), exc)

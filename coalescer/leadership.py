@@ -16,8 +16,6 @@ import logging
 import math
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .backoff import Backoff
 from .errors import NotLeaderError
 from .keys import ShardKeys
@@ -89,7 +87,7 @@ class Leadership:
             except NotLeaderError:
                 log.warning("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
                 self._step_down(forget=True)
-            except RedisError as exc:
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("leadership").inc()
                 self._step_down(forget=False)
                 backoff.log(log, "shard %d: leadership round failed, will retry: %r",

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .backoff import Backoff
 from .claim import Claim
 from .handlers import Invoke
@@ -165,7 +163,7 @@ class Runner:
             try:
                 await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
                 backoff.reset()
-            except RedisError as exc:
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("outbox").inc()
                 backoff.log(log, "outbox: results not recorded yet, will retry: %r", exc)
                 for shard, box in boxes.items():
@@ -216,7 +214,7 @@ class Runner:
                 await self.renew_once()
                 backoff.reset()
                 delay = period
-            except RedisError as exc:
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("renew").inc()
                 backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
                 delay = min(period, backoff.next())

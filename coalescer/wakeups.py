@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from .backoff import Backoff
 from .metrics import Metrics
@@ -38,7 +37,7 @@ class WakeListener:
         while True:
             try:
                 await self._listen()
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self.subscribed.clear()
                 self._metrics.redis_errors.labels("wakeups").inc()
                 backoff.log(log, "wake channel lost, resubscribing: %r", exc)
