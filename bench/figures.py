@@ -1,0 +1,965 @@
+"""The measurements of SPEC §6, each for coalescer and for the baseline design.
+
+Every function takes a fresh server (``bench.valkey.Server``) and the sizes of
+this run, and returns a plain dict for results.json. Clocks: touch and refresh
+start times are this host's ``time.time()``; coalescer's due times (server
+clock) are converted with the offset measured by ``TIME``. Every loop is
+bounded in count and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from coalescer import BackpressureError, Coalescer, Config
+from coalescer.keys import KeySpace
+from coalescer.scripts import Scripts, UpsertGroup
+
+from . import probe
+from .baseline import Baseline
+from .probe import REC
+from .valkey import MonitorCounter, Server, calls_delta, commandstats, server_cpu, used_memory
+
+NS = "bench"
+RULE = "r"
+SHARD = KeySpace(NS, 1).shard(0)
+HOT_KEY = "stats:user:1"
+WORK_DIR = Path(__file__).resolve().parent.parent
+
+
+def key(i: int) -> str:
+    return f"stats:user:{i}"
+
+
+def rules_text(*, window: str = "500ms", max_wait: str = "5s", concurrency: int = 256,
+               absorb: str = "50ms", lease: str = "3s", claim_lease: str = "5s",
+               handler: str = "bench.probe:refresh") -> str:
+    return f"""\
+namespace: {NS}
+shards: 1
+leader_lease: {lease}
+claim_lease: {claim_lease}
+defaults:
+  absorb: {absorb}
+  concurrency: {concurrency}
+  timeout: 30s
+rules:
+  - name: {RULE}
+    match: "stats:user:{{user_id}}"
+    window: {window}
+    max_wait: {max_wait}
+    handler: {handler}
+"""
+
+
+def config(**kw: Any) -> Config:
+    return Config.from_string(rules_text(**kw), source="<bench>")
+
+
+def coalescer(server: Server, worker: bool, **kw: Any) -> Coalescer:
+    return Coalescer(config(**kw), redis_url=server.url, worker=worker, node_id="bench-node")
+
+
+@dataclass
+class Sizes:
+    """How big each figure is; ``quick()`` shrinks them."""
+
+    hot_touches: int = 3_000_000
+    hot_touches_baseline: int = 1_000_000
+    distinct: int = 300_000
+    distinct_baseline: int = 20_000
+    cmds_distinct: int = 50_000
+    cmds_distinct_baseline: int = 5_000
+    lag_seconds: float = 5.0
+    lag_settle: float = 10.0
+    churn_seconds: float = 4.0
+    drain_keys: int = 50_000
+    drain_concurrency: int = 2000
+    drain_baseline_keys: int = 2_000
+    drain_baseline_seconds: float = 5.0
+    idle_seconds: float = 5.0
+    million: int = 1_000_000
+    small: int = 1_000
+    cost_reps: int = 9
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(hot_touches=1_000_000, hot_touches_baseline=300_000, distinct=100_000,
+                   distinct_baseline=5_000, cmds_distinct=20_000, cmds_distinct_baseline=2_000,
+                   lag_seconds=2.0, lag_settle=4.0, churn_seconds=2.0, drain_keys=20_000,
+                   drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+async def clock_offset_ms(url: str) -> float:
+    """Server clock minus this host's clock, ms (the sample with the shortest round trip)."""
+    r = Redis.from_url(url)
+    best: tuple[float, float] | None = None
+    try:
+        for _ in range(7):
+            t0 = time.time()
+            sec, usec = await r.time()
+            t1 = time.time()
+            off = (sec * 1000.0 + usec / 1000.0) - (t0 + t1) * 500.0
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, off)
+    finally:
+        await r.aclose()
+    assert best is not None
+    return best[1]
+
+
+async def paced(n: int, seconds: float, fn: Callable[[int], Awaitable[None]]) -> float:
+    """Call ``fn(i)`` for i < n, the i-th at ``i * seconds / n``; returns the elapsed time."""
+    t0 = time.monotonic()
+    i = 0
+    while i < n:
+        ahead = t0 + i * seconds / n - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+        while i < n and t0 + i * seconds / n <= time.monotonic():
+            await fn(i)
+            i += 1
+    return time.monotonic() - t0
+
+
+async def settle(check: Callable[[], Awaitable[bool]], timeout: float,
+                 stable: float = 0.3) -> bool:
+    """Wait until ``check()`` holds for ``stable`` seconds in a row, at most ``timeout``."""
+    deadline = time.monotonic() + timeout
+    since: float | None = None
+    while time.monotonic() < deadline:
+        if await check():
+            now = time.monotonic()
+            since = since if since is not None else now
+            if now - since >= stable:
+                return True
+        else:
+            since = None
+        await asyncio.sleep(0.02)
+    return False
+
+
+def coalescer_settled(c: Coalescer) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        r = c.redis
+        due, inflight = await asyncio.gather(r.zcard(SHARD.due(RULE)),
+                                             r.zcard(SHARD.inflight(RULE)))
+        return due + inflight == 0 and REC.running == 0
+    return check
+
+
+def baseline_settled(b: Baseline) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await b.redis.zcard(b.zset) == 0 and b.running == 0
+    return check
+
+
+async def coalescer_scheduled(r: Any) -> set[str]:
+    due = await r.zrange(SHARD.due(RULE), 0, -1)
+    inflight = await r.zrange(SHARD.inflight(RULE), 0, -1)
+    return {str(k) for k in [*due, *inflight]}
+
+
+async def baseline_scheduled(b: Baseline) -> set[str]:
+    return {str(k) for k in await b.redis.zrange(b.zset, 0, -1)}
+
+
+def lost_updates(touches: dict[str, list[float]], starts: dict[str, float],
+                 scheduled: Iterable[str] = (),
+                 refreshes: dict[str, int] | None = None) -> dict[str, Any]:
+    """G1: a touch is lost if no refresh of its key starts after it (and none is scheduled).
+
+    A touch with no refresh after it whose key is still scheduled (pending or in
+    flight when the workload ended) is *late*, not lost. ``starts`` holds each
+    key's latest refresh start; ``refreshes`` the refreshes per key (REC's by default).
+    """
+    per_key = REC.per_key if refreshes is None else refreshes
+    sched = set(scheduled)
+    lost = late = total = 0
+    lost_keys: set[str] = set()
+    for k, times in touches.items():
+        last = starts.get(k, -math.inf)
+        for t in times:
+            total += 1
+            if last > t:
+                continue
+            if k in sched:
+                late += 1
+            else:
+                lost += 1
+                lost_keys.add(k)
+    return {"touches": total, "lost": lost, "late": late, "lost_keys": len(lost_keys),
+            "refreshes": sum(n for k, n in per_key.items() if k in touches)}
+
+
+def percentiles(values: list[float], censored: list[float] | None = None) -> dict[str, Any]:
+    """p50/p99/max of ``values`` plus ``censored`` lower bounds (refreshes not yet started).
+
+    A percentile is flagged as a lower bound (``*_lower_bound``) when a censored
+    value is at or below it: the true percentile may then be higher.
+    """
+    cens = censored or []
+    allv = sorted([*values, *cens])
+    out: dict[str, Any] = {"n": len(values), "not_started": len(cens)}
+    if not allv:
+        return out
+    for name, q in (("p50", 0.50), ("p99", 0.99)):
+        idx = min(len(allv) - 1, max(0, math.ceil(q * len(allv)) - 1))
+        v = allv[idx]
+        out[name] = v
+        out[f"{name}_lower_bound"] = any(c <= v for c in cens)
+    out["max"] = allv[-1]
+    out["mean"] = statistics.fmean(allv)
+    return out
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by the server over a span."""
+
+    def __init__(self, server: Server) -> None:
+        self._client = server.client()
+        self._p0 = self._own()
+        self._s0 = server_cpu(self._client)
+
+    @staticmethod
+    def _own() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def done(self, wall: float) -> dict[str, float]:
+        out = {"python_cpu_s": self._own() - self._p0,
+               "redis_cpu_s": server_cpu(self._client) - self._s0, "wall_s": wall}
+        self._client.close()
+        return out
+
+
+# -- G1: lost updates -----------------------------------------------------------------------
+
+
+BURST_TOUCHES = 50
+BURST_SECONDS = 2.5
+BURST_WINDOW = 1.0  # coalescer window and baseline delay
+BURST_MAX_WAIT = "2s"
+BURST_WORK = 0.05  # each refresh works up to 50 ms, so touches land while one runs
+
+
+async def burst_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    REC.reset(offset_ms=await clock_offset_ms(server.url), work=BURST_WORK)
+    touches: dict[str, list[float]] = defaultdict(list)
+    async with coalescer(server, True, window=f"{BURST_WINDOW}s",
+                         max_wait=BURST_MAX_WAIT) as c:
+        async def one(_i: int) -> None:
+            c.touch(HOT_KEY)
+            touches[HOT_KEY].append(time.time())
+        await paced(BURST_TOUCHES, BURST_SECONDS, one)
+        await c.flush()
+        await settle(coalescer_settled(c), timeout=BURST_WINDOW + 8)
+        out = lost_updates(touches, REC.starts, await coalescer_scheduled(c.redis))
+    out["settings"] = f"window {BURST_WINDOW}s, max_wait {BURST_MAX_WAIT}, work <= 50 ms"
+    return out
+
+
+async def burst_baseline(server: Server, sizes: Sizes, sliding: bool = False) -> dict[str, Any]:
+    REC.reset(offset_ms=0.0, work=BURST_WORK)
+    touches: dict[str, list[float]] = defaultdict(list)
+    async with Baseline(server.url, probe.refresh, delay=BURST_WINDOW, sliding=sliding) as b:
+        b.start_worker()
+
+        async def one(_i: int) -> None:
+            await b.touch(HOT_KEY)
+            touches[HOT_KEY].append(time.time())
+        await paced(BURST_TOUCHES, BURST_SECONDS, one)
+        await settle(baseline_settled(b), timeout=BURST_WINDOW + 8)
+        out = lost_updates(touches, REC.starts, await baseline_scheduled(b))
+        out["dropped_by_dedup"] = b.dropped
+    out["settings"] = (f"delay {BURST_WINDOW}s, work <= 50 ms, "
+                       f"{'sliding' if sliding else 'fixed'} 120 ms dedup")
+    return out
+
+
+CHURN_KEYS = 200
+CHURN_RATE = 1000  # touches/s over CHURN_KEYS keys, at random
+CHURN_WINDOW = 0.3
+CHURN_WORK = 0.03
+
+
+async def churn_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    REC.reset(offset_ms=await clock_offset_ms(server.url), work=CHURN_WORK)
+    rng = random.Random(7)
+    touches: dict[str, list[float]] = defaultdict(list)
+    n = int(CHURN_RATE * sizes.churn_seconds)
+    async with coalescer(server, True, window=f"{CHURN_WINDOW}s", max_wait="1s") as c:
+        async def one(_i: int) -> None:
+            k = key(rng.randrange(CHURN_KEYS))
+            c.touch(k)
+            touches[k].append(time.time())
+        await paced(n, sizes.churn_seconds, one)
+        await c.flush()
+        await settle(coalescer_settled(c), timeout=10)
+        out = lost_updates(touches, REC.starts, await coalescer_scheduled(c.redis))
+    out["settings"] = (f"{n} touches of {CHURN_KEYS} keys at random over "
+                       f"{sizes.churn_seconds:g}s, window {CHURN_WINDOW}s, max_wait 1s, "
+                       f"work <= {CHURN_WORK * 1000:g} ms")
+    return out
+
+
+async def churn_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
+    REC.reset(offset_ms=0.0, work=CHURN_WORK)
+    rng = random.Random(7)
+    touches: dict[str, list[float]] = defaultdict(list)
+    n = int(CHURN_RATE * sizes.churn_seconds)
+    async with Baseline(server.url, probe.refresh, delay=CHURN_WINDOW) as b:
+        b.start_worker()
+
+        async def one(_i: int) -> None:
+            k = key(rng.randrange(CHURN_KEYS))
+            await b.touch(k)
+            touches[k].append(time.time())
+        await paced(n, sizes.churn_seconds, one)
+        await settle(baseline_settled(b), timeout=10)
+        out = lost_updates(touches, REC.starts, await baseline_scheduled(b))
+        out["dropped_by_dedup"] = b.dropped
+    out["settings"] = f"as coalescer; delay {CHURN_WINDOW}s"
+    return out
+
+
+# -- hot key and distinct keys --------------------------------------------------------------
+
+
+async def hot_key_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    chunk = 10_000
+    rounds = sizes.hot_touches // chunk
+    async with coalescer(server, False) as c:
+        touch = c.touch
+        c.touch(HOT_KEY)
+        await c.flush()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for _ in range(chunk):
+                touch(HOT_KEY)
+            await asyncio.sleep(0)  # the flusher runs between chunks
+        dt = time.perf_counter() - t0
+        await c.flush()
+    return {"calls": rounds * chunk, "seconds": dt, "per_second": rounds * chunk / dt}
+
+
+async def hot_key_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
+    chunk = 10_000
+    rounds = max(1, sizes.hot_touches_baseline // chunk)
+    async with Baseline(server.url) as b:
+        touch = b.touch
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for _ in range(chunk):
+                await touch(HOT_KEY)
+            await asyncio.sleep(0)
+        dt = time.perf_counter() - t0
+        sent = b.sent
+    return {"calls": rounds * chunk, "seconds": dt, "per_second": rounds * chunk / dt,
+            "zadds": sent}
+
+
+async def _touch_distinct(c: Coalescer, keys: list[str]) -> int:
+    """Touch each key once, yielding every 1000 so the flusher writes meanwhile."""
+    refused = 0
+    touch = c.touch
+    for i, k in enumerate(keys):
+        for _ in range(10_000):  # bounded: back-pressure only while Redis catches up
+            try:
+                touch(k)
+                break
+            except BackpressureError:
+                refused += 1
+                await asyncio.sleep(0.001)
+        if i % 1000 == 999:
+            await asyncio.sleep(0)
+    return refused
+
+
+async def distinct_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    keys = [key(i) for i in range(sizes.distinct)]
+    async with coalescer(server, False, window="1h", max_wait="2h") as c:
+        cpu = CpuMeter(server)
+        t0 = time.perf_counter()
+        refused = await _touch_distinct(c, keys)
+        t_touched = time.perf_counter() - t0
+        await c.flush()
+        dt = time.perf_counter() - t0
+        used = cpu.done(dt)
+        held = await c.redis.zcard(SHARD.due(RULE))
+    return {"keys": len(keys), "seconds": dt, "per_second": len(keys) / dt,
+            "touch_loop_seconds": t_touched, "backpressure_refusals": refused,
+            "redis_holds": held, "cpu": used}
+
+
+async def _baseline_writers(b: Baseline, keys: list[str], writers: int) -> None:
+    it = iter(keys)
+
+    async def writer() -> None:
+        for k in it:
+            await b.touch(k)
+    await asyncio.gather(*(writer() for _ in range(writers)))
+
+
+async def distinct_baseline(server: Server, sizes: Sizes, writers: int = 1) -> dict[str, Any]:
+    """One writer: the same driver as coalescer's (one loop); more: concurrent tasks."""
+    keys = [key(i) for i in range(sizes.distinct_baseline)]
+    async with Baseline(server.url, delay=3600) as b:
+        cpu = CpuMeter(server)
+        t0 = time.perf_counter()
+        await _baseline_writers(b, keys, writers)
+        dt = time.perf_counter() - t0
+        used = cpu.done(dt)
+        held = await b.redis.zcard(b.zset)
+    return {"keys": len(keys), "seconds": dt, "per_second": len(keys) / dt,
+            "redis_holds": held, "writers": writers, "cpu": used}
+
+
+async def commands_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    keys = [key(i) for i in range(sizes.cmds_distinct)]
+    mon = MonitorCounter(server.port)
+    sync = server.client()
+    try:
+        async with coalescer(server, False, window="1h", max_wait="2h") as c:
+            before = commandstats(sync)
+            t0 = time.time()
+            await _touch_distinct(c, keys)
+            await c.flush()
+            t1 = time.time()
+            after = commandstats(sync)
+        counted = mon.count(t0, t1)
+    finally:
+        mon.close()
+        sync.close()
+    return _per_touch(counted, calls_delta(before, after), len(keys))
+
+
+async def commands_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
+    keys = [key(i) for i in range(sizes.cmds_distinct_baseline)]
+    mon = MonitorCounter(server.port)
+    sync = server.client()
+    try:
+        async with Baseline(server.url, delay=3600) as b:
+            before = commandstats(sync)
+            t0 = time.time()
+            await _baseline_writers(b, keys, 1)
+            t1 = time.time()
+            after = commandstats(sync)
+        counted = mon.count(t0, t1)
+    finally:
+        mon.close()
+        sync.close()
+    return _per_touch(counted, calls_delta(before, after), len(keys))
+
+
+def _per_touch(counted: dict[str, Any], stats: dict[str, int], n: int) -> dict[str, Any]:
+    return {"distinct_touches": n, "commands": counted["top"],
+            "per_touch": counted["top"] / n, "by_command": counted["by_command"],
+            "script_internal_calls_per_touch": counted["nested"] / n,
+            "commandstats_calls_per_touch": sum(stats.values()) / n}
+
+
+# -- start lag -------------------------------------------------------------------------------
+
+
+LAG_WINDOW = 0.5
+
+
+async def lag_coalescer(server: Server, sizes: Sizes, rate: int) -> dict[str, Any]:
+    REC.reset(offset_ms=await clock_offset_ms(server.url))
+    n = int(rate * sizes.lag_seconds)
+    touches: dict[str, list[float]] = {}
+    async with coalescer(server, True, window=f"{LAG_WINDOW}s", concurrency=256) as c:
+        await asyncio.sleep(0.3)  # leadership taken
+
+        async def one(i: int) -> None:
+            k = key(i)
+            c.touch(k)
+            touches[k] = [time.time()]
+        await paced(n, sizes.lag_seconds, one)
+        await c.flush()
+        await settle(coalescer_settled(c), timeout=sizes.lag_settle)
+        scheduled = await coalescer_scheduled(c.redis)
+        censored = await _censored_coalescer(c, scheduled)
+        g1 = lost_updates(touches, REC.starts, scheduled)
+        metrics = c.metrics
+    out = percentiles(REC.lags_ms, censored)
+    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW)
+    out["metrics_histogram"] = _histogram(metrics)
+    return out
+
+
+def _histogram(metrics: Any) -> dict[str, float]:
+    """coalescer's own start-lag histogram (cumulative counts per bucket bound)."""
+    out: dict[str, float] = {}
+    for family in metrics.start_lag.collect():
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                out[s.labels["le"]] = s.value
+    return out
+
+
+async def _censored_coalescer(c: Coalescer, scheduled: set[str]) -> list[float]:
+    if not scheduled:
+        return []
+    offset = REC.offset_ms
+    now = time.time() * 1000
+    scores = await c.redis.zrange(SHARD.due(RULE), 0, -1, withscores=True)
+    return [now - (float(s) - offset) for _, s in scores if now > float(s) - offset]
+
+
+async def lag_baseline(server: Server, sizes: Sizes, rate: int) -> dict[str, Any]:
+    REC.reset(offset_ms=0.0)
+    n = int(rate * sizes.lag_seconds)
+    touches: dict[str, list[float]] = {}
+    async with Baseline(server.url, probe.refresh, delay=LAG_WINDOW) as b:
+        b.start_worker()
+
+        async def one(i: int) -> None:
+            k = key(i)
+            await b.touch(k)
+            touches[k] = [time.time()]
+        await paced(n, sizes.lag_seconds, one)
+        await settle(baseline_settled(b), timeout=sizes.lag_settle)
+        scheduled = await baseline_scheduled(b)
+        now = time.time() * 1000
+        scores: list[Any] = await b.redis.zrange(b.zset, 0, -1, withscores=True)
+        censored = [now - float(s) * 1000 for _, s in scores if now > float(s) * 1000]
+        g1 = lost_updates(touches, REC.starts, scheduled)
+    out = percentiles(REC.lags_ms, censored)
+    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW)
+    return out
+
+
+# -- drain ----------------------------------------------------------------------------------
+
+
+async def drain_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.drain_keys
+    keys = [key(i) for i in range(n)]
+    kw = {"window": "100ms", "max_wait": "1s", "concurrency": sizes.drain_concurrency}
+    async with coalescer(server, False, **kw) as w:
+        await _touch_distinct(w, keys)
+        await w.flush()
+        t_loaded = time.time()
+    await asyncio.sleep(0.3)  # every key is due
+    REC.reset(offset_ms=await clock_offset_ms(server.url))
+    sync = server.client()
+    before = commandstats(sync)
+    t_start = time.time()
+    cpu = CpuMeter(server)
+    async with coalescer(server, True, **kw) as c:
+        deadline = time.monotonic() + 120
+        while REC.count < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        t_started = time.time()
+        await settle(coalescer_settled(c), timeout=30, stable=0.0)
+        t_acked = time.time()
+        used = cpu.done(t_acked - t_start)
+        scheduled = await coalescer_scheduled(c.redis)
+        after = commandstats(sync)
+    sync.close()
+    first = REC.first or t_start
+    delta = calls_delta(before, after)
+    touches = {k: [t_loaded] for k in keys}
+    return {"keys": n, "concurrency": sizes.drain_concurrency,
+            "per_second": n / (t_acked - first),
+            "per_second_started": REC.count / max(1e-9, (REC.last or t_started) - first),
+            "startup_to_first_refresh_s": first - t_start,
+            "drain_seconds": t_acked - first,
+            "evalsha_per_refresh": (delta.get("evalsha", 0) + delta.get("eval", 0)) / n,
+            "cpu": used, "g1": lost_updates(touches, REC.starts, scheduled)}
+
+
+async def drain_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.drain_baseline_keys
+    keys = [key(i) for i in range(n)]
+    REC.reset(offset_ms=0.0)
+    async with Baseline(server.url, probe.refresh) as b:
+        t = time.time()
+        pipe = b.redis.pipeline(transaction=False)
+        pipe.zadd(b.zset, {k: t - 1 for k in keys})
+        await pipe.execute()
+        touches = {k: [t] for k in keys}
+        b.start_worker()
+        deadline = time.monotonic() + 10
+        while REC.count == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        first = REC.first or time.time()
+        await asyncio.sleep(sizes.drain_baseline_seconds)
+        count, t_end = REC.count, time.time()
+        scheduled = await baseline_scheduled(b)
+    return {"keys": n, "per_second": count / (t_end - first), "refreshed": count,
+            "seconds": t_end - first, "g1": lost_updates(touches, REC.starts, scheduled)}
+
+
+# -- idle node --------------------------------------------------------------------------------
+
+
+async def idle_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+    mon = MonitorCounter(server.port)
+    try:
+        async with coalescer(server, True):
+            await asyncio.sleep(1.5)  # started, leading, settled
+            t0 = time.time()
+            await asyncio.sleep(sizes.idle_seconds)
+            t1 = time.time()
+        counted = mon.count(t0, t1)
+    finally:
+        mon.close()
+    return {"seconds": t1 - t0, "commands": counted["top"],
+            "per_second": counted["top"] / (t1 - t0), "by_command": counted["by_command"]}
+
+
+async def idle_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
+    mon = MonitorCounter(server.port)
+    try:
+        async with Baseline(server.url) as b:
+            b.start_worker()
+            await asyncio.sleep(1.0)
+            t0 = time.time()
+            await asyncio.sleep(sizes.idle_seconds)
+            t1 = time.time()
+        counted = mon.count(t0, t1)
+    finally:
+        mon.close()
+    return {"seconds": t1 - t0, "commands": counted["top"],
+            "per_second": counted["top"] / (t1 - t0), "by_command": counted["by_command"]}
+
+
+# -- 1,000,000 pending keys ---------------------------------------------------------------------
+
+
+def _evalsha_usec(sync: Any) -> float:
+    stats = sync.info("commandstats")
+    return sum(float(v["usec"]) for name, v in stats.items()
+               if name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+async def pending_coalescer(server: Server, sizes: Sizes, n: int) -> dict[str, Any]:
+    """Memory per pending key, and touch and claim cost, with ``n`` keys pending (and due)."""
+    keys = [key(i) for i in range(n)]
+    sync = server.client(timeout=60)
+    async with coalescer(server, False, window="100ms", max_wait="200ms") as c:
+        c.touch(key(-1))  # scripts loaded, shard keys created
+        await c.flush()
+        mem0 = used_memory(sync)
+        t0 = time.perf_counter()
+        await _touch_distinct(c, keys)
+        await c.flush()
+        load_s = time.perf_counter() - t0
+        mem1 = used_memory(sync)
+        await asyncio.sleep(0.3)  # every key is due
+        costs = await _coalescer_costs(server, sync, keys, sizes.cost_reps)
+    sync.close()
+    return {"pending": n, "bytes_per_key": (mem1 - mem0) / n, "load_keys_per_second": n / load_s,
+            **costs}
+
+
+async def _coalescer_costs(server: Server, sync: Any, keys: list[str],
+                           reps: int) -> dict[str, Any]:
+    """Redis time per key of coalescer's scripts, client wall time too (median of ``reps``).
+
+    touch: 2000 never-seen keys (removed again, untimed, so the pending count
+    stays put); retouch: 2000 pending keys at random; claim: 500 due keys
+    (acked and touched again, untimed).
+    """
+    r = Redis.from_url(server.url, decode_responses=True)
+    scripts = Scripts(r)
+    rng = random.Random(3)
+    samples: dict[str, list[float]] = defaultdict(list)
+    batch, claim_n = min(2000, len(keys)), min(500, len(keys) // 2)
+
+    async def timed(name: str, n: int, call: Awaitable[Any]) -> Any:
+        u0 = _evalsha_usec(sync)
+        t0 = time.perf_counter()
+        result = await call
+        samples[f"{name}_us_per_key_wall"].append((time.perf_counter() - t0) / max(1, n) * 1e6)
+        samples[f"{name}_us_per_key_server"].append((_evalsha_usec(sync) - u0) / max(1, n))
+        return result
+
+    try:
+        state = await scripts.acquire(SHARD, node_id="bench-cost", lease_ms=120_000, mine="")
+        leader = state.holder
+        for rep in range(reps):
+            fresh = [f"stats:user:fresh{rep}x{j}" for j in range(2000)]
+            await timed("touch", len(fresh),
+                        scripts.upsert(SHARD, [UpsertGroup(RULE, 100, 200, fresh)]))
+            pipe = r.pipeline(transaction=False)
+            pipe.zrem(SHARD.due(RULE), *fresh)
+            pipe.hdel(SHARD.meta, *fresh)
+            await pipe.execute()
+            sample = rng.sample(keys, batch)
+            await timed("retouch", batch,
+                        scripts.upsert(SHARD, [UpsertGroup(RULE, 100, 200, sample)]))
+            await asyncio.sleep(0.25)  # the re-touched keys are due again
+            got = await timed("claim", claim_n, scripts.claim(
+                SHARD, leader=leader, node_id="bench-cost", leader_lease_ms=120_000,
+                claim_lease_ms=120_000, sleep_cap_ms=1000, limits=[(RULE, claim_n)]))
+            # put the claimed keys back: acked, then touched again (untimed)
+            await scripts.ack(SHARD, [(RULE, [(x.key, x.token) for x in got.claims])])
+            back = [x.key for x in got.claims]
+            if back:
+                await scripts.upsert(SHARD, [UpsertGroup(RULE, 100, 200, back)])
+            await asyncio.sleep(0.25)
+    finally:
+        await r.aclose()
+    out: dict[str, Any] = {name: statistics.median(v) for name, v in samples.items()}
+    out.update(touch_batch=2000, retouch_batch=batch, claim_batch=claim_n)
+    return out
+
+
+async def pending_baseline(server: Server, sizes: Sizes, n: int) -> dict[str, Any]:
+    keys = [key(i) for i in range(n)]
+    sync = server.client(timeout=60)
+    async with Baseline(server.url, delay=0.0) as b:
+        await b.redis.zadd(b.zset, {key(-1): 0})
+        mem0 = used_memory(sync)
+        past = time.time() - 10
+        for i in range(0, n, 10_000):
+            await b.redis.zadd(b.zset, {k: past + j * 1e-6 for j, k in
+                                        enumerate(keys[i:i + 10_000], start=i)})
+        mem1 = used_memory(sync)
+        costs = await _baseline_costs(b, sync, keys, sizes.cost_reps)
+    sync.close()
+    return {"pending": n, "bytes_per_key": (mem1 - mem0) / n, **costs}
+
+
+def _usec(sync: Any, names: tuple[str, ...]) -> float:
+    stats = sync.info("commandstats")
+    return sum(float(v["usec"]) for name, v in stats.items()
+               if name.removeprefix("cmdstat_") in names)
+
+
+async def _baseline_costs(b: Baseline, sync: Any, keys: list[str], reps: int) -> dict[str, Any]:
+    """The baseline's Redis time (and wall time) per key: ZADD of new and of pending keys
+    (one command per touch, as its write path sends them), and one poll of 20 due keys."""
+    rng = random.Random(3)
+    samples: dict[str, list[float]] = defaultdict(list)
+    poll_cmds = ("set", "zrangebyscore", "zscore", "zrem", "get", "del")
+    past = time.time() - 10
+
+    def record(name: str, n: int, t0: float, u0: float, cmds: tuple[str, ...]) -> None:
+        samples[f"{name}_us_per_key_wall"].append((time.perf_counter() - t0) / max(1, n) * 1e6)
+        samples[f"{name}_us_per_key_server"].append((_usec(sync, cmds) - u0) / max(1, n))
+
+    for rep in range(reps):
+        fresh = [f"stats:user:fresh{rep}x{j}" for j in range(200)]
+        for name, batch in (("touch", fresh), ("retouch", rng.sample(keys, min(200, len(keys))))):
+            u0, t0 = _usec(sync, ("zadd",)), time.perf_counter()
+            for k in batch:
+                await b.redis.zadd(b.zset, {k: past})
+            record(name, len(batch), t0, u0, ("zadd",))
+        await b.redis.zrem(b.zset, *fresh)
+        u0, t0 = _usec(sync, poll_cmds), time.perf_counter()
+        got = await b.poll_once()
+        record("claim", got, t0, u0, poll_cmds)
+    out: dict[str, Any] = {name: statistics.median(v) for name, v in samples.items()}
+    out["claim_batch"] = b.batch
+    return out
+
+
+# -- leader SIGKILL ---------------------------------------------------------------------------
+
+
+FAILOVER_RATE = 50  # distinct keys touched per second while it runs
+
+
+def _env(log: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(WORK_DIR) + os.pathsep + env.get("PYTHONPATH", "")
+    env["BENCH_REFRESH_LOG"] = str(log)
+    env.pop("COALESCER_REDIS_URL", None)
+    return env
+
+
+def _spawn(cmd: list[str], log: Path, out: Path) -> subprocess.Popen[bytes]:
+    with out.open("ab") as f:
+        return subprocess.Popen(cmd, env=_env(log), cwd=str(log.parent), stdin=subprocess.DEVNULL,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class Feed:
+    """Touches fresh keys at a steady rate in the background (bounded in time)."""
+
+    def __init__(self, touch: Callable[[str], Awaitable[None]], rate: int,
+                 max_seconds: float = 60.0) -> None:
+        self.touches: dict[str, list[float]] = {}
+        self._touch = touch
+        self._rate = rate
+        self._max = max_seconds
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        t0 = time.monotonic()
+        i = 0
+        while not self._stop.is_set() and time.monotonic() - t0 < self._max:
+            k = key(1_000_000 + i)
+            await self._touch(k)
+            self.touches[k] = [time.time()]
+            i += 1
+            ahead = t0 + i / self._rate - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await self._task
+
+
+async def _wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+async def failover_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    folder = tmp / "failover-coalescer"
+    folder.mkdir(parents=True, exist_ok=True)
+    rules = folder / "rules.yaml"
+    rules.write_text(rules_text(window="200ms", max_wait="1s", handler="bench.probe:logged"))
+    exe = str(Path(sys.executable).parent / "coalescer")
+    logs = {n: folder / f"refresh-{n}.log" for n in "AB"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    r = Redis.from_url(server.url, decode_responses=True)
+    try:
+        for n in "AB":
+            procs[n] = _spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
+                               "--http", "off", "--node-id", n, "--grace", "2"],
+                              logs[n], folder / f"node-{n}.out")
+            if n == "A":  # A leads; B then joins as the standby
+                await _wait_for(lambda: r.get(SHARD.leader), 20, "a leader")
+        await _wait_for(lambda: r.zscore(SHARD.nodes, "B"), 20, "the standby's heartbeat")
+        async with coalescer(server, False, window="200ms", max_wait="1s") as w:
+            async def touch(k: str) -> None:
+                w.touch(k)
+            feed = Feed(touch, FAILOVER_RATE)
+            await _wait_for(lambda: probe.read_log(logs["A"]), 10, "refreshes by the leader")
+            await asyncio.sleep(1.0)
+            holder = str(await r.get(SHARD.leader)).split("|", 1)[1]
+            standby = "B" if holder == "A" else "A"
+            t_kill = time.time()
+            procs[holder].send_signal(signal.SIGKILL)
+            procs[holder].wait(timeout=10)
+
+            def standby_first() -> float | None:
+                after = [t for t, _ in probe.read_log(logs[standby]) if t > t_kill]
+                return min(after) if after else None
+            t_first = await _wait_for(standby_first, 15, "the standby's first refresh")
+            await asyncio.sleep(1.0)
+            await feed.stop()
+            await w.flush()
+
+            async def quiet() -> bool:
+                due, inflight = await asyncio.gather(r.zcard(SHARD.due(RULE)),
+                                                     r.zcard(SHARD.inflight(RULE)))
+                return due + inflight == 0
+            await settle(quiet, timeout=15)
+            scheduled = await coalescer_scheduled(r)
+        starts, per_key = _log_starts(logs.values())
+        recovered = await _recovered_count(logs[standby], feed.touches, t_kill, logs[holder])
+    finally:
+        for p in procs.values():
+            _stop(p)
+        await r.aclose()
+    return {"lease_s": 3.0, "takeover_s": t_first - t_kill, "killed": holder,
+            "g1": lost_updates(feed.touches, starts, scheduled, per_key), **recovered}
+
+
+async def _recovered_count(standby_log: Path, touches: dict[str, list[float]], t_kill: float,
+                           dead_log: Path) -> dict[str, Any]:
+    """Keys touched before the kill and refreshed by the standby after it."""
+    dead = {k for _, k in probe.read_log(dead_log)}
+    late = [k for t, k in probe.read_log(standby_log)
+            if t > t_kill and k in touches and touches[k][0] < t_kill - 1.0 and k not in dead]
+    return {"recovered_from_dead_node": len(set(late))}
+
+
+async def failover_baseline(server: Server, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    folder = tmp / "failover-baseline"
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = {n: folder / f"refresh-{n}.log" for n in "AB"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for n in "AB":
+            procs[n] = _spawn([sys.executable, "-m", "bench.baseline", "worker", "--redis",
+                               server.url, "--log", str(logs[n]), "--delay", "0.2",
+                               "--max-seconds", "120"], logs[n], folder / f"node-{n}.out")
+        async with Baseline(server.url, delay=0.2) as b:
+            feed = Feed(b.touch, FAILOVER_RATE)
+
+            def both() -> bool:
+                return all(probe.read_log(logs[n]) for n in "AB")
+            await _wait_for(both, 20, "refreshes by both baseline workers")
+            await asyncio.sleep(1.0)
+            last = {n: max(t for t, _ in probe.read_log(logs[n])) for n in "AB"}
+            victim = max(last, key=lambda n: last[n])  # the one that refreshed last
+            survivor = "B" if victim == "A" else "A"
+            t_kill = time.time()
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait(timeout=10)
+
+            def survivor_first() -> float | None:
+                after = [t for t, _ in probe.read_log(logs[survivor]) if t > t_kill]
+                return min(after) if after else None
+            t_first = await _wait_for(survivor_first, 15, "the survivor's first refresh")
+            await asyncio.sleep(1.0)
+            await feed.stop()
+            await settle(lambda: _zero(b), timeout=10)
+            scheduled = await baseline_scheduled(b)
+        starts, per_key = _log_starts(logs.values())
+    finally:
+        for p in procs.values():
+            _stop(p)
+    return {"lock_s": 1.0, "takeover_s": t_first - t_kill,
+            "g1": lost_updates(feed.touches, starts, scheduled, per_key)}
+
+
+def _log_starts(logs: Iterable[Path]) -> tuple[dict[str, float], dict[str, int]]:
+    starts: dict[str, float] = {}
+    per_key: dict[str, int] = defaultdict(int)
+    for log in logs:
+        for t, k in probe.read_log(log):
+            starts[k] = max(t, starts.get(k, t))
+            per_key[k] += 1
+    return starts, per_key
+
+
+async def _zero(b: Baseline) -> bool:
+    return await b.redis.zcard(b.zset) == 0
