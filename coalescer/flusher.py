@@ -118,26 +118,32 @@ class Flusher:
         m.buffered.set(len(a))
 
     def _groups(self, batch: dict[str, Any]) -> list[tuple[int, list[UpsertGroup]]]:
-        by_shard: dict[int, dict[Any, list[str]]] = defaultdict(lambda: defaultdict(list))
+        rules: dict[str, Any] = {}
+        by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        shard_of = self._keyspace.shard_of
         for key, rule in batch.items():
-            by_shard[self._keyspace.shard_of(key)][rule].append(key)
+            name = rule.name  # group by name: hashing the frozen Rule per key is slow
+            rules[name] = rule
+            by_shard[shard_of(key)][name].append(key)
         out = []
-        for shard, rules in by_shard.items():
-            for chunk in self._split(rules):
+        for shard, keys_by_rule in by_shard.items():
+            for chunk in self._split(rules, keys_by_rule):
                 out.append((shard, chunk))
         return out
 
     @staticmethod
-    def _split(rules: dict[Any, list[str]]) -> Iterable[list[UpsertGroup]]:
+    def _split(rules: dict[str, Any],
+               keys_by_rule: dict[str, list[str]]) -> Iterable[list[UpsertGroup]]:
         """One shard's keys as calls of at most MAX_KEYS_PER_CALL keys each."""
         call: list[UpsertGroup] = []
         size = 0
-        for rule, keys in rules.items():
+        for name, keys in keys_by_rule.items():
+            rule = rules[name]
             for part in _chunks(keys, MAX_KEYS_PER_CALL):
                 if size + len(part) > MAX_KEYS_PER_CALL and call:
                     yield call
                     call, size = [], 0
-                call.append(UpsertGroup(rule.name, _ms(rule.window), _ms(rule.max_wait), part))
+                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), part))
                 size += len(part)
         if call:
             yield call

@@ -6,11 +6,14 @@ import re
 from dataclasses import dataclass
 
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|[{}]|\*+|[^{}*]+")
-_CAPTURE = "([^:]+)"
-_ANYTHING = ".*"
+# No key may hold a NUL: it separates keys in the upsert script's argument, so
+# neither a capture nor a wildcard matches one (such a key matches no rule).
+_CAPTURE = "([^:\x00]+)"
+_ANYTHING = "[^\x00]*"
 ALLOWED = (
     "a pattern is literal text with {name} captures (one non-empty segment without ':', "
-    "name an identifier, each name once) and * wildcards (anything, ':' included)"
+    "name an identifier, each name once) and * wildcards (anything, ':' included); "
+    "no key may contain a NUL character"
 )
 
 

@@ -82,3 +82,10 @@ def test_pattern_is_frozen() -> None:
     pattern = KeyPattern.compile("a")
     with pytest.raises(AttributeError):
         pattern.source = "b"  # type: ignore[misc]
+
+
+def test_no_pattern_matches_a_key_holding_a_nul() -> None:
+    # NUL separates keys in the upsert script's argument, so such a key matches no rule.
+    assert KeyPattern.compile("*").match("a\x00b") is None
+    assert KeyPattern.compile("k:{id}").match("k:a\x00b") is None
+    assert KeyPattern.compile("*").match("a|b c") == {}

@@ -160,6 +160,16 @@ async def test_batch_upsert_schedules_several_rules_in_one_call(shard: Shard) ->
         assert due is not None and before + window <= due <= after + window
 
 
+async def test_any_key_text_survives_the_batch_encoding(shard: Shard) -> None:
+    """Keys travel NUL-joined in one argument: '|', spaces, unicode and '' come back whole."""
+    keys = ["", "a|b|c", "with space", "ключ:42", "x" * 300]
+    await shard.lead()
+    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, 1000, keys)]) == 5
+    assert sorted(await shard.r.zrange(shard.keys.due(RULE), 0, -1)) == sorted(keys)
+    batch = await shard.claim(limit=10)
+    assert sorted(c.key for c in batch.claims) == sorted(keys)
+
+
 # -- claim -------------------------------------------------------------------------------
 
 

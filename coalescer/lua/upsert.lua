@@ -3,7 +3,8 @@
 -- KEYS[1]   meta hash          KEYS[2]  next-wake string
 -- KEYS[3+2g], KEYS[4+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
 -- ARGV[1]   wake channel
--- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, then N keys
+-- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, and the N keys
+--           joined by NUL characters in one argument (cheap for the client to send)
 --
 -- Per key, with t the server time: a new burst is due at t + W; a burst that
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
@@ -54,15 +55,18 @@ local earliest, scheduled, pos = nil, 0, 2
 for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  local n = tonumber(ARGV[pos + 2])
-  local adds = {}
-  for i = pos + 3, pos + 2 + n do
-    earliest = min(earliest, touch(due_key, dead_key, ARGV[i], window, max_wait, adds))
+  local n, joined = tonumber(ARGV[pos + 2]), ARGV[pos + 3]
+  local adds, start = {}, 1
+  for _ = 1, n do
+    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
+    local key = string.sub(joined, start, stop - 1)
+    start = stop + 1
+    earliest = min(earliest, touch(due_key, dead_key, key, window, max_wait, adds))
   end
   for i = 1, #adds, 4000 do
     redis.call('ZADD', due_key, unpack(adds, i, math.min(i + 3999, #adds)))
   end
   scheduled = scheduled + n
-  pos = pos + 3 + n
+  pos = pos + 4
 end
 return {now, scheduled, wake(next_key, channel, earliest)}
