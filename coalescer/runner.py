@@ -37,6 +37,8 @@ class Job:
     rule: Any
     claim: Claim
     task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None  # cancels the task at the rule's timeout
+    timed_out: bool = False
     lost: bool = False
     renewed: float = field(default_factory=time.monotonic)  # when the lease last began
 
@@ -91,7 +93,8 @@ class Runner:
 
     def start(self, shard: int, rule: Any, claimed: ClaimedKey, clock_offset_ms: float) -> None:
         """Start the handler of one fresh claim."""
-        claim = Claim(key=claimed.key, rule=rule.name, params=rule.params(claimed.key) or {},
+        params = (rule.params(claimed.key) or {}) if rule.pattern.names else {}
+        claim = Claim(key=claimed.key, rule=rule.name, params=params,
                       attempt=claimed.attempt, first_touch_ms=claimed.first_ms,
                       last_touch_ms=claimed.last_ms, due_ms=claimed.due_ms, token=claimed.token)
         job = Job(shard, rule, claim)
@@ -101,6 +104,14 @@ class Runner:
         lag = (time.time() * 1000 + clock_offset_ms - claimed.due_ms) / 1000
         self._metrics.rule(rule.name).start_lag.observe(max(0.0, lag))
         job.task = asyncio.create_task(self._run(job), name=f"refresh {claim.key}")
+        # One timer a refresh (cheaper than an asyncio.timeout() block per refresh).
+        job.timer = asyncio.get_running_loop().call_later(rule.timeout, self._time_out, job)
+
+    @staticmethod
+    def _time_out(job: Job) -> None:
+        if job.task is not None and not job.task.done():
+            job.timed_out = True
+            job.task.cancel()
 
     async def _run(self, job: Job) -> None:
         rule, claim = job.rule, job.claim
@@ -109,17 +120,21 @@ class Runner:
             return
         started = time.monotonic()
         try:
-            async with asyncio.timeout(rule.timeout):
-                await self._invokers[rule.name](claim)
+            await self._invokers[rule.name](claim)
         except asyncio.CancelledError:
-            self._drop(job)
-            raise
+            if not job.timed_out:
+                self._drop(job)
+                raise
+            error: Exception | None = TimeoutError(
+                f"handler ran past its timeout of {rule.timeout:g}s")
         except Exception as exc:  # a handler's failure is data, not a crash
-            self._metrics.rule(rule.name).duration.observe(time.monotonic() - started)
-            self._finish(job, exc)
-            return
+            error = exc
+        else:
+            error = None
+        if job.timer is not None:
+            job.timer.cancel()
         self._metrics.rule(rule.name).duration.observe(time.monotonic() - started)
-        self._finish(job, None)
+        self._finish(job, error)
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
         rule, claim = job.rule, job.claim
@@ -139,6 +154,8 @@ class Runner:
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
+        if job.timer is not None:
+            job.timer.cancel()
         self._release_slot(job)
         self._jobs.pop(job.claim.key, None)
         self._check_idle()
