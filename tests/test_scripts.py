@@ -79,13 +79,23 @@ class Shard:
         return None if value is None else str(value)
 
     async def fields(self, key: str) -> list[str]:
+        """The key's state; a pending key's without its due time (see ``due``)."""
         state = await self.state(key)
         assert state is not None, f"{key} has no state"
-        return state.split("|")
+        parts = state.split("|")
+        return parts[:4] if parts[0] == "P" else parts
 
     async def due(self, key: str, rule: str = RULE) -> int | None:
+        """When a pending key is due: the due time in meta, of which its score in the
+        due set is a lower bound (a re-touch moves only the former)."""
         score = await self.r.zscore(self.keys.due(rule), key)
-        return None if score is None else int(score)
+        if score is None:
+            return None
+        state = await self.state(key)
+        assert state is not None and state.startswith("P|"), f"{key} is due but {state}"
+        due = int(state.split("|")[4])
+        assert int(score) <= due, f"{key}: score {score} is after its due time {due}"
+        return due
 
     async def inflight(self, key: str, rule: str = RULE) -> int | None:
         score = await self.r.zscore(self.keys.inflight(rule), key)
@@ -147,6 +157,22 @@ async def test_touches_push_due_to_min_of_t_plus_window_and_first_plus_max_wait(
         assert await shard.due("k") == first_ms + max_wait
     _, first3, last3, _ = await shard.fields("k")
     assert int(first3) == first_ms and int(last3) > first_ms + 50
+
+
+async def test_a_retouch_moves_the_due_time_in_meta_and_claim_rescores_an_early_key(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k", window=0, max_wait=LONG)
+    score = int(await shard.r.zscore(shard.keys.due(RULE), "k"))
+    await shard.touch("k", window=200, max_wait=LONG)  # the due time moves later...
+    assert int(await shard.r.zscore(shard.keys.due(RULE), "k")) == score  # ...in meta only
+    due = await shard.due("k")
+    assert due is not None and due > score
+    assert (await shard.claim()).claims == []  # found early by its score: not claimed
+    assert int(await shard.r.zscore(shard.keys.due(RULE), "k")) == due  # re-scored
+    await shard.after(due)
+    claimed = await shard.claim_one("k")
+    assert claimed.due_ms == due
 
 
 async def test_batch_upsert_schedules_several_rules_in_one_call(shard: Shard) -> None:
@@ -318,7 +344,9 @@ async def test_fail_retries_after_the_delay_then_dead_letters_the_last_attempt(
     assert await shard.fields("k") == ["P", str(first_touch), str(first.last_ms), "1"]
     assert (await shard.claim()).claims == []  # not before its delay
 
-    # A retry due now: attempt 2, then 3 (the last of 3).
+    # A retry due now (its delay cut short by hand): attempt 2, then 3 (the last of 3).
+    state = await shard.fields("k")
+    await shard.r.hset(shard.keys.meta, "k", "|".join([*state, str(before)]))
     await shard.r.zadd(shard.keys.due(RULE), {"k": before})
     second = await shard.claim_one("k")
     assert (second.attempt, second.first_ms) == (2, first_touch)

@@ -1,13 +1,18 @@
 -- _lib.lua: helpers prepended to every script by scripts.py.
 --
 -- A key's state lives in the shard's meta hash, one field per touched key:
---   pending  "P|FIRST|LAST|ATTEMPTS"         (the key is in due:RULE)
+--   pending  "P|FIRST|LAST|ATTEMPTS|DUE"     (the key is in due:RULE)
 --   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
 --            (the key is in inflight:RULE; the R* part is a touch that came
 --            while it ran, re-armed by ack, fail or recovery)
 --   dead     "D|FIRST|LAST|ATTEMPTS|ERROR"   (the key is in dead:RULE)
 -- FIRST and LAST are the burst's first and last touch, server-clock ms;
 -- ATTEMPTS counts the tries made so far, ATTEMPT the one running now.
+--
+-- A pending key's DUE is the truth; its score in due:RULE is a lower bound. A
+-- re-touch moves only DUE (HGET + HSET: constant time however many keys are
+-- pending), and claim.lua re-scores a key it finds early instead of claiming it.
+-- Due times only ever grow while a key is pending, so the bound holds.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -38,7 +43,8 @@ local function decode(v)
   local kind = string.sub(v, 1, 1)
   local f = split(string.sub(v, 3), 8)
   if kind == 'P' then
-    return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3])}
+    return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
+            due = tonumber(f[4])}
   elseif kind == 'D' then
     f = split(string.sub(v, 3), 4)
     return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
@@ -49,8 +55,14 @@ local function decode(v)
           rfirst = tonumber(f[7]), rlast = tonumber(f[8])}
 end
 
-local function pending(first, last, attempts)
-  return 'P|' .. int(first) .. '|' .. int(last) .. '|' .. int(attempts)
+local function pending(first, last, attempts, due)
+  return 'P|' .. int(first) .. '|' .. int(last) .. '|' .. int(attempts) .. '|' .. int(due)
+end
+
+-- Make `key` pending, due at `due`, in meta and in its rule's due set.
+local function schedule(meta, due_key, key, first, last, attempts, due)
+  redis.call('HSET', meta, key, pending(first, last, attempts, due))
+  redis.call('ZADD', due_key, due, key)
 end
 
 local function running(r)
@@ -77,8 +89,7 @@ end
 -- Returns the new due time, or nil when nothing was touched while it ran.
 local function rearm(meta, due_key, key, r)
   if not r.rdue then return nil end
-  redis.call('HSET', meta, key, pending(r.rfirst, r.rlast, 0))
-  redis.call('ZADD', due_key, r.rdue, key)
+  schedule(meta, due_key, key, r.rfirst, r.rlast, 0, r.rdue)
   return r.rdue
 end
 

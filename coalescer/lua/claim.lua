@@ -8,7 +8,9 @@
 --
 -- Checks the caller still holds the shard's lease and renews it, in this same
 -- script, so an ex-leader can never claim. Claims only keys whose due time has
--- come, lowest first, and gives each a fencing token from the shard's counter.
+-- come, lowest first, and gives each a fencing token from the shard's counter. A
+-- key whose score is early (a re-touch moved its due time, kept in meta) is
+-- re-scored, not claimed.
 -- Returns {0} when the caller is not the leader, else
 -- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked},
 -- claims being a list of "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings (the
@@ -29,22 +31,39 @@ local function head(zset)
   return tonumber(h[2])
 end
 
+-- Split the keys found due into those really due and those a re-touch moved
+-- later (only their meta knows: see _lib.lua); the latter get their true score.
+local function sort_out(due_key, ready)
+  local take, later = {}, {}
+  for i = 1, #ready, 2 do
+    local key, score = ready[i], tonumber(ready[i + 1])
+    local p = decode(redis.call('HGET', meta, key)) or {first = score, last = score, attempts = 0}
+    p.key, p.due = key, p.due or score
+    if p.due > now then
+      later[#later + 1], later[#later + 2] = p.due, key
+    else
+      take[#take + 1] = p
+    end
+  end
+  if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
+  return take
+end
+
 local function claim_rule(rule_index, due_key, inflight_key, limit)
   local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-  local n = #ready / 2
-  if n == 0 then return end
-  redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
-  local token = redis.call('INCRBY', KEYS[3], n) - n
+  if #ready == 0 then return end
+  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready / 2 - 1)
+  local take = sort_out(due_key, ready)
+  if #take == 0 then return end
+  local token = redis.call('INCRBY', KEYS[3], #take) - #take
   local states, leases = {}, {}
-  for i = 1, n do
-    local key, due = ready[2 * i - 1], tonumber(ready[2 * i])
-    local p = decode(redis.call('HGET', meta, key)) or {first = due, last = due, attempts = 0}
+  for i, p in ipairs(take) do
     token = token + 1
-    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = due}
-    states[2 * i - 1], states[2 * i] = key, running(r)
-    leases[2 * i - 1], leases[2 * i] = lease_until, key
+    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due}
+    states[2 * i - 1], states[2 * i] = p.key, running(r)
+    leases[2 * i - 1], leases[2 * i] = lease_until, p.key
     claims[#claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last), r.attempt,
-                                        int(due), key}, '|')
+                                        int(r.due), p.key}, '|')
   end
   redis.call('HSET', meta, unpack(states))
   redis.call('ZADD', inflight_key, unpack(leases))

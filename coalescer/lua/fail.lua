@@ -18,8 +18,7 @@ local retried, died, stale, earliest, pos = 0, 0, {}, nil, 2
 local function retry(due_key, key, r, delay)
   local first, last = r.first, r.last
   if r.rdue then first, last = math.min(first, r.rfirst), math.max(last, r.rlast) end
-  redis.call('HSET', meta, key, pending(first, last, r.attempt))
-  redis.call('ZADD', due_key, now + delay, key)
+  schedule(meta, due_key, key, first, last, r.attempt, now + delay)
   return now + delay
 end
 

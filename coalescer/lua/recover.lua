@@ -23,8 +23,7 @@ for r = 0, (#KEYS - 2) / 2 - 1 do
       if s.rdue then first, last = math.min(first, s.rfirst), math.max(last, s.rlast) end
     end
     redis.call('ZREM', inflight_key, key)
-    redis.call('HSET', meta, key, pending(first, last, attempts))
-    redis.call('ZADD', due_key, now, key)
+    schedule(meta, due_key, key, first, last, attempts, now)
     recovered = recovered + 1
   end
 end

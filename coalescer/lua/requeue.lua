@@ -14,8 +14,7 @@ for i = 2, #ARGV do
   local key = ARGV[i]
   local s = decode(redis.call('HGET', meta, key))
   if s and s.kind == 'D' and redis.call('ZREM', dead_key, key) == 1 then
-    redis.call('HSET', meta, key, pending(s.first, s.last, 0))
-    redis.call('ZADD', due_key, now, key)
+    schedule(meta, due_key, key, s.first, s.last, 0, now)
     requeued = requeued + 1
   end
 end

@@ -25,30 +25,26 @@ local function touch_running(key, r, window, max_wait)
   redis.call('HSET', meta, key, running(r))
 end
 
-local fresh = pending(now, now, 0)
-
--- Returns the key's new due time, or nil when it is running; a key seen for the
--- first time is only recorded here and scheduled by the group's one ZADD (adds).
-local function touch(due_key, dead_key, key, window, max_wait, adds)
+-- Returns the key's due time when its due set must learn it (a new or dead key),
+-- else nil: a re-touch moves only the due time kept in meta (see _lib.lua), and a
+-- key seen for the first time is scheduled by the group's one ZADD (adds).
+local function touch(due_key, dead_key, key, window, max_wait, fresh, adds)
   if redis.call('HSETNX', meta, key, fresh) == 1 then
     adds[#adds + 1], adds[#adds + 2] = now + window, key
     return now + window
   end
   local s = decode(redis.call('HGET', meta, key))
-  local first, attempts, due = now, 0, now + window
   if s.kind == 'R' then
     touch_running(key, s, window, max_wait)
-    return nil
   elseif s.kind == 'P' then
-    first, attempts = s.first, s.attempts
-    local old = tonumber(redis.call('ZSCORE', due_key, key)) or 0
-    due = math.max(old, math.min(now + window, first + max_wait))
+    local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
+    redis.call('HSET', meta, key, pending(s.first, now, s.attempts, due))
   else
     redis.call('ZREM', dead_key, key)
+    schedule(meta, due_key, key, now, now, 0, now + window)
+    return now + window
   end
-  redis.call('HSET', meta, key, pending(first, now, attempts))
-  redis.call('ZADD', due_key, due, key)
-  return due
+  return nil
 end
 
 local earliest, scheduled, pos = nil, 0, 2
@@ -56,12 +52,12 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local n, joined = tonumber(ARGV[pos + 2]), ARGV[pos + 3]
-  local adds, start = {}, 1
+  local adds, start, fresh = {}, 1, pending(now, now, 0, now + window)
   for _ = 1, n do
     local stop = string.find(joined, '\0', start, true) or (#joined + 1)
     local key = string.sub(joined, start, stop - 1)
     start = stop + 1
-    earliest = min(earliest, touch(due_key, dead_key, key, window, max_wait, adds))
+    earliest = min(earliest, touch(due_key, dead_key, key, window, max_wait, fresh, adds))
   end
   for i = 1, #adds, 4000 do
     redis.call('ZADD', due_key, unpack(adds, i, math.min(i + 3999, #adds)))
