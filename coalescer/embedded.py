@@ -142,15 +142,17 @@ def _terminate(pid: int, timeout: float) -> None:
     raise CoalescerError(f"embedded valkey-server pid {pid} does not exit")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _client(port: int, timeout: float = 1.0) -> redis.Redis:
-    # No retries: a dead port must fail at once (redis-py retries with backoff by default).
+def sync_client(port: int, timeout: float = 1.0) -> redis.Redis:
+    """A sync client with no retries: a dead port fails at once (redis-py retries with
+    backoff by default)."""
     return redis.Redis(host=HOST, port=port, socket_timeout=timeout,
                        socket_connect_timeout=timeout, decode_responses=True,
                        retry=Retry(NoBackoff(), 0))
@@ -158,7 +160,7 @@ def _client(port: int, timeout: float = 1.0) -> redis.Redis:
 
 def _server_identity(port: int) -> tuple[int, str] | None:
     """(process_id, run_id) of the server answering PING on ``port``, or None."""
-    client = _client(port)
+    client = sync_client(port)
     try:
         if not client.ping():
             return None
@@ -317,7 +319,7 @@ class EmbeddedServer:
     def _start(self) -> _Record:
         binary = server_binary()
         for attempt in range(1, _START_ATTEMPTS + 1):
-            port = _free_port()
+            port = free_port()
             try:
                 record = self._spawn(binary, port)
             except CoalescerError:
@@ -385,7 +387,7 @@ class EmbeddedServer:
         if record is None:
             return
         if _server_identity(record.port) == (record.pid, record.run_id):
-            client = _client(record.port, timeout=self.stop_timeout)
+            client = sync_client(record.port, timeout=self.stop_timeout)
             try:
                 client.shutdown()
             except (redis.RedisError, OSError) as exc:

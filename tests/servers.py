@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
-import socket
 import subprocess
 import textwrap
 import time
@@ -20,28 +19,13 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from coalescer.embedded import server_binary
+from coalescer.embedded import free_port, server_binary, sync_client
 
 HOST = "127.0.0.1"
 TOTAL_SLOTS = 16384
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def sync_client(port: int, timeout: float = 1.0) -> redis.Redis:
-    """A sync client with no retries (a dead server fails at once)."""
-    return redis.Redis(host=HOST, port=port, socket_timeout=timeout,
-                       socket_connect_timeout=timeout, decode_responses=True,
-                       retry=Retry(NoBackoff(), 0))
 
 
 def poll_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
