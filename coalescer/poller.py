@@ -41,7 +41,6 @@ class Poller:
         # About a second, and well inside the lease that each claim call renews.
         self.sleep_cap = min(1.2, leader_lease / 2.5)
         self._wake = wake
-        self.live_nodes = 1
         self.starved = False
         self._full = False
 
@@ -54,7 +53,6 @@ class Poller:
         while True:
             self._wake.clear()
             batch = await self._claim(leader_value)
-            self.live_nodes = batch.live_nodes
             if not keep_leading(batch.live_nodes):
                 return
             if await self._recover_expired(batch):

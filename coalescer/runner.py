@@ -88,9 +88,6 @@ class Runner:
     def free_slots(self, rule: Any) -> int:
         return max(0, int(rule.concurrency) - self._active[rule.name])
 
-    def holds(self) -> int:
-        return len(self._jobs)
-
     def start(self, shard: int, rule: Any, claimed: ClaimedKey, clock_offset_ms: float) -> None:
         """Start the handler of one fresh claim."""
         params = (rule.params(claimed.key) or {}) if rule.pattern.names else {}
