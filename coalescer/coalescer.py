@@ -276,7 +276,13 @@ class Coalescer:
             await self._quietly("record results", self._runner.flush_outbox(), timeout=5.0)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        done, stuck = await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else ((), ())
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("shutdown: %s had failed: %r", task.get_name(), task.exception())
+        if stuck:
+            log.warning("shutdown: %d background tasks did not stop within 5s: %s",
+                        len(stuck), ", ".join(t.get_name() for t in stuck))
         await self._close_resources()
         log.info("coalescer %s closed", self.node_id)
 
