@@ -589,3 +589,31 @@ async def test_poller_survives_a_redis_restart(
         assert c.leads() == [0]
     finally:
         await r.aclose()
+
+
+async def test_a_dropped_wake_subscription_strands_nothing(
+        tmp_path: Path, namespace: str, own_server: ValkeyProcess, start: Start) -> None:
+    """G3: the wake channel's connection is killed; touches are still refreshed, and the
+    node subscribes again (the known bug: a dropped subscription left work piling up)."""
+    path, rec = setup(tmp_path, namespace, rules_text(namespace, leader_lease="3s"))
+    c = await start(path, redis_url=own_server.url, node_id="n1")
+    r = redis.asyncio.Redis.from_url(own_server.url, decode_responses=True)
+    channel = KeySpace(namespace, 1).shard(0).wake_channel
+
+    async def subscribers() -> int:
+        return int(dict(await r.pubsub_numsub(channel))[channel])
+
+    try:
+        await wait_until(lambda: c.leads() == [0], message="the node leads")
+        await wait_until(subscribers, message="the node subscribed to its wake channel")
+        assert await r.client_kill_filter(_type="pubsub") >= 1
+        c.touch("item:1")
+        await c.flush()
+        await wait_until(lambda: [x.key for x in rec.succeeded] == ["item:1"],
+                         message="a touch made while unsubscribed is refreshed")
+        await wait_until(subscribers, message="the node subscribed again")
+        c.touch("item:2")
+        await c.flush()
+        await wait_until(lambda: [x.key for x in rec.succeeded] == ["item:1", "item:2"])
+    finally:
+        await r.aclose()
