@@ -99,6 +99,7 @@ class Leadership:
         if self._yielded:  # just handed this shard back: give the others the first go
             self._yielded = False
             await self._pause(self._lease / 2)
+        self.released.clear()  # before asking: a release announced after it must count
         state = await self._scripts.acquire(self._shard, node_id=self._node_id,
                                             lease_ms=round(self._lease * 1000),
                                             mine=self.value or "")
@@ -116,8 +117,10 @@ class Leadership:
 
     def _keep_leading(self, live: int) -> bool:
         """False once stopping, or for the highest shard of a node above its fair share."""
-        return not self._stopping and not (len(self._led) > self._fair_share(live)
-                    and self._shard.shard == max(self._led))
+        if self._stopping:
+            return False
+        above_share = len(self._led) > self._fair_share(live)
+        return not (above_share and self._shard.shard == max(self._led))
 
     async def _hand_back(self) -> None:
         if self._stopping:
@@ -140,7 +143,6 @@ class Leadership:
         polite = len(self._led) >= self._fair_share(state.live_nodes)
         extra = self._lease / 2 if polite else 0.0
         wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
-        self.released.clear()
         try:
             await asyncio.wait_for(self.released.wait(), wait)
             if extra and not self._stopping:
@@ -149,7 +151,6 @@ class Leadership:
             pass
 
     async def _pause(self, seconds: float) -> None:
-        self.released.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop_event.wait(), seconds)
 
