@@ -221,8 +221,9 @@ async def test_default_body_limit_is_one_mib(make_node: NodeFactory) -> None:
     assert (await node.touch(_body_of_size(1024 * 1024 + 1)))[0] == 413
 
 
-async def test_touch_buffer_full_is_503(make_node: NodeFactory, tmp_path: Path) -> None:
-    server = ValkeyProcess(dir=tmp_path / "own")
+async def test_touch_buffer_full_is_503(own_server: ValkeyProcess,
+                                        make_node: NodeFactory) -> None:
+    server = own_server  # requested first: it outlives the node, and is stopped after
     try:
         node = await make_node(worker=False, url=server.url, max_buffered=1)
         server.kill()  # nothing can be flushed now: the one-key buffer fills and stays full
@@ -291,9 +292,9 @@ async def test_healthz_and_status(make_node: NodeFactory) -> None:
     assert body["shards"] == (await node.c.status())["shards"]
 
 
-async def test_redis_down_is_503_on_healthz_and_status(make_node: NodeFactory,
-                                                       tmp_path: Path) -> None:
-    server = ValkeyProcess(dir=tmp_path / "own")
+async def test_redis_down_is_503_on_healthz_and_status(own_server: ValkeyProcess,
+                                                       make_node: NodeFactory) -> None:
+    server = own_server  # requested first: it outlives the node, and is stopped after
     try:
         node = await make_node(worker=False, url=server.url)
         assert (await node.request("GET", "/healthz"))[0] == 200
