@@ -874,14 +874,7 @@ async def failover_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[st
             await asyncio.sleep(1.0)
             holder = str(await r.get(SHARD.leader)).split("|", 1)[1]
             standby = "B" if holder == "A" else "A"
-            t_kill = time.time()
-            procs[holder].send_signal(signal.SIGKILL)
-            procs[holder].wait(timeout=10)
-
-            def standby_first() -> float | None:
-                after = [t for t, _ in probe.read_log(logs[standby]) if t > t_kill]
-                return min(after) if after else None
-            t_first = await _wait_for(standby_first, 15, "the standby's first refresh")
+            t_kill, t_first = await _kill_and_time(procs[holder], logs[standby], "standby")
             await asyncio.sleep(1.0)
             await feed.stop()
             await w.flush()
@@ -900,6 +893,20 @@ async def failover_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[st
         await r.aclose()
     return {"lease_s": 3.0, "takeover_s": t_first - t_kill, "killed": holder,
             "g1": lost_updates(feed.touches, starts, scheduled, per_key), **recovered}
+
+
+async def _kill_and_time(victim: subprocess.Popen[bytes], other_log: Path,
+                         other: str) -> tuple[float, float]:
+    """SIGKILL ``victim``; return the kill time and the other node's first refresh after it."""
+    t_kill = time.time()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+
+    def first_after() -> float | None:
+        after = [t for t, _ in probe.read_log(other_log) if t > t_kill]
+        return min(after) if after else None
+    t_first = await _wait_for(first_after, 15, f"the {other}'s first refresh")
+    return t_kill, float(t_first)
 
 
 async def _recovered_count(standby_log: Path, touches: dict[str, list[float]], t_kill: float,
@@ -931,14 +938,7 @@ async def failover_baseline(server: Server, sizes: Sizes, tmp: Path) -> dict[str
             last = {n: max(t for t, _ in probe.read_log(logs[n])) for n in "AB"}
             victim = max(last, key=lambda n: last[n])  # the one that refreshed last
             survivor = "B" if victim == "A" else "A"
-            t_kill = time.time()
-            procs[victim].send_signal(signal.SIGKILL)
-            procs[victim].wait(timeout=10)
-
-            def survivor_first() -> float | None:
-                after = [t for t, _ in probe.read_log(logs[survivor]) if t > t_kill]
-                return min(after) if after else None
-            t_first = await _wait_for(survivor_first, 15, "the survivor's first refresh")
+            t_kill, t_first = await _kill_and_time(procs[victim], logs[survivor], "survivor")
             await asyncio.sleep(1.0)
             await feed.stop()
             await settle(lambda: _zero(b), timeout=10)
