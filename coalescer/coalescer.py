@@ -154,7 +154,7 @@ class Coalescer:
 
     def leads(self) -> list[int]:
         """The shards this node leads now."""
-        return sorted(s for s in self._led)
+        return sorted(self._led)
 
     # -- lifecycle -----------------------------------------------------------------------
 
