@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from . import forksafe
 from .absorber import Absorber
 from .connection import Connection, connect
 from .deadletters import requeue_dead
@@ -47,6 +48,11 @@ class Coalescer:
     ``touch(key)`` is sync and cheap; ``await flush()`` returns once Redis holds
     every earlier touch. With ``worker=True`` this process also joins the leader
     election and runs refresh handlers. Use as ``async with``.
+
+    In a process forked from one where it was started, it stops with a ClosedError
+    saying so until ``start()`` is awaited again there (the parent's connections and
+    buffered touches stay the parent's); one created but not started is simply
+    started in the child.
     """
 
     def __init__(self, config: Config, *, redis_url: str | None = None, worker: bool = True,
@@ -73,6 +79,12 @@ class Coalescer:
         self._closed = asyncio.Event()
         self._seen: tuple[int, int] = (0, 0)
         self._led: set[int] = set()
+        self._args: dict[str, Any] = {
+            "redis_url": redis_url, "worker": worker, "node_id": node_id,
+            "max_buffered": max_buffered, "grace": grace, "embedded_root": embedded_root}
+        self._pid = os.getpid()
+        self._forked_from: int | None = None
+        forksafe.track(self)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -90,13 +102,13 @@ class Coalescer:
         when the coalescer is not running.
         """
         if self._state != "running":
-            raise ClosedError(f"touch({key!r}): the coalescer is {self._state}, not running")
+            raise self._not_running(f"touch({key!r})")
         self._absorber.touch(key)
 
     def touch_many(self, keys: Iterable[str]) -> None:
         """Touch every key or none (UnknownKeyError, BackpressureError, ClosedError)."""
         if self._state != "running":
-            raise ClosedError(f"touch_many(): the coalescer is {self._state}, not running")
+            raise self._not_running("touch_many()")
         self._absorber.touch_many(list(keys))
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
@@ -111,8 +123,9 @@ class Coalescer:
 
     async def flush(self) -> None:
         """Return once Redis holds the due time of every touch made before this call."""
+        self.after_fork()
         if self._flusher is None:
-            raise ClosedError("flush(): the coalescer was never started")
+            raise self._not_running("flush()")
         await self._flusher.flush()
         self.sync_metrics()
 
@@ -167,7 +180,8 @@ class Coalescer:
         await self.close()
 
     async def start(self) -> None:
-        if self._state != "new":
+        self.after_fork()
+        if self._state not in ("new", "forked"):
             raise ClosedError(f"start(): the coalescer is already {self._state}")
         self._state = "starting"
         url, self._embedded = resolve_redis_url(self._redis_url, self._embedded_root)
@@ -253,7 +267,7 @@ class Coalescer:
         if self._state in ("closing", "closed"):
             await self._closed.wait()
             return
-        if self._state == "new":
+        if self._state in ("new", "forked"):
             self._state = "closed"
             self._closed.set()
             return
@@ -306,6 +320,37 @@ class Coalescer:
             with contextlib.suppress(RedisError, OSError):
                 await self._conn.close()
         self._release_embedded()
+
+    def _not_running(self, what: str) -> ClosedError:
+        if self._state == "forked":
+            return ClosedError(
+                f"{what}: this coalescer was started in process {self._forked_from}, of "
+                f"which process {self._pid} is a fork; await start() again here (it "
+                "connects anew, with an empty buffer)")
+        if self._state == "new":
+            return ClosedError(f"{what}: the coalescer is not started; await start() "
+                               "first, or use it as 'async with'")
+        return ClosedError(f"{what}: the coalescer is {self._state}, not running")
+
+    def after_fork(self) -> None:
+        """In a forked child (no-op elsewhere): park, never close, the parent's loop
+        objects, connections and buffered touches (the parent writes those), and
+        start over as if just constructed; a started coalescer must be started again.
+        """
+        if self._pid == os.getpid():
+            return
+        parent, state = self._pid, self._state
+        if state == "closed":
+            self._pid = os.getpid()
+            return
+        old = dict(vars(self))
+        forksafe.park(old)
+        self.__dict__.clear()
+        Coalescer.__init__(self, old["config"], **old["_args"])
+        if state != "new":
+            self._state, self._forked_from = "forked", parent
+        log.debug("coalescer: process %d forked from %d, where it was %s", self._pid,
+                  parent, state)
 
     def _release_embedded(self) -> None:
         if self._embedded is not None:

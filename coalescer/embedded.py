@@ -196,6 +196,7 @@ class EmbeddedServer:
         self.lock_timeout = lock_timeout
         self._user_file: Path | None = None
         self._url: str | None = None
+        self._owner = 0  # the pid that registered _user_file
 
     # -- public API --
 
@@ -206,6 +207,7 @@ class EmbeddedServer:
 
     def acquire(self) -> str:
         """Register as a user and return the server's URL, starting it if needed."""
+        self._forget_if_forked()
         if self._url is not None:
             return self._url
         self._make_dirs()
@@ -215,12 +217,13 @@ class EmbeddedServer:
             if record is None:
                 record = self._start()
             self._user_file = self._register_user()
-        self._url = record.url
+        self._url, self._owner = record.url, os.getpid()
         logger.debug("acquired embedded server %s (pid %d)", record.url, record.pid)
         return record.url
 
     def release(self) -> None:
         """Unregister; stop the server if no live user remains."""
+        self._forget_if_forked()
         if self._user_file is None:
             return
         with self._locked():
@@ -241,6 +244,13 @@ class EmbeddedServer:
         return f"EmbeddedServer(root={str(self.root)!r}, url={self._url!r})"
 
     # -- locking and users --
+
+    def _forget_if_forked(self) -> None:
+        """In a process forked after acquire(): the registration is the parent's, left
+        for the parent to release; this process registers on its own if it acquires."""
+        if self._user_file is not None and self._owner != os.getpid():
+            self._user_file = None
+            self._url = None
 
     def _make_dirs(self) -> None:
         for path in (self.root, self.data_dir, self.users_dir):

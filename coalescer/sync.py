@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
+from . import forksafe
 from .coalescer import Coalescer
+from .errors import ClosedError
+
+log = logging.getLogger(__name__)
 
 
 class SyncCoalescer:
@@ -18,62 +23,107 @@ class SyncCoalescer:
     ``touch()`` is as cheap as the async one and safe from any thread;
     ``flush()`` blocks until Redis holds every earlier touch. Use as ``with``
     (or call ``start()`` and ``close()``), e.g. once per Django or Flask process.
+
+    Fork-safe: in a process forked from one where it was started (gunicorn
+    ``--preload``, uwsgi, Celery prefork), the first ``touch()`` or ``flush()``
+    starts it again there, on a loop, thread and connections of the child's own.
+    The child starts with an empty buffer: touches buffered before the fork are
+    the parent's, written by the parent.
     """
 
     def __init__(self, coalescer: Coalescer) -> None:
         self.coalescer = coalescer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._started = False  # start() was called (in this process or before a fork)
+        self._restart = False  # started before this process forked: start on first use
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        forksafe.track(self)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> SyncCoalescer:
         options.setdefault("worker", False)
         return cls(Coalescer.from_yaml(path, **options))
 
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
-        if self._loop is None:
+    def after_fork(self) -> None:
+        """In a forked child (no-op elsewhere): park the parent's loop and thread, and
+        start again on first use."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        forksafe.park((loop, thread))
+        self._loop = self._thread = None
+        self._restart = True
+
+    def _call(self, what: str, coro: Any, timeout: float | None = None) -> Any:
+        loop = self._loop if self._loop is not None else self._revive(what)
+        if loop is None:
             coro.close()
-            raise RuntimeError("SyncCoalescer is not started")
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            raise self._not_started(what)
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, loop)
         return future.result(timeout)
 
+    def _revive(self, what: str) -> asyncio.AbstractEventLoop | None:
+        """The loop, after starting again in a forked child if this is one; else None."""
+        with self._lock:
+            if self._loop is None and self._restart:
+                log.info("SyncCoalescer: starting again in forked process %d (on %s)",
+                         os.getpid(), what)
+                self.start()
+            return self._loop
+
+    def _not_started(self, what: str) -> ClosedError:
+        if self._started:
+            return ClosedError(f"{what}: the SyncCoalescer is closed")
+        return ClosedError(f"{what}: the SyncCoalescer is not started; call start() "
+                           "first, or use it as 'with SyncCoalescer...'")
+
     def start(self, timeout: float = 30.0) -> None:
+        self.after_fork()
+        self._started, self._restart = True, False
         loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="coalescer-loop",
-                                        daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=loop.run_forever, name="coalescer-loop",
+                                  daemon=True)
+        thread.start()
         try:
-            self._call(self.coalescer.start(), timeout)
+            asyncio.run_coroutine_threadsafe(self.coalescer.start(), loop).result(timeout)
         except BaseException:
-            self._stop_loop()
+            _stop(loop, thread)
             raise
+        # Published once started: a touch from another thread meanwhile waits in _revive.
+        self._loop, self._thread = loop, thread
 
     def touch(self, key: str) -> None:
         """Buffer one touch; see ``Coalescer.touch``."""
+        if self._loop is None and self._revive(f"touch({key!r})") is None:
+            raise self._not_started(f"touch({key!r})")
         self.coalescer.touch(key)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until Redis holds every touch made before this call."""
-        self._call(self.coalescer.flush(), timeout)
+        self.after_fork()
+        self._call("flush()", self.coalescer.flush(), timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop and join the loop thread; idempotent."""
+        self.after_fork()
+        self._restart = False
         if self._loop is None:
             return
         try:
-            self._call(self.coalescer.close(), timeout)
+            self._call("close()", self.coalescer.close(), timeout)
         finally:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
         loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join()
-        loop.close()
+        if loop is not None:
+            _stop(loop, self._thread)
 
     def __enter__(self) -> SyncCoalescer:
         self.start()
@@ -82,3 +132,10 @@ class SyncCoalescer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not None:
+        thread.join()
+    loop.close()
