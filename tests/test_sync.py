@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 import threading
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from e2e import line_rules
+from servers import poll_until, wait_until
 
-from coalescer import ClosedError, SyncCoalescer, UnknownKeyError
+from coalescer import ClosedError, Coalescer, SyncCoalescer, UnknownKeyError
 from coalescer.keys import KeySpace
 
 RULES = """\
@@ -94,3 +100,221 @@ def test_context_manager_and_idempotent_close(
     with pytest.raises(ClosedError):
         sc.touch("item:4")
     assert r.zcard(due) == 2
+
+
+# -- fork: gunicorn --preload, uwsgi, Celery prefork ------------------------------------
+
+FORK_RULES = """\
+namespace: {ns}
+shards: {shards}
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+  - name: held
+    match: "held:{{id}}"
+    window: 2m
+    max_wait: 5m
+    absorb: 1m
+    handler: {{mod}}:refresh
+"""
+
+WORKER_HANDLER = """\
+import os
+
+
+def refresh(claim):
+    with open({log!r}, "a") as f:
+        f.write(f"{{os.getpid()}} {{claim.key}}\\n")
+"""
+
+
+def fork_rules(tmp_path: Path, namespace: str, shards: int = 1) -> Path:
+    return line_rules(tmp_path, f"fork_{namespace}",
+                      FORK_RULES.format(ns=namespace, shards=shards))
+
+
+def in_child(body: Callable[[], None]) -> int:
+    """Fork; the child runs ``body`` and exits 0, or 1 with a traceback if it raised."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        body()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def exit_code(pid: int, timeout: float = 60.0) -> int:
+    """Wait, bounded, for child ``pid``; kill it if it outlives ``timeout``."""
+    def reaped() -> tuple[int] | None:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        return (os.waitstatus_to_exitcode(status),) if done else None
+    try:
+        code: int = poll_until(reaped, timeout, message=f"child {pid} to exit")[0]
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return code
+
+
+def scheduled(r: redis.Redis, namespace: str, shards: int, keys: list[str]) -> list[str]:
+    """The keys of ``keys`` (rule ``item``) that Redis has not scheduled."""
+    space = KeySpace(namespace, shards)
+    return [k for k in keys if r.zscore(space.shard(space.shard_of(k)).due("item"), k) is None]
+
+
+def worker(sc: SyncCoalescer, keys_per_thread: list[list[str]]) -> None:
+    """A forked worker: threads touch and flush at once (racing to start it again)."""
+    errors: list[BaseException] = []
+
+    def write_path(keys: list[str]) -> None:
+        try:
+            for key in keys:
+                sc.touch(key)
+            sc.flush(timeout=10)
+        except BaseException as exc:
+            errors.append(exc)
+    pool = [threading.Thread(target=write_path, args=(keys,)) for keys in keys_per_thread]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(30)
+    assert errors == []
+    sc.close(timeout=10)
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_forked_child_touches_and_flushes_and_the_parent_keeps_its_own_touches(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis, shards: int) -> None:
+    rules = fork_rules(tmp_path, namespace, shards)
+    space = KeySpace(namespace, shards)
+    held_meta = space.shard(space.shard_of("held:p")).meta
+    child_keys = [f"item:child-{i}" for i in range(40)]
+    with SyncCoalescer.from_yaml(rules, redis_url=redis_url) as sc:
+        sc.touch("item:parent-1")
+        sc.flush()
+        sc.touch("held:p")
+        sc.flush()
+        written = r.hget(held_meta, "held:p")
+        sc.touch("held:p")  # held for absorb (1m): in the parent's buffer at the fork
+
+        def child() -> None:
+            for key in child_keys:
+                sc.touch(key)
+            sc.flush(timeout=10)
+            with redis.Redis.from_url(redis_url, decode_responses=True) as mine:
+                assert scheduled(mine, namespace, shards, child_keys) == []
+            sc.close(timeout=10)
+
+        assert exit_code(in_child(child)) == 0
+        assert scheduled(r, namespace, shards, child_keys) == []
+        # The child started with an empty buffer: it did not write the parent's touch.
+        assert r.hget(held_meta, "held:p") == written
+        # The parent's connections still work, and its buffered touch is written once.
+        sc.touch("item:parent-2")
+        sc.flush()
+        assert r.hget(held_meta, "held:p") != written
+    assert scheduled(r, namespace, shards, ["item:parent-1", "item:parent-2"]) == []
+
+
+def test_several_forked_children_at_once_like_gunicorn_workers(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = fork_rules(tmp_path, namespace)
+    children, threads = 4, 3
+
+    def keys_of(n: int, t: int) -> list[str]:
+        return [f"item:w{n}-t{t}-{i}" for i in range(30)]
+
+    with SyncCoalescer.from_yaml(rules, redis_url=redis_url) as sc:
+        sc.touch("item:parent-0")
+
+        pids = [in_child(lambda n=n: worker(sc, [keys_of(n, t) for t in range(threads)]))
+                for n in range(children)]
+        for i in range(20):  # the parent goes on meanwhile, on its own connections
+            sc.touch(f"item:parent-{i}")
+            sc.flush()
+        assert [exit_code(pid) for pid in pids] == [0] * children
+        sc.touch("item:parent-last")
+        sc.flush()
+    every = [k for n in range(children) for t in range(threads) for k in keys_of(n, t)]
+    assert scheduled(r, namespace, 1, every) == []
+    parents = [f"item:parent-{i}" for i in range(20)] + ["item:parent-last"]
+    assert scheduled(r, namespace, 1, parents) == []
+    due = KeySpace(namespace, 1).shard(0).due("item")
+    assert r.zcard(due) == len(every) + len(parents)
+
+
+def test_created_only_before_the_fork_is_started_in_the_child(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    sc = SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url)
+
+    def child() -> None:
+        with pytest.raises(ClosedError, match=r"not started; call start\(\)"):
+            sc.touch("item:early")
+        with sc:
+            sc.touch("item:child")
+            sc.flush(timeout=10)
+
+    assert exit_code(in_child(child)) == 0
+    assert scheduled(r, namespace, 1, ["item:child"]) == []
+    assert scheduled(r, namespace, 1, ["item:early"]) == ["item:early"]
+    with sc:  # the parent starts its own afterwards
+        sc.touch("item:parent")
+    assert scheduled(r, namespace, 1, ["item:parent"]) == []
+
+
+def test_unstarted_sync_coalescer_says_to_call_start(
+        tmp_path: Path, namespace: str, redis_url: str) -> None:
+    sc = SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url)
+    with pytest.raises(ClosedError, match=r"touch\('item:1'\): .*not started; call start\(\)"):
+        sc.touch("item:1")
+    with pytest.raises(ClosedError, match=r"flush\(\): .*not started; call start\(\)"):
+        sc.flush()
+    sc.close()  # closing an unstarted one is a no-op
+
+
+@pytest.mark.parametrize("started_in_parent", [True, False])
+async def test_worker_coalescer_in_a_forked_child(
+        tmp_path: Path, namespace: str, redis_url: str, started_in_parent: bool) -> None:
+    log = tmp_path / "refreshes.log"
+    (tmp_path / f"w_{namespace}.py").write_text(WORKER_HANDLER.format(log=str(log)))
+    sys.path.insert(0, str(tmp_path))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"namespace: {namespace}\nrules:\n  - name: job\n    match: 'job:{{id}}'\n"
+                     f"    window: 100ms\n    handler: w_{namespace}:refresh\n")
+    c = Coalescer.from_yaml(rules, redis_url=redis_url, worker=True)
+    if started_in_parent:
+        await c.start()
+        parent_node = c.node_id
+
+    async def child_main() -> None:
+        if started_in_parent:
+            with pytest.raises(ClosedError, match="is a fork; await start"):
+                c.touch("job:early")
+            with pytest.raises(ClosedError, match="is a fork; await start"):
+                await c.flush()
+        async with c:
+            assert c.node_id.endswith(f":{os.getpid()}")
+            c.touch("job:child")
+            await c.flush()
+            await wait_until(lambda: f"{os.getpid()} job:child" in read(log), timeout=20)
+
+    def read(path: Path) -> str:
+        return path.read_text() if path.exists() else ""
+
+    try:
+        pid = in_child(lambda: asyncio.run(child_main()))
+        if started_in_parent:
+            assert c.node_id == parent_node
+            await c.close()  # hands the shard's lease over to the child
+        await wait_until(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, timeout=60)
+    finally:
+        await c.close()
+        sys.path.remove(str(tmp_path))
+    assert read(log).splitlines() == [f"{pid} job:child"]
