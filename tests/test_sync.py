@@ -17,6 +17,7 @@ from e2e import line_rules
 from servers import poll_until, wait_until
 
 from coalescer import ClosedError, Coalescer, SyncCoalescer, UnknownKeyError
+from coalescer.embedded import EmbeddedServer
 from coalescer.keys import KeySpace
 
 RULES = """\
@@ -318,3 +319,57 @@ async def test_worker_coalescer_in_a_forked_child(
         await c.close()
         sys.path.remove(str(tmp_path))
     assert read(log).splitlines() == [f"{pid} job:child"]
+
+
+def users(root: Path) -> list[int]:
+    """The pids registered as users of the embedded server in ``root``."""
+    return sorted(int(p.name.split(".", 1)[0]) for p in (root / "users").iterdir())
+
+
+def test_embedded_server_registrations_stay_per_process_across_fork(tmp_path: Path) -> None:
+    root = tmp_path / ".coalescer"
+    server = EmbeddedServer(root)
+    url = server.acquire()
+    parent = os.getpid()
+
+    def child() -> None:
+        server.release()  # the parent's registration: left to the parent
+        assert users(root) == [parent]
+        assert server.acquire() == url
+        assert users(root) == sorted([parent, os.getpid()])
+        server.release()
+        assert users(root) == [parent]
+
+    try:
+        assert exit_code(in_child(child)) == 0
+        assert users(root) == [parent]
+        with redis.Redis.from_url(url) as client:
+            assert client.ping()
+    finally:
+        server.release()
+    assert users(root) == []
+    assert not (root / "server.json").exists()  # the last user stopped it
+
+
+def test_sync_coalescer_on_the_embedded_server_in_a_forked_child(
+        tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COALESCER_REDIS_URL", raising=False)
+    root = tmp_path / ".coalescer"
+    sc = SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), embedded_root=root)
+    parent = os.getpid()
+
+    def child() -> None:
+        sc.touch("item:child")
+        assert users(root) == sorted([parent, os.getpid()])
+        sc.close(timeout=10)
+        assert users(root) == [parent]
+
+    with sc:
+        url = sc.coalescer.redis_url
+        assert exit_code(in_child(child)) == 0
+        assert users(root) == [parent]
+        sc.touch("item:parent")
+        sc.flush()
+        with redis.Redis.from_url(url, decode_responses=True) as r:
+            assert scheduled(r, namespace, 1, ["item:child", "item:parent"]) == []
+    assert users(root) == []
