@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import sys
@@ -135,9 +136,9 @@ def fork_rules(tmp_path: Path, namespace: str, shards: int = 1) -> Path:
                       FORK_RULES.format(ns=namespace, shards=shards))
 
 
-def in_child(body: Callable[[], None]) -> int:
+def in_child(body: Callable[[], None], fork: Callable[[], int] = os.fork) -> int:
     """Fork; the child runs ``body`` and exits 0, or 1 with a traceback if it raised."""
-    pid = os.fork()
+    pid = fork()
     if pid:
         return pid
     code = 1
@@ -373,3 +374,25 @@ def test_sync_coalescer_on_the_embedded_server_in_a_forked_child(
         with redis.Redis.from_url(url, decode_responses=True) as r:
             assert scheduled(r, namespace, 1, ["item:child", "item:parent"]) == []
     assert users(root) == []
+
+
+def test_fork_without_python_fork_hooks_is_caught_by_start(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    """uwsgi's master forks from C without running Python's fork hooks (unless
+    py-call-osafterfork is set); start() in the child (a @postfork hook) sees the new pid."""
+    libc_fork = ctypes.PyDLL(None).fork  # PyDLL: the GIL stays held across the fork
+    with SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url) as sc:
+        sc.touch("item:parent")
+        sc.flush()
+
+        def child() -> None:
+            sc.start()
+            sc.touch("item:child")
+            sc.flush(timeout=10)
+            sc.close(timeout=10)
+
+        pid = in_child(child, fork=libc_fork)
+        assert exit_code(pid) == 0
+        sc.touch("item:parent-after")
+        sc.flush()
+    assert scheduled(r, namespace, 1, ["item:parent", "item:child", "item:parent-after"]) == []
