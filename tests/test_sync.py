@@ -281,6 +281,17 @@ def test_unstarted_sync_coalescer_says_to_call_start(
     sc.close()  # closing an unstarted one is a no-op
 
 
+async def test_unstarted_coalescer_says_to_await_start(
+        tmp_path: Path, namespace: str, redis_url: str) -> None:
+    c = Coalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url)
+    with pytest.raises(ClosedError, match=r"touch\('item:1'\): .*not started; await start\(\)"):
+        c.touch("item:1")
+    with pytest.raises(ClosedError, match=r"touch_many\(\): .*not started; await start\(\)"):
+        c.touch_many(["item:1"])
+    with pytest.raises(ClosedError, match=r"flush\(\): .*not started; await start\(\)"):
+        await c.flush()
+
+
 @pytest.mark.parametrize("started_in_parent", [True, False])
 async def test_worker_coalescer_in_a_forked_child(
         tmp_path: Path, namespace: str, redis_url: str, started_in_parent: bool) -> None:
