@@ -387,11 +387,14 @@ def test_sync_coalescer_on_the_embedded_server_in_a_forked_child(
     assert users(root) == []
 
 
-def test_fork_without_python_fork_hooks_is_caught_by_start(
-        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
-    """uwsgi's master forks from C without running Python's fork hooks (unless
-    py-call-osafterfork is set); start() in the child (a @postfork hook) sees the new pid."""
-    libc_fork = ctypes.PyDLL(None).fork  # PyDLL: the GIL stays held across the fork
+@pytest.mark.parametrize("fork", ["os.fork", "libc fork"])
+def test_start_in_a_forked_child_like_a_post_fork_hook(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis, fork: str) -> None:
+    """gunicorn's post_fork, uwsgi's @postfork and Celery's worker_process_init call
+    start() in the child. uwsgi's master forks from C without running Python's fork
+    hooks (unless py-call-osafterfork is set): start() sees the new pid itself."""
+    # PyDLL: the GIL stays held across the fork
+    forker = os.fork if fork == "os.fork" else ctypes.PyDLL(None).fork
     with SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url) as sc:
         sc.touch("item:parent")
         sc.flush()
@@ -402,7 +405,7 @@ def test_fork_without_python_fork_hooks_is_caught_by_start(
             sc.flush(timeout=10)
             sc.close(timeout=10)
 
-        pid = in_child(child, fork=libc_fork)
+        pid = in_child(child, fork=forker)
         assert exit_code(pid) == 0
         sc.touch("item:parent-after")
         sc.flush()
