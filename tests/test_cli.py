@@ -101,6 +101,40 @@ def test_check_a_bad_file_names_file_line_and_field(tmp_path: Path, namespace: s
     assert f"rules.yaml:{line}" in done.stderr
 
 
+HOSTILE_FILES = {
+    # name: (make the path in tmp_path, what stderr says after "PATH:")
+    "deeply nested": (lambda p: p.write_bytes(b"rules: " + b"[" * 20000 + b"]" * 20000),
+                      "1: values are nested more than 50 deep"),
+    "billion laughs": (lambda p: p.write_text("".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else '1'] * 10)}]\n" for i in range(10))),
+        "6: the file holds more than 250000 values"),
+    "NUL byte": (lambda p: p.write_bytes(b"rules:\n  - name: a\x00\n"),
+                 "2: character U+0000 is not allowed"),
+    "not UTF-8": (lambda p: p.write_bytes(b"rules:\n  - name: caf\xe9\n"),
+                  "2: byte 0xe9 in column 14 is not UTF-8"),
+    "binary": (lambda p: p.write_bytes(bytes(range(128, 256)) * 100), "1: byte 0x80"),
+    "tabs": (lambda p: p.write_bytes(b"rules:\n\t- name: a\n"), "2: YAML syntax error"),
+    "top-level list": (lambda p: p.write_text("- rules\n"),
+                       "1: the top level must be a mapping, got a list"),
+    "empty": (lambda p: p.write_text(""), " the file is empty"),
+    "directory": (lambda p: p.mkdir(), " is a directory, not a rules file"),
+    "missing": (lambda p: None, " rules file not found"),
+    "huge": (lambda p: p.write_text("#" * 50_000_000), " rules file is larger than 1024 KiB"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_FILES))
+def test_check_says_what_is_wrong_in_one_line(tmp_path: Path, name: str) -> None:
+    make, says = HOSTILE_FILES[name]
+    path = tmp_path / "rules.yaml"
+    make(path)
+    done = cli("check", str(path), cwd=tmp_path, timeout=30)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"coalescer check: {path}:{says}"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one line: no traceback, no excerpt
+
+
 # -- touch ----------------------------------------------------------------------------------
 
 
