@@ -11,19 +11,24 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
 from .coalescer import Coalescer
+from .embedded import ENV_REDIS_URL
 from .errors import CoalescerError, ConfigError
 from .rules import Config
+from .urls import redact
 
 log = logging.getLogger(__name__)
 
 EXIT_ERROR = 1
 EXIT_UNKNOWN_KEY = 2
 DEFAULT_HTTP = "127.0.0.1:8470"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+SERVICES = ("run", "demo")  # they log at INFO by default; one-shot commands at WARNING
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +36,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="rules file (default ./rules.yaml)")
     parser.add_argument("--redis", default=None, metavar="URL",
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging (default: INFO for run and demo, else WARNING)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +73,26 @@ def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
     return Coalescer.from_yaml(args.rules, redis_url=args.redis, **options)
 
 
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working folder when that is short, else absolute."""
+    relative = os.path.relpath(path)
+    if not relative.startswith(".."):
+        return f"./{relative}"
+    return relative if relative.count("..") <= 2 else str(path)
+
+
+def _using(args: argparse.Namespace, c: Coalescer) -> str:
+    """Which server ``c`` uses, e.g. "using redis://:***@host:6379/0 (from --redis)"."""
+    url = redact(c.redis_url or "")
+    if c.embedded_root is not None:
+        return f"using the embedded server at {_shown_path(c.embedded_root)} ({url})"
+    return f"using {url} (from {'--redis' if args.redis else '$' + ENV_REDIS_URL})"
+
+
+def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
+    print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
+
+
 async def cmd_touch(args: argparse.Namespace) -> int:
     c = _client(args, worker=False)
     unknown = c.unknown_keys(args.keys)
@@ -77,6 +103,7 @@ async def cmd_touch(args: argparse.Namespace) -> int:
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
     async with c:
+        _say_using(args, c)
         for key in args.keys:
             c.touch(key)
         await c.flush()
@@ -87,6 +114,7 @@ async def cmd_touch(args: argparse.Namespace) -> int:
 async def cmd_status(args: argparse.Namespace) -> int:
     from .status import format_status
     async with _client(args, worker=False) as c:
+        _say_using(args, c)
         status = await c.status()
     if args.json:
         print(json.dumps(status, indent=2))
@@ -106,6 +134,7 @@ async def cmd_retry(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_UNKNOWN_KEY
     async with c:
+        _say_using(args, c)
         n = await c.retry_dead(None if args.all else args.keys)
     print(f"re-queued {n} dead-lettered key(s)")
     return 0
@@ -128,7 +157,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with _client(args, worker=True, node_id=args.node_id, grace=args.grace) as c:
         api = await _start_http(c, address)
-        print(f"coalescer {c.node_id} running on {c.redis_url}"
+        print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
               flush=True)
         await stop.wait()
@@ -165,19 +194,47 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
 }
 
 
+class RedactingFormatter(logging.Formatter):
+    """Log lines with the password of every URL in them hidden."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.INFO if args.command in SERVICES else logging.WARNING
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else level,
+                        handlers=[handler])
+
+
+def _redis_failure(args: argparse.Namespace, exc: Exception) -> str:
+    """One line: which server failed and how (its password hidden)."""
+    where = args.redis or os.environ.get(ENV_REDIS_URL) or "the embedded server"
+    reason = redact(str(exc))
+    if isinstance(exc, AuthenticationError):
+        reason = (f"the server refused the password ({reason})" if redact(where) != where else
+                  "the server requires a password; give it in the URL: "
+                  "redis://:PASSWORD@HOST:PORT/0")
+    return " ".join(f"{redact(where)}: {reason}".split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     try:
         if args.command == "check":
             return cmd_check(args)
         return asyncio.run(COMMANDS[args.command](args))
     except ConfigError as exc:
-        print(f"coalescer {args.command}: {exc}", file=sys.stderr)
+        print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
-    except (RedisError, OSError, CoalescerError) as exc:
-        print(f"coalescer {args.command}: {exc}", file=sys.stderr)
+    except RedisError as exc:
+        print(f"coalescer {args.command}: {_redis_failure(args, exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except (OSError, CoalescerError) as exc:
+        print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

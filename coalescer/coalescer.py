@@ -19,7 +19,7 @@ from . import forksafe
 from .absorber import Absorber
 from .connection import Connection, connect
 from .deadletters import requeue_dead
-from .embedded import EmbeddedServer, resolve_redis_url
+from .embedded import EmbeddedServer, project_root, resolve_redis_url
 from .errors import ClosedError, UnknownKeyError
 from .flusher import Flusher
 from .handlers import Invoke, invoker_for
@@ -31,6 +31,7 @@ from .rules import Config, HttpHandler
 from .runner import Runner
 from .scripts import Scripts
 from .status import gather_status
+from .urls import redact
 from .wakeups import WakeListener
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,17 @@ class Coalescer:
 
     @property
     def redis_url(self) -> str | None:
+        """The URL in use (with its password: show ``redact(redis_url)``, never this)."""
         return self._conn.url if self._conn else self._redis_url
+
+    @property
+    def embedded_root(self) -> Path | None:
+        """The folder of the embedded server, while this coalescer runs on it."""
+        return self._embedded.root if self._embedded is not None else None
+
+    def __repr__(self) -> str:
+        url = redact(self.redis_url) if self.redis_url else None
+        return f"Coalescer(node_id={self.node_id!r}, redis_url={url!r}, state={self._state!r})"
 
     async def status(self) -> dict[str, Any]:
         """The JSON of ``coalescer status --json``."""
@@ -184,7 +195,8 @@ class Coalescer:
         if self._state not in ("new", "forked"):
             raise ClosedError(f"start(): the coalescer is already {self._state}")
         self._state = "starting"
-        url, self._embedded = resolve_redis_url(self._redis_url, self._embedded_root)
+        root = self._embedded_root or project_root(self.config.source)
+        url, self._embedded = resolve_redis_url(self._redis_url, root)
         try:
             self._conn = await connect(url)
         except BaseException:
@@ -198,8 +210,9 @@ class Coalescer:
         if self.worker:
             self._start_worker(scripts)
         self._state = "running"
-        log.info("coalescer %s started on %s (worker=%s, %d shards)", self.node_id,
-                 self._conn.url, self.worker, self.config.shards)
+        where = f" (embedded server at {self._embedded.root})" if self._embedded else ""
+        log.info("coalescer %s started on %s%s (worker=%s, %d shards)", self.node_id,
+                 redact(self._conn.url), where, self.worker, self.config.shards)
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=f"coalescer {name}")

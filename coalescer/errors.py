@@ -15,6 +15,7 @@ class ConfigError(CoalescerError):
         self.file = file
         self.line = line
         self.field = field
+        message = " ".join(message.split())  # one line, whatever went into it
         self.message = message
         where = file if line is None else f"{file}:{line}"
         what = f"{field}: " if field else ""

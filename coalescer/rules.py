@@ -7,6 +7,7 @@ import importlib
 import os
 import random
 import re
+import reprlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,12 +17,15 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
 
 from coalescer.durations import ACCEPTED as DURATIONS_ACCEPTED
 from coalescer.durations import format_duration, parse_duration
 from coalescer.errors import ConfigError, UnknownKeyError
 from coalescer.patterns import KeyPattern
+from coalescer.urls import redact
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_SHARDS = 16384
@@ -44,6 +48,9 @@ RULE_DEFAULTS: dict[str, float] = {
     "retry.attempts": 5, "retry.backoff": 1.0, "retry.max_backoff": 300.0,
 }
 DEFAULT_NAMESPACE = "coalescer"
+MAX_FILE_BYTES = 1024 * 1024
+MAX_DEPTH = 50
+MAX_VALUES = 250_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,7 +83,7 @@ class HttpHandler:
         return _URL_FIELD_RE.sub(lambda m: quote(params[m.group(1)], safe=""), self.url)
 
     def __str__(self) -> str:
-        return f"{self.method} {self.url}"
+        return f"{self.method} {redact(self.url)}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,12 +161,7 @@ class Config:
     def from_yaml(cls, path: str | os.PathLike[str]) -> Config:
         """Load and validate a rules file; handlers import from the file's folder."""
         source = os.fspath(path)
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError("rules file not found", file=source) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read rules file: {exc}", file=source) from None
+        text = _read_text(source)
         return cls.from_string(text, source=source, base_dir=Path(source).resolve().parent)
 
     @classmethod
@@ -204,6 +206,41 @@ class Config:
         return "\n".join(head + body)
 
 
+def _read_text(source: str) -> str:
+    """The file's text: at most MAX_FILE_BYTES of UTF-8, or a one-line ConfigError."""
+    try:
+        with open(source, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("rules file not found", file=source) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a rules file", file=source) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read rules file: {exc.strerror or exc}",
+                          file=source) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"rules file is larger than {MAX_FILE_BYTES // 1024} KiB; "
+                          "a rules file is a short YAML text", file=source)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"byte 0x{data[exc.start]:02x} in column {column} is not UTF-8; "
+                          "save the rules file as UTF-8 text", file=source,
+                          line=line) from None
+
+
+def _shown(value: object) -> str:
+    """A short repr of a value from the file, for error messages."""
+    return _SHORT_REPR.repr(value)
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = 80
+_SHORT_REPR.maxother = 80
+
+
 def _indent(text: str, prefix: str) -> str:
     first, *rest = text.split("\n")
     return "\n".join([prefix + first, *(prefix + "  " + line for line in rest)])
@@ -242,6 +279,84 @@ def _kind(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+class _TooDeep(ComposerError):
+    """Raised by the composer for a value nested deeper than MAX_DEPTH."""
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """A SafeLoader whose composer refuses values nested deeper than MAX_DEPTH (instead
+    of running out of Python stack)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeep(None, None, f"values are nested more than {MAX_DEPTH} deep",
+                           self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> tuple[str, int | None]:
+    """One line saying what is wrong (no excerpt of the file), and its line."""
+    mark = exc.problem_mark or exc.context_mark
+    line = int(mark.line) + 1 if mark is not None else None
+    problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+    if exc.context_mark is not None and exc.context_mark is not mark:
+        problem += f" (started on line {int(exc.context_mark.line) + 1})"
+    return problem, line
+
+
+class _Expansion:
+    """Refuses a document whose aliases expand it past MAX_VALUES values or MAX_DEPTH
+    levels ("billion laughs"), or make a value contain itself."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.seen: dict[int, tuple[int, int]] = {}  # id(node): (values, levels)
+        self.open: set[int] = set()
+
+    def check(self, root: Node) -> None:
+        self.measure(root, 1)
+
+    def refuse(self, node: Node, message: str) -> ConfigError:
+        return ConfigError(message, file=self.file, line=_line(node))
+
+    def measure(self, node: Node, depth: int) -> tuple[int, int]:
+        """(values, levels) of ``node`` with its aliases expanded; ``depth`` is its own."""
+        known = self.seen.get(id(node))
+        if id(node) in self.open:
+            raise self.refuse(node, "a value contains itself (an alias inside its own "
+                                    "anchor); rules need plain values")
+        if depth + (known[1] - 1 if known else 0) > MAX_DEPTH:
+            raise self.refuse(node, f"values are nested more than {MAX_DEPTH} deep "
+                                    "(counting what aliases stand for)")
+        if known is not None:
+            return known
+        self.open.add(id(node))
+        values, levels = 1, 0
+        for child in _children(node):
+            child_values, child_levels = self.measure(child, depth + 1)
+            values, levels = values + child_values, max(levels, child_levels)
+            if values > MAX_VALUES:
+                raise self.refuse(node, f"the file holds more than {MAX_VALUES} values "
+                                        "once its aliases are expanded; rules files are small")
+        self.open.discard(id(node))
+        self.seen[id(node)] = (values, levels + 1)
+        return values, levels + 1
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 class _Loader:
     """Walks the composed YAML nodes so every error carries its line and field."""
 
@@ -258,20 +373,26 @@ class _Loader:
 
     def compose(self, text: str) -> Node:
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            root = yaml.compose(text, Loader=_DepthLimitedLoader)
+        except _TooDeep as exc:
+            problem, line = _yaml_problem(exc)
+            raise ConfigError(f"{problem}; a rules file needs only a few levels",
+                              file=self.file, line=line) from None
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = int(mark.line) + 1 if mark is not None else None
-            problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-            if exc.context_mark is not None and exc.context_mark is not mark:
-                problem += f" (started on line {int(exc.context_mark.line) + 1})"
+            problem, line = _yaml_problem(exc)
             raise ConfigError(f"YAML syntax error: {problem}; the file must be valid YAML",
                               file=self.file, line=line) from None
-        except yaml.YAMLError as exc:
+        except ReaderError as exc:
+            line = text.count("\n", 0, exc.position) + 1
+            code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+            raise ConfigError(f"character U+{code:04X} is not allowed in YAML; remove it",
+                              file=self.file, line=line) from None
+        except (yaml.YAMLError, RecursionError) as exc:
             raise ConfigError(f"YAML error: {exc}", file=self.file) from None
         if root is None:
             raise ConfigError("the file is empty; expected a mapping with a 'rules' list",
                               file=self.file)
+        _Expansion(self.file).check(root)
         return root
 
     def value(self, node: Node, field: str) -> Any:
@@ -279,7 +400,8 @@ class _Loader:
         try:
             return loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
-            raise self.error(f"cannot read value: {exc}", node, field) from None
+            problem = _yaml_problem(exc)[0] if isinstance(exc, yaml.MarkedYAMLError) else exc
+            raise self.error(f"cannot read value: {problem}", node, field) from None
         finally:
             loader.dispose()
 
@@ -305,7 +427,7 @@ class _Loader:
                 continue
             name = self.key_name(key_node, prefix)
             if name in seen:
-                raise self.error(f"field {name!r} is given twice; give it once",
+                raise self.error(f"field {_shown(name)} is given twice; give it once",
                                  key_node, _join(prefix, name))
             seen.add(name)
 
@@ -315,7 +437,8 @@ class _Loader:
         try:
             loader.flatten_mapping(node)
         except yaml.YAMLError as exc:
-            raise self.error(f"bad merge key: {exc}", node, prefix or None) from None
+            problem = _yaml_problem(exc)[0] if isinstance(exc, yaml.MarkedYAMLError) else exc
+            raise self.error(f"bad merge key: {problem}", node, prefix or None) from None
         finally:
             loader.dispose()
 
@@ -323,20 +446,20 @@ class _Loader:
         if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:str":
             return str(node.value)
         shown = node.value if isinstance(node, ScalarNode) else _kind(self.value(node, prefix))
-        raise self.error(f"field names must be plain strings, got {shown!r}", node,
+        raise self.error(f"field names must be plain strings, got {_shown(shown)}", node,
                          prefix or None)
 
     def unknown(self, name: str, node: Node, prefix: str, allowed: tuple[str, ...],
                 what: str) -> ConfigError:
         close = difflib.get_close_matches(name, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return self.error(f"unknown field {name!r} in {what}{hint}; allowed: "
+        return self.error(f"unknown field {_shown(name)} in {what}{hint}; allowed: "
                           f"{', '.join(allowed)}", node, _join(prefix, name))
 
     def require(self, entries: Entries, name: str, node: Node, prefix: str,
                 what: str) -> Node:
         if name not in entries:
-            raise self.error(f"{what} is missing the required field {name!r}", node,
+            raise self.error(f"{what} is missing the required field {_shown(name)}", node,
                              _join(prefix, name))
         return entries[name][1]
 
@@ -346,17 +469,18 @@ class _Loader:
         raw = self.value(node, field)
         try:
             seconds = parse_duration(raw)
-        except ValueError as exc:
-            raise self.error(str(exc), node, field) from None
+        except ValueError:
+            raise self.error(f"bad duration {_shown(raw)}: expected {DURATIONS_ACCEPTED}",
+                             node, field) from None
         if positive and seconds <= 0:
-            raise self.error(f"must be longer than 0, got {raw!r}; expected "
+            raise self.error(f"must be longer than 0, got {_shown(raw)}; expected "
                              f"{DURATIONS_ACCEPTED}, above 0", node, field)
         return seconds
 
     def positive_int(self, node: Node, field: str, limit: int | None = None) -> int:
         raw = self.value(node, field)
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-            raise self.error(f"must be a positive whole number (1, 2, ...), got {raw!r}",
+            raise self.error(f"must be a positive whole number (1, 2, ...), got {_shown(raw)}",
                              node, field)
         if limit is not None and raw > limit:
             raise self.error(f"must be at most {limit}, got {raw}", node, field)
@@ -366,13 +490,13 @@ class _Loader:
         raw = self.value(node, field)
         if not isinstance(raw, str) or not raw:
             raise self.error(f"{what} must be a non-empty string, got {_kind(raw)} "
-                             f"({raw!r})", node, field)
+                             f"({_shown(raw)})", node, field)
         return raw
 
     def identifier(self, node: Node, field: str, what: str) -> str:
         raw = self.string(node, field, what)
         if NAME_RE.fullmatch(raw) is None:
-            raise self.error(f"{what} {raw!r} may only use letters, digits, '_', '.' and '-' "
+            raise self.error(f"{what} {_shown(raw)} may only use letters, digits, '_', '.' and '-' "
                              f"(it becomes part of Redis keys)", node, field)
         return raw
 
@@ -468,7 +592,7 @@ class _Loader:
     def rule_name(self, node: Node, field: str, seen: dict[str, int]) -> str:
         name = self.identifier(node, field, "rule name")
         if name in seen:
-            raise self.error(f"duplicate rule name {name!r} (first used on line "
+            raise self.error(f"duplicate rule name {_shown(name)} (first used on line "
                              f"{seen[name]}); rule names must be unique", node, field)
         seen[name] = _line(node)
         return name
@@ -545,48 +669,48 @@ class _Loader:
                                  node, field)
         bare = _URL_FIELD_RE.sub("x", url)
         if "{" in bare or "}" in bare:
-            raise self.error(f"unbalanced brace in url {url!r}; use {{name}} for a capture",
-                             node, field)
+            raise self.error(f"unbalanced brace in url {_shown(redact(url))}; "
+                             "use {name} for a capture", node, field)
         parts = urlsplit(bare)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise self.error(f"url {url!r} must be an absolute http:// or https:// URL",
-                             node, field)
+            raise self.error(f"url {_shown(redact(url))} must be an absolute http:// or "
+                             "https:// URL", node, field)
         return url
 
     def method(self, node: Node, field: str) -> str:
         raw = self.string(node, field, "method")
         if raw.upper() not in HTTP_METHODS:
-            raise self.error(f"method {raw!r} is not allowed; use one of "
+            raise self.error(f"method {_shown(raw)} is not allowed; use one of "
                              f"{', '.join(HTTP_METHODS)}", node, field)
         return raw.upper()
 
     def env_name(self, node: Node, field: str) -> str:
         raw = self.string(node, field, "secret_env")
         if _ENV_RE.fullmatch(raw) is None:
-            raise self.error(f"secret_env {raw!r} must be the name of an environment "
+            raise self.error(f"secret_env {_shown(raw)} must be the name of an environment "
                              f"variable (letters, digits and '_')", node, field)
         return raw
 
     def import_handler(self, ref: str, node: Node, field: str) -> Callable[..., object]:
         module_name, attr_path = _split_ref(ref)
         if not module_name:
-            raise self.error(f"handler {ref!r} must have the form 'module:function' "
+            raise self.error(f"handler {_shown(ref)} must have the form 'module:function' "
                              f"(e.g. myapp.stats:refresh_user), or be an http: block",
                              node, field)
         with self.on_path():
             try:
                 target: object = importlib.import_module(module_name)
             except Exception as exc:
-                raise self.error(f"handler module {module_name!r} does not import "
+                raise self.error(f"handler module {_shown(module_name)} does not import "
                                  f"({type(exc).__name__}: {exc}); it is looked up with "
                                  f"{self.where()} first on sys.path", node, field) from None
         for part in attr_path.split("."):
             if not hasattr(target, part):
-                raise self.error(f"module {module_name!r} has no attribute {attr_path!r}",
-                                 node, field)
+                raise self.error(f"module {_shown(module_name)} has no attribute "
+                                 f"{_shown(attr_path)}", node, field)
             target = getattr(target, part)
         if not callable(target):
-            raise self.error(f"handler {ref!r} is {type(target).__name__}, not a function; "
+            raise self.error(f"handler {_shown(ref)} is {type(target).__name__}, not a function; "
                              f"it must be an async or plain function", node, field)
         return target
 

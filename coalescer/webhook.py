@@ -13,13 +13,13 @@ import json
 import logging
 import os
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from .claim import Claim
 from .errors import WebhookError
 from .rules import HttpHandler
+from .urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,8 @@ def encode_body(claim: Claim) -> bytes:
 
 
 def safe_url(url: str) -> str:
-    """``url`` without any user:password part, fit for logs and error messages."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc="***@" + host))
+    """``url`` with its password hidden, fit for logs and error messages."""
+    return redact(url)
 
 
 def _secret(spec: HttpHandler) -> str | None:

@@ -81,17 +81,19 @@ class ValkeyProcess:
 
     Started by the constructor unless ``start=False``.  Defaults: no RDB snapshots
     (``--save ""``), no AOF (``--appendonly no``); ``extra_args`` come last, so they
-    override these (e.g. ``["--appendonly", "yes"]``).
+    override these (e.g. ``["--appendonly", "yes"]``).  With ``password`` the server
+    requires it (``requirepass``), and ``url`` and ``client()`` carry it.
     """
 
     def __init__(self, port: int | None = None, dir: Path | None = None,
                  extra_args: Sequence[str] = (), *, start: bool = True,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, password: str | None = None) -> None:
         self.port = port if port is not None else free_port()
         if dir is None:
             raise ValueError("ValkeyProcess needs a dir")
         self.dir = Path(dir).absolute()
-        self.extra_args = list(extra_args)
+        self.password = password
+        self.extra_args = [*(["--requirepass", password] if password else []), *extra_args]
         self.timeout = timeout
         self.log_path = self.dir / f"valkey-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -102,7 +104,8 @@ class ValkeyProcess:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -114,7 +117,7 @@ class ValkeyProcess:
 
     def client(self, timeout: float = 5.0) -> redis.Redis:
         """A sync client (decode_responses=True, no retries) on this server."""
-        return sync_client(self.port, timeout)
+        return sync_client(self.port, timeout, self.password)
 
     # -- lifecycle --
 
@@ -153,7 +156,7 @@ class ValkeyProcess:
             time.sleep(0.01)
 
     def _pings(self) -> bool:
-        client = sync_client(self.port, timeout=0.5)
+        client = sync_client(self.port, timeout=0.5, password=self.password)
         try:
             return bool(client.ping())
         except (redis.RedisError, OSError):
@@ -166,7 +169,7 @@ class ValkeyProcess:
         if not self.running:
             self._reap()
             return
-        client = sync_client(self.port, timeout=self.timeout)
+        client = sync_client(self.port, timeout=self.timeout, password=self.password)
         try:
             client.shutdown(nosave=True)
         except (redis.RedisError, OSError):

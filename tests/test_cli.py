@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from e2e import REPO, NodeProcs, clean_env, coalescer_cmd, leader_node, line_rules
-from servers import poll_until, wait_until
+from e2e import REPO, NodeProcs, clean_env, coalescer_cmd, leader_node, line_rules, read_lines
+from servers import ValkeyProcess, poll_until, wait_until
 
 from coalescer import Coalescer
 from coalescer.keys import KeySpace
@@ -37,8 +39,9 @@ rules:
 """
 
 
-def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*coalescer_cmd(), *args], cwd=cwd, env=clean_env(),
+def cli(*args: str, cwd: Path, timeout: float = 60,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*coalescer_cmd(), *args], cwd=cwd, env=clean_env(**(env or {})),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -99,6 +102,40 @@ def test_check_a_bad_file_names_file_line_and_field(tmp_path: Path, namespace: s
     done = cli("check", cwd=tmp_path)
     assert done.returncode == 1
     assert f"rules.yaml:{line}" in done.stderr
+
+
+HOSTILE_FILES = {
+    # name: (make the path in tmp_path, what stderr says after "PATH:")
+    "deeply nested": (lambda p: p.write_bytes(b"rules: " + b"[" * 20000 + b"]" * 20000),
+                      "1: values are nested more than 50 deep"),
+    "billion laughs": (lambda p: p.write_text("".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else '1'] * 10)}]\n" for i in range(10))),
+        "6: the file holds more than 250000 values"),
+    "NUL byte": (lambda p: p.write_bytes(b"rules:\n  - name: a\x00\n"),
+                 "2: character U+0000 is not allowed"),
+    "not UTF-8": (lambda p: p.write_bytes(b"rules:\n  - name: caf\xe9\n"),
+                  "2: byte 0xe9 in column 14 is not UTF-8"),
+    "binary": (lambda p: p.write_bytes(bytes(range(128, 256)) * 100), "1: byte 0x80"),
+    "tabs": (lambda p: p.write_bytes(b"rules:\n\t- name: a\n"), "2: YAML syntax error"),
+    "top-level list": (lambda p: p.write_text("- rules\n"),
+                       "1: the top level must be a mapping, got a list"),
+    "empty": (lambda p: p.write_text(""), " the file is empty"),
+    "directory": (lambda p: p.mkdir(), " is a directory, not a rules file"),
+    "missing": (lambda p: None, " rules file not found"),
+    "huge": (lambda p: p.write_text("#" * 50_000_000), " rules file is larger than 1024 KiB"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_FILES))
+def test_check_says_what_is_wrong_in_one_line(tmp_path: Path, name: str) -> None:
+    make, says = HOSTILE_FILES[name]
+    path = tmp_path / "rules.yaml"
+    make(path)
+    done = cli("check", str(path), cwd=tmp_path, timeout=30)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"coalescer check: {path}:{says}"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one line: no traceback, no excerpt
 
 
 # -- touch ----------------------------------------------------------------------------------
@@ -196,7 +233,10 @@ async def test_retry_requeues_dead_keys(
 
 
 def test_demo_runs_on_the_embedded_server(tmp_path: Path) -> None:
-    done = cli("demo", "--rules", str(REPO / "rules.yaml"), cwd=tmp_path, timeout=90)
+    shutil.copy(REPO / "rules.yaml", tmp_path / "rules.yaml")
+    shutil.copytree(REPO / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    done = cli("demo", cwd=tmp_path, timeout=90)  # ./rules.yaml
     assert done.returncode == 0, done.stdout + done.stderr
     assert "refreshes:" in done.stdout
     assert "touches" in done.stdout
@@ -221,3 +261,150 @@ def test_commands_share_the_embedded_server_when_no_redis_is_given(
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rules"]["item"]["pending"] == 1
     assert valkey_servers_under(root) == []
+
+
+# -- one embedded server per project, whatever the working folder ----------------------------
+
+
+def start_node(folder: Path, *args: str, env: dict[str, str] | None = None,
+               name: str = "node") -> tuple[subprocess.Popen[bytes], Path]:
+    """A `coalescer run` child in ``folder``; its stdout and stderr go to NAME.out."""
+    out_path = folder / f"{name}.out"
+    with out_path.open("ab") as out:
+        proc = subprocess.Popen([*coalescer_cmd(), "run", "--http", "off", *args], cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env or clean_env())
+    return proc, out_path
+
+
+def stop_node(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def refreshed(log: Path, key: str) -> bool:
+    return any(phase == "done" and k == key for phase, _, k, _, _ in read_lines(log))
+
+
+def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
+        tmp_path: Path, namespace: str) -> None:
+    write_rules(tmp_path, namespace)  # ./rules.yaml, the default --rules of `run`
+    log = tmp_path / "refreshes.log"
+    node, out = start_node(tmp_path, "--node-id", "n1",
+                           env=clean_env(E2E_NODE="n1", E2E_LOG=str(log)))
+    try:
+        banner = poll_until(lambda: "running" in out.read_text() and out.read_text(),
+                            timeout=30, message="the node's banner")
+        assert "using the embedded server at ./.coalescer (redis://127.0.0.1:" in banner
+        port = json.loads((tmp_path / ".coalescer" / "server.json").read_text())["port"]
+        sub = tmp_path / "sub" / "deeper"
+        sub.mkdir(parents=True)
+
+        done = cli("touch", "--rules", "../../rules.yaml", "item:1", cwd=sub)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "touched 1 key(s)\n"
+        assert done.stderr == ("coalescer touch: using the embedded server at ../../.coalescer "
+                               f"(redis://127.0.0.1:{port}/0)\n")
+        poll_until(lambda: refreshed(log, "item:1"), timeout=20,
+                   message=f"the node refreshing item:1; its output:\n{out.read_text()}")
+        assert not (sub / ".coalescer").exists()
+        assert not (tmp_path / "sub" / ".coalescer").exists()
+        assert len(valkey_servers_under(tmp_path)) == 1
+    finally:
+        assert stop_node(node) == 0
+    assert valkey_servers_under(tmp_path) == []
+
+
+def test_an_existing_coalescer_folder_above_the_rules_is_the_projects(
+        tmp_path: Path, namespace: str) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    rules = write_rules(config, namespace, window="30s", max_wait="60s")
+    (tmp_path / ".coalescer").mkdir()  # the project's server lives here already
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = cli("touch", "--rules", str(rules), "item:1", "-v", cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert f"embedded server at {tmp_path / '.coalescer'}" in done.stderr
+    assert (tmp_path / ".coalescer" / "data").is_dir()
+    assert not (config / ".coalescer").exists() and not (elsewhere / ".coalescer").exists()
+
+    done = cli("status", "--json", "--rules", "rules.yaml", cwd=config)
+    assert done.returncode == 0, done.stderr
+    assert "using the embedded server at ../.coalescer" in done.stderr
+    assert json.loads(done.stdout)["rules"]["item"]["pending"] == 1
+    assert valkey_servers_under(tmp_path) == []
+
+
+# -- passwords are never shown --------------------------------------------------------------
+
+PASSWORD = "s3cret-Pa55word"
+
+
+@pytest.fixture
+def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess(dir=tmp_path_factory.mktemp("locked"), password=PASSWORD)
+    yield server
+    server.stop()
+
+
+def test_a_redis_password_is_never_shown(
+        tmp_path: Path, namespace: str, locked_server: ValkeyProcess) -> None:
+    rules = write_rules(tmp_path, namespace)
+    url = locked_server.url
+    assert PASSWORD in url
+    log = tmp_path / "refreshes.log"
+    node, out = start_node(tmp_path, "--rules", str(rules), "--redis", url, "--node-id", "n1",
+                           "-v", env=clean_env(E2E_NODE="n1", E2E_LOG=str(log)))
+    shown: list[str] = []
+    try:
+        banner = poll_until(lambda: "running" in out.read_text() and out.read_text(),
+                            timeout=30, message="the node's banner")
+        assert f"using redis://:***@127.0.0.1:{locked_server.port}/0 (from --redis)" in banner
+        port = locked_server.port
+        runs = [
+            cli("touch", "item:1", "--rules", str(rules), "--redis", url, cwd=tmp_path),
+            cli("touch", "item:2", "--rules", str(rules), "-v", cwd=tmp_path,
+                env={"COALESCER_REDIS_URL": f"redis://default:{PASSWORD}@127.0.0.1:{port}/0"}),
+            cli("status", "--rules", str(rules), "-v", "--redis",
+                f"redis://127.0.0.1:{port}/0?password={PASSWORD}", cwd=tmp_path),
+            cli("retry", "--all", "--rules", str(rules), "--redis", url, cwd=tmp_path),
+        ]
+        for done in runs:
+            shown += [done.stdout, done.stderr]
+            assert done.returncode == 0, done.stderr
+        assert "using redis://:***@127.0.0.1" in runs[0].stderr
+        assert "(from --redis)" in runs[0].stderr
+        assert f"using redis://default:***@127.0.0.1:{port}/0 (from $COALESCER_REDIS_URL)" \
+            in runs[1].stderr
+        assert "?password=***" in runs[2].stderr
+        poll_until(lambda: refreshed(log, "item:1") and refreshed(log, "item:2"), timeout=20,
+                   message=f"both keys refreshed; the node's output:\n{out.read_text()}")
+    finally:
+        assert stop_node(node) == 0
+        shown.append(out.read_text())
+    assert "INFO" in shown[-1]  # the node logged, and
+    assert not [text for text in shown if PASSWORD in text]  # nothing showed the password
+
+
+def test_a_wrong_password_is_one_clear_line_without_it(
+        tmp_path: Path, namespace: str, locked_server: ValkeyProcess) -> None:
+    rules = write_rules(tmp_path, namespace)
+    port = locked_server.port
+    for command in (["touch", "item:1"], ["status"], ["run", "--http", "off"]):
+        done = cli(*command, "--rules", str(rules), "--redis",
+                   f"redis://:not-{PASSWORD}@127.0.0.1:{port}/0", cwd=tmp_path)
+        assert done.returncode == 1
+        assert done.stderr == (
+            f"coalescer {command[0]}: redis://:***@127.0.0.1:{port}/0: the server refused the "
+            "password (invalid username-password pair or user is disabled.)\n"), done.stderr
+    done = cli("status", "--rules", str(rules), "--redis", f"redis://127.0.0.1:{port}/0",
+               cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (f"coalescer status: redis://127.0.0.1:{port}/0: the server requires "
+                           "a password; give it in the URL: redis://:PASSWORD@HOST:PORT/0\n")

@@ -15,7 +15,7 @@ import pytest
 import redis
 from servers import free_port, poll_until, sync_client
 
-from coalescer.embedded import ENV_REDIS_URL, EmbeddedServer, resolve_redis_url
+from coalescer.embedded import ENV_REDIS_URL, EmbeddedServer, project_root, resolve_redis_url
 from coalescer.errors import CoalescerError
 
 HAS_PROC = Path("/proc/self/cwd").exists()
@@ -276,3 +276,32 @@ def test_resolve_redis_url(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         server.release()
     assert not (root / "server.json").exists()
+
+
+def test_project_root_is_found_from_the_rules_file(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    config = project / "config"
+    config.mkdir(parents=True)
+    rules = config / "rules.yaml"
+    rules.write_text("rules: []\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the working folder plays no part
+    # no .coalescer yet: a new one beside the rules file
+    assert project_root(rules) == config / ".coalescer"
+    assert project_root(os.path.relpath(rules)) == config / ".coalescer"
+    # the nearest ancestor holding one wins ...
+    (project / ".coalescer").mkdir()
+    assert project_root(rules) == project / ".coalescer"
+    # ... and the rules file's own folder is the nearest
+    (config / ".coalescer").mkdir()
+    assert project_root(rules) == config / ".coalescer"
+    # a file named .coalescer is not the server's folder
+    (config / ".coalescer").rmdir()
+    (config / ".coalescer").write_text("")
+    assert project_root(rules) == project / ".coalescer"
+    # rules that are not a file (from a string): the search starts in the working folder
+    assert project_root("<string>") == elsewhere / ".coalescer"
+    monkeypatch.chdir(config)
+    assert project_root(None) == project / ".coalescer"

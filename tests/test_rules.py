@@ -421,6 +421,87 @@ def test_bad_tag_is_refused(tmp_path: Path) -> None:
         """, line=1, field="namespace", fragment="cannot read value")
 
 
+def _laughs() -> bytes:
+    """The "billion laughs": nine levels of ten aliases each, 10**9 strings expanded."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10)]
+    return ("\n".join(lines) + "\nrules: *l9\n").encode()
+
+
+def _merge_laughs() -> bytes:
+    """The same bomb built from merge keys (``<<``), which the loader applies itself."""
+    lines = ["l0: &l0 {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8, i: 9, j: 10}"]
+    lines += [f"l{i}: &l{i} {{<<: [{', '.join([f'*l{i - 1}'] * 10)}]}}" for i in range(1, 10)]
+    return ("\n".join(lines) + "\nrules:\n  - <<: *l9\n    name: a\n").encode()
+
+
+RULES_OK = b'rules:\n  - name: a\n    match: "*"\n    handler: json:dumps\n'
+
+HOSTILE = {
+    # name: (file content, line, fragment)
+    "deep flow list": (b"rules: " + b"[" * 5000 + b"]" * 5000, 1, "nested more than 50"),
+    "deep flow mapping": (b"rules: " + b"{a: " * 3000 + b"1" + b"}" * 3000, 1,
+                          "nested more than 50"),
+    "deep block lists": (b"rules:\n" + b"".join(b"  " * i + b"-\n" for i in range(300)), 51,
+                         "nested more than 50"),
+    "deep through aliases": (b"".join(f"a{i}: &a{i} [[[[[[[[[[*a{i - 1}]]]]]]]]]]\n".encode()
+                                      for i in range(1, 12)).replace(b"*a0", b"1"),
+                             4, "nested more than 50"),
+    "billion laughs": (_laughs(), 6, "aliases are expanded"),
+    "billion laughs by merge keys": (_merge_laughs(), 6, "aliases are expanded"),
+    "value holding itself": (b"rules: &r\n  - *r\n", 1, "contains itself"),
+    "NUL byte": (RULES_OK.replace(b"name: a", b"name: a\x00"), 2, "U+0000"),
+    "control character": (RULES_OK.replace(b"json", b"js\x07on"), 4, "U+0007"),
+    "not UTF-8": (RULES_OK.replace(b"match", b"m\xffatch"), 3, "byte 0xff in column 6"),
+    "binary": (bytes(range(256)) * 4, 2, "byte 0x80 in column 118"),
+    "tab indentation": (RULES_OK.replace(b"    match", b"\tmatch"), 3, "'\\t'"),
+    "unclosed quote": (RULES_OK.replace(b'"*"', b'"*'), 5, "started on line 3"),
+    "python tag": (b"namespace: !!python/object/apply:os.system [ls]\n" + RULES_OK, 1,
+                   "could not determine a constructor"),
+    "huge": (b"#" * (2 * 1024 * 1024), None, "larger than 1024 KiB"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_files_get_one_line_with_file_and_line(tmp_path: Path, name: str) -> None:
+    data, line, fragment = HOSTILE[name]
+    path = tmp_path / "rules.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(path)
+    error = info.value
+    assert (error.file, error.line) == (str(path), line), error
+    assert fragment in error.message
+    assert "\n" not in str(error)
+    assert str(error).startswith(f"{path}:{line}: " if line else f"{path}: ")
+
+
+def test_errors_never_quote_a_huge_value(tmp_path: Path) -> None:
+    error = assert_refused(tmp_path, "shards: " + "9" * 500_000 + "x\nrules: []\n",
+                           line=1, field="shards", fragment="positive whole number")
+    assert len(str(error)) < 500
+
+
+def test_a_url_password_is_not_shown(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+        rules:
+          - name: a
+            match: "*"
+            handler: {http: {url: "http://user:s3cret@127.0.0.1:9/hook"}}
+        """)
+    config = Config.from_yaml(path)
+    assert "s3cret" not in config.describe()
+    assert "http://user:***@127.0.0.1:9/hook" in config.describe()
+    assert "s3cret" not in config.rule("a").handler_ref
+    error = assert_refused(tmp_path, """\
+        rules:
+          - name: a
+            match: "*"
+            handler: {http: {url: "ftp://user:s3cret@127.0.0.1:9/hook"}}
+        """, line=4, field="rules[0].handler.http.url", fragment="ftp://user:***@")
+    assert "s3cret" not in str(error)
+
+
 # --- refusals: fields -------------------------------------------------------------
 
 

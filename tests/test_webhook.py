@@ -142,7 +142,7 @@ def test_signature_is_hex_hmac_sha256_of_the_body() -> None:
 
 
 def test_safe_url_hides_credentials() -> None:
-    assert safe_url("http://user:pw@127.0.0.1:9/x?y=1") == "http://***@127.0.0.1:9/x?y=1"
+    assert safe_url("http://user:pw@127.0.0.1:9/x?y=1") == "http://user:***@127.0.0.1:9/x?y=1"
     assert safe_url("http://127.0.0.1:9/x") == "http://127.0.0.1:9/x"
 
 
