@@ -215,6 +215,9 @@ class Coalescer:
             scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
             invokers=self._invokers(), claim_lease=cfg.claim_lease,
             on_slot_free=self._slot_freed)
+        registry = RegistryWatch(shard=self.keyspace.shard(0), scripts=scripts,
+                                 node_id=self.node_id, rules=cfg.rules,
+                                 leader_lease=cfg.leader_lease, metrics=self.metrics)
         for sk in self.keyspace.all_shards():
             poller = Poller(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
                             node_id=self.node_id, leader_lease=cfg.leader_lease,
@@ -225,7 +228,8 @@ class Coalescer:
             self._leaderships.append(Leadership(
                 shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
                 leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
-                metrics=self.metrics, adopter=adopter, rules_entry=encode(cfg.rules)))
+                metrics=self.metrics, adopter=adopter, rules_entry=encode(cfg.rules),
+                registry=registry))
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
         listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
         self._spawn("wakeups", listener.run())
@@ -233,9 +237,7 @@ class Coalescer:
         self._spawn("renew", runner.renew_loop())
         for ls_ in self._leaderships:
             self._spawn(f"shard {ls_.shard}", ls_.run())
-        self._spawn("registry", RegistryWatch(
-            shard=self.keyspace.shard(0), scripts=scripts, node_id=self.node_id,
-            rules=cfg.rules, leader_lease=cfg.leader_lease, metrics=self.metrics).run())
+        self._spawn("registry", registry.run())
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:

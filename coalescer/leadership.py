@@ -26,6 +26,7 @@ from .errors import NotLeaderError
 from .keys import ShardKeys
 from .metrics import Metrics
 from .poller import Poller
+from .registry import RegistryWatch
 from .scripts import LeaseState, Scripts
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class Leadership:
 
     def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
                  leader_lease: float, total_shards: int, led: set[int], metrics: Metrics,
-                 adopter: Adopter | None = None, rules_entry: str = "") -> None:
+                 adopter: Adopter | None = None, rules_entry: str = "",
+                 registry: RegistryWatch | None = None) -> None:
         self._shard = shard
         self._scripts = scripts
         self.poller = poller
@@ -47,6 +49,7 @@ class Leadership:
         self._metrics = metrics
         self.adopter = adopter
         self._rules_entry = rules_entry  # registry.encode() of this node's rules
+        self._registry = registry
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
         self.released = asyncio.Event()
         self._yielded = False
@@ -113,6 +116,8 @@ class Leadership:
         state = await self._scripts.acquire(self._shard, node_id=self._node_id,
                                             lease_ms=round(self._lease * 1000),
                                             mine=self.value or "", rules=self._rules_entry)
+        if self._registry is not None:
+            self._registry.nudge(state.live_nodes)
         if not state.granted:
             self._step_down(forget=True)
             await self._stand_by(state)
@@ -129,6 +134,8 @@ class Leadership:
 
     def _keep_leading(self, live: int) -> bool:
         """False once stopping, or for the highest shard of a node above its fair share."""
+        if self._registry is not None:
+            self._registry.nudge(live)
         if self._stopping:
             return False
         above_share = len(self._led) > self._fair_share(live)

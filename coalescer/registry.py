@@ -5,13 +5,15 @@ settings, in each shard's registry with every call for that shard's leader
 lease (``acquire.lua``); an entry counts only while its node heartbeats the
 shard, so a dead node's rules drop out within two leader leases. The scripts
 read it to serve a rule that a shard's leader lacks (``adopt.lua``); this module
-encodes entries, compares them, and warns (once per rule) and counts when this
+encodes entries, compares them and, whenever the number of live nodes
+changes (and every 30 s), reads the registry and warns (once per rule) and counts when this
 node lacks a rule some live node knows, or knows it with other settings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from collections.abc import Iterable, Sequence
@@ -25,8 +27,10 @@ from .scripts import Peer, Scripts
 
 log = logging.getLogger(__name__)
 
-CHECK_INTERVAL = 10.0  # seconds between registry reads (one script call): idle cost 0.1/s
-FIRST_CHECK = 1.0  # the first read, once this node's first lease call has registered it
+# Registry reads (one script call each) follow changes in the live-node count, which
+# every lease and claim call reports; this slow period only catches a node that came
+# back under the same id with other rules. An idle node's extra cost: 1/30 command/s.
+CHECK_INTERVAL = 30.0
 
 
 def fingerprint(rule: Rule) -> str:
@@ -91,12 +95,23 @@ class RegistryWatch:
         self._metrics = metrics
         self._missing: set[str] = set()
         self._differing: set[tuple[str, str, str]] = set()
+        self._live = 0
+        self._changed = asyncio.Event()
+
+    def nudge(self, live_nodes: int) -> None:
+        """A lease or claim call counted ``live_nodes``: read the registry if that changed."""
+        if live_nodes != self._live:
+            self._live = live_nodes
+            self._changed.set()
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, logs once, backs off."""
         backoff = Backoff(base=1.0, cap=CHECK_INTERVAL)
-        await asyncio.sleep(FIRST_CHECK)
+        delay = CHECK_INTERVAL
         while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), delay)
+            self._changed.clear()
             try:
                 await self.check()
                 backoff.reset()
@@ -105,7 +120,6 @@ class RegistryWatch:
                 self._metrics.redis_errors.labels("registry").inc()
                 backoff.log(log, "rules registry read failed, will retry: %r", exc)
                 delay = backoff.next()
-            await asyncio.sleep(delay)
 
     async def check(self) -> None:
         """Read the registry once; warn about new mismatches, update the gauges."""
