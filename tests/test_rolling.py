@@ -138,7 +138,7 @@ async def test_a_rule_the_leader_lacks_is_refreshed_by_the_node_that_knows_it(
     node_a.rec.hook = node_b.rec.hook = overlap
     b = await start(node_b, "B")
     await wait_until(lambda: len(b.leads()) == shards, message="B leads every shard")
-    a = await start(node_a, "A")
+    await start(node_a, "A")
     writer_a = await start(node_a, "writer-a", worker=False)  # a write path with A's rules
 
     a_keys, b_keys = keys_per_shard("a", shards), keys_per_shard("b", shards)
@@ -216,7 +216,8 @@ async def test_a_rule_with_other_settings_on_another_node_is_flagged_and_served(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     node_b = Node(rules_file, text(namespace, 1, ITEM))
-    node_a = Node(rules_file, text(namespace, 1, ITEM.replace("handler:", "window: 1s\n    handler:")))
+    slower = ITEM.replace("handler:", "window: 1s\n    handler:")
+    node_a = Node(rules_file, text(namespace, 1, slower))
     b = await start(node_b, "B")
     await wait_until(lambda: b.leads() == [0], message="B leads")
     a = await start(node_a, "A")
@@ -231,3 +232,53 @@ async def test_a_rule_with_other_settings_on_another_node_is_flagged_and_served(
     assert node_a.rec.calls == []
     assert a.metrics.registry.get_sample_value("coalescer_rules_differing",
                                                {"rule": "item"}) == 1
+
+
+def test_status_table_lists_each_nodes_rules_and_flags_mismatches() -> None:
+    from coalescer.status import format_status
+    status = {
+        "namespace": "app", "shards": [{"shard": 0, "leader": "B", "epoch": 1}],
+        "rules": {"item": {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None},
+                  "only-a": {"pending": 3, "in_flight": 0, "dead": 0, "next_due_ms": 5_000,
+                             "unserved": True, "known_by": []}},
+        "dead_letters": [],
+        "nodes": [{"node": "B", "last_seen_ms": 9_000, "rules": {"item": "abc"}},
+                  {"node": "C", "last_seen_ms": 9_000, "rules": {"item": "def"}}],
+        "rules_mismatch": {"missing": {"only-b": ["C"]},
+                           "differing": {"item": {"B": "abc", "C": "def"}}},
+    }
+    lines = format_status(status, now_ms=10_000).splitlines()
+    assert any(line.split() == ["B", "item"] for line in lines)
+    assert "MISMATCH rule only-b: missing on C" in lines
+    assert "MISMATCH rule item: settings differ (B abc, C def)" in lines
+    assert any(line.startswith("UNSERVED rule only-a: 3 pending") for line in lines)
+
+
+async def test_adopt_claims_only_for_the_lowest_id_live_node_knowing_a_rule_the_leader_lacks(
+        redis_client: Any, namespace: str) -> None:
+    from coalescer.scripts import Scripts
+    scripts, sk = Scripts(redis_client), KeySpace(namespace, 1).shard(0)
+    lease = await scripts.acquire(sk, node_id="L", lease_ms=60_000, mine="", rules="|item=f1|")
+    assert lease.granted
+    await redis_client.zadd(sk.due("r"), {"r:1": 0, "r:2": 0})
+    await redis_client.zadd(sk.due("item"), {"item:1": 0})
+
+    async def adopt(node: str) -> list[str]:
+        batch = await scripts.adopt(sk, node_id=node, leader_lease_ms=60_000,
+                                    claim_lease_ms=5_000, limits=[("r", 1), ("item", 16)])
+        return [c.key for c in batch.claims]
+
+    # the standbys register; acquire tells the lowest-id knower of r (C) to adopt it
+    refused = {n: await scripts.acquire(sk, node_id=n, lease_ms=60_000, mine="", rules=entry)
+               for n, entry in (("C", "|item=f1|r=f2|"), ("D", "|item=f1|r=f2|"))}
+    assert refused["C"].adopt == ("r",) and refused["D"].adopt == ()
+    assert await adopt("D") == []  # C comes first
+    assert await adopt("C") == ["r:1"]  # its limit; never item, which the leader knows
+    assert await adopt("C") == ["r:2"]
+    assert await adopt("C") == []  # nothing is claimed twice
+    await redis_client.zrem(sk.nodes, "C")  # C is gone: D serves r
+    await redis_client.zadd(sk.due("r"), {"r:3": 0})
+    assert await adopt("D") == ["r:3"]
+    await redis_client.hdel(sk.rules, "L")  # a leader that registered nothing: nobody adopts
+    await redis_client.zadd(sk.due("r"), {"r:4": 0})
+    assert await adopt("D") == []

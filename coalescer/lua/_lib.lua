@@ -133,9 +133,12 @@ end
 
 -- Who serves rule `name` on this shard besides its leader: nil when the leader
 -- (node id `leader`) knows the rule, else the live node with the lowest id that
--- knows it (nil when none does). A leader with no entry knows no rule.
+-- knows it (nil when none does). A leader that registered no rules (a version
+-- without the registry) is taken to know them all: a lease holder is never
+-- second-guessed without evidence.
 local function adopter_of(rules_key, nodes_key, leader, name)
-  if knows(redis.call('HGET', rules_key, leader), name) then return nil end
+  local entry = redis.call('HGET', rules_key, leader)
+  if not entry or knows(entry, name) then return nil end
   local best, all = nil, redis.call('HGETALL', rules_key)
   for i = 1, #all, 2 do
     local node = all[i]
