@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from . import forksafe
 from .absorber import Absorber
+from .adopter import Adopter
 from .connection import Connection, connect
 from .deadletters import requeue_dead
 from .embedded import EmbeddedServer, project_root, resolve_redis_url
@@ -27,6 +28,7 @@ from .keys import KeySpace
 from .leadership import Leadership
 from .metrics import Metrics
 from .poller import Poller
+from .registry import RegistryWatch, encode
 from .rules import Config, HttpHandler
 from .runner import Runner
 from .scripts import Scripts
@@ -240,14 +242,21 @@ class Coalescer:
             scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
             invokers=self._invokers(), claim_lease=cfg.claim_lease,
             on_slot_free=self._slot_freed)
+        registry = RegistryWatch(shard=self.keyspace.shard(0), scripts=scripts,
+                                 node_id=self.node_id, rules=cfg.rules,
+                                 leader_lease=cfg.leader_lease, metrics=self.metrics)
         for sk in self.keyspace.all_shards():
             poller = Poller(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
                             node_id=self.node_id, leader_lease=cfg.leader_lease,
                             claim_lease=cfg.claim_lease, wake=asyncio.Event())
+            adopter = Adopter(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
+                              node_id=self.node_id, leader_lease=cfg.leader_lease,
+                              claim_lease=cfg.claim_lease, sleep_cap=poller.sleep_cap)
             self._leaderships.append(Leadership(
                 shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
                 leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
-                metrics=self.metrics))
+                metrics=self.metrics, adopter=adopter, rules_entry=encode(cfg.rules),
+                registry=registry))
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
         listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
         self._spawn("wakeups", listener.run())
@@ -255,11 +264,14 @@ class Coalescer:
         self._spawn("renew", runner.renew_loop())
         for ls_ in self._leaderships:
             self._spawn(f"shard {ls_.shard}", ls_.run())
+        self._spawn("registry", registry.run())
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:
             if ls_.poller.starved:
                 ls_.poller.poke()
+            if ls_.adopter is not None and ls_.adopter.starved:
+                ls_.adopter.poke()
 
     def _poke_all(self) -> None:
         for ls_ in self._leaderships:

@@ -11,11 +11,21 @@ Per shard::
     NS:{NS:N}:seq             STRING  fencing tokens granted so far (INCRBY)
     NS:{NS:N}:next            STRING  when the leader's poller next wakes, ms
     NS:{NS:N}:nodes           ZSET    node id -> last seen, ms (live nodes)
+    NS:{NS:N}:rules           HASH    node id -> the rules it knows, "|NAME=FP|NAME=FP|"
+                                      (FP a fingerprint of the rule's settings; an entry
+                                      counts only while its node is in ``nodes``)
+    NS:{NS:N}:rulenames       SET     every rule name a worker node ever registered here
     NS:{NS:N}:meta            HASH    key -> its state (see lua/_lib.lua)
     NS:{NS:N}:due:RULE        ZSET    pending key -> due time, ms
     NS:{NS:N}:inflight:RULE   ZSET    claimed key -> lease expiry, ms
     NS:{NS:N}:dead:RULE       ZSET    dead-lettered key -> when, ms
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
+
+The rules registry (which node knows which rules, for rolling deploys) is kept
+per shard, next to the shard's node set, rather than under a namespace-wide
+key: every worker node heartbeats every shard anyway, so the scripts that
+decide who serves a shard's keys read it in their own slot, and no key needs a
+tag of its own.
 """
 
 from __future__ import annotations
@@ -54,6 +64,14 @@ class ShardKeys:
     @property
     def nodes(self) -> str:
         return f"{self.prefix}:nodes"
+
+    @property
+    def rules(self) -> str:
+        return f"{self.prefix}:rules"
+
+    @property
+    def rule_names(self) -> str:
+        return f"{self.prefix}:rulenames"
 
     @property
     def meta(self) -> str:

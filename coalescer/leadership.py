@@ -6,6 +6,10 @@ caller whose lease is gone. Standbys sleep until the holder's lease would end,
 or until a release is announced on the shard's wake channel, then try again.
 Shards spread evenly: a node that holds its fair share (``ceil(shards / live
 nodes)``) lets others try first, and a node above it hands a shard back.
+
+Every lease call also registers this node's rules (see registry.py); a standby
+told that the leader lacks some of its rules serves those with its adopter
+while it stands by (see adopter.py).
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import logging
 import math
 from typing import Any
 
+from .adopter import Adopter
 from .backoff import Backoff
 from .errors import NotLeaderError
 from .keys import ShardKeys
 from .metrics import Metrics
 from .poller import Poller
+from .registry import RegistryWatch
 from .scripts import LeaseState, Scripts
 
 log = logging.getLogger(__name__)
@@ -30,7 +36,9 @@ class Leadership:
     """Runs for one shard: stands by, or leads by running its poller."""
 
     def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
-                 leader_lease: float, total_shards: int, led: set[int], metrics: Metrics) -> None:
+                 leader_lease: float, total_shards: int, led: set[int], metrics: Metrics,
+                 adopter: Adopter | None = None, rules_entry: str = "",
+                 registry: RegistryWatch | None = None) -> None:
         self._shard = shard
         self._scripts = scripts
         self.poller = poller
@@ -39,6 +47,9 @@ class Leadership:
         self._total = total_shards
         self._led = led
         self._metrics = metrics
+        self.adopter = adopter
+        self._rules_entry = rules_entry  # registry.encode() of this node's rules
+        self._registry = registry
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
         self.released = asyncio.Event()
         self._yielded = False
@@ -60,6 +71,8 @@ class Leadership:
         self._stop_event.set()
         self.released.set()
         self.poller.poke()
+        if self.adopter is not None:
+            self.adopter.poke()
 
     async def stopped(self) -> None:
         await self._done.wait()
@@ -102,13 +115,17 @@ class Leadership:
         self.released.clear()  # before asking: a release announced after it must count
         state = await self._scripts.acquire(self._shard, node_id=self._node_id,
                                             lease_ms=round(self._lease * 1000),
-                                            mine=self.value or "")
+                                            mine=self.value or "", rules=self._rules_entry)
+        if self._registry is not None:
+            self._registry.nudge(state.live_nodes)
         if not state.granted:
             self._step_down(forget=True)
             await self._stand_by(state)
             return
         if not self.leading:
             log.info("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id, state.epoch)
+            if self.adopter is not None:
+                self.adopter.stop_serving()
         self.value = state.holder
         self._led.add(self._shard.shard)
         self._metrics.leader.labels(str(self._shard.shard)).set(1)
@@ -117,6 +134,8 @@ class Leadership:
 
     def _keep_leading(self, live: int) -> bool:
         """False once stopping, or for the highest shard of a node above its fair share."""
+        if self._registry is not None:
+            self._registry.nudge(live)
         if self._stopping:
             return False
         above_share = len(self._led) > self._fair_share(live)
@@ -143,12 +162,36 @@ class Leadership:
         polite = len(self._led) >= self._fair_share(state.live_nodes)
         extra = self._lease / 2 if polite else 0.0
         wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
+        if self.adopter is not None:
+            if state.adopt:
+                await self._adopt(state.adopt, wait - extra, extra)
+                return
+            self.adopter.stop_serving()
         try:
             await asyncio.wait_for(self.released.wait(), wait)
             if extra and not self._stopping:
                 await asyncio.sleep(extra)
         except TimeoutError:
             pass
+
+    async def _adopt(self, names: tuple[str, ...], wait: float, extra: float) -> None:
+        """Stand by as ``_stand_by`` does, serving meanwhile the rules the leader lacks."""
+        await self._serve_for(names, wait, self.released)
+        if extra and not self._stopping:
+            await self._serve_for(names, extra, self._stop_event)
+
+    async def _serve_for(self, names: tuple[str, ...], seconds: float,
+                         interrupt: asyncio.Event) -> None:
+        """Serve ``names`` for ``seconds`` or until ``interrupt``; should the duty end
+        sooner, wait out the rest (the next lease call says what to serve)."""
+        assert self.adopter is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        await self.adopter.serve(names, seconds, interrupt)
+        left = deadline - loop.time()
+        if left > 0 and not interrupt.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupt.wait(), left)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -166,5 +209,9 @@ class Leadership:
         """A message on the shard's wake channel."""
         if data == "released":
             self.released.set()
+            if self.adopter is not None:
+                self.adopter.poke()
         elif self.leading:
             self.poller.poke()
+        elif self.adopter is not None:
+            self.adopter.poke()

@@ -54,6 +54,14 @@ class Metrics:
                               "touched keys buffered in process, not yet in Redis", registry=r)
         self.redis_errors = Counter("coalescer_redis_errors_total",
                                     "Redis errors met by background loops", ["loop"], registry=r)
+        self.rules_missing = Gauge(
+            "coalescer_rules_missing",
+            "1 while a live node knows a rule this node lacks (its keys are served there)",
+            ["rule"], registry=r)
+        self.rules_differing = Gauge(
+            "coalescer_rules_differing",
+            "1 while a live node has this rule with other settings (another fingerprint)",
+            ["rule"], registry=r)
 
         self._rules: dict[str, RuleMetrics] = {}
 

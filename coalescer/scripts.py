@@ -20,6 +20,7 @@ KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode t
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
+    "adopt", "peers",
 )
 
 
@@ -83,10 +84,32 @@ class LeaseState:
     holder: str
     ttl_ms: int
     live_nodes: int
+    adopt: tuple[str, ...] = ()  # rules the holder lacks that the caller is to serve
 
     @property
     def granted(self) -> bool:
         return self.epoch > 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptBatch:
+    """What an adopt call returned: claims of rules the leader lacks, when to look again."""
+
+    now_ms: int
+    next_due_ms: int | None
+    next_expiry_ms: int | None
+    claims: list[ClaimedKey]
+    blocked: bool
+    served: int  # how many of the asked rules this node serves on the shard now
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A live worker node of a shard and the rules it registered ("" for none)."""
+
+    node: str
+    last_seen_ms: int
+    rules: str
 
 
 def _optional(value: Any) -> int | None:
@@ -194,11 +217,32 @@ class Scripts:
         return int(result[0])
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
-                      mine: str) -> LeaseState:
-        """Take or renew the shard's leader lease."""
-        keys = [shard.leader, shard.epoch, shard.nodes]
-        epoch, holder, ttl, live = await self._run("acquire", keys, [node_id, lease_ms, mine])
-        return LeaseState(int(epoch), str(holder), int(ttl), int(live))
+                      mine: str, rules: str = "") -> LeaseState:
+        """Take or renew the shard's leader lease; register ``rules`` (registry.encode)."""
+        keys = [shard.leader, shard.epoch, shard.nodes, shard.rules, shard.rule_names]
+        epoch, holder, ttl, live, adopt = await self._run(
+            "acquire", keys, [node_id, lease_ms, mine, rules])
+        return LeaseState(int(epoch), str(holder), int(ttl), int(live),
+                          tuple(str(n) for n in adopt))
+
+    async def adopt(self, shard: ShardKeys, *, node_id: str, leader_lease_ms: int,
+                    claim_lease_ms: int, limits: Sequence[tuple[str, int]]) -> AdoptBatch:
+        """Claim due keys of rules the shard's leader lacks, where this node serves them."""
+        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
+        args: list[Any] = [node_id, leader_lease_ms, claim_lease_ms]
+        for rule, limit in limits:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args += [rule, limit]
+        now, due, expiry, claims, blocked, served = await self._run("adopt", keys, args)
+        return AdoptBatch(int(now), _optional(due), _optional(expiry), _claims(claims),
+                          bool(int(blocked)), int(served))
+
+    async def peers(self, shard: ShardKeys, live_ms: int) -> tuple[int, list[Peer]]:
+        """Server time and the shard's live worker nodes with their registered rules."""
+        result = await self._run("peers", [shard.nodes, shard.rules], [live_ms])
+        rest = result[1:]
+        return int(result[0]), [Peer(str(rest[i]), int(float(rest[i + 1])), str(rest[i + 2]))
+                                for i in range(0, len(rest), 3)]
 
     async def release(self, shard: ShardKeys, *, value: str, node_id: str, leave: bool) -> bool:
         """Give up the shard's lease if still held; ``leave`` also leaves the node set."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .keys import KeySpace
+from .registry_status import add_registry, format_registry
 from .rules import Config
 
 DEAD_LISTED = 20
@@ -46,8 +47,10 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
             for key, since in await redis.zrange(sk.dead(rule.name), 0, DEAD_LISTED - 1,
                                                  withscores=True):
                 dead.append(_dead_entry(key, rule.name, since, await redis.hget(sk.meta, key)))
-    return {"namespace": config.namespace, "shards": shards, "rules": rules,
-            "dead_letters": dead[:DEAD_LISTED]}
+    status = {"namespace": config.namespace, "shards": shards, "rules": rules,
+              "dead_letters": dead[:DEAD_LISTED]}
+    await add_registry(redis, config, status)
+    return status
 
 
 def _when(ms: int | None, now_ms: int) -> str:
@@ -66,6 +69,7 @@ def format_status(status: dict[str, Any], now_ms: int) -> str:
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
                      f"{_when(r['next_due_ms'], now_ms)}")
+    lines += format_registry(status)
     if status["dead_letters"]:
         lines += ["", "DEAD LETTERS (re-queue with `coalescer retry KEY` or `--all`)"]
         for d in status["dead_letters"]:

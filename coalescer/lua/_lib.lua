@@ -115,3 +115,72 @@ local function heartbeat(nodes_key, node, now, ttl)
   redis.call('ZREMRANGEBYSCORE', nodes_key, '-inf', now - ttl)
   return redis.call('ZCARD', nodes_key)
 end
+
+-- The rules registry of a shard (keys.py): node id -> "|NAME=FP|NAME=FP|". An
+-- entry counts only while its node is in the shard's live-node set.
+local function knows(entry, name)
+  return entry and string.find(entry, '|' .. name .. '=', 1, true) ~= nil
+end
+
+-- Drop the registry entries of nodes that left the live-node set.
+local function prune_rules(rules_key, nodes_key)
+  local gone = {}
+  for _, node in ipairs(redis.call('HKEYS', rules_key)) do
+    if not redis.call('ZSCORE', nodes_key, node) then gone[#gone + 1] = node end
+  end
+  if #gone > 0 then redis.call('HDEL', rules_key, unpack(gone)) end
+end
+
+-- Who serves rule `name` on this shard besides its leader: nil when the leader
+-- (node id `leader`) knows the rule, else the live node with the lowest id that
+-- knows it (nil when none does). A leader that registered no rules (a version
+-- without the registry) is taken to know them all: a lease holder is never
+-- second-guessed without evidence.
+local function adopter_of(rules_key, nodes_key, leader, name)
+  local entry = redis.call('HGET', rules_key, leader)
+  if not entry or knows(entry, name) then return nil end
+  local best, all = nil, redis.call('HGETALL', rules_key)
+  for i = 1, #all, 2 do
+    local node = all[i]
+    if (not best or node < best) and knows(all[i + 1], name)
+        and redis.call('ZSCORE', nodes_key, node) then
+      best = node
+    end
+  end
+  return best
+end
+
+-- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
+-- each with a fencing token from `c.seq`, leased until `c.lease_until`. Appends
+-- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
+-- score is early (a re-touch moved its due time, kept in meta) is re-scored.
+local function claim_due(c, rule_index, due_key, inflight_key, limit)
+  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'WITHSCORES', 'LIMIT', 0, limit)
+  if #ready == 0 then return end
+  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready / 2 - 1)
+  local take, later = {}, {}
+  for i = 1, #ready, 2 do
+    local key, score = ready[i], tonumber(ready[i + 1])
+    local p = decode(redis.call('HGET', c.meta, key)) or {first = score, last = score, attempts = 0}
+    p.key, p.due = key, p.due or score
+    if p.due > c.now then
+      later[#later + 1], later[#later + 2] = p.due, key
+    else
+      take[#take + 1] = p
+    end
+  end
+  if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
+  if #take == 0 then return end
+  local token = redis.call('INCRBY', c.seq, #take) - #take
+  local states, leases = {}, {}
+  for i, p in ipairs(take) do
+    token = token + 1
+    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due}
+    states[2 * i - 1], states[2 * i] = p.key, running(r)
+    leases[2 * i - 1], leases[2 * i] = c.lease_until, p.key
+    c.claims[#c.claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last),
+                                            r.attempt, int(r.due), p.key}, '|')
+  end
+  redis.call('HSET', c.meta, unpack(states))
+  redis.call('ZADD', inflight_key, unpack(leases))
+end

@@ -1,0 +1,43 @@
+-- adopt.lua: claim due keys of rules that the shard's leader lacks (a rolling
+-- deploy with mixed rules files), for the one live node chosen to serve each.
+--
+-- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] nodes   KEYS[5] rules
+-- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
+-- ARGV[1] node id   ARGV[2] leader lease ms   ARGV[3] claim lease ms
+-- ARGV[4+2r], ARGV[5+2r]   the name of rule r and how many of its keys to claim
+--                          at most (0 claims none)
+--
+-- A rule is served here only while the shard has a leader, the leader's
+-- registry entry lacks the rule, and the caller is the live node with the
+-- lowest id that knows it (as in acquire.lua), all checked in this script.
+-- Claims exactly as claim.lua does: due keys only, lowest first, each with a
+-- fencing token from the shard's counter, so a key is never claimed twice.
+-- Returns {now, next due or -1, next lease expiry or -1, claims, blocked,
+-- rules served}; claims and blocked as in claim.lua, over the rules served.
+
+local node, now = ARGV[1], now_ms()
+heartbeat(KEYS[4], node, now, 2 * tonumber(ARGV[2]))
+local holder = redis.call('GET', KEYS[1])
+if not holder then return {now, -1, -1, {}, 0, 0} end
+local leader = split(holder, 2)[2]
+local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[3]),
+           claims = {}}
+local next_due, next_expiry, blocked, served = nil, nil, 0, 0
+
+local function head(zset)
+  local h = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+  return tonumber(h[2])
+end
+
+for r = 0, (#KEYS - 5) / 2 - 1 do
+  local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
+  local name, limit = ARGV[4 + 2 * r], tonumber(ARGV[5 + 2 * r])
+  if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
+    served = served + 1
+    if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
+    local h = head(due_key)
+    if h and h <= now and limit == 0 then blocked = 1 else next_due = min(next_due, h) end
+    next_expiry = min(next_expiry, head(inflight_key))
+  end
+end
+return {now, next_due or -1, next_expiry or -1, c.claims, blocked, served}
