@@ -231,8 +231,7 @@ class Coalescer:
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:
-            if ls_.poller.starved:
-                ls_.poller.poke()
+            ls_.poller.slots_freed()
 
     def _poke_all(self) -> None:
         for ls_ in self._leaderships:
