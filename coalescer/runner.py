@@ -309,12 +309,16 @@ class Runner:
         job = self._jobs.get(key)
         if job is None:
             return
-        log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
-                    key, job.claim.token)
         job.lost = True
         if job.task is not None and not job.task.done():
+            log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
+                        key, job.claim.token)
             job.task.cancel()
         else:
+            # Finished: usually its ack reached Redis just before this renewal did; a
+            # real takeover is reported when its result is recorded as stale.
+            log.debug("claim of %s (token %d) no longer held after it finished",
+                      key, job.claim.token)
             self._jobs.pop(key, None)
             self._check_idle()
 
