@@ -484,11 +484,16 @@ def _per_touch(counted: dict[str, Any], stats: dict[str, int], n: int) -> dict[s
 LAG_WINDOW = 0.5
 
 
-async def lag_coalescer(server: Server, sizes: Sizes, rate: int) -> dict[str, Any]:
+LAG_CONCURRENCY = 256  # the tuned setting; DEFAULT_CONCURRENCY is the rules' default
+DEFAULT_CONCURRENCY = 16
+
+
+async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
+                        concurrency: int = LAG_CONCURRENCY) -> dict[str, Any]:
     REC.reset(offset_ms=await clock_offset_ms(server.url))
     n = int(rate * sizes.lag_seconds)
     touches: dict[str, list[float]] = {}
-    async with coalescer(server, True, window=f"{LAG_WINDOW}s", concurrency=256) as c:
+    async with coalescer(server, True, window=f"{LAG_WINDOW}s", concurrency=concurrency) as c:
         await asyncio.sleep(0.3)  # leadership taken
 
         async def one(i: int) -> None:
@@ -503,7 +508,7 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int) -> dict[str, An
         g1 = lost_updates(touches, REC.starts, scheduled)
         metrics = c.metrics
     out = percentiles(REC.lags_ms, censored)
-    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW)
+    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW, concurrency=concurrency)
     out["metrics_histogram"] = _histogram(metrics)
     return out
 
@@ -553,10 +558,13 @@ async def lag_baseline(server: Server, sizes: Sizes, rate: int) -> dict[str, Any
 # -- drain ----------------------------------------------------------------------------------
 
 
-async def drain_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
+async def drain_coalescer(server: Server, sizes: Sizes,
+                          concurrency: int | None = None) -> dict[str, Any]:
+    """``concurrency`` None: the tuned ``sizes.drain_concurrency``."""
     n = sizes.drain_keys
     keys = [key(i) for i in range(n)]
-    kw = {"window": "100ms", "max_wait": "1s", "concurrency": sizes.drain_concurrency}
+    concurrency = concurrency or sizes.drain_concurrency
+    kw = {"window": "100ms", "max_wait": "1s", "concurrency": concurrency}
     async with coalescer(server, False, **kw) as w:
         await _touch_distinct(w, keys)
         await w.flush()
@@ -581,7 +589,7 @@ async def drain_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
     first = REC.first or t_start
     delta = calls_delta(before, after)
     touches = {k: [t_loaded] for k in keys}
-    return {"keys": n, "concurrency": sizes.drain_concurrency,
+    return {"keys": n, "concurrency": concurrency,
             "per_second": n / (t_acked - first),
             "per_second_started": REC.count / max(1e-9, (REC.last or t_started) - first),
             "startup_to_first_refresh_s": first - t_start,

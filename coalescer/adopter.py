@@ -60,6 +60,7 @@ class Adopter:
                 if left <= 0:
                     return
                 self._wake.clear()
+                freed = [self._runner.freed(r) for r in rules]
                 batch, full = await self._claim(rules)
                 if batch.served == 0:
                     self._note(())
@@ -67,7 +68,9 @@ class Adopter:
                 if await self._recover(batch, rules):
                     continue
                 self.starved = batch.blocked
-                await self._sleep(min(left, 0.0 if full else self._delay(batch)))
+                # A slot freed during the claim call found us not yet starved: go again.
+                again = full or (batch.blocked and freed != [self._runner.freed(r) for r in rules])
+                await self._sleep(min(left, 0.0 if again else self._delay(batch)))
         finally:
             self.starved = False
 
@@ -87,16 +90,23 @@ class Adopter:
         self._serving = serving
 
     async def _claim(self, rules: list[Rule]) -> tuple[AdoptBatch, bool]:
-        limits = [(r.name, min(MAX_CLAIM, self._runner.free_slots(r))) for r in rules]
-        sent = time.time() * 1000
-        batch = await self._scripts.adopt(
-            self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
-            claim_lease_ms=self._claim_lease_ms, limits=limits)
-        offset = batch.now_ms - (sent + time.time() * 1000) / 2
-        for claimed in batch.claims:
-            self._runner.start(self._shard.shard, rules[claimed.rule_index], claimed, offset)
-        full = any(limit > 0 and sum(1 for c in batch.claims if c.rule_index == i) == limit
-                   for i, (_, limit) in enumerate(limits))
+        runner = self._runner
+        limits = [runner.reserve(r, MAX_CLAIM) for r in rules]
+        taken = [0] * len(rules)
+        try:
+            sent = time.time() * 1000
+            batch = await self._scripts.adopt(
+                self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
+                claim_lease_ms=self._claim_lease_ms,
+                limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
+            offset = batch.now_ms - (sent + time.time() * 1000) / 2
+            for claimed in batch.claims:
+                taken[claimed.rule_index] += 1
+                runner.start(self._shard.shard, rules[claimed.rule_index], claimed, offset)
+        finally:
+            for rule, n, t in zip(rules, limits, taken, strict=True):
+                runner.unreserve(rule, n - t)
+        full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
         return batch, full
 
     async def _recover(self, batch: AdoptBatch, rules: list[Rule]) -> bool:

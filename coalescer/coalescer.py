@@ -268,8 +268,7 @@ class Coalescer:
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:
-            if ls_.poller.starved:
-                ls_.poller.poke()
+            ls_.poller.slots_freed()
             if ls_.adopter is not None and ls_.adopter.starved:
                 ls_.adopter.poke()
 

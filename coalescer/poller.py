@@ -4,6 +4,12 @@ It claims what is due, then sleeps until the earliest due time or lease expiry
 that the claim script reported, capped at ``sleep_cap`` (about a second) so a
 lost wake-up never strands work. A nearer due time published by an upsert, a
 freed handler slot or a reconnect wakes it early.
+
+Due keys that wait for a handler slot are claimed the moment one frees: the
+poller reads the runner's count of freed slots before each claim call, claims
+again at once if a slot of a rule that hit its limit freed during the call, and
+otherwise sleeps noting those rules, so that the next freed slot of one of them
+wakes it. A rule whose slots are all busy never makes it spin.
 """
 
 from __future__ import annotations
@@ -41,41 +47,74 @@ class Poller:
         # About a second, and well inside the lease that each claim call renews.
         self.sleep_cap = min(1.2, leader_lease / 2.5)
         self._wake = wake
-        self.starved = False
-        self._full = False
+        self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
+        self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
         self._wake.set()
 
+    def slots_freed(self) -> None:
+        """Slots were freed: wake the poller if due keys of their rules wait for one."""
+        if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i]
+               for i in self._waiting):
+            self.poke()
+
     async def lead(self, leader_value: str, keep_leading: Callable[[int], bool]) -> None:
         """Poll until the lease is lost (NotLeaderError) or ``keep_leading`` says stop."""
-        while True:
-            self._wake.clear()
-            batch = await self._claim(leader_value)
-            if not keep_leading(batch.live_nodes):
-                return
-            if await self._recover_expired(batch):
-                continue
-            delay = self._delay(batch)
-            self.starved = batch.blocked  # due keys wait for a free slot: poke() wakes us
-            if delay > 0:
-                await self._sleep(delay)
+        try:
+            while True:
+                self._wake.clear()
+                self._waiting = []
+                self._freed_at_claim = [self._runner.freed(r) for r in self._rules]
+                batch, limited = await self._claim(leader_value)
+                if not keep_leading(batch.live_nodes):
+                    return
+                if await self._recover_expired(batch):
+                    continue
+                if not self._claim_again_now(batch, limited):
+                    await self._sleep(self._delay(batch))
+        finally:
+            self._waiting = []
 
-    async def _claim(self, leader_value: str) -> ClaimBatch:
-        limits = [(r.name, min(MAX_CLAIM, self._runner.free_slots(r))) for r in self._rules]
-        sent = time.time() * 1000
-        batch = await self._scripts.claim(
-            self._shard, leader=leader_value, node_id=self._node_id,
-            leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
-            sleep_cap_ms=round(self.sleep_cap * 1000), limits=limits)
-        offset = batch.now_ms - (sent + time.time() * 1000) / 2
-        for claimed in batch.claims:
-            self._runner.start(self._shard.shard, self._rules[claimed.rule_index], claimed, offset)
-        self._full = any(
-            limit > 0 and sum(1 for c in batch.claims if c.rule_index == i) == limit
-            for i, (_, limit) in enumerate(limits))
-        return batch
+    async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
+        """One claim call; returns it and the limits of the rules that took that many keys."""
+        runner, rules = self._runner, self._rules
+        limits = [runner.reserve(r, MAX_CLAIM) for r in rules]
+        taken = [0] * len(rules)
+        try:
+            sent = time.time() * 1000
+            batch = await self._scripts.claim(
+                self._shard, leader=leader_value, node_id=self._node_id,
+                leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
+                sleep_cap_ms=round(self.sleep_cap * 1000),
+                limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
+            offset = batch.now_ms - (sent + time.time() * 1000) / 2
+            for claimed in batch.claims:
+                taken[claimed.rule_index] += 1
+                runner.start(self._shard.shard, rules[claimed.rule_index], claimed, offset)
+        finally:
+            for rule, n, t in zip(rules, limits, taken, strict=True):
+                runner.unreserve(rule, n - t)
+        return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
+
+    def _claim_again_now(self, batch: ClaimBatch, limited: list[int]) -> bool:
+        """Whether the due keys this claim left can be claimed now; else note what to wait for.
+
+        ``limited[i]`` is rule i's limit if it took that many keys, else -1. A claim
+        cut by the per-call cap claims again at once. Keys left because a rule's free
+        slots ran out wait for a slot: at once if one freed during the call, else the
+        sleep waits for ``slots_freed`` (or the capped delay).
+        """
+        if not batch.blocked:
+            return False
+        full = [i for i, n in enumerate(limited) if n >= 0]
+        if any(limited[i] == MAX_CLAIM for i in full):
+            return True
+        if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i] for i in full):
+            return True
+        self._waiting = full
+        return False
 
     async def _recover_expired(self, batch: ClaimBatch) -> bool:
         if batch.next_expiry_ms is None or batch.next_expiry_ms > batch.now_ms:
@@ -88,9 +127,7 @@ class Poller:
         return n > 0
 
     def _delay(self, batch: ClaimBatch) -> float:
-        """Seconds to sleep: 0 when a claim was cut short by its limit (more is due now)."""
-        if self._full:
-            return 0.0
+        """Seconds to sleep: to the nearest due time or lease expiry, at most ``sleep_cap``."""
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
         if nearest is None:

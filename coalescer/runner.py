@@ -27,6 +27,10 @@ from .scripts import ClaimedKey, Failure, Scripts
 log = logging.getLogger(__name__)
 
 MAX_ERROR_TEXT = 200
+# The outbox waits this long after its first result before committing, so the results
+# of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
+# commit per batch of 16 cost as many round trips as the claims themselves).
+ACK_GATHER = 0.002
 
 
 @dataclass(slots=True)
@@ -69,6 +73,7 @@ class Runner:
     def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
                  invokers: dict[str, Invoke], claim_lease: float,
                  on_slot_free: Callable[[], None]) -> None:
+        """``on_slot_free`` is called soon after slots are freed (once for several)."""
         self._scripts = scripts
         self._keyspace = keyspace
         self._metrics = metrics
@@ -76,7 +81,9 @@ class Runner:
         self._claim_lease = claim_lease
         self._on_slot_free = on_slot_free
         self._jobs: dict[str, Job] = {}
-        self._active: dict[str, int] = defaultdict(int)
+        self._active: dict[str, int] = defaultdict(int)  # running + reserved, per rule
+        self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
+        self._slot_free_due = False
         self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
         self._outbox_event = asyncio.Event()
         self._idle_event = asyncio.Event()
@@ -88,15 +95,35 @@ class Runner:
     def free_slots(self, rule: Any) -> int:
         return max(0, int(rule.concurrency) - self._active[rule.name])
 
+    def reserve(self, rule: Any, most: int) -> int:
+        """Take up to ``most`` free slots of ``rule`` for a claim call; returns how many.
+
+        Each claimed key then ``start``s in one of them; ``unreserve`` gives back the
+        rest. Reserving before the claim call keeps two shards' pollers, claiming at
+        the same time, from both filling the same free slots.
+        """
+        n = min(most, self.free_slots(rule))
+        self._active[rule.name] += n
+        return n
+
+    def unreserve(self, rule: Any, n: int) -> None:
+        """Give back ``n`` reserved slots that no claimed key took."""
+        if n > 0:
+            self._active[rule.name] -= n
+            self._slots_freed(rule.name)
+
+    def freed(self, rule: Any) -> int:
+        """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
+        return self._freed[rule.name]
+
     def start(self, shard: int, rule: Any, claimed: ClaimedKey, clock_offset_ms: float) -> None:
-        """Start the handler of one fresh claim."""
+        """Start the handler of one fresh claim, in a slot ``reserve`` took for it."""
         params = (rule.params(claimed.key) or {}) if rule.pattern.names else {}
         claim = Claim(key=claimed.key, rule=rule.name, params=params,
                       attempt=claimed.attempt, first_touch_ms=claimed.first_ms,
                       last_touch_ms=claimed.last_ms, due_ms=claimed.due_ms, token=claimed.token)
         job = Job(shard, rule, claim)
         self._jobs[claim.key] = job
-        self._active[rule.name] += 1
         self._idle_event.clear()
         lag = (time.time() * 1000 + clock_offset_ms - claimed.due_ms) / 1000
         self._metrics.rule(rule.name).start_lag.observe(max(0.0, lag))
@@ -159,6 +186,18 @@ class Runner:
 
     def _release_slot(self, job: Job) -> None:
         self._active[job.rule.name] -= 1
+        self._slots_freed(job.rule.name)
+
+    def _slots_freed(self, rule_name: str) -> None:
+        # Counted at once (a poller compares readings taken around its claim call);
+        # announced once for every slot freed in this turn of the event loop.
+        self._freed[rule_name] += 1
+        if not self._slot_free_due:
+            self._slot_free_due = True
+            asyncio.get_running_loop().call_soon(self._announce_slot_free)
+
+    def _announce_slot_free(self) -> None:
+        self._slot_free_due = False
         self._on_slot_free()
 
     def _check_idle(self) -> None:
@@ -172,6 +211,7 @@ class Runner:
         backoff = Backoff()
         while True:
             await self._outbox_event.wait()
+            await asyncio.sleep(ACK_GATHER)  # let more results join this commit
             self._outbox_event.clear()
             boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
             try:
@@ -269,12 +309,16 @@ class Runner:
         job = self._jobs.get(key)
         if job is None:
             return
-        log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
-                    key, job.claim.token)
         job.lost = True
         if job.task is not None and not job.task.done():
+            log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
+                        key, job.claim.token)
             job.task.cancel()
         else:
+            # Finished: usually its ack reached Redis just before this renewal did; a
+            # real takeover is reported when its result is recorded as stale.
+            log.debug("claim of %s (token %d) no longer held after it finished",
+                      key, job.claim.token)
             self._jobs.pop(key, None)
             self._check_idle()
 

@@ -15,8 +15,10 @@
 -- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked},
 -- claims being a list of "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings (the
 -- key last, as it may hold '|'; one string a claim keeps the reply cheap to parse),
--- blocked 1 when a rule claimed with limit 0 has keys due now (they wait for a
--- free slot; its due times are left out of "next due" so other rules are not held up).
+-- blocked 1 when a rule claimed as many keys as its limit (0 included) and still
+-- has keys due now: they wait for a free slot, or for the next claim when the limit
+-- was the per-call cap; its due times are left out of "next due" so other rules
+-- are not held up.
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local leader_lease = tonumber(ARGV[2])
@@ -49,12 +51,13 @@ local function sort_out(due_key, ready)
   return take
 end
 
+-- Returns how many keys it claimed.
 local function claim_rule(rule_index, due_key, inflight_key, limit)
   local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-  if #ready == 0 then return end
+  if #ready == 0 then return 0 end
   redis.call('ZREMRANGEBYRANK', due_key, 0, #ready / 2 - 1)
   local take = sort_out(due_key, ready)
-  if #take == 0 then return end
+  if #take == 0 then return 0 end
   local token = redis.call('INCRBY', KEYS[3], #take) - #take
   local states, leases = {}, {}
   for i, p in ipairs(take) do
@@ -67,15 +70,17 @@ local function claim_rule(rule_index, due_key, inflight_key, limit)
   end
   redis.call('HSET', meta, unpack(states))
   redis.call('ZADD', inflight_key, unpack(leases))
+  return #take
 end
 
 local blocked = 0
 for r = 0, (#KEYS - 5) / 2 - 1 do
   local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
   local limit = tonumber(ARGV[6 + r])
-  if limit > 0 then claim_rule(r, due_key, inflight_key, limit) end
+  local claimed = 0
+  if limit > 0 then claimed = claim_rule(r, due_key, inflight_key, limit) end
   local h = head(due_key)
-  if h and h <= now and limit == 0 then
+  if h and h <= now and claimed == limit then
     blocked = 1  -- due work waits for a free slot; it must not delay other rules
   else
     next_due = min(next_due, h)
