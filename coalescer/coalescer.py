@@ -28,7 +28,7 @@ from .metrics import Metrics
 from .poller import Poller
 from .rules import Config, HttpHandler
 from .runner import Runner
-from .scripts import Scripts
+from .scripts import History, Scripts
 from .status import gather_status
 from .wakeups import WakeListener
 
@@ -212,7 +212,7 @@ class Coalescer:
         self._runner = runner = Runner(
             scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
             invokers=self._invokers(), claim_lease=cfg.claim_lease,
-            on_slot_free=self._slot_freed)
+            on_slot_free=self._slot_freed, history=History(self.node_id, cfg.history))
         for sk in self.keyspace.all_shards():
             poller = Poller(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
                             node_id=self.node_id, leader_lease=cfg.leader_lease,
