@@ -22,7 +22,7 @@ from .claim import Claim
 from .handlers import Invoke
 from .keys import KeySpace
 from .metrics import Metrics
-from .scripts import AckItem, ClaimedKey, Failure, History, Scripts
+from .scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Runner:
 
     def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
                  invokers: dict[str, Invoke], claim_lease: float,
-                 on_slot_free: Callable[[], None], history: History = History()) -> None:
+                 on_slot_free: Callable[[], None], history: History = NO_HISTORY) -> None:
         self._scripts = scripts
         self._history = history
         self._keyspace = keyspace

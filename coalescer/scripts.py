@@ -100,6 +100,9 @@ class History:
             shard.wake_channel, self.node_id, self.length]
 
 
+NO_HISTORY = History()
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseState:
     """Who holds a shard's leader lease after an acquire call."""
@@ -166,7 +169,7 @@ class Scripts:
                           int(result[4]), _claims(result[5]), bool(int(result[6])))
 
     async def ack(self, shard: ShardKeys, groups: Sequence[tuple[str, Sequence[AckItem]]],
-                  history: History = History()) -> list[str]:
+                  history: History = NO_HISTORY) -> list[str]:
         """Finish successful claims (and record them); returns the keys whose token was stale."""
         keys, args = history.args(shard)
         for rule, items in groups:
@@ -179,7 +182,7 @@ class Scripts:
 
     async def fail(
         self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
-        history: History = History(),
+        history: History = NO_HISTORY,
     ) -> tuple[int, int, list[str]]:
         """Record failed tries (and their history): (retried, dead-lettered, stale keys)."""
         keys, args = history.args(shard)
