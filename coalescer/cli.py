@@ -93,16 +93,22 @@ def _add_inspection(sub: Any) -> None:
                          help="how many refreshes at most (default 20)")
     history.add_argument("--json", action="store_true", help="machine-readable output")
     dead = sub.add_parser("dead", help="dead letters: list, retry (re-queue) or purge")
-    _common(dead)
-    dead.add_argument("action", choices=("list", "retry", "purge"))
-    dead.add_argument("keys", nargs="*", metavar="KEY")
-    dead.add_argument("--all", action="store_true", help="every dead key")
-    dead.add_argument("--rule", default=None, metavar="R", help="every dead key of rule R")
-    dead.add_argument("--limit", type=_count, default=20, metavar="N",
-                      help="list: dead letters per page (default 20)")
-    dead.add_argument("--offset", type=_offset, default=0, metavar="N",
-                      help="list: dead letters to skip, oldest first (default 0)")
-    dead.add_argument("--json", action="store_true", help="list: machine-readable output")
+    actions = dead.add_subparsers(dest="action", required=True)
+    helps = {"list": "list dead letters, oldest first, with the total",
+             "retry": "re-queue dead keys, due now, with fresh attempts",
+             "purge": "delete dead keys for good"}
+    for action, text in helps.items():
+        p = actions.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("keys", nargs="*", metavar="KEY")
+        p.add_argument("--all", action="store_true", help="every dead key")
+        p.add_argument("--rule", default=None, metavar="R", help="every dead key of rule R")
+        if action == "list":
+            p.add_argument("--limit", type=_count, default=20, metavar="N",
+                           help="dead letters per page (default 20)")
+            p.add_argument("--offset", type=_offset, default=0, metavar="N",
+                           help="dead letters to skip, oldest first (default 0)")
+            p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
@@ -209,12 +215,12 @@ async def cmd_history(args: argparse.Namespace) -> int:
 
 
 async def cmd_dead(args: argparse.Namespace) -> int:
-    what = "coalescer dead " + args.action
+    what = "dead " + args.action
     if args.keys and (args.all or args.rule):
-        print(f"{what}: name KEYs or pass --all / --rule, not both", file=sys.stderr)
+        print(f"coalescer {what}: name KEYs or pass --all / --rule, not both", file=sys.stderr)
         return EXIT_ERROR
     if args.action != "list" and not (args.keys or args.all or args.rule):
-        print(f"{what}: name KEYs, or pass --all or --rule R", file=sys.stderr)
+        print(f"coalescer {what}: name KEYs, or pass --all or --rule R", file=sys.stderr)
         return EXIT_ERROR
     c = _client(args, worker=False)
     if _unknown_rule(what, args, c):
