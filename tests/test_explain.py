@@ -118,7 +118,7 @@ async def test_backoff_shows_the_last_error_then_dead(tmp_path: Path, redis_url:
         info = await state_of(c, "bad:1", "backoff")
         assert info["attempts"] == 1 and info["due_reason"] == "retry"
         assert info["last_error"] == "RuntimeError: no such user: bad:1"
-        assert 50_000 < info["due_ms"] - info["now_ms"] <= 60_000  # 50-100% jitter of 1m
+        assert 29_000 < info["due_ms"] - info["now_ms"] <= 60_000  # 50-100% jitter of 1m
         text = format_explain(info)
         assert "retry backoff after attempt 1 of 2 failed" in text
         assert "last error: RuntimeError: no such user: bad:1" in text
