@@ -66,7 +66,55 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo)
+    _add_inspection(sub)
     return p
+
+
+def _count(value: str) -> int:
+    """An argparse type: a whole number of 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not {value!r}")
+    return int(value)
+
+
+def _offset(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, not {value!r}")
+    return int(value)
+
+
+def _add_inspection(sub: Any) -> None:
+    """explain, history and dead: looking into keys, refreshes and dead letters."""
+    explain = sub.add_parser("explain", help="a key's rule, state and why, last refreshes")
+    _common(explain)
+    explain.add_argument("key", metavar="KEY")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    history = sub.add_parser("history", help="recent refreshes, newest first")
+    _common(history)
+    history.add_argument("--rule", default=None, metavar="R", help="only refreshes of rule R")
+    history.add_argument("--key", default=None, metavar="K", help="only refreshes of key K")
+    history.add_argument("--failed", action="store_true",
+                         help="only failed, timed-out or lost refreshes")
+    history.add_argument("-n", type=_count, default=20, metavar="N",
+                         help="how many refreshes at most (default 20)")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    dead = sub.add_parser("dead", help="dead letters: list, retry (re-queue) or purge")
+    actions = dead.add_subparsers(dest="action", required=True)
+    helps = {"list": "list dead letters, oldest first, with the total",
+             "retry": "re-queue dead keys, due now, with fresh attempts",
+             "purge": "delete dead keys for good"}
+    for action, text in helps.items():
+        p = actions.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("keys", nargs="*", metavar="KEY")
+        p.add_argument("--all", action="store_true", help="every dead key")
+        p.add_argument("--rule", default=None, metavar="R", help="every dead key of rule R")
+        if action == "list":
+            p.add_argument("--limit", type=_count, default=20, metavar="N",
+                           help="dead letters per page (default 20)")
+            p.add_argument("--offset", type=_offset, default=0, metavar="N",
+                           help="dead letters to skip, oldest first (default 0)")
+            p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
@@ -90,6 +138,10 @@ def _using(args: argparse.Namespace, c: Coalescer) -> str:
 
 
 def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
+    """One stderr line naming the server: always for the embedded one (whose folder
+    matters), else only with -v (the user named the server)."""
+    if c.embedded_root is None and not getattr(args, "verbose", False):
+        return
     print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
 
 
@@ -127,6 +179,9 @@ async def cmd_retry(args: argparse.Namespace) -> int:
     if not args.keys and not args.all:
         print("coalescer retry: name KEYs or pass --all", file=sys.stderr)
         return EXIT_ERROR
+    if args.keys and args.all:
+        print("coalescer retry: name KEYs or pass --all, not both", file=sys.stderr)
+        return EXIT_ERROR
     c = _client(args, worker=False)
     unknown = c.unknown_keys(args.keys)
     if unknown:
@@ -135,9 +190,99 @@ async def cmd_retry(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
-        n = await c.retry_dead(None if args.all else args.keys)
-    print(f"re-queued {n} dead-lettered key(s)")
+        outcome = await c.retry_dead_letters(None if args.all else args.keys)
+    print(f"re-queued {outcome.done} dead-lettered key(s)")
+    return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
+
+
+def _report_not_dead(command: str, keys: list[str], consequence: str) -> int:
+    for key in keys:
+        print(f"coalescer {command}: {key!r} is not dead-lettered; {consequence}",
+              file=sys.stderr)
+    return EXIT_ERROR if keys else 0
+
+
+def _unknown_key(command: str, args: argparse.Namespace, c: Coalescer, keys: list[str]) -> bool:
+    unknown = c.unknown_keys(keys)
+    for key in unknown:
+        print(f"coalescer {command}: no rule in {args.rules} matches key {key!r}",
+              file=sys.stderr)
+    return bool(unknown)
+
+
+def _unknown_rule(command: str, args: argparse.Namespace, c: Coalescer) -> bool:
+    if args.rule is None or args.rule in {r.name for r in c.config.rules}:
+        return False
+    names = ", ".join(r.name for r in c.config.rules)
+    print(f"coalescer {command}: no rule named {args.rule!r} in {args.rules} "
+          f"(its rules: {names})", file=sys.stderr)
+    return True
+
+
+async def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import format_explain
+    c = _client(args, worker=False)
+    if _unknown_key("explain", args, c, [args.key]):
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        info = await c.explain(args.key)
+    print(json.dumps(info, indent=2) if args.json else format_explain(info))
     return 0
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    from .history import HistoryQuery, format_history
+    c = _client(args, worker=False)
+    if _unknown_rule("history", args, c):
+        return EXIT_ERROR
+    if args.key is not None and _unknown_key("history", args, c, [args.key]):
+        return EXIT_UNKNOWN_KEY
+    query = HistoryQuery(rule=args.rule, key=args.key, failed=args.failed, limit=args.n)
+    async with c:
+        found = await c.history(query)
+    if args.json:
+        print(json.dumps([r.to_json() for r in found], indent=2))
+    else:
+        print(format_history(found))
+    return 0
+
+
+async def cmd_dead(args: argparse.Namespace) -> int:
+    what = "dead " + args.action
+    if args.keys and (args.all or args.rule):
+        print(f"coalescer {what}: name KEYs or pass --all / --rule, not both", file=sys.stderr)
+        return EXIT_ERROR
+    if args.action != "list" and not (args.keys or args.all or args.rule):
+        print(f"coalescer {what}: name KEYs, or pass --all or --rule R", file=sys.stderr)
+        return EXIT_ERROR
+    c = _client(args, worker=False)
+    if _unknown_rule(what, args, c):
+        return EXIT_ERROR
+    if _unknown_key(what, args, c, args.keys):
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        if args.action == "list":
+            return await _dead_list(c, args)
+        return await _dead_act(c, args, what)
+
+
+async def _dead_list(c: Coalescer, args: argparse.Namespace) -> int:
+    from .deadletters import format_dead_page
+    page = await c.dead_letters(args.keys or None, rule=args.rule, limit=args.limit,
+                                offset=args.offset)
+    print(json.dumps(page.to_json(), indent=2) if args.json else format_dead_page(page))
+    return _report_not_dead("dead list", page.not_dead, "nothing to show")
+
+
+async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
+    keys = args.keys or None
+    if args.action == "retry":
+        outcome = await c.retry_dead_letters(keys, rule=args.rule)
+        print(f"re-queued {outcome.done} dead-lettered key(s)")
+        return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
+    outcome = await c.purge_dead(keys, rule=args.rule)
+    print(f"purged {outcome.done} dead-lettered key(s)")
+    return _report_not_dead(what, outcome.not_dead, "nothing to purge")
 
 
 def _http_address(value: str) -> tuple[str, int] | None:
@@ -190,7 +335,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "touch": cmd_touch, "status": cmd_status, "retry": cmd_retry, "run": cmd_run,
-    "demo": cmd_demo,
+    "demo": cmd_demo, "explain": cmd_explain, "history": cmd_history, "dead": cmd_dead,
 }
 
 

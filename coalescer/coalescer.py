@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -19,11 +19,22 @@ from . import forksafe
 from .absorber import Absorber
 from .adopter import Adopter
 from .connection import Connection, connect
-from .deadletters import requeue_dead
+from .deadletters import (
+    Action,
+    DeadOutcome,
+    DeadPage,
+    act_on_all,
+    act_on_keys,
+    list_dead,
+    look_up_dead,
+    requeue_dead,
+)
 from .embedded import EmbeddedServer, project_root, resolve_redis_url
 from .errors import ClosedError, UnknownKeyError
+from .explain import gather_explain
 from .flusher import Flusher
 from .handlers import Invoke, invoker_for
+from .history import HistoryQuery, Refresh, read_history
 from .keys import KeySpace
 from .leadership import Leadership
 from .metrics import Metrics
@@ -31,7 +42,7 @@ from .poller import Poller
 from .registry import RegistryWatch, encode
 from .rules import Config, HttpHandler
 from .runner import Runner
-from .scripts import Scripts
+from .scripts import History, Scripts
 from .status import gather_status
 from .urls import redact
 from .wakeups import WakeListener
@@ -178,6 +189,56 @@ class Coalescer:
             raise ClosedError("retry_dead(): the coalescer is not running")
         return await requeue_dead(self._conn.client, self._scripts, self.config, keys)
 
+    async def explain(self, key: str) -> dict[str, Any]:
+        """Where ``key`` stands and why (the JSON of ``coalescer explain KEY --json``).
+
+        Its rule and settings; its state (idle, pending with its due time and
+        whether the window or the max wait set it, backoff with the last error,
+        running with node, token and lease left, or dead with its error); its
+        burst's first and last touch; attempts; its last refreshes from the
+        history. Raises UnknownKeyError when no rule matches ``key``.
+        """
+        return await gather_explain(self.redis, self.config, key)
+
+    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:
+        """Recent refreshes, newest first, across every shard (see HistoryQuery)."""
+        return await read_history(self.redis, self.config, query or HistoryQuery())
+
+    async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
+                           limit: int = 20, offset: int = 0) -> DeadPage:
+        """A page of dead letters, oldest first, with the total count.
+
+        With ``keys``, those keys' dead letters (``not_dead`` lists the named keys
+        that are not dead); else every dead key, or those of ``rule`` (KeyError if
+        there is no such rule), ``limit`` from ``offset``.
+        """
+        if keys is not None:
+            return await look_up_dead(self.redis, self.config, keys)
+        return await list_dead(self.redis, self.config, rule=rule, limit=limit, offset=offset)
+
+    async def retry_dead_letters(self, keys: Sequence[str] | None = None, *,
+                                 rule: str | None = None) -> DeadOutcome:
+        """Re-queue dead keys, due now with fresh attempts: the named ``keys``, else
+        every dead key (of ``rule``, if given). Named keys that are not dead are left
+        alone and listed in ``not_dead``."""
+        return await self._on_dead(self._scripts.requeue_each, keys, rule)
+
+    async def purge_dead(self, keys: Sequence[str] | None = None, *,
+                         rule: str | None = None) -> DeadOutcome:
+        """Delete dead keys for good (state and dead letter): the named ``keys``, else
+        every dead key (of ``rule``, if given). Only keys still dead are purged; the
+        named others are listed in ``not_dead``. A purged key touched again starts
+        a fresh burst."""
+        return await self._on_dead(self._scripts.purge, keys, rule)
+
+    async def _on_dead(self, action: Action, keys: Sequence[str] | None,
+                       rule: str | None) -> DeadOutcome:
+        if self._conn is None:
+            raise ClosedError("the coalescer is not running")
+        if keys is not None:
+            return await act_on_keys(self.config, action, keys)
+        return await act_on_all(self._conn.client, self.config, action, rule)
+
     def leads(self) -> list[int]:
         """The shards this node leads now."""
         return sorted(self._led)
@@ -241,7 +302,7 @@ class Coalescer:
         self._runner = runner = Runner(
             scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
             invokers=self._invokers(), claim_lease=cfg.claim_lease,
-            on_slot_free=self._slot_freed)
+            on_slot_free=self._slot_freed, history=History(self.node_id, cfg.history))
         registry = RegistryWatch(shard=self.keyspace.shard(0), scripts=scripts,
                                  node_id=self.node_id, rules=cfg.rules,
                                  leader_lease=cfg.leader_lease, metrics=self.metrics)

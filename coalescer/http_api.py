@@ -50,6 +50,8 @@ class Node(Protocol):
 
     async def ping(self) -> bool: ...
 
+    async def explain(self, key: str) -> dict[str, Any]: ...
+
 
 class Refusal(Exception):
     """A request answered with an error status and a JSON body ``{"error": ..., **extra}``."""
@@ -191,6 +193,7 @@ class HttpApi:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/keys/{key:.+}", self._explain)
         return app
 
     async def start(self) -> None:
@@ -276,6 +279,17 @@ class HttpApi:
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(await self._read_status())
+
+    async def _explain(self, request: web.Request) -> web.Response:
+        """GET /keys/{key}: the JSON of `coalescer explain KEY --json`."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                return web.json_response(await self._c.explain(key))
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()

@@ -19,6 +19,7 @@ Per shard::
     NS:{NS:N}:due:RULE        ZSET    pending key -> due time, ms
     NS:{NS:N}:inflight:RULE   ZSET    claimed key -> lease expiry, ms
     NS:{NS:N}:dead:RULE       ZSET    dead-lettered key -> when, ms
+    NS:{NS:N}:history         STREAM  the shard's recent refreshes, capped (MAXLEN ~)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
 
 The rules registry (which node knows which rules, for rolling deploys) is kept
@@ -80,6 +81,10 @@ class ShardKeys:
     @property
     def wake_channel(self) -> str:
         return f"{self.prefix}:wake"
+
+    @property
+    def history(self) -> str:
+        return f"{self.prefix}:history"
 
     def due(self, rule: str) -> str:
         return f"{self.prefix}:due:{rule}"

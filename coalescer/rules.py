@@ -34,7 +34,8 @@ _URL_FIELD_RE = re.compile(r"\{([^{}]*)\}")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "defaults", "rules")
+_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
+               "rules")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
 _RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
@@ -51,6 +52,8 @@ DEFAULT_NAMESPACE = "coalescer"
 MAX_FILE_BYTES = 1024 * 1024
 MAX_DEPTH = 50
 MAX_VALUES = 250_000
+DEFAULT_HISTORY = 1000  # refreshes kept per shard in its history stream; 0 keeps none
+MAX_HISTORY = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,6 +144,7 @@ class Config:
     claim_lease: float
     rules: tuple[Rule, ...]
     source: str
+    history: int = DEFAULT_HISTORY
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _groups: dict[int, tuple[Rule, int]] = field(init=False, repr=False, compare=False)
@@ -512,11 +516,23 @@ class _Loader:
         if "shards" in entries:
             shards = self.positive_int(entries["shards"][1], "shards", MAX_SHARDS)
         leases = {name: self.lease(entries, name) for name in ("leader_lease", "claim_lease")}
+        history = self.history(entries)
         defaults = self.defaults(entries)
         rules = self.rules(self.require(entries, "rules", root, "", "the rules file"),
                            defaults)
         return Config(namespace=namespace, shards=shards, leader_lease=leases["leader_lease"],
-                      claim_lease=leases["claim_lease"], rules=rules, source=self.file)
+                      claim_lease=leases["claim_lease"], rules=rules, source=self.file,
+                      history=history)
+
+    def history(self, entries: Entries) -> int:
+        if "history" not in entries:
+            return DEFAULT_HISTORY
+        node = entries["history"][1]
+        raw = self.value(node, "history")
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_HISTORY:
+            raise self.error(f"must be a whole number from 0 (no history) to {MAX_HISTORY}: "
+                             f"refreshes kept per shard, got {raw!r}", node, "history")
+        return raw
 
     def lease(self, entries: Entries, name: str) -> float:
         if name not in entries:

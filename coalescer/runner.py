@@ -22,7 +22,7 @@ from .claim import Claim
 from .handlers import Invoke
 from .keys import KeySpace
 from .metrics import Metrics
-from .scripts import ClaimedKey, Failure, Scripts
+from .scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ class Job:
     timed_out: bool = False
     lost: bool = False
     renewed: float = field(default_factory=time.monotonic)  # when the lease last began
+    start_ms: int = 0  # when the handler started, server clock (for the history)
+    duration_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -72,9 +74,10 @@ class Runner:
 
     def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
                  invokers: dict[str, Invoke], claim_lease: float,
-                 on_slot_free: Callable[[], None]) -> None:
+                 on_slot_free: Callable[[], None], history: History = NO_HISTORY) -> None:
         """``on_slot_free`` is called soon after slots are freed (once for several)."""
         self._scripts = scripts
+        self._history = history
         self._keyspace = keyspace
         self._metrics = metrics
         self._invokers = invokers
@@ -125,7 +128,9 @@ class Runner:
         job = Job(shard, rule, claim)
         self._jobs[claim.key] = job
         self._idle_event.clear()
-        lag = (time.time() * 1000 + clock_offset_ms - claimed.due_ms) / 1000
+        now_ms = time.time() * 1000 + clock_offset_ms
+        job.start_ms = round(now_ms)
+        lag = (now_ms - claimed.due_ms) / 1000
         self._metrics.rule(rule.name).start_lag.observe(max(0.0, lag))
         job.task = asyncio.create_task(self._run(job), name=f"refresh {claim.key}")
         # One timer a refresh (cheaper than an asyncio.timeout() block per refresh).
@@ -157,7 +162,9 @@ class Runner:
             error = None
         if job.timer is not None:
             job.timer.cancel()
-        self._metrics.rule(rule.name).duration.observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        job.duration_ms = round(took * 1000)
+        self._metrics.rule(rule.name).duration.observe(took)
         self._finish(job, error)
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
@@ -172,7 +179,8 @@ class Runner:
             log.warning("refresh of %s failed (attempt %d of %d): %s", claim.key, claim.attempt,
                         rule.retry.attempts, _error_text(exc))
             delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
-            box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc))))
+            box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
+                                           outcome, job.start_ms, job.duration_ms)))
         self._release_slot(job)
         self._outbox_event.set()
 
@@ -229,10 +237,11 @@ class Runner:
         keys = self._keyspace.shard(shard)
         stale: list[str] = []
         if box.acks:
-            acks: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            acks: dict[str, list[AckItem]] = defaultdict(list)
             for job in box.acks:
-                acks[job.rule.name].append((job.claim.key, job.claim.token))
-            stale += await self._scripts.ack(keys, list(acks.items()))
+                acks[job.rule.name].append((job.claim.key, job.claim.token, job.start_ms,
+                                            job.duration_ms))
+            stale += await self._scripts.ack(keys, list(acks.items()), self._history)
             self._forget(box.acks)
             box.acks = []
         if box.fails:
@@ -240,7 +249,7 @@ class Runner:
             for job, failure in box.fails:
                 fails[job.rule].append(failure)
             groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]
-            stale += (await self._scripts.fail(keys, groups))[2]
+            stale += (await self._scripts.fail(keys, groups, self._history))[2]
             self._forget([job for job, _ in box.fails])
         for key in stale:
             log.warning("claim of %s was taken over before its result was recorded", key)

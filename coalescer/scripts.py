@@ -21,6 +21,7 @@ KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode t
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers",
+    "purge",
 )
 
 
@@ -68,12 +69,39 @@ class ClaimBatch:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed try of a claim, and how long to wait before the next."""
+    """A failed try of a claim, and how long to wait before the next.
+
+    ``outcome`` ("failure" or "timeout"), ``start_ms`` (server clock) and
+    ``duration_ms`` go to the shard's refresh history.
+    """
 
     key: str
     token: int
     delay_ms: int
     error: str
+    outcome: str = "failure"
+    start_ms: int = 0
+    duration_ms: int = 0
+
+
+# A successful claim to ack: (key, token), or (key, token, start ms, duration ms)
+# to give its history entry the refresh's start (server clock) and duration.
+AckItem = tuple[str, int] | tuple[str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Where finished refreshes are recorded: the recording node and the stream's cap."""
+
+    node_id: str = ""
+    length: int = 0  # 0: nothing is recorded
+
+    def args(self, shard: ShardKeys) -> tuple[list[str], list[Any]]:
+        return [shard.meta, shard.next_wake, shard.history], [
+            shard.wake_channel, self.node_id, self.length]
+
+
+NO_HISTORY = History()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,30 +191,30 @@ class Scripts:
         return ClaimBatch(int(result[1]), _optional(result[2]), _optional(result[3]),
                           int(result[4]), _claims(result[5]), bool(int(result[6])))
 
-    async def ack(self, shard: ShardKeys,
-                  groups: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> list[str]:
-        """Finish successful claims; returns the keys whose token was stale."""
-        keys = [shard.meta, shard.next_wake]
-        args: list[Any] = [shard.wake_channel]
+    async def ack(self, shard: ShardKeys, groups: Sequence[tuple[str, Sequence[AckItem]]],
+                  history: History = NO_HISTORY) -> list[str]:
+        """Finish successful claims (and record them); returns the keys whose token was stale."""
+        keys, args = history.args(shard)
         for rule, items in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
-            args.append(len(items))
-            for key, token in items:
-                args += [key, token]
+            args += [rule, len(items)]
+            for item in items:
+                args += item if len(item) == 4 else [*item, 0, 0]
         result = await self._run("ack", keys, args)
         return [str(k) for k in result[2:]]
 
     async def fail(
         self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
+        history: History = NO_HISTORY,
     ) -> tuple[int, int, list[str]]:
-        """Record failed tries: (retried, dead-lettered, stale keys)."""
-        keys = [shard.meta, shard.next_wake]
-        args: list[Any] = [shard.wake_channel]
+        """Record failed tries (and their history): (retried, dead-lettered, stale keys)."""
+        keys, args = history.args(shard)
         for rule, max_attempts, failures in groups:
             keys += [shard.due(rule), shard.inflight(rule), shard.dead(rule)]
-            args += [max_attempts, len(failures)]
+            args += [rule, max_attempts, len(failures)]
             for f in failures:
-                args += [f.key, f.token, f.delay_ms, f.error]
+                args += [f.key, f.token, f.delay_ms, f.error, f.outcome, f.start_ms,
+                         f.duration_ms]
         result = await self._run("fail", keys, args)
         return int(result[0]), int(result[1]), [str(k) for k in result[2:]]
 
@@ -215,6 +243,19 @@ class Scripts:
         keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
         result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
         return int(result[0])
+
+    async def requeue_each(self, shard: ShardKeys, rule: str,
+                           dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Bring dead-lettered keys of ``rule`` back: (how many, the keys that were not dead)."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        return int(result[0]), [str(k) for k in result[1:]]
+
+    async def purge(self, shard: ShardKeys, rule: str,
+                    dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
+        result = await self._run("purge", [shard.meta, shard.dead(rule)], list(dead_keys))
+        return int(result[0]), [str(k) for k in result[1:]]
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
                       mine: str, rules: str = "") -> LeaseState:

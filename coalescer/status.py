@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .history import RECENT, recent_by_rule
 from .keys import KeySpace
 from .registry_status import add_registry, format_registry
 from .rules import Config
@@ -47,6 +48,8 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
             for key, since in await redis.zrange(sk.dead(rule.name), 0, DEAD_LISTED - 1,
                                                  withscores=True):
                 dead.append(_dead_entry(key, rule.name, since, await redis.hget(sk.meta, key)))
+    for name, recent in (await recent_by_rule(redis, config)).items():
+        rules[name]["recent"] = recent
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
               "dead_letters": dead[:DEAD_LISTED]}
     await add_registry(redis, config, status)
@@ -70,9 +73,19 @@ def format_status(status: dict[str, Any], now_ms: int) -> str:
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
                      f"{_when(r['next_due_ms'], now_ms)}")
     lines += format_registry(status)
+    lines += _recent_lines(status)
     if status["dead_letters"]:
         lines += ["", "DEAD LETTERS (re-queue with `coalescer retry KEY` or `--all`)"]
         for d in status["dead_letters"]:
             lines.append(f"  {d['key']}  [{d['rule']}] after {d['attempts']} attempts: "
                          f"{d['error']}")
     return "\n".join(lines)
+
+
+def _recent_lines(status: dict[str, Any]) -> list[str]:
+    """Failures among each rule's recent refreshes (from the shards' histories)."""
+    lines = ["", f"RECENT REFRESHES (newest {RECENT} per shard)"]
+    for name, r in status["rules"].items():
+        recent = r.get("recent") or {"refreshes": 0, "failed": 0}
+        lines.append(f"  {name:<24} failures {recent['failed']} of last {recent['refreshes']}")
+    return lines

@@ -368,7 +368,7 @@ def test_a_redis_password_is_never_shown(
         assert f"using redis://:***@127.0.0.1:{locked_server.port}/0 (from --redis)" in banner
         port = locked_server.port
         runs = [
-            cli("touch", "item:1", "--rules", str(rules), "--redis", url, cwd=tmp_path),
+            cli("touch", "item:1", "--rules", str(rules), "--redis", url, "-v", cwd=tmp_path),
             cli("touch", "item:2", "--rules", str(rules), "-v", cwd=tmp_path,
                 env={"COALESCER_REDIS_URL": f"redis://default:{PASSWORD}@127.0.0.1:{port}/0"}),
             cli("status", "--rules", str(rules), "-v", "--redis",

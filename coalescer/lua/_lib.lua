@@ -2,9 +2,12 @@
 --
 -- A key's state lives in the shard's meta hash, one field per touched key:
 --   pending  "P|FIRST|LAST|ATTEMPTS|DUE"     (the key is in due:RULE)
---   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
---            (the key is in inflight:RULE; the R* part is a touch that came
---            while it ran, re-armed by ack, fail or recovery)
+--   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
+--            (the key is in inflight:RULE; the R* part, empty when there is
+--            none, is a touch that came while it ran, re-armed by ack, fail or
+--            recovery; NODE, last as it may hold '|', is the node that claimed
+--            it. An older "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
+--            still decodes, with no node)
 --   dead     "D|FIRST|LAST|ATTEMPTS|ERROR"   (the key is in dead:RULE)
 -- FIRST and LAST are the burst's first and last touch, server-clock ms;
 -- ATTEMPTS counts the tries made so far, ATTEMPT the one running now.
@@ -41,18 +44,18 @@ end
 local function decode(v)
   if not v then return nil end
   local kind = string.sub(v, 1, 1)
-  local f = split(string.sub(v, 3), 8)
+  local f = split(string.sub(v, 3), 4)
   if kind == 'P' then
     return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
             due = tonumber(f[4])}
   elseif kind == 'D' then
-    f = split(string.sub(v, 3), 4)
     return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
             error = f[4]}
   end
+  f = split(string.sub(v, 3), 9)
   return {kind = 'R', token = tonumber(f[1]), first = tonumber(f[2]), last = tonumber(f[3]),
           attempt = tonumber(f[4]), due = tonumber(f[5]), rdue = tonumber(f[6]),
-          rfirst = tonumber(f[7]), rlast = tonumber(f[8])}
+          rfirst = tonumber(f[7]), rlast = tonumber(f[8]), node = f[9]}
 end
 
 local function pending(first, last, attempts, due)
@@ -70,8 +73,10 @@ local function running(r)
     .. int(r.attempt) .. '|' .. int(r.due)
   if r.rdue then
     v = v .. '|' .. int(r.rdue) .. '|' .. int(r.rfirst) .. '|' .. int(r.rlast)
+  else
+    v = v .. '|||'
   end
-  return v
+  return v .. '|' .. (r.node or '')
 end
 
 local function dead(first, last, attempts, err)
@@ -151,7 +156,7 @@ local function adopter_of(rules_key, nodes_key, leader, name)
 end
 
 -- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
--- each with a fencing token from `c.seq`, leased until `c.lease_until`. Appends
+-- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
 -- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
 -- score is early (a re-touch moved its due time, kept in meta) is re-scored.
 local function claim_due(c, rule_index, due_key, inflight_key, limit)
@@ -175,7 +180,8 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   local states, leases = {}, {}
   for i, p in ipairs(take) do
     token = token + 1
-    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due}
+    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due,
+               node = c.node}
     states[2 * i - 1], states[2 * i] = p.key, running(r)
     leases[2 * i - 1], leases[2 * i] = c.lease_until, p.key
     c.claims[#c.claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last),
@@ -183,4 +189,21 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   end
   redis.call('HSET', c.meta, unpack(states))
   redis.call('ZADD', inflight_key, unpack(leases))
+end
+
+-- Append one finished refresh to the shard's history stream, capped near
+-- `maxlen` entries (approximate trimming: cheap); `maxlen` 0 keeps no history.
+-- `r` is the claim as it ran (nil for a claim taken over: token from the caller).
+local function record(history, maxlen, key, rule, node, token, r, start, ms, outcome, err)
+  if maxlen <= 0 then return end
+  local attempt = r and r.attempt or ''
+  if err then
+    redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'key', key, 'rule', rule,
+               'node', node, 'token', token, 'attempt', attempt, 'start', start, 'ms', ms,
+               'outcome', outcome, 'error', err)
+  else
+    redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'key', key, 'rule', rule,
+               'node', node, 'token', token, 'attempt', attempt, 'start', start, 'ms', ms,
+               'outcome', outcome)
+  end
 end

@@ -1,24 +1,28 @@
 -- ack.lua: finish claims whose refresh succeeded (one shard, one or more rules).
 --
--- KEYS[1] meta   KEYS[2] next-wake
--- KEYS[3+2g], KEYS[4+2g]   due:RULE and inflight:RULE of group g (g = 0, 1, ...)
--- ARGV[1] wake channel; then per group g: N, then N pairs (key, token)
+-- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history
+-- KEYS[4+2g], KEYS[5+2g]   due:RULE and inflight:RULE of group g (g = 0, 1, ...)
+-- ARGV[1] wake channel   ARGV[2] node id   ARGV[3] history length (0: none)
+-- then per group g: RULE, N, then N quadruples (key, token, start ms, duration ms)
 --
 -- A claim is finished only by the holder of its fencing token: an ack that
 -- carries an older token (the lease expired and the key was claimed again) is
 -- refused and reported, so a paused holder can never ack over a newer claim.
 -- A key touched while it ran goes back to pending with its re-armed due time.
+-- Each refresh is appended to the history: outcome "success", or "lost" for a
+-- refused (stale) ack.
 -- Returns {acked, re-armed, stale keys...}.
 
-local meta, next_key = KEYS[1], KEYS[2]
-local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 2
+local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
+local node, maxlen = ARGV[2], tonumber(ARGV[3])
+local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 4
 
-for g = 0, (#KEYS - 2) / 2 - 1 do
-  local due_key, inflight_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
-  local n = tonumber(ARGV[pos])
-  for i = pos + 1, pos + 2 * n, 2 do
-    local key = ARGV[i]
-    local r = held(meta, key, ARGV[i + 1])
+for g = 0, (#KEYS - 3) / 2 - 1 do
+  local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
+  local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
+  for i = pos + 2, pos + 1 + 4 * n, 4 do
+    local key, token = ARGV[i], ARGV[i + 1]
+    local r = held(meta, key, token)
     if r then
       redis.call('ZREM', inflight_key, key)
       local due = rearm(meta, due_key, key, r)
@@ -29,11 +33,14 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
         redis.call('HDEL', meta, key)
       end
       acked = acked + 1
+      record(history, maxlen, key, rule, node, token, r, ARGV[i + 2], ARGV[i + 3], 'success')
     else
       stale[#stale + 1] = key
+      record(history, maxlen, key, rule, node, token, nil, ARGV[i + 2], ARGV[i + 3], 'lost',
+             'succeeded, but its claim had been taken over (lease expired)')
     end
   end
-  pos = pos + 1 + 2 * n
+  pos = pos + 2 + 4 * n
 end
 wake(next_key, ARGV[1], earliest)
 return {acked, rearmed, unpack(stale)}

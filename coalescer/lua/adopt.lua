@@ -21,7 +21,7 @@ local holder = redis.call('GET', KEYS[1])
 if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[3]),
-           claims = {}}
+           node = node, claims = {}}
 local next_due, next_expiry, blocked, served = nil, nil, 0, 0
 
 local function head(zset)

@@ -3,7 +3,7 @@
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] next-wake   KEYS[5] nodes
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
 -- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms
--- ARGV[3] claim lease ms   ARGV[4] longest sleep ms   ARGV[5] node id
+-- ARGV[3] claim lease ms   ARGV[4] longest sleep ms   ARGV[5] node id (kept in each claim)
 -- ARGV[6+r] how many keys of rule r to claim at most (0 claims none)
 --
 -- Checks the caller still holds the shard's lease and renews it, in this same
@@ -62,7 +62,8 @@ local function claim_rule(rule_index, due_key, inflight_key, limit)
   local states, leases = {}, {}
   for i, p in ipairs(take) do
     token = token + 1
-    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due}
+    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due,
+               node = ARGV[5]}
     states[2 * i - 1], states[2 * i] = p.key, running(r)
     leases[2 * i - 1], leases[2 * i] = lease_until, p.key
     claims[#claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last), r.attempt,

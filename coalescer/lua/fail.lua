@@ -1,19 +1,22 @@
 -- fail.lua: finish claims whose refresh failed or timed out.
 --
--- KEYS[1] meta   KEYS[2] next-wake
--- KEYS[3+3g], KEYS[4+3g], KEYS[5+3g]   due:RULE, inflight:RULE, dead:RULE of group g
--- ARGV[1] wake channel; then per group g: MAX_ATTEMPTS, N, then N quadruples
---         (key, token, retry delay ms, error text)
+-- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history
+-- KEYS[4+3g], KEYS[5+3g], KEYS[6+3g]   due:RULE, inflight:RULE, dead:RULE of group g
+-- ARGV[1] wake channel   ARGV[2] node id   ARGV[3] history length (0: none)
+-- then per group g: RULE, MAX_ATTEMPTS, N, then N septuples (key, token,
+-- retry delay ms, error text, outcome "failure" or "timeout", start ms, duration ms)
 --
 -- Only the holder of the claim's fencing token may fail it (else: stale). An
 -- attempt below MAX_ATTEMPTS is retried after its delay (the caller draws the
 -- backoff and jitter), keeping the burst's first touch; the last attempt
 -- dead-letters the key, unless it was touched while it ran, which counts as a
--- new touch: a new burst with fresh attempts.
+-- new touch: a new burst with fresh attempts. Each try is appended to the
+-- history with its outcome and error ("lost" for a stale one).
 -- Returns {retried, dead, stale keys...}.
 
-local meta, next_key, now = KEYS[1], KEYS[2], now_ms()
-local retried, died, stale, earliest, pos = 0, 0, {}, nil, 2
+local meta, next_key, history, now = KEYS[1], KEYS[2], KEYS[3], now_ms()
+local node, maxlen = ARGV[2], tonumber(ARGV[3])
+local retried, died, stale, earliest, pos = 0, 0, {}, nil, 4
 
 local function retry(due_key, key, r, delay)
   local first, last = r.first, r.last
@@ -31,25 +34,28 @@ local function give_up(due_key, dead_key, key, r, err)
   return nil
 end
 
-for g = 0, (#KEYS - 2) / 3 - 1 do
-  local due_key, inflight_key, dead_key = KEYS[3 + 3 * g], KEYS[4 + 3 * g], KEYS[5 + 3 * g]
-  local max_attempts, n = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  for i = pos + 2, pos + 1 + 4 * n, 4 do
-    local key = ARGV[i]
-    local r = held(meta, key, ARGV[i + 1])
+for g = 0, (#KEYS - 3) / 3 - 1 do
+  local due_key, inflight_key, dead_key = KEYS[4 + 3 * g], KEYS[5 + 3 * g], KEYS[6 + 3 * g]
+  local rule, max_attempts, n = ARGV[pos], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+  for i = pos + 3, pos + 2 + 7 * n, 7 do
+    local key, token, err = ARGV[i], ARGV[i + 1], ARGV[i + 3]
+    local r = held(meta, key, token)
     if not r then
       stale[#stale + 1] = key
+      record(history, maxlen, key, rule, node, token, nil, ARGV[i + 5], ARGV[i + 6], 'lost', err)
     else
       redis.call('ZREM', inflight_key, key)
       if r.attempt < max_attempts then
         earliest = min(earliest, retry(due_key, key, r, tonumber(ARGV[i + 2])))
         retried = retried + 1
       else
-        earliest = min(earliest, give_up(due_key, dead_key, key, r, ARGV[i + 3]))
+        earliest = min(earliest, give_up(due_key, dead_key, key, r, err))
       end
+      record(history, maxlen, key, rule, node, token, r, ARGV[i + 5], ARGV[i + 6], ARGV[i + 4],
+             err)
     end
   end
-  pos = pos + 2 + 4 * n
+  pos = pos + 3 + 7 * n
 end
 wake(next_key, ARGV[1], earliest)
 return {retried, died, unpack(stale)}

@@ -4,11 +4,11 @@
 -- ARGV[1] wake channel; ARGV[2...] the keys
 --
 -- Each key that is dead goes back to pending, due now, with fresh attempts.
--- Keys that are not dead are left alone.
--- Returns {keys re-queued}.
+-- Keys that are not dead are left alone and reported.
+-- Returns {keys re-queued, keys that were not dead...}.
 
 local meta, next_key, due_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, requeued = now_ms(), 0
+local now, requeued, not_dead = now_ms(), 0, {}
 
 for i = 2, #ARGV do
   local key = ARGV[i]
@@ -16,7 +16,9 @@ for i = 2, #ARGV do
   if s and s.kind == 'D' and redis.call('ZREM', dead_key, key) == 1 then
     schedule(meta, due_key, key, s.first, s.last, 0, now)
     requeued = requeued + 1
+  else
+    not_dead[#not_dead + 1] = key
   end
 end
 if requeued > 0 then wake(next_key, ARGV[1], now) end
-return {requeued}
+return {requeued, unpack(not_dead)}
