@@ -24,6 +24,7 @@ from .flusher import Flusher
 from .handlers import Invoke, invoker_for
 from .keys import KeySpace
 from .leadership import Leadership
+from .leadlog import LeadLog
 from .metrics import Metrics
 from .poller import Poller
 from .rules import Config, HttpHandler
@@ -73,6 +74,7 @@ class Coalescer:
         self._closed = asyncio.Event()
         self._seen: tuple[int, int] = (0, 0)
         self._led: set[int] = set()
+        self._lead_log = LeadLog(self.node_id, config.shards, self._led)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -220,7 +222,7 @@ class Coalescer:
             self._leaderships.append(Leadership(
                 shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
                 leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
-                metrics=self.metrics))
+                metrics=self.metrics, lead_log=self._lead_log))
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
         listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
         self._spawn("wakeups", listener.run())
@@ -244,6 +246,8 @@ class Coalescer:
             await asyncio.sleep(1.0)
             self.sync_metrics()
             self.metrics.buffered.set(len(self._absorber))
+            if self._leaderships:
+                self._lead_log.tick()
 
     async def close(self) -> None:
         """Stop taking work, flush, drain refreshes up to ``grace``, release leases.
@@ -271,6 +275,7 @@ class Coalescer:
         if self._leaderships:
             await self._quietly("release leases", asyncio.gather(
                 *(ls_.stopped() for ls_ in self._leaderships)))
+            self._lead_log.tick(final=True)
         if self._runner is not None:
             await self._runner.drain(self.grace)
             await self._quietly("record results", self._runner.flush_outbox(), timeout=5.0)

@@ -2,10 +2,10 @@
 
 A node makes one call per shard at a time (upserts, claims, leases), and a
 deployment may have up to 16,384 shards, so connections must not grow with the
-shard count: a single server is reached through a bounded blocking pool (a
-caller waits for a free connection, up to ``POOL_TIMEOUT``), and ``Scripts``
-bounds its own concurrent calls below that (which also keeps a Redis Cluster's
-per-node pools, which raise instead of waiting, from running out).
+shard count: script calls travel in a few pipelines at a time (``batching``),
+and a single server is reached through a bounded blocking pool (a caller waits
+for a free connection, up to ``POOL_TIMEOUT``, instead of failing). A Redis
+Cluster's per-node pools have the same bound.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-MAX_CONNECTIONS = 32  # per client (per cluster node): script calls, pub/sub, status, ping
+MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
 POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
 
 

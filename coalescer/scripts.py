@@ -8,19 +8,15 @@ script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .batching import ScriptBatcher
 from .errors import NotLeaderError, ScriptError
 from .keys import ShardKeys
 
-# Script calls in flight at once per client, whatever the shard count: below the
-# connection pool's bound (connection.MAX_CONNECTIONS), which leaves room for pub/sub
-# and status reads; more callers queue here, in order.
-MAX_CONCURRENT_CALLS = 24
 KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
 
 SCRIPT_NAMES = (
@@ -114,11 +110,10 @@ class Scripts:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
-        self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self._batcher = ScriptBatcher(redis)  # calls travel in pipelines, never one per shard
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        async with self._slots:
-            return await self._scripts[name](keys=list(keys), args=list(args))
+        return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
         """Schedule the groups' keys; returns how many were scheduled."""

@@ -44,14 +44,14 @@ def problems(records: list[logging.LogRecord]) -> list[str]:
             if r.levelno >= logging.WARNING or r.exc_info]
 
 
-@pytest.mark.parametrize("shards", [1, 512, 4096])
+@pytest.mark.parametrize("shards", [1, 512])
 async def test_many_shards_refresh_every_key_on_bounded_connections_and_close_cleanly(
         shards: int, own_server: ValkeyProcess, namespace: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     path, rec = recorder_rules(tmp_path, f"rec_{namespace}",
                                RULES.format(ns=namespace, shards=shards, mod="{mod}"))
-    keys = [f"stats:{i}" for i in range(max(50, 2 * shards))]
+    keys = [f"stats:{i}" for i in range(min(2000, max(50, 2 * shards)))]
     before = received(own_server)
     async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as writer:
         writer.touch_many(keys)
