@@ -8,7 +8,8 @@ and at most ``MAX_PIPELINES`` senders each take up to ``MAX_BATCH`` queued calls
 and send them as one pipeline (non-transactional; in a Redis Cluster, redis-py
 sends each node the calls of its own slots). Every call is still its own atomic
 script: batching changes how calls travel, not what they do. A lone call goes
-out at once, in a pipeline of one.
+out at once, in a pipeline of one. redis-py refuses scripts in a Redis Cluster
+pipeline, so there calls go one by one, at most ``MAX_CLUSTER_CALLS`` at once.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 MAX_PIPELINES = 4  # pipelines in flight at once: the connections script calls use
 MAX_BATCH = 256  # calls per pipeline: keeps each one short, so others are not held up
+MAX_CLUSTER_CALLS = 8  # calls in flight at once on a Redis Cluster (below its pool bound)
 
 
 @dataclass(slots=True)
@@ -39,8 +42,13 @@ class ScriptBatcher:
         self._queue: list[_Call] = []
         self._senders: set[asyncio.Task[None]] = set()
         self._active = 0  # senders still taking from the queue
+        self._cluster_slots = (asyncio.Semaphore(MAX_CLUSTER_CALLS)
+                               if isinstance(redis, RedisCluster) else None)
 
     async def call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        if self._cluster_slots is not None:
+            async with self._cluster_slots:
+                return await script(keys=keys, args=args)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append(_Call(script, keys, args, future))
         if self._active < MAX_PIPELINES:
