@@ -37,6 +37,7 @@ from .handlers import Invoke, invoker_for
 from .history import HistoryQuery, Refresh, read_history
 from .keys import KeySpace
 from .leadership import Leadership
+from .leadlog import LeadLog
 from .metrics import Metrics
 from .poller import Poller
 from .registry import RegistryWatch, encode
@@ -99,6 +100,7 @@ class Coalescer:
         self._pid = os.getpid()
         self._forked_from: int | None = None
         forksafe.track(self)
+        self._lead_log = LeadLog(self.node_id, config.shards, self._led)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -317,7 +319,7 @@ class Coalescer:
                 shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
                 leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
                 metrics=self.metrics, adopter=adopter, rules_entry=encode(cfg.rules),
-                registry=registry))
+                registry=registry, lead_log=self._lead_log))
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
         listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
         self._spawn("wakeups", listener.run())
@@ -343,6 +345,8 @@ class Coalescer:
             await asyncio.sleep(1.0)
             self.sync_metrics()
             self.metrics.buffered.set(len(self._absorber))
+            if self._leaderships:
+                self._lead_log.tick()
 
     async def close(self) -> None:
         """Stop taking work, flush, drain refreshes up to ``grace``, release leases.
@@ -370,6 +374,7 @@ class Coalescer:
         if self._leaderships:
             await self._quietly("release leases", asyncio.gather(
                 *(ls_.stopped() for ls_ in self._leaderships)))
+            self._lead_log.tick(final=True)
         if self._runner is not None:
             await self._runner.drain(self.grace)
             await self._quietly("record results", self._runner.flush_outbox(), timeout=5.0)

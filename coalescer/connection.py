@@ -1,11 +1,19 @@
-"""Redis connections: a single server or a Redis Cluster, detected from one URL (SPEC §5)."""
+"""Redis connections: a single server or a Redis Cluster, detected from one URL.
+
+A node makes one call per shard at a time (upserts, claims, leases), and a
+deployment may have up to 16,384 shards, so connections must not grow with the
+shard count: script calls travel in a few pipelines at a time (``batching``),
+and a single server is reached through a bounded blocking pool (a caller waits
+for a free connection, up to ``POOL_TIMEOUT``, instead of failing). A Redis
+Cluster's per-node pools have the same bound.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -13,6 +21,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .urls import redact
+
+MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
+POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
 
 
 def _options() -> dict[str, Any]:
@@ -50,7 +61,9 @@ async def connect(url: str) -> Connection:
     In a cluster, PUBLISH reaches subscribers on every node, so pub/sub uses a
     plain connection to the node the URL names.
     """
-    plain = Redis.from_url(url, **_options())
+    pool = BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS,
+                                           timeout=POOL_TIMEOUT, **_options())
+    plain = Redis.from_pool(pool)
     try:
         info = await plain.info("cluster")
     except BaseException:
@@ -60,6 +73,6 @@ async def connect(url: str) -> Connection:
         return Connection(url, plain, plain, cluster=False)
     options = _options()
     options.pop("health_check_interval")
-    cluster = RedisCluster.from_url(url, **options)
+    cluster = RedisCluster.from_url(url, max_connections=MAX_CONNECTIONS, **options)
     await cluster.initialize()
     return Connection(url, cluster, plain, cluster=True)

@@ -24,6 +24,7 @@ from .adopter import Adopter
 from .backoff import Backoff
 from .errors import NotLeaderError
 from .keys import ShardKeys
+from .leadlog import LeadLog
 from .metrics import Metrics
 from .poller import Poller
 from .registry import RegistryWatch
@@ -38,7 +39,7 @@ class Leadership:
     def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
                  leader_lease: float, total_shards: int, led: set[int], metrics: Metrics,
                  adopter: Adopter | None = None, rules_entry: str = "",
-                 registry: RegistryWatch | None = None) -> None:
+                 registry: RegistryWatch | None = None, lead_log: LeadLog) -> None:
         self._shard = shard
         self._scripts = scripts
         self.poller = poller
@@ -50,6 +51,7 @@ class Leadership:
         self.adopter = adopter
         self._rules_entry = rules_entry  # registry.encode() of this node's rules
         self._registry = registry
+        self._lead_log = lead_log  # the node's one-line summary, not a line per shard
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
         self.released = asyncio.Event()
         self._yielded = False
@@ -98,13 +100,16 @@ class Leadership:
                 await self._round()
                 backoff.reset()
             except NotLeaderError:
-                log.warning("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
+                log.debug("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
+                self._lead_log.lost()
                 self._step_down(forget=True)
             except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("leadership").inc()
                 self._step_down(forget=False)
-                backoff.log(log, "shard %d: leadership round failed, will retry: %r",
-                            self._shard.shard, exc)
+                if not backoff.failing:
+                    self._lead_log.failing(exc)
+                log.debug("shard %d: leadership round failed, will retry: %r",
+                          self._shard.shard, exc)
                 await asyncio.sleep(backoff.next())
         await self.release()
 
@@ -123,7 +128,8 @@ class Leadership:
             await self._stand_by(state)
             return
         if not self.leading:
-            log.info("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id, state.epoch)
+            log.debug("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id,
+                      state.epoch)
             if self.adopter is not None:
                 self.adopter.stop_serving()
         self.value = state.holder
@@ -145,7 +151,7 @@ class Leadership:
         if self._stopping:
             return
         if self.value is not None:
-            log.info("shard %d: handing back to rebalance across nodes", self._shard.shard)
+            log.debug("shard %d: handing back to rebalance across nodes", self._shard.shard)
             await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
                                         leave=False)
         self._step_down(forget=True)
@@ -202,7 +208,7 @@ class Leadership:
         released = await self._scripts.release(self._shard, value=self.value or "",
                                                node_id=self._node_id, leave=True)
         if released:
-            log.info("shard %d: %s released its lease", self._shard.shard, self._node_id)
+            log.debug("shard %d: %s released its lease", self._shard.shard, self._node_id)
         self._step_down(forget=True)
 
     def on_message(self, data: Any) -> None:

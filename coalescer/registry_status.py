@@ -18,49 +18,71 @@ from typing import Any
 from .keys import KeySpace, ShardKeys
 from .registry import compare, decode
 from .rules import Config
-from .scripts import Peer, Scripts
+from .scripts import Peer
 
 
 async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> None:
-    """Extend ``status`` (from gather_status) with the registry's view."""
+    """Extend ``status`` (from gather_status) with the registry's view.
+
+    Every worker heartbeats every shard, so shard 0's registry lists them all: one
+    pipelined read, plus one for the counts of rules this rules file lacks.
+    """
     space = KeySpace(config.namespace, config.shards)
-    scripts = Scripts(redis)
-    live_ms = round(2 * config.leader_lease * 1000)
-    nodes: dict[str, Peer] = {}
-    names: set[str] = set()
-    for sk in space.all_shards():
-        _, peers = await scripts.peers(sk, live_ms)
-        for peer in peers:
-            seen = nodes.get(peer.node)
-            if seen is None or (peer.rules and not seen.rules):
-                nodes[peer.node] = peer
-        names |= set(await redis.smembers(sk.rule_names))
-    known = {node: decode(p.rules) for node, p in sorted(nodes.items())}
-    status["nodes"] = [{"node": node, "last_seen_ms": nodes[node].last_seen_ms, "rules": rules}
-                       for node, rules in known.items()]
+    nodes, names = await _read_registry(redis, space.shard(0),
+                                        round(2 * config.leader_lease * 1000))
+    known = {p.node: decode(p.rules) for p in nodes}
+    status["nodes"] = [{"node": p.node, "last_seen_ms": p.last_seen_ms, "rules": known[p.node]}
+                       for p in nodes]
     mismatch = compare(known)
     status["rules_mismatch"] = {"missing": mismatch.missing, "differing": mismatch.differing}
     rules = status["rules"]
-    for name in sorted(names - rules.keys()):
-        rules[name] = await _counts(redis, space.all_shards(), name)
+    foreign = sorted(names - rules.keys())
+    if foreign:
+        rules.update(await _counts(redis, space.all_shards(), foreign))
     for name, entry in rules.items():
         entry.setdefault("in_rules_file", True)
         entry["known_by"] = [node for node, r in known.items() if name in r]
         entry["unserved"] = entry["pending"] > 0 and not entry["known_by"]
 
 
-async def _counts(redis: Any, shards: list[ShardKeys], name: str) -> dict[str, Any]:
-    """Pending, in-flight and dead counts and next due of a rule this rules file lacks."""
-    entry: dict[str, Any] = {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None,
-                             "in_rules_file": False}
+async def _read_registry(redis: Any, sk: ShardKeys, live_ms: int) -> tuple[list[Peer], set[str]]:
+    """The live worker nodes of shard ``sk`` (sorted by id), and every rule name registered."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(sk.nodes, 0, -1, withscores=True)
+    pipe.hgetall(sk.rules)
+    pipe.smembers(sk.rule_names)
+    (secs, micros), seen, entries, names = await pipe.execute()
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    peers = [Peer(str(node), int(last), str(entries.get(node, "")))
+             for node, last in sorted(seen) if last >= now_ms - live_ms]
+    return peers, {str(n) for n in names}
+
+
+async def _counts(redis: Any, shards: list[ShardKeys],
+                  names: list[str]) -> dict[str, dict[str, Any]]:
+    """Pending, in-flight and dead counts and next due of rules this rules file lacks."""
+    pipe = redis.pipeline(transaction=False)
     for sk in shards:
-        entry["pending"] += await redis.zcard(sk.due(name))
-        entry["in_flight"] += await redis.zcard(sk.inflight(name))
-        entry["dead"] += await redis.zcard(sk.dead(name))
-        head = await redis.zrange(sk.due(name), 0, 0, withscores=True)
-        if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
-            entry["next_due_ms"] = int(head[0][1])
-    return entry
+        for name in names:
+            pipe.zcard(sk.due(name))
+            pipe.zcard(sk.inflight(name))
+            pipe.zcard(sk.dead(name))
+            pipe.zrange(sk.due(name), 0, 0, withscores=True)
+    replies = iter(await pipe.execute())
+    out: dict[str, dict[str, Any]] = {
+        name: {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None,
+               "in_rules_file": False} for name in names}
+    for _ in shards:
+        for name in names:
+            entry = out[name]
+            entry["pending"] += int(next(replies))
+            entry["in_flight"] += int(next(replies))
+            entry["dead"] += int(next(replies))
+            head = next(replies)
+            if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
+                entry["next_due_ms"] = int(head[0][1])
+    return out
 
 
 def format_registry(status: dict[str, Any]) -> list[str]:

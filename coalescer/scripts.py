@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .batching import ScriptBatcher
 from .errors import NotLeaderError, ScriptError
 from .keys import ShardKeys
 
@@ -160,9 +161,10 @@ class Scripts:
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self._batcher = ScriptBatcher(redis)  # calls travel in pipelines, never one per shard
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
+        return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
         """Schedule the groups' keys; returns how many were scheduled."""

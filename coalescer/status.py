@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .history import RECENT, recent_by_rule
-from .keys import KeySpace
+from .keys import KeySpace, ShardKeys
 from .registry_status import add_registry, format_registry
 from .rules import Config
 
 DEAD_LISTED = 20
+RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
+
+
+def recent_per_shard(shards: int) -> int:
+    """How many of each shard's newest refreshes the recent failure rate reads."""
+    return max(1, min(RECENT, RECENT_TOTAL // max(1, shards)))
 
 
 def _leader_node(value: str | None) -> str | None:
@@ -26,34 +33,71 @@ def _dead_entry(key: str, rule: str, since: float, meta: str | None) -> dict[str
     return {"key": key, "rule": rule, "since_ms": int(since), "attempts": attempts, "error": error}
 
 
+def _queue_shard(pipe: Any, sk: ShardKeys, rules: list[str]) -> None:
+    """Queue one shard's reads: its leader, then five reads per rule (see _read_rule)."""
+    pipe.get(sk.leader)
+    for name in rules:
+        pipe.zcard(sk.due(name))
+        pipe.zcard(sk.inflight(name))
+        pipe.zcard(sk.dead(name))
+        pipe.zrange(sk.due(name), 0, 0, withscores=True)
+        pipe.zrange(sk.dead(name), 0, DEAD_LISTED - 1, withscores=True)
+
+
+def _read_rule(entry: dict[str, Any], replies: Iterator[Any]) -> list[tuple[str, float]]:
+    """Add one shard's replies for one rule to its entry; returns its listed dead keys."""
+    entry["pending"] += int(next(replies))
+    entry["in_flight"] += int(next(replies))
+    entry["dead"] += int(next(replies))
+    head = next(replies)
+    if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
+        entry["next_due_ms"] = int(head[0][1])
+    return [(str(key), float(since)) for key, since in next(replies)]
+
+
 async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
-    """Leader per shard, pending / in-flight / dead per rule, next due, dead letters."""
+    """Leader per shard, pending / in-flight / dead per rule, next due, dead letters.
+
+    Two pipelined round trips whatever the shard count (one when nothing is dead):
+    every count and head, then the state of the dead letters listed. A Redis
+    Cluster pipeline sends each node the reads of its own slots.
+    """
     space = KeySpace(config.namespace, config.shards)
+    names = [r.name for r in config.rules]
     rules: dict[str, dict[str, Any]] = {
-        r.name: {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None}
-        for r in config.rules}
-    shards, dead = [], []
+        name: {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None} for name in names}
+    pipe = redis.pipeline(transaction=False)
     for sk in space.all_shards():
-        leader = await redis.get(sk.leader)
+        _queue_shard(pipe, sk, names)
+    replies = iter(await pipe.execute())
+    shards: list[dict[str, Any]] = []
+    listed: list[tuple[ShardKeys, str, str, float]] = []
+    for sk in space.all_shards():
+        leader = next(replies)
         shards.append({"shard": sk.shard, "leader": _leader_node(leader),
                        "epoch": int(leader.split("|", 1)[0]) if leader else None})
-        for rule in config.rules:
-            entry = rules[rule.name]
-            entry["pending"] += await redis.zcard(sk.due(rule.name))
-            entry["in_flight"] += await redis.zcard(sk.inflight(rule.name))
-            entry["dead"] += await redis.zcard(sk.dead(rule.name))
-            head = await redis.zrange(sk.due(rule.name), 0, 0, withscores=True)
-            if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
-                entry["next_due_ms"] = int(head[0][1])
-            for key, since in await redis.zrange(sk.dead(rule.name), 0, DEAD_LISTED - 1,
-                                                 withscores=True):
-                dead.append(_dead_entry(key, rule.name, since, await redis.hget(sk.meta, key)))
-    for name, recent in (await recent_by_rule(redis, config)).items():
-        rules[name]["recent"] = recent
+        for name in names:
+            listed += [(sk, key, name, since) for key, since in _read_rule(rules[name], replies)]
+    dead = await _dead_letters(redis, listed[:DEAD_LISTED])
+    recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
+    for name, counts in recent.items():
+        rules[name]["recent"] = counts
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
-              "dead_letters": dead[:DEAD_LISTED]}
+              "dead_letters": dead}
     await add_registry(redis, config, status)
     return status
+
+
+async def _dead_letters(redis: Any,
+                        listed: list[tuple[ShardKeys, str, str, float]]) -> list[dict[str, Any]]:
+    if not listed:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for sk, key, _, _ in listed:
+        pipe.hget(sk.meta, key)
+    metas = await pipe.execute()
+    return [_dead_entry(key, rule, since, meta)
+            for (_, key, rule, since), meta in zip(listed, metas, strict=True)]
 
 
 def _when(ms: int | None, now_ms: int) -> str:
@@ -84,7 +128,7 @@ def format_status(status: dict[str, Any], now_ms: int) -> str:
 
 def _recent_lines(status: dict[str, Any]) -> list[str]:
     """Failures among each rule's recent refreshes (from the shards' histories)."""
-    lines = ["", f"RECENT REFRESHES (newest {RECENT} per shard)"]
+    lines = ["", f"RECENT REFRESHES (newest {recent_per_shard(len(status['shards']))} per shard)"]
     for name, r in status["rules"].items():
         recent = r.get("recent") or {"refreshes": 0, "failed": 0}
         lines.append(f"  {name:<24} failures {recent['failed']} of last {recent['refreshes']}")

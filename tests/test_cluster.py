@@ -47,6 +47,9 @@ async def test_cluster_url_is_detected_and_every_shard_is_one_slot(cluster: Clus
                                                                 sk.leader, sk.inflight("stats"))}
             assert len(slots) == 1, f"shard {sk.shard} spans slots {slots}"
         assert pending == 20
+        status = await c.status()  # pipelined reads, each sent to the node of its slot
+        assert status["rules"]["stats"]["pending"] == 20
+        assert [s["shard"] for s in status["shards"]] == list(range(6))
 
 
 async def test_three_nodes_share_six_shards_evenly_and_refresh_everything(

@@ -1,0 +1,103 @@
+"""Script calls of many shards, sent together: pipelines instead of one round trip each.
+
+A node makes one call per shard at a time (claims, lease renewals, upserts), and
+a deployment may have up to 16,384 shards. Sent one by one, each call costs a
+round trip, a pooled connection and a few hundred microseconds of Python; at
+thousands of shards that is more than a node has. Here every call joins a queue,
+and at most ``MAX_PIPELINES`` senders each take up to ``MAX_BATCH`` queued calls
+and send them as one pipeline (non-transactional; in a Redis Cluster, redis-py
+sends each node the calls of its own slots). Every call is still its own atomic
+script: batching changes how calls travel, not what they do. A lone call goes
+out at once, in a pipeline of one. redis-py refuses scripts in a Redis Cluster
+pipeline, so there calls go one by one, at most ``MAX_CLUSTER_CALLS`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+MAX_PIPELINES = 4  # pipelines in flight at once: the connections script calls use
+MAX_BATCH = 256  # calls per pipeline: keeps each one short, so others are not held up
+MAX_CLUSTER_CALLS = 8  # calls in flight at once on a Redis Cluster (below its pool bound)
+
+
+@dataclass(slots=True)
+class _Call:
+    script: Any  # a registered redis-py Script
+    keys: list[str]
+    args: list[Any]
+    future: asyncio.Future[Any]
+
+
+class ScriptBatcher:
+    """Queues script calls and sends them in pipelines."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._queue: list[_Call] = []
+        self._senders: set[asyncio.Task[None]] = set()
+        self._active = 0  # senders still taking from the queue
+        self._cluster_slots = (asyncio.Semaphore(MAX_CLUSTER_CALLS)
+                               if isinstance(redis, RedisCluster) else None)
+
+    async def call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        if self._cluster_slots is not None:
+            async with self._cluster_slots:
+                return await script(keys=keys, args=args)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Call(script, keys, args, future))
+        if self._active < MAX_PIPELINES:
+            self._active += 1
+            sender = asyncio.ensure_future(self._drain())
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                await self._send_or_fail(batch)
+        finally:
+            self._active -= 1  # no await since the queue was seen empty: nothing strands
+
+    async def _send_or_fail(self, batch: list[_Call]) -> None:
+        try:
+            await self._send(batch)
+        except BaseException as exc:  # the connection failed: every caller hears of it
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _send(self, batch: list[_Call]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for call in batch:
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        replies = await pipe.execute(raise_on_error=False)
+        for call, reply in zip(batch, replies, strict=True):
+            if isinstance(reply, NoScriptError):  # the server lost it: load it, run it again
+                await self._call_alone(call)
+            elif call.future.done():
+                continue
+            elif isinstance(reply, Exception):
+                call.future.set_exception(reply)
+            else:
+                call.future.set_result(reply)
+
+    @staticmethod
+    async def _call_alone(call: _Call) -> None:
+        try:
+            result = await call.script(keys=call.keys, args=call.args)
+        except Exception as exc:
+            if not call.future.done():
+                call.future.set_exception(exc)
+        else:
+            if not call.future.done():
+                call.future.set_result(result)
