@@ -54,6 +54,10 @@ class Metrics:
                               "touched keys buffered in process, not yet in Redis", registry=r)
         self.redis_errors = Counter("coalescer_redis_errors_total",
                                     "Redis errors met by background loops", ["loop"], registry=r)
+        self.dropped_keys = Counter(
+            "coalescer_dropped_keys_total",
+            "touched keys dropped because Redis refused them for good, by reason",
+            ["reason"], registry=r)
 
         self._rules: dict[str, RuleMetrics] = {}
 
