@@ -10,9 +10,11 @@
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
 -- backoff). A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
--- A key whose own state cannot be updated (an error while touching it, e.g. a
+-- A key whose own state cannot be read (a script error while touching it, e.g. a
 -- corrupted meta entry) is skipped, and returned with the error, while every other
--- key is scheduled: one bad key never fails the others.
+-- key is scheduled: one bad key never fails the others. An error reply of a Redis
+-- command (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the
+-- key: it fails the whole call.
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
 --          {key, error, key, error, ...} of the keys that failed}.
 
@@ -51,9 +53,13 @@ local function touch(due_key, dead_key, key, window, max_wait, fresh, adds)
   return nil
 end
 
-local function error_text(e)
-  if type(e) == 'table' then return tostring(e.err or e[1]) end
-  return tostring(e)
+-- The text of a key's own error; a command's error reply ("CODE message", or a
+-- table in some servers) is raised again, code kept, and fails the whole call.
+local function key_error(e)
+  if type(e) == 'table' then error(e) end
+  e = tostring(e)
+  if string.match(e, '^%u+ ') then error(redis.error_reply(e)) end
+  return e
 end
 
 local earliest, scheduled, pos, failed = nil, 0, 2, {}
@@ -71,7 +77,7 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
       earliest = min(earliest, due)
       scheduled = scheduled + 1
     else
-      failed[#failed + 1], failed[#failed + 2] = key, error_text(due)
+      failed[#failed + 1], failed[#failed + 2] = key, key_error(due)
     end
   end
   for i = 1, #adds, 4000 do
