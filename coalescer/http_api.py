@@ -66,9 +66,13 @@ class Refusal(Exception):
         super().__init__(message)
         self.status = status
         self.body: dict[str, Any] = {"error": message, **extra}
+        self.close = False  # answer with "Connection: close"
 
     def response(self) -> web.Response:
-        return web.json_response(self.body, status=self.status)
+        response = web.json_response(self.body, status=self.status)
+        if self.close:
+            response.force_close()
+        return response
 
 
 # --- /touch body validation ------------------------------------------------------------
@@ -167,6 +171,16 @@ def check_content_type(request: web.Request) -> None:
     charset = request.charset
     if charset is not None and charset.lower() not in _CHARSETS:
         raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")
+
+
+def _unreadable(request: web.Request, exc: Exception) -> Refusal:
+    """A body that cannot be decoded: answer, then close the connection (its framing is
+    lost) without reading the rest of it (aiohttp would meet the same error again)."""
+    why = " ".join(str(exc).split()).removeprefix("400, message: ")
+    refusal = Refusal(400, f"the body cannot be read: {why}")
+    refusal.close = True
+    request.content.feed_eof()
+    return refusal
 
 
 # --- middlewares -----------------------------------------------------------------------
@@ -305,8 +319,7 @@ class HttpApi:
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         except RequestPayloadError as exc:
-            why = " ".join(str(exc).split()).removeprefix("400, message: ")
-            raise Refusal(400, f"the body cannot be read: {why}") from None
+            raise _unreadable(request, exc) from None
         except ConnectionResetError:
             log.info("POST %s: the client %s left before the body ended", request.path,
                      request.remote)
