@@ -9,6 +9,8 @@ from .errors import (
     ClosedError,
     CoalescerError,
     ConfigError,
+    InvalidKeyError,
+    KeyRefusedError,
     UnknownKeyError,
     WebhookError,
 )
@@ -23,6 +25,8 @@ __all__ = [
     "CoalescerError",
     "Config",
     "ConfigError",
+    "InvalidKeyError",
+    "KeyRefusedError",
     "Rule",
     "SyncCoalescer",
     "UnknownKeyError",

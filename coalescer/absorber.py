@@ -9,24 +9,38 @@ time-aware cache whose entries live for the rule's ``absorb`` interval; a key
 touched again while it is recent is *held* until its entry expires, so a hot key
 costs at most one Redis write per absorb interval. Everything else is sent as
 soon as the flusher is free: writes are group-committed, one Lua call per shard.
+
+A key is checked once, on the touch that brings it into ``pending`` (the same
+place its rule is matched): a key Redis cannot store is refused there. The age of
+the oldest unwritten touch is tracked per batch: ``pending`` has the time it last
+went from empty to non-empty, each taken batch the stamp it left with.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cachetools import TLRUCache
 
 from .errors import BackpressureError
+from .keycheck import check_key
 
 Matcher = Callable[[str], Any]  # key -> its Rule; raises UnknownKeyError
 
 
 def _expires(_key: str, expiry: float, _now: float) -> float:
     return expiry
+
+
+class Batch(dict[str, Any]):
+    """Keys taken for one write (key -> rule); ``since`` is when the oldest was touched,
+    on the ``time.monotonic()`` clock."""
+
+    since: float
 
 
 class Absorber:
@@ -37,6 +51,8 @@ class Absorber:
         self._max_keys = max_keys
         self._pending: dict[str, Any] = {}
         self._taken = 0  # keys taken for a write that has not yet succeeded or failed
+        self._pending_since: float | None = None  # oldest touch in ``pending``, about
+        self._taken_since: Counter[float] = Counter()  # a batch's stamp -> keys unfinished
         self._recent: TLRUCache[str, float] = TLRUCache(maxsize=max_keys, ttu=_expires)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
@@ -58,7 +74,8 @@ class Absorber:
             self.touches += 1
             self.absorbed += 1
             return
-        rule = self._match(key)  # an unknown key is refused here: not counted
+        check_key(key)  # a key Redis cannot store is refused here: not counted
+        rule = self._match(key)  # so is an unknown key
         self.touches += 1
         with self._lock:
             if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
@@ -67,6 +84,8 @@ class Absorber:
                     f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
                     "and not yet written to Redis (is Redis reachable?)")
             self._pending[key] = rule
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
         # Wake the flusher even for a held key: it then sleeps to the key's release
         # time, instead of its idle check, so the touch is written within ``absorb``.
         if self.idle:
@@ -74,8 +93,9 @@ class Absorber:
             self._wake()
 
     def touch_many(self, keys: list[str]) -> None:
-        """Buffer every key or none: UnknownKeyError or BackpressureError apply nothing."""
-        rules = {key: self._match(key) for key in keys}
+        """Buffer every key or none: a refused key (KeyRefusedError) or BackpressureError
+        applies nothing."""
+        rules = {key: self._rule(key) for key in keys}
         with self._lock:
             new = [key for key in rules if key not in self._pending]
             if len(self._pending) + self._taken + len(new) > self._max_keys:
@@ -84,6 +104,8 @@ class Absorber:
                     f"buffered (the bound is {self._max_keys}) and not yet written to Redis "
                     "(is Redis reachable?)")
             self._pending.update(rules)
+            if new and self._pending_since is None:
+                self._pending_since = time.monotonic()
             fresh = bool(new)  # held keys too (see touch)
             self.touches += len(keys)
             self.absorbed += len(keys) - len(new)
@@ -91,40 +113,95 @@ class Absorber:
             self.idle = False
             self._wake()
 
-    def take(self, *, everything: bool = False) -> dict[str, Any]:
+    def _rule(self, key: str) -> Any:
+        check_key(key)
+        return self._match(key)
+
+    def take(self, *, everything: bool = False) -> Batch:
         """Remove and return the keys ready to write (all of them with ``everything``)."""
         with self._lock:
+            ready = Batch()
+            ready.since = self._pending_since or time.monotonic()
             if everything:
-                ready, self._pending = self._pending, {}
+                ready.update(self._pending)
+                self._pending = {}
+                self._pending_since = None
+            else:
+                self._pending, self._pending_since = self._split_ready(ready)
+            if ready:
                 self._taken += len(ready)
-                return ready
-            ready = {}
-            held = {}
-            for key, rule in self._pending.items():
-                if key in self._recent:
-                    held[key] = rule
-                else:
-                    ready[key] = rule
-            self._pending = held
-            self._taken += len(ready)
+                self._taken_since[ready.since] += len(ready)
             return ready
 
-    def written(self, batch: dict[str, Any]) -> None:
-        """Remember a batch as written: its keys are recent for their absorb interval."""
+    def _split_ready(self, ready: Batch) -> tuple[dict[str, Any], float | None]:
+        """Move the keys that are not held into ``ready``; the held keys and their stamp.
+
+        A held key was touched after its last write was taken, so no earlier than
+        about when that write ended (its ``recent`` expiry minus its ``absorb``).
+        """
+        held: dict[str, Any] = {}
+        since: float | None = None
+        recent = self._recent
+        for key, rule in self._pending.items():
+            expiry = recent.get(key)
+            if expiry is None:
+                ready[key] = rule
+                continue
+            held[key] = rule
+            written_at = expiry - rule.absorb
+            since = written_at if since is None else min(since, written_at)
+        if since is not None and self._pending_since is not None:
+            since = max(since, self._pending_since)
+        return held, since
+
+    def _finish(self, batch: Mapping[str, Any], since: float | None) -> None:
+        """Account for keys of a taken batch that are no longer being written."""
+        self._taken -= len(batch)
+        stamp = since if since is not None else getattr(batch, "since", None)
+        if stamp is None:
+            return
+        left = self._taken_since[stamp] - len(batch)
+        if left > 0:
+            self._taken_since[stamp] = left
+        else:
+            del self._taken_since[stamp]
+
+    def written(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+        """Remember keys as written: they are recent for their absorb interval.
+
+        ``since`` is the stamp of the batch they were taken in (default ``batch.since``).
+        """
         with self._lock:
-            self._taken -= len(batch)
+            self._finish(batch, since)
         # ``recent`` is only used from the event loop's thread (take, written,
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         recent, now = self._recent, time.monotonic()
         for key, rule in batch.items():
             recent[key] = now + rule.absorb
 
-    def give_back(self, batch: dict[str, Any]) -> None:
-        """Return an unwritten batch to the buffer; nothing accepted is lost."""
+    def give_back(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+        """Return unwritten keys to the buffer; nothing accepted is lost."""
         with self._lock:
-            self._taken -= len(batch)
+            self._finish(batch, since)
             for key, rule in batch.items():
                 self._pending.setdefault(key, rule)
+            stamp = since if since is not None else getattr(batch, "since", None)
+            if batch and stamp is not None:
+                old = self._pending_since
+                self._pending_since = stamp if old is None else min(old, stamp)
+
+    def discard(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+        """Forget keys that can never be written (the flusher dropped them)."""
+        with self._lock:
+            self._finish(batch, since)
+
+    def oldest_unwritten(self) -> float | None:
+        """When the oldest touch not yet in Redis was made (``time.monotonic()``), or None."""
+        with self._lock:
+            stamps = list(self._taken_since)
+            if self._pending and self._pending_since is not None:
+                stamps.append(self._pending_since)
+        return min(stamps) if stamps else None
 
     def next_ready_in(self) -> float | None:
         """Seconds until a held key may be written, or None when none is held."""

@@ -18,7 +18,8 @@ from redis.exceptions import AuthenticationError, RedisError
 
 from .coalescer import Coalescer
 from .embedded import ENV_REDIS_URL
-from .errors import CoalescerError, ConfigError
+from .errors import CoalescerError, ConfigError, shown_key
+from .keycheck import key_problem
 from .rules import Config
 from .urls import redact
 
@@ -145,7 +146,20 @@ def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
     print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
 
 
+def _refuse_unstorable(keys: list[str]) -> bool:
+    """Print one line for the keys Redis cannot store (bytes that are not UTF-8 in
+    argv, a NUL, over the length limit); True if there are any."""
+    bad = [(key, problem) for key in keys if (problem := key_problem(key)) is not None]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        print(f"coalescer touch: key {shown_key(bad[0][0])} cannot be stored: {bad[0][1]}"
+              f"{more}; nothing was touched", file=sys.stderr)
+    return bool(bad)
+
+
 async def cmd_touch(args: argparse.Namespace) -> int:
+    if _refuse_unstorable(args.keys):
+        return EXIT_UNKNOWN_KEY
     c = _client(args, worker=False)
     unknown = c.unknown_keys(args.keys)
     if unknown:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,15 +115,17 @@ class Coalescer:
         """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
 
         Sync, non-blocking, safe from any thread. Raises UnknownKeyError for a key
-        no rule matches, BackpressureError when the buffer is full, ClosedError
-        when the coalescer is not running.
+        no rule matches, InvalidKeyError for one Redis cannot store (not UTF-8, a
+        NUL character, over 1024 bytes), BackpressureError when the buffer is full,
+        ClosedError when the coalescer is not running.
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
         self._absorber.touch(key)
 
     def touch_many(self, keys: Iterable[str]) -> None:
-        """Touch every key or none (UnknownKeyError, BackpressureError, ClosedError)."""
+        """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
+        ClosedError)."""
         if self._state != "running":
             raise self._not_running("touch_many()")
         self._absorber.touch_many(list(keys))
@@ -152,6 +155,15 @@ class Coalescer:
         m.touches.inc(touches - self._seen[0])
         m.absorbed.inc(absorbed - self._seen[1])
         self._seen = (touches, absorbed)
+
+    def unwritten_age(self) -> float | None:
+        """Seconds since the oldest touch not yet in Redis was made; None if there is none."""
+        since = self._absorber.oldest_unwritten()
+        return None if since is None else time.monotonic() - since
+
+    def dropped_keys(self) -> list[dict[str, Any]]:
+        """The last keys dropped because Redis refused them for good, oldest first."""
+        return [d.as_json() for d in self._flusher.dropped] if self._flusher else []
 
     # -- reading -----------------------------------------------------------------------
 

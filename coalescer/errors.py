@@ -22,15 +22,37 @@ class ConfigError(CoalescerError):
         super().__init__(f"{where}: {what}{message}")
 
 
-class UnknownKeyError(CoalescerError, KeyError):
-    """A touched key that matches no rule."""
+class KeyRefusedError(CoalescerError, KeyError):
+    """A touched key that was refused: nothing of that touch was applied."""
 
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(key)
 
+
+class UnknownKeyError(KeyRefusedError):
+    """A touched key that matches no rule."""
+
     def __str__(self) -> str:
         return f"no rule matches key {self.key!r}"
+
+
+class InvalidKeyError(KeyRefusedError):
+    """A touched key that Redis cannot store (not UTF-8, a NUL character, too long)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(key)
+
+    def __str__(self) -> str:
+        return f"key {shown_key(self.key)} cannot be stored: {self.reason}"
+
+
+def shown_key(key: object, limit: int = 80) -> str:
+    """``repr(key)``, cut short for a very long key."""
+    if isinstance(key, str) and len(key) > limit:
+        return f"{key[:limit]!r}... ({len(key)} characters)"
+    return repr(key)
 
 
 class BackpressureError(CoalescerError):

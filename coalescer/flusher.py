@@ -1,16 +1,25 @@
-"""The flusher: writes the absorber's batches to Redis, one Lua call per shard."""
+"""The flusher: writes the absorber's batches to Redis, one Lua call per shard.
+
+A write that fails for a transient reason (see failures.py) is given back and
+retried with backoff, losing nothing. A write that fails for good is split in
+halves until the keys Redis refuses are found: those are dropped (logged once
+each, counted, listed in ``dropped``) and every other key is written.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from .absorber import Absorber
+from .absorber import Absorber, Batch
 from .backoff import Backoff
+from .errors import shown_key
+from .failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
 from .keys import KeySpace
 from .metrics import Metrics
 from .scripts import Scripts, UpsertGroup
@@ -19,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis time)
 IDLE_CHECK = 1.0
+DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
 
 
 def _ms(seconds: float) -> int:
@@ -28,6 +38,24 @@ def _ms(seconds: float) -> int:
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[UpsertGroup]]:
+    """The first ``n`` keys of ``groups``, and the rest, still grouped by rule."""
+    first: list[UpsertGroup] = []
+    second: list[UpsertGroup] = []
+    for g in groups:
+        cut = max(0, min(len(g.keys), n))
+        if cut:
+            first.append(replace(g, keys=g.keys[:cut]))
+        if cut < len(g.keys):
+            second.append(replace(g, keys=g.keys[cut:]))
+        n -= cut
+    return first, second
+
+
+def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Any]:
+    return {key: batch[key] for g in groups for key in g.keys}
 
 
 class Flusher:
@@ -42,6 +70,7 @@ class Flusher:
         self._event = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
+        self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
         absorber.set_waker(self._wake)
 
     def _wake(self) -> None:
@@ -89,7 +118,7 @@ class Flusher:
         if earlier:
             await asyncio.gather(*earlier)
 
-    async def _write(self, batch: dict[str, Any]) -> None:
+    async def _write(self, batch: Batch) -> None:
         task = asyncio.ensure_future(self._send(batch))
         self._writes.add(task)
         try:
@@ -100,16 +129,58 @@ class Flusher:
             else:
                 task.add_done_callback(self._writes.discard)
 
-    async def _send(self, batch: dict[str, Any]) -> None:
+    async def _send(self, batch: Batch) -> None:
         try:
-            calls = [self._scripts.upsert(self._keyspace.shard(shard), groups)
-                     for shard, groups in self._groups(batch)]
-            await asyncio.gather(*calls)
+            parts = self._groups(batch)
         except BaseException:
             self._absorber.give_back(batch)
             raise
-        self._absorber.written(batch)
+        calls = [self._deliver(shard, groups, batch) for shard, groups in parts]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # transient: those keys were given back
         self._record(len(batch))
+
+    async def _deliver(self, shard: int, groups: list[UpsertGroup], batch: Batch) -> None:
+        """Write one call's keys; on a permanent error, split it to find the bad keys."""
+        try:
+            result = await self._scripts.upsert_keys(self._keyspace.shard(shard), groups)
+        except BaseException as exc:
+            if is_transient(exc):
+                self._absorber.give_back(_keys_of(groups, batch), batch.since)
+                raise
+            await self._bisect(shard, groups, batch, exc)
+            return
+        keys = _keys_of(groups, batch)
+        if result.failed:
+            bad = {key: keys.pop(key) for key in result.failed if key in keys}
+            for key, error in result.failed.items():
+                self._drop(key, REASON_REDIS, error)
+            self._absorber.discard(bad, batch.since)
+        self._absorber.written(keys, batch.since)
+
+    async def _bisect(self, shard: int, groups: list[UpsertGroup], batch: Batch,
+                      exc: BaseException) -> None:
+        total = sum(len(g.keys) for g in groups)
+        if total == 1:
+            key = groups[0].keys[0]
+            self._drop(key, drop_reason(exc), repr(exc))
+            self._absorber.discard({key: batch[key]}, batch.since)
+            return
+        first, second = _halves(groups, total // 2)
+        try:
+            await self._deliver(shard, first, batch)
+        except BaseException:
+            self._absorber.give_back(_keys_of(second, batch), batch.since)
+            raise
+        await self._deliver(shard, second, batch)
+
+    def _drop(self, key: str, reason: str, error: str) -> None:
+        log.error("flusher: dropped key %s, Redis cannot store it (%s): %s",
+                  shown_key(key), reason, error)
+        self._metrics.dropped_keys.labels(reason).inc()
+        self.dropped.append(DroppedKey.now(key, reason, error))
 
     def _record(self, n: int) -> None:
         m, a = self._metrics, self._absorber

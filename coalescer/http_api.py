@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from .errors import BackpressureError, ClosedError, UnknownKeyError
+from .errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from .keycheck import key_problem
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ DEFAULT_MAX_BODY = 1024 * 1024
 PING_TIMEOUT = 2.0
 STATUS_TIMEOUT = 10.0
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
+DEFAULT_MAX_UNWRITTEN_AGE = 10.0  # /healthz is 503 once a touch waits this long for Redis
+MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,6 +45,10 @@ class Node(Protocol):
     def metrics(self) -> Metrics: ...
 
     def touch_many(self, keys: list[str]) -> None: ...
+
+    def unwritten_age(self) -> float | None: ...
+
+    def dropped_keys(self) -> list[dict[str, Any]]: ...
 
     def sync_metrics(self) -> None: ...
 
@@ -60,9 +68,13 @@ class Refusal(Exception):
         super().__init__(message)
         self.status = status
         self.body: dict[str, Any] = {"error": message, **extra}
+        self.close = False  # answer with "Connection: close"
 
     def response(self) -> web.Response:
-        return web.json_response(self.body, status=self.status)
+        response = web.json_response(self.body, status=self.status)
+        if self.close:
+            response.force_close()
+        return response
 
 
 # --- /touch body validation ------------------------------------------------------------
@@ -71,18 +83,40 @@ class Refusal(Exception):
 _SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
 
 
+def _no_constant(name: str) -> Any:
+    raise Refusal(400, f"malformed JSON: {name} is not a JSON value")
+
+
+def _int(digits: str) -> int:
+    if len(digits) > MAX_NUMBER_DIGITS:
+        raise Refusal(400, f"malformed JSON: a number of {len(digits)} digits")
+    return int(digits)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise Refusal(400, f"malformed JSON: the field {name!r} appears twice")
+        out[name] = value
+    return out
+
+
 def _decode(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Refusal(400, "the body is not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise Refusal(400, f"the body is not UTF-8 text (byte {exc.start})") from None
     if not text.strip():
         raise Refusal(400, f"empty body; {_SHAPE}")
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant, parse_int=_int,
+                          object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
                            f"column {exc.colno}") from None
+    except RecursionError:
+        raise Refusal(400, f"malformed JSON: nested too deeply; {_SHAPE}") from None
 
 
 def _check_key(index: int, key: object) -> str:
@@ -107,6 +141,48 @@ def parse_keys(raw: bytes) -> list[str]:
     if not isinstance(keys, list):
         raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
     return [_check_key(i, key) for i, key in enumerate(keys)]
+
+
+def invalid_keys(keys: list[str]) -> list[dict[str, Any]]:
+    """The keys Redis cannot store, each with its index and what is wrong with it."""
+    out = []
+    for index, key in enumerate(keys):
+        problem = key_problem(key)
+        if problem is not None:
+            out.append({"index": index, "key": key, "error": problem})
+    return out
+
+
+def _refuse_invalid(keys: list[str]) -> None:
+    invalid = invalid_keys(keys)
+    if invalid:
+        first = invalid[0]
+        raise Refusal(422, f"{len(invalid)} key(s) cannot be stored (keys[{first['index']}]: "
+                           f"{first['error']}); nothing was touched",
+                      invalid_keys=invalid[:SHOWN_KEYS])
+
+
+_CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
+
+
+def check_content_type(request: web.Request) -> None:
+    """Refuse (415) a body declared as a form upload or as text in another charset."""
+    if request.content_type.startswith("multipart/"):
+        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
+                           "sent as application/json")
+    charset = request.charset
+    if charset is not None and charset.lower() not in _CHARSETS:
+        raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")
+
+
+def _unreadable(request: web.Request, exc: Exception) -> Refusal:
+    """A body that cannot be decoded: answer, then close the connection (its framing is
+    lost) without reading the rest of it (aiohttp would meet the same error again)."""
+    why = " ".join(str(exc).split()).removeprefix("400, message: ")
+    refusal = Refusal(400, f"the body cannot be read: {why}")
+    refusal.close = True
+    request.content.feed_eof()
+    return refusal
 
 
 # --- middlewares -----------------------------------------------------------------------
@@ -150,6 +226,9 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response({"error": exc.reason}, status=exc.status,
                                  headers={k: v for k, v in exc.headers.items()
                                           if k.lower() == "allow"})
+    except Exception as exc:  # a bug: still a JSON answer, and one log line with the cause
+        log.error("HTTP %s %s failed: %r", request.method, request.path, exc, exc_info=exc)
+        return web.json_response({"error": f"internal error: {exc!r}"}, status=500)
 
 
 # --- the server ------------------------------------------------------------------------
@@ -159,9 +238,13 @@ class HttpApi:
     """The aiohttp server of one coalescer node."""
 
     def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> None:
+                 token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE) -> None:
         if max_body < 1:
             raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
+        if not max_unwritten_age > 0:
+            raise ValueError(f"max_unwritten_age must be over 0 seconds, got {max_unwritten_age}")
+        self._max_unwritten_age = max_unwritten_age
         self._c = coalescer
         self._host = host
         self._port = port
@@ -233,13 +316,21 @@ class HttpApi:
                           limit=self._max_body)
         if request.content_length is not None and request.content_length > self._max_body:
             raise too_big
+        check_content_type(request)
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
+        except RequestPayloadError as exc:
+            raise _unreadable(request, exc) from None
+        except ConnectionResetError:
+            log.info("POST %s: the client %s left before the body ended", request.path,
+                     request.remote)
+            raise Refusal(400, "the connection was lost before the body ended") from None
 
     async def _touch(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))
+        _refuse_invalid(keys)
         unknown = self._c.unknown_keys(keys)
         if unknown:
             raise Refusal(422, f"{len(unknown)} key(s) match no rule; nothing was touched",
@@ -256,6 +347,9 @@ class HttpApi:
             raise Refusal(503, f"the node is not running: {exc}") from None
         except UnknownKeyError as exc:
             raise Refusal(422, str(exc), unknown_keys=[exc.key]) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), invalid_keys=[{"key": exc.key, "error": exc.reason}]
+                          ) from None
 
     async def _ping(self) -> bool:
         try:
@@ -266,9 +360,23 @@ class HttpApi:
             return False
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        if await self._ping():
-            return web.json_response({"ok": True})
-        return web.json_response({"ok": False, "error": "Redis is not reachable"}, status=503)
+        """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
+        touch has waited over ``max_unwritten_age`` to be written."""
+        body: dict[str, Any] = {"ok": True}
+        errors = [] if await self._ping() else ["Redis is not reachable"]
+        age = self._c.unwritten_age()
+        if age is not None:
+            body["unwritten_age_s"] = round(age, 3)
+            if age > self._max_unwritten_age:
+                errors.append(f"the oldest unwritten touch is {age:.1f} s old "
+                              f"(bound {self._max_unwritten_age:g} s)")
+        dropped = self._c.dropped_keys()
+        if dropped:
+            body["dropped_keys"] = dropped
+        if not errors:
+            return web.json_response(body)
+        body.update(ok=False, error="; ".join(errors))
+        return web.json_response(body, status=503)
 
     async def _read_status(self) -> dict[str, Any]:
         try:

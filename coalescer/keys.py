@@ -107,7 +107,8 @@ class KeySpace:
         """The shard that owns ``key``: stable across processes and restarts."""
         if self.shards == 1:
             return 0
-        return zlib.crc32(key.encode()) % self.shards
+        # surrogatepass: a key that cannot be stored still has a shard (its write fails)
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.shards
 
     def shard(self, n: int) -> ShardKeys:
         return ShardKeys(self.namespace, n)

@@ -62,6 +62,10 @@ class Metrics:
             "coalescer_rules_differing",
             "1 while a live node has this rule with other settings (another fingerprint)",
             ["rule"], registry=r)
+        self.dropped_keys = Counter(
+            "coalescer_dropped_keys_total",
+            "touched keys dropped because Redis refused them for good, by reason",
+            ["reason"], registry=r)
 
         self._rules: dict[str, RuleMetrics] = {}
 

@@ -44,6 +44,15 @@ class UpsertGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class UpsertResult:
+    """What an upsert call did: how many keys it scheduled, and the keys it could not
+    (key -> the error Redis met), which it skipped."""
+
+    scheduled: int
+    failed: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedKey:
     """One claim as the claim script granted it."""
 
@@ -167,14 +176,24 @@ class Scripts:
         return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
-        """Schedule the groups' keys; returns how many were scheduled."""
+        """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
+        result = await self.upsert_keys(shard, groups)
+        if result.failed:
+            raise ScriptError(f"upsert failed for {len(result.failed)} key(s): "
+                              f"{sorted(result.failed.items())[:3]!r}")
+        return result.scheduled
+
+    async def upsert_keys(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> UpsertResult:
+        """Schedule the groups' keys; the keys Redis failed on are skipped and returned."""
         keys = [shard.meta, shard.next_wake]
         args: list[Any] = [shard.wake_channel]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
             args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys)]
         result = await self._run("upsert", keys, args)
-        return int(result[1])
+        failed = result[3] if len(result) > 3 else []
+        return UpsertResult(int(result[1]),
+                            {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)})
 
     async def claim(self, shard: ShardKeys, *, leader: str, node_id: str, leader_lease_ms: int,
                     claim_lease_ms: int, sleep_cap_ms: int,

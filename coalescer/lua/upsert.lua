@@ -10,7 +10,13 @@
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
 -- backoff). A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
--- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0}.
+-- A key whose own state cannot be read (a script error while touching it, e.g. a
+-- corrupted meta entry) is skipped, and returned with the error, while every other
+-- key is scheduled: one bad key never fails the others. An error reply of a Redis
+-- command (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the
+-- key: it fails the whole call.
+-- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
+--          {key, error, key, error, ...} of the keys that failed}.
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
 local now = now_ms()
@@ -47,7 +53,16 @@ local function touch(due_key, dead_key, key, window, max_wait, fresh, adds)
   return nil
 end
 
-local earliest, scheduled, pos = nil, 0, 2
+-- The text of a key's own error; a command's error reply ("CODE message", or a
+-- table in some servers) is raised again, code kept, and fails the whole call.
+local function key_error(e)
+  if type(e) == 'table' then error(e) end
+  e = tostring(e)
+  if string.match(e, '^%u+ ') then error(redis.error_reply(e)) end
+  return e
+end
+
+local earliest, scheduled, pos, failed = nil, 0, 2, {}
 for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
@@ -57,12 +72,17 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
     local stop = string.find(joined, '\0', start, true) or (#joined + 1)
     local key = string.sub(joined, start, stop - 1)
     start = stop + 1
-    earliest = min(earliest, touch(due_key, dead_key, key, window, max_wait, fresh, adds))
+    local ok, due = pcall(touch, due_key, dead_key, key, window, max_wait, fresh, adds)
+    if ok then
+      earliest = min(earliest, due)
+      scheduled = scheduled + 1
+    else
+      failed[#failed + 1], failed[#failed + 2] = key, key_error(due)
+    end
   end
   for i = 1, #adds, 4000 do
     redis.call('ZADD', due_key, unpack(adds, i, math.min(i + 3999, #adds)))
   end
-  scheduled = scheduled + n
   pos = pos + 4
 end
-return {now, scheduled, wake(next_key, channel, earliest)}
+return {now, scheduled, wake(next_key, channel, earliest), failed}
