@@ -151,11 +151,11 @@ def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[s
             if n > allowed:
                 out.append(f"G2: {key}: a burst of {len(chain)} touches over "
                            f"{(b - a) / MS:.0f} ms got {n} refreshes (at most {allowed})")
-        out += _never_early(key, history.touches_of(key), runs.get(key, []), rule)
+        out += _never_early(key, history, runs.get(key, []), rule)
     return out
 
 
-def _never_early(key: str, touches: list[Touch], runs: list[Run], rule: Rule) -> list[str]:
+def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> list[str]:
     """A first try starts only after a touch, not before min(last + W, first + M), and is
     due no later than its burst's first touch + M (the max-wait cap is kept)."""
     out = []
@@ -163,12 +163,14 @@ def _never_early(key: str, touches: list[Touch], runs: list[Run], rule: Rule) ->
         if run.attempt != 1:
             continue
         since = runs[i - 1].due_ms * MS if i else 0  # its claim came after its due time
-        burst = [t for t in touches if t.t1 > since and t.t0 < run.start]
+        burst = [t for t in history.touches_of(key) if t.t1 > since and t.t0 < run.start]
         if not burst:
             out.append(f"G2: {key}: refresh (token {run.token}) started with no touch since "
                        "the previous one")
             continue
         certain = [t for t in burst if t.t1 < run.start and (not i or t.t0 > runs[i - 1].start)]
+        if i and history.killed_between(runs[i - 1].start, run.start):
+            certain = []  # a claim that no handler saw (its node was killed) may lie between
         out += _due_bounds(key, run, burst, certain, rule)
     return out
 
@@ -267,3 +269,18 @@ def check_dead_letters(history: History, runs: dict[str, list[Run]], rules: dict
             out.append(f"G6: {key} is dead-lettered after {entry['attempts']} attempts, "
                        f"not {limit}")
     return out
+
+
+def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
+    """One key's touches, runs and kills in time order, in ms from its first event."""
+    events: list[tuple[int, str]] = [(t.t0, f"touch (reached Redis by +{(t.t1 - t.t0) / MS:.1f})")
+                                     for t in history.touches_of(key)]
+    for r in runs.get(key, []):
+        events.append((r.start, f"start token {r.token} attempt {r.attempt} pid {r.pid} "
+                                f"(due {r.due_ms}, last touch {r.last_touch_ms})"))
+        if r.end is not None:
+            events.append((r.end, f"end token {r.token}: {r.result}"))
+    events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    events.sort()
+    origin = events[0][0] if events else 0
+    return "\n".join(f"  {(t - origin) / MS:9.1f} ms  {what}" for t, what in events)
