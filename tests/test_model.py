@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from e2e import NodeProcs
+from e2e import NodeProcs, leader_node, line_rules, read_lines, settled
 from model_history import (
     History,
     Rule,
@@ -42,6 +42,7 @@ from model_history import (
 from servers import wait_until
 
 from coalescer import Coalescer
+from coalescer.keys import KeySpace
 from coalescer.rules import Config
 
 RULES = """\
@@ -334,3 +335,55 @@ def _timelines(world: World, violations: list[str]) -> str:
     runs = world.history.runs(world.log)
     keys = dict.fromkeys(k for k in KEYS for v in violations if f" {k} " in v or f" {k}:" in v)
     return "\n".join(f"{key}:\n{timeline(world.history, runs, key)}" for key in list(keys)[:3])
+
+
+# -- found by the model: a touch during a killed last attempt ------------------------------
+
+LAST_TRY_RULES = """\
+namespace: {ns}
+leader_lease: 1s
+claim_lease: 1s
+defaults:
+  window: 100ms
+  max_wait: 400ms
+  retry: {{attempts: 1, backoff: 20ms, max_backoff: 80ms}}
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+async def test_a_touch_while_the_last_attempt_dies_is_refreshed_not_dead_lettered(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any) -> None:
+    rules = line_rules(tmp_path, f"lines_{namespace}", LAST_TRY_RULES.format(ns=namespace))
+    log, procs = tmp_path / "refreshes.log", NodeProcs(tmp_path)
+    space = KeySpace(namespace, 1).shard(0)
+    try:
+        async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as toucher:
+            # A blocks on every first attempt; with attempts: 1 that is the last one
+            a = procs.start(rules, redis_url, "A", E2E_LOG=str(log), E2E_BLOCK="first")
+            await wait_until(lambda: leader_node_is(redis_client, space.leader, "A"),
+                             timeout=20, message=f"A leading; its log:\n{procs.log('A')}")
+            procs.start(rules, redis_url, "B", E2E_LOG=str(log))
+            toucher.touch("item:1")
+            await toucher.flush()
+            await wait_until(lambda: [e for e in read_lines(log) if e[:2] == ("start", "A")],
+                             timeout=10, message="A refreshing item:1")
+            toucher.touch("item:1")  # while A's last attempt runs
+            await toucher.flush()
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+
+            done = await wait_until(
+                lambda: [e for e in read_lines(log) if e[:2] == ("done", "B")], timeout=15,
+                message=f"B refreshing item:1 again; its log:\n{procs.log('B')}")
+            assert done[0][4] == 1  # a new burst: fresh attempts
+            await wait_until(lambda: settled(redis_client, namespace))
+            assert (await toucher.status())["dead_letters"] == []
+    finally:
+        procs.stop_all()
+
+
+async def leader_node_is(r: Any, lease_key: str, node: str) -> bool:
+    return leader_node(await r.get(lease_key)) == node
