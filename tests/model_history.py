@@ -168,7 +168,11 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
             out.append(f"G2: {key}: refresh (token {run.token}) started with no touch since "
                        "the previous one")
             continue
-        certain = [t for t in burst if t.t1 < run.start and (not i or t.t0 > runs[i - 1].start)]
+        # certainly in this burst: after the previous start, before this one, and not
+        # after the last touch this claim says it covers (a touch that reached Redis
+        # between the claim and the handler's start belongs to the next burst)
+        certain = [t for t in burst if t.t1 < run.start and t.t0 <= run.last_touch_ms * MS
+                   and (not i or t.t0 > runs[i - 1].start)]
         if i and history.killed_between(runs[i - 1].start, run.start):
             certain = []  # a claim that no handler saw (its node was killed) may lie between
         out += _due_bounds(key, run, burst, certain, rule)
