@@ -250,8 +250,8 @@ def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str,
         later = [t for t in history.touches_of(key) if t.t1 > last.start]
         if later and all(t.t0 > last.start for t in later):
             continue  # touched after its last try began: re-armed, not dead
-        if later or last.killed_after:
-            unsure.add(key)
+        if later or (last.killed_after and last.result != "killed"):
+            unsure.add(key)  # finished, then its node died: was its result recorded?
         elif last.failed and last.attempt >= rules[rule_of(key)].attempts:
             must.add(key)
     return must, unsure

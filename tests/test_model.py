@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from e2e import NodeProcs, leader_node, line_rules, read_lines, settled
+from e2e import NodeProcs, leader_node, line_rules, read_lines
 from model_history import (
     History,
     Rule,
@@ -354,7 +354,7 @@ rules:
 """
 
 
-async def test_a_touch_while_the_last_attempt_dies_is_refreshed_not_dead_lettered(
+async def test_a_key_whose_last_attempt_dies_is_dead_lettered_unless_touched_meanwhile(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any) -> None:
     rules = line_rules(tmp_path, f"lines_{namespace}", LAST_TRY_RULES.format(ns=namespace))
     log, procs = tmp_path / "refreshes.log", NodeProcs(tmp_path)
@@ -366,10 +366,10 @@ async def test_a_touch_while_the_last_attempt_dies_is_refreshed_not_dead_lettere
             await wait_until(lambda: leader_node_is(redis_client, space.leader, "A"),
                              timeout=20, message=f"A leading; its log:\n{procs.log('A')}")
             procs.start(rules, redis_url, "B", E2E_LOG=str(log))
-            toucher.touch("item:1")
+            toucher.touch_many(["item:1", "item:2"])
             await toucher.flush()
-            await wait_until(lambda: [e for e in read_lines(log) if e[:2] == ("start", "A")],
-                             timeout=10, message="A refreshing item:1")
+            await wait_until(lambda: len([e for e in read_lines(log) if e[:2] == ("start", "A")])
+                             == 2, timeout=10, message="A refreshing item:1 and item:2")
             toucher.touch("item:1")  # while A's last attempt runs
             await toucher.flush()
             a.send_signal(signal.SIGKILL)
@@ -378,11 +378,17 @@ async def test_a_touch_while_the_last_attempt_dies_is_refreshed_not_dead_lettere
             done = await wait_until(
                 lambda: [e for e in read_lines(log) if e[:2] == ("done", "B")], timeout=15,
                 message=f"B refreshing item:1 again; its log:\n{procs.log('B')}")
-            assert done[0][4] == 1  # a new burst: fresh attempts
-            await wait_until(lambda: settled(redis_client, namespace))
-            assert (await toucher.status())["dead_letters"] == []
+            assert [(e[2], e[4]) for e in done] == [("item:1", 1)]  # a new burst
+            await wait_until(lambda: settled_but_dead(redis_client, space), timeout=10)
+            dead = (await toucher.status())["dead_letters"]
+            assert [(d["key"], d["attempts"]) for d in dead] == [("item:2", 1)]
     finally:
         procs.stop_all()
+
+
+async def settled_but_dead(r: Any, space: Any) -> bool:
+    """Nothing pending or in flight: every key is done or dead-lettered."""
+    return not await r.zcard(space.due("item")) and not await r.zcard(space.inflight("item"))
 
 
 async def leader_node_is(r: Any, lease_key: str, node: str) -> bool:

@@ -470,6 +470,22 @@ async def test_recover_gives_a_touch_during_a_dead_last_attempt_a_new_burst(
     assert again == {"last": 1, "middle": 2}
 
 
+async def test_a_key_whose_holder_died_on_its_last_attempt_is_dead_after_that_many(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k")
+    dying = await shard.claim_one("k", lease=1)  # attempt 1 of 1; its holder dies
+    lease = await shard.inflight("k")
+    assert lease is not None
+    await shard.after(lease)
+    assert await shard.scripts.recover(shard.keys, [RULE], 100, [1]) == 1
+    past = await shard.claim_one("k")
+    assert past.attempt == 2  # the runner fails it unrun: the limit is reached
+    assert await shard.fail("k", past.token, attempts=1, error="lease expired") == (0, 1, [])
+    assert await shard.fields("k") == [
+        "D", str(dying.first_ms), str(dying.last_ms), "1", "lease expired"]
+
+
 # -- leader lease (G7) ---------------------------------------------------------------------------
 
 
