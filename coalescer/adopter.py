@@ -112,7 +112,8 @@ class Adopter:
     async def _recover(self, batch: AdoptBatch, rules: list[Rule]) -> bool:
         if batch.next_expiry_ms is None or batch.next_expiry_ms > batch.now_ms:
             return False
-        n = await self._scripts.recover(self._shard, [r.name for r in rules], RECOVER_BATCH)
+        n = await self._scripts.recover(self._shard, [r.name for r in rules], RECOVER_BATCH,
+                                        [r.retry.attempts for r in rules])
         if n:
             log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
                         self._shard.shard, n)

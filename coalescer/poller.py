@@ -120,7 +120,8 @@ class Poller:
         if batch.next_expiry_ms is None or batch.next_expiry_ms > batch.now_ms:
             return False
         names = [r.name for r in self._rules]
-        n = await self._scripts.recover(self._shard, names, RECOVER_BATCH)
+        attempts = [r.retry.attempts for r in self._rules]
+        n = await self._scripts.recover(self._shard, names, RECOVER_BATCH, attempts)
         if n:
             log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
                         self._shard.shard, n)

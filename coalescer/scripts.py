@@ -251,12 +251,14 @@ class Scripts:
                 args += [key, token]
         return [str(k) for k in await self._run("renew", keys, args)]
 
-    async def recover(self, shard: ShardKeys, rules: Sequence[str], limit: int) -> int:
-        """Re-queue claims whose lease expired; returns how many."""
+    async def recover(self, shard: ShardKeys, rules: Sequence[str], limit: int,
+                      attempts: Sequence[int] = ()) -> int:
+        """Re-queue claims whose lease expired; returns how many. ``attempts`` are the
+        rules' retry limits, in the order of ``rules`` (none given: no limit)."""
         keys = [shard.meta, shard.next_wake]
         for rule in rules:
             keys += [shard.due(rule), shard.inflight(rule)]
-        result = await self._run("recover", keys, [shard.wake_channel, limit])
+        result = await self._run("recover", keys, [shard.wake_channel, limit, *attempts])
         return int(result[0])
 
     async def requeue(self, shard: ShardKeys, rule: str, dead_keys: Sequence[str]) -> int:

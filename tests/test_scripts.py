@@ -445,6 +445,47 @@ async def test_recover_requeues_only_expired_leases_counting_the_attempt(shard: 
     assert again.attempt == 2 and again.token > dying.token
 
 
+async def test_recover_gives_a_touch_during_a_dead_last_attempt_a_new_burst(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("last")
+    first_try = await shard.claim_one("last")
+    assert await shard.fail("last", first_try.token, attempts=2) == (1, 0, [])
+    await shard.touch("middle")
+    batch = await shard.claim(lease=1)  # their holder then dies: nothing renews these
+    assert sorted((c.key, c.attempt) for c in batch.claims) == [("last", 2), ("middle", 1)]
+    during = await shard.now()
+    await shard.touch("last", "middle")  # while they run
+    leases = [await shard.inflight(key) for key in ("last", "middle")]
+    await shard.after(max(lease for lease in leases if lease is not None))
+
+    assert await shard.scripts.recover(shard.keys, [RULE], 100, [2]) == 2
+    # "last" died on its last attempt: the touch starts a new burst, fresh attempts
+    state = await shard.fields("last")
+    assert state[0] == "P" and int(state[1]) >= during and state[3] == "0"
+    # "middle" died on attempt 1 of 2: the touch is merged into its retry
+    state = await shard.fields("middle")
+    assert state[0] == "P" and int(state[1]) < during and state[3] == "1"
+    again = {c.key: c.attempt for c in (await shard.claim()).claims}
+    assert again == {"last": 1, "middle": 2}
+
+
+async def test_a_key_whose_holder_died_on_its_last_attempt_is_dead_after_that_many(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k")
+    dying = await shard.claim_one("k", lease=1)  # attempt 1 of 1; its holder dies
+    lease = await shard.inflight("k")
+    assert lease is not None
+    await shard.after(lease)
+    assert await shard.scripts.recover(shard.keys, [RULE], 100, [1]) == 1
+    past = await shard.claim_one("k")
+    assert past.attempt == 2  # the runner fails it unrun: the limit is reached
+    assert await shard.fail("k", past.token, attempts=1, error="lease expired") == (0, 1, [])
+    assert await shard.fields("k") == [
+        "D", str(dying.first_ms), str(dying.last_ms), "1", "lease expired"]
+
+
 # -- leader lease (G7) ---------------------------------------------------------------------------
 
 

@@ -25,10 +25,12 @@ local function retry(due_key, key, r, delay)
   return now + delay
 end
 
-local function give_up(due_key, dead_key, key, r, err)
+-- A claim past the limit (its holder died on the last attempt: recover.lua counted
+-- it) was never run, so the dead letter counts max_attempts tries, not its number.
+local function give_up(due_key, dead_key, key, r, err, max_attempts)
   local due = rearm(meta, due_key, key, r)
   if due then return due end
-  redis.call('HSET', meta, key, dead(r.first, r.last, r.attempt, err))
+  redis.call('HSET', meta, key, dead(r.first, r.last, math.min(r.attempt, max_attempts), err))
   redis.call('ZADD', dead_key, now, key)
   died = died + 1
   return nil
@@ -49,7 +51,7 @@ for g = 0, (#KEYS - 3) / 3 - 1 do
         earliest = min(earliest, retry(due_key, key, r, tonumber(ARGV[i + 2])))
         retried = retried + 1
       else
-        earliest = min(earliest, give_up(due_key, dead_key, key, r, err))
+        earliest = min(earliest, give_up(due_key, dead_key, key, r, err, max_attempts))
       end
       record(history, maxlen, key, rule, node, token, r, ARGV[i + 5], ARGV[i + 6], ARGV[i + 4],
              err)

@@ -1,0 +1,290 @@
+"""The recorded history of a model run, and the checks a user would make on it.
+
+Every time here is the Redis server clock (``TIME``), in microseconds, so records
+written by several processes compare. A touch is known to have reached Redis
+between ``t0`` (TIME read before ``touch()``) and ``t1`` (TIME read after
+``flush()`` returned). A run is one call of the handler: ``start`` is TIME read
+as it began, ``end`` as it ended (or when its node was SIGKILLed).
+
+Each check returns a list of violations (empty when the history is correct),
+each a one-line sentence naming the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAILED = ("fail", "cancelled", "killed")
+MS = 1000  # microseconds per millisecond
+
+
+@dataclass(frozen=True)
+class Touch:
+    key: str
+    t0: int
+    t1: int
+
+
+@dataclass
+class Run:
+    key: str
+    token: int
+    attempt: int
+    start: int
+    pid: int
+    last_touch_ms: int
+    due_ms: int
+    end: int | None = None
+    result: str | None = None
+    killed_after: bool = False  # its process was SIGKILLed after it began
+
+    @property
+    def failed(self) -> bool:
+        return self.result in FAILED
+
+
+@dataclass(frozen=True)
+class Rule:
+    window_ms: int
+    max_wait_ms: int
+    attempts: int
+
+
+@dataclass
+class History:
+    touches: list[Touch] = field(default_factory=list)
+    kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, TIME after the kill)
+
+    def runs(self, log: Path) -> dict[str, list[Run]]:
+        """The runs in the handlers' log, per key in start order, kills applied."""
+        runs: dict[tuple[str, int], Run] = {}
+        for line in log.read_text().splitlines() if log.exists() else []:
+            rec = json.loads(line)
+            ident = (rec["key"], rec["token"])
+            if rec["ev"] == "start":
+                runs[ident] = Run(rec["key"], rec["token"], rec["attempt"], rec["t"],
+                                  rec["pid"], rec["last"], rec["due"])
+            else:
+                runs[ident].end, runs[ident].result = rec["t"], rec["result"]
+        for run in runs.values():
+            self._apply_kills(run)
+        out: dict[str, list[Run]] = defaultdict(list)
+        for run in sorted(runs.values(), key=lambda r: r.start):
+            out[run.key].append(run)
+        return out
+
+    def _apply_kills(self, run: Run) -> None:
+        for pid, when in self.kills:
+            if pid == run.pid and when > run.start:
+                run.killed_after = True
+                if run.end is None:
+                    run.end, run.result = when, "killed"
+
+    def touches_of(self, key: str) -> list[Touch]:
+        return sorted((t for t in self.touches if t.key == key), key=lambda t: t.t0)
+
+    def killed_between(self, a: int, b: int) -> bool:
+        return any(a < when <= b for _, when in self.kills)
+
+
+# -- G1: every touch is followed by a refresh that starts after it ------------------------
+
+
+def _covers(run: Run, touch: Touch) -> bool:
+    """Did ``run`` certainly start after the touch reached Redis?
+
+    Certain when it started after ``t1``; inside the touch's uncertainty interval,
+    when the claim says it covers a touch made at or after ``t0``.
+    """
+    if run.start > touch.t1:
+        return True
+    return run.start > touch.t0 and run.last_touch_ms * MS >= touch.t0 - MS
+
+
+def check_no_lost_update(history: History, runs: dict[str, list[Run]],
+                         rules: dict[str, Rule], rule_of: Any) -> list[str]:
+    """G1: a touch is followed by a successful refresh, or by its last failed try."""
+    out = []
+    for touch in history.touches:
+        rule = rules[rule_of(touch.key)]
+        after = [r for r in runs.get(touch.key, []) if _covers(r, touch)]
+        if any(r.result == "ok" or (r.failed and r.attempt >= rule.attempts) for r in after):
+            continue
+        seen = [(r.attempt, r.result) for r in after]
+        out.append(f"G1: {touch.key} touched at {touch.t0}..{touch.t1} us: no refresh that "
+                   f"started after it succeeded or was dead-lettered (after it: {seen})")
+    return out
+
+
+# -- G2: one refresh per burst, never early, the max-wait cap ------------------------------
+
+
+def _chains(touches: list[Touch], window_ms: int) -> list[list[Touch]]:
+    """Runs of touches whose gaps are certainly shorter than the window."""
+    chains: list[list[Touch]] = []
+    for touch in touches:
+        if chains and touch.t1 - chains[-1][-1].t0 < window_ms * MS:
+            chains[-1].append(touch)
+        else:
+            chains.append([touch])
+    return chains
+
+
+def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
+                     rule_of: Any) -> list[str]:
+    """G2: at most ceil(T / M) + 1 first tries per burst of length T; none early."""
+    out = []
+    for key in {t.key for t in history.touches}:
+        rule = rules[rule_of(key)]
+        firsts = [r for r in runs.get(key, []) if r.attempt == 1]
+        for chain in _chains(history.touches_of(key), rule.window_ms):
+            a, b = chain[0].t0, chain[-1].t1
+            horizon = b + rule.window_ms * MS * 3 // 2
+            n = sum(1 for r in firsts if a < r.start <= horizon)
+            allowed = math.ceil((b - a) / (rule.max_wait_ms * MS)) + 1
+            if n > allowed:
+                out.append(f"G2: {key}: a burst of {len(chain)} touches over "
+                           f"{(b - a) / MS:.0f} ms got {n} refreshes (at most {allowed})")
+        out += _never_early(key, history, runs.get(key, []), rule)
+    return out
+
+
+def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> list[str]:
+    """A first try starts only after a touch, not before min(last + W, first + M), and is
+    due no later than its burst's first touch + M (the max-wait cap is kept)."""
+    out = []
+    for i, run in enumerate(runs):
+        if run.attempt != 1:
+            continue
+        since = runs[i - 1].due_ms * MS if i else 0  # its claim came after its due time
+        burst = [t for t in history.touches_of(key) if t.t1 > since and t.t0 < run.start]
+        if not burst:
+            out.append(f"G2: {key}: refresh (token {run.token}) started with no touch since "
+                       "the previous one")
+            continue
+        # certainly in this burst: after the previous start, before this one, and not
+        # after the last touch this claim says it covers (a touch that reached Redis
+        # between the claim and the handler's start belongs to the next burst)
+        certain = [t for t in burst if t.t1 < run.start and t.t0 <= run.last_touch_ms * MS
+                   and (not i or t.t0 > runs[i - 1].start)]
+        if i and history.killed_between(runs[i - 1].start, run.start):
+            certain = []  # a claim that no handler saw (its node was killed) may lie between
+        out += _due_bounds(key, run, burst, certain, rule)
+    return out
+
+
+def _due_bounds(key: str, run: Run, burst: list[Touch], certain: list[Touch],
+                rule: Rule) -> list[str]:
+    window, cap = rule.window_ms * MS, rule.max_wait_ms * MS
+    due = burst[0].t0 + window
+    if certain:
+        due = max(due, min(max(t.t0 for t in certain) + window, burst[0].t0 + cap))
+        if run.due_ms * MS > min(t.t1 for t in certain) + cap + MS:
+            return [f"G2: {key}: refresh (token {run.token}) was due {run.due_ms} ms, past "
+                    f"its burst's first touch + max_wait"]
+    if run.start < due - MS:
+        return [f"G2: {key}: refresh (token {run.token}) started "
+                f"{(due - run.start) / MS:.1f} ms before its burst was due"]
+    return []
+
+
+# -- G4: never two refreshes of a key at once ---------------------------------------------
+
+
+def check_exclusion(runs: dict[str, list[Run]]) -> list[str]:
+    """G4: the runs of a key never overlap; fencing tokens grow in start order."""
+    out = []
+    for key, rs in runs.items():
+        for prev, run in itertools.pairwise(rs):
+            if prev.end is None or run.start < prev.end:
+                out.append(f"G4: {key}: token {run.token} started at {run.start} while token "
+                           f"{prev.token} ran ({prev.start}..{prev.end})")
+            if run.token <= prev.token:
+                out.append(f"G4: {key}: token {run.token} started after token {prev.token}")
+    return out
+
+
+# -- G6: retries, then a dead letter ------------------------------------------------------
+
+
+def check_retries(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
+                  rule_of: Any) -> list[str]:
+    """G6: a failed try below the limit is retried with the next attempt; never more."""
+    out = []
+    for key, rs in runs.items():
+        limit = rules[rule_of(key)].attempts
+        for run in rs:
+            if run.attempt > limit:
+                out.append(f"G6: {key}: attempt {run.attempt} ran (the limit is {limit})")
+        for prev, run in zip([*rs], [*rs[1:], None], strict=True):
+            out += _successor(key, prev, run, limit, history)
+    return out
+
+
+def _successor(key: str, prev: Run, run: Run | None, limit: int,
+               history: History) -> list[str]:
+    if prev.killed_after or (run is not None and history.killed_between(prev.start, run.start)):
+        return []  # a SIGKILL may cost an attempt that no handler saw
+    if prev.failed and prev.attempt < limit:
+        if run is None or run.attempt != prev.attempt + 1:
+            nxt = run.attempt if run else "none"
+            return [f"G6: {key}: attempt {prev.attempt} failed ({prev.result}); the next try "
+                    f"was attempt {nxt}, not {prev.attempt + 1}"]
+    elif run is not None and run.attempt != 1:
+        return [f"G6: {key}: attempt {run.attempt} followed a final or successful try"]
+    return []
+
+
+def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
+                  rule_of: Any) -> tuple[set[str], set[str]]:
+    """(keys that must be dead-lettered now, keys whose state the history leaves open)."""
+    must, unsure = set(), set()
+    for key, rs in runs.items():
+        last = rs[-1]
+        later = [t for t in history.touches_of(key) if t.t1 > last.start]
+        if later and all(t.t0 > last.start for t in later):
+            continue  # touched after its last try began: re-armed, not dead
+        if later or (last.killed_after and last.result != "killed"):
+            unsure.add(key)  # finished, then its node died: was its result recorded?
+        elif last.failed and last.attempt >= rules[rule_of(key)].attempts:
+            must.add(key)
+    return must, unsure
+
+
+def check_dead_letters(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
+                       rule_of: Any, dead: list[dict[str, Any]]) -> list[str]:
+    """G6: exactly the keys whose last try failed at the limit are dead, after that many."""
+    must, unsure = expected_dead(history, runs, rules, rule_of)
+    listed = {d["key"]: d for d in dead}
+    out = [f"G6: {key} exhausted its retries but is not dead-lettered"
+           for key in sorted(must - set(listed))]
+    for key, entry in sorted(listed.items()):
+        limit = rules[rule_of(key)].attempts
+        if key not in must and key not in unsure:
+            out.append(f"G6: {key} is dead-lettered, but its last try did not fail at "
+                       f"attempt {limit}")
+        elif key not in unsure and entry["attempts"] != limit:
+            out.append(f"G6: {key} is dead-lettered after {entry['attempts']} attempts, "
+                       f"not {limit}")
+    return out
+
+
+def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
+    """One key's touches, runs and kills in time order, in ms from its first event."""
+    events: list[tuple[int, str]] = [(t.t0, f"touch (reached Redis by +{(t.t1 - t.t0) / MS:.1f})")
+                                     for t in history.touches_of(key)]
+    for r in runs.get(key, []):
+        events.append((r.start, f"start token {r.token} attempt {r.attempt} pid {r.pid} "
+                                f"(due {r.due_ms}, last touch {r.last_touch_ms})"))
+        if r.end is not None:
+            events.append((r.end, f"end token {r.token}: {r.result}"))
+    events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    events.sort()
+    origin = events[0][0] if events else 0
+    return "\n".join(f"  {(t - origin) / MS:9.1f} ms  {what}" for t, what in events)
