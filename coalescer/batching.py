@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 MAX_PIPELINES = 4  # pipelines in flight at once: the connections script calls use
 MAX_BATCH = 256  # calls per pipeline: keeps each one short, so others are not held up
@@ -69,12 +71,23 @@ class ScriptBatcher:
     async def _send_or_fail(self, batch: list[_Call]) -> None:
         try:
             await self._send(batch)
-        except BaseException as exc:  # the connection failed: every caller hears of it
-            for call in batch:
-                if not call.future.done():
-                    call.future.set_exception(exc)
+        except (RedisConnectionError, RedisTimeoutError, OSError,
+                asyncio.CancelledError) as exc:  # the connection failed: every caller hears
+            self._fail_all(batch, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
+        except Exception as exc:  # a call's arguments could not be sent (not encodable...)
+            if len(batch) == 1:
+                self._fail_all(batch, exc)
+            else:  # each call alone, so one call's bad arguments fail only that call
+                await asyncio.gather(*(self._call_alone(c) for c in batch
+                                       if not c.future.done()))
+
+    @staticmethod
+    def _fail_all(batch: list[_Call], exc: BaseException) -> None:
+        for call in batch:
+            if not call.future.done():
+                call.future.set_exception(exc)
 
     async def _send(self, batch: list[_Call]) -> None:
         pipe = self._redis.pipeline(transaction=False)

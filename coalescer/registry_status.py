@@ -25,7 +25,7 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
     """Extend ``status`` (from gather_status) with the registry's view.
 
     Every worker heartbeats every shard, so shard 0's registry lists them all: one
-    pipelined read, plus one for the counts of rules this rules file lacks.
+    pipelined read and the server time, plus one for the counts of rules this rules file lacks.
     """
     space = KeySpace(config.namespace, config.shards)
     nodes, names = await _read_registry(redis, space.shard(0),
@@ -47,12 +47,12 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
 
 async def _read_registry(redis: Any, sk: ShardKeys, live_ms: int) -> tuple[list[Peer], set[str]]:
     """The live worker nodes of shard ``sk`` (sorted by id), and every rule name registered."""
+    secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
     pipe = redis.pipeline(transaction=False)
-    pipe.time()
     pipe.zrange(sk.nodes, 0, -1, withscores=True)
     pipe.hgetall(sk.rules)
     pipe.smembers(sk.rule_names)
-    (secs, micros), seen, entries, names = await pipe.execute()
+    seen, entries, names = await pipe.execute()
     now_ms = int(secs) * 1000 + int(micros) // 1000
     peers = [Peer(str(node), int(last), str(entries.get(node, "")))
              for node, last in sorted(seen) if last >= now_ms - live_ms]

@@ -63,12 +63,14 @@ async def test_many_shards_refresh_every_key_on_bounded_connections_and_close_cl
                          message="every key refreshed")
         status = await node.status()
         assert {s["leader"] for s in status["shards"]} == {"big"}
+        summary = f"big leads {shards} of {shards} shards"
+        await wait_until(lambda: any(summary in r.getMessage() for r in caplog.records),
+                         timeout=30, message="the leadership summary line")
     assert len(rec.calls) == len(keys), "each key refreshed exactly once"
     # Two clients (writer, node), each with its pool and the probe of its start.
     assert received(own_server) - before <= 2 * (MAX_CONNECTIONS + 1)
     assert problems(caplog.records) == []
     leads = [r.getMessage() for r in caplog.records if " leads " in r.getMessage()]
-    assert f"big leads {shards} of {shards} shards" in " ".join(leads)
     assert len(leads) <= 5, leads
 
 
@@ -162,7 +164,8 @@ async def test_status_reads_in_a_few_round_trips_whatever_the_shard_count(
     finally:
         await conn.close()
     # counts and leaders, the dead letters' state, recent history, the rules registry
-    assert counting.round_trips <= 4
+    # and the server time it is read against
+    assert counting.round_trips <= 5
     assert len(status["shards"]) == shards
     assert status["rules"]["a"]["pending"] == 300
     assert status["rules"]["b"]["pending"] == 30
