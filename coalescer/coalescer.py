@@ -46,6 +46,7 @@ from .rules import Config, HttpHandler
 from .runner import Runner
 from .scripts import History, Scripts
 from .status import gather_status
+from .upcoming import DEFAULT_SHOWN, next_due
 from .urls import redact
 from .wakeups import WakeListener
 
@@ -217,6 +218,11 @@ class Coalescer:
     async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:
         """Recent refreshes, newest first, across every shard (see HistoryQuery)."""
         return await read_history(self.redis, self.config, query or HistoryQuery())
+
+    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]:
+        """The earliest ``per_rule`` pending keys of each rule, with the server clock:
+        ``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``."""
+        return await next_due(self.redis, self.config, per_rule)
 
     async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
                            limit: int = 20, offset: int = 0) -> DeadPage:

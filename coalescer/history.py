@@ -1,7 +1,7 @@
 """Reading the refresh history: one capped Redis stream per shard.
 
-Every finished refresh (its key, rule, node, fencing token, attempt, start on
-the server clock, duration, outcome and error) is appended to its shard's
+Every finished refresh (its key, rule, node, fencing token, attempt, due time and
+start on the server clock, duration, outcome and error) is appended to its shard's
 stream by the same Lua call that records its result (``ack.lua``, ``fail.lua``),
 so the history costs no extra round trip. ``history`` in rules.yaml caps each
 stream (approximately: Redis trims whole blocks); 0 records nothing.
@@ -37,6 +37,7 @@ class Refresh:
     duration_ms: int
     outcome: str  # success, failure, timeout, or lost (its claim had been taken over)
     error: str
+    due_ms: int | None = None  # the due time it was claimed at (not recorded for lost ones)
 
     @property
     def failed(self) -> bool:
@@ -59,6 +60,10 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
+def _optional_int(value: str | None) -> int | None:
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
 def parse_entry(entry_id: str, fields: dict[str, str]) -> Refresh:
     """A stream entry as a Refresh (missing or odd fields read as empty)."""
     attempt = fields.get("attempt")
@@ -66,7 +71,8 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> Refresh:
                    node=fields.get("node", ""), token=_int(fields.get("token")),
                    attempt=int(attempt) if attempt and attempt.isdigit() else None,
                    start_ms=_int(fields.get("start")), duration_ms=_int(fields.get("ms")),
-                   outcome=fields.get("outcome", ""), error=fields.get("error", ""))
+                   outcome=fields.get("outcome", ""), error=fields.get("error", ""),
+                   due_ms=_optional_int(fields.get("due")))
 
 
 async def read_streams(redis: Any, shards: Sequence[ShardKeys],

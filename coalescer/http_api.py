@@ -1,9 +1,11 @@
-"""The HTTP surface of a node (SPEC §4): POST /touch, GET /healthz, /status, /metrics.
+"""The HTTP surface of a node (SPEC §4): POST /touch, GET /healthz, /status, /metrics,
+and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
-/healthz needs ``Authorization: Bearer <token>``. Every answer, errors included, is
-JSON, except /metrics (Prometheus text). A refused /touch applies nothing: the whole
-body is validated, unknown keys included, before the first key is touched.
+/healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
+Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
+A refused /touch applies nothing: the whole body is validated, unknown keys included,
+before the first key is touched.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from .errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from .http_page import PageNode, PageRoutes
 from .keycheck import key_problem
 from .metrics import Metrics
 
@@ -34,11 +37,12 @@ STATUS_TIMEOUT = 10.0
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
 DEFAULT_MAX_UNWRITTEN_AGE = 10.0  # /healthz is 503 once a touch waits this long for Redis
 MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
+OPEN_PATHS = ("/healthz", "/")  # served without the token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Node(Protocol):
+class Node(PageNode, Protocol):
     """What the HTTP API needs of a coalescer."""
 
     @property
@@ -200,7 +204,7 @@ def _auth_middleware(token: str) -> Any:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in OPEN_PATHS:
             return await handler(request)
         given = _bearer(request)
         if given is None or not hmac.compare_digest(given, expected):
@@ -277,6 +281,7 @@ class HttpApi:
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
+        PageRoutes(self._c, self._read_body).register(app)
         return app
 
     async def start(self) -> None:

@@ -193,17 +193,19 @@ end
 
 -- Append one finished refresh to the shard's history stream, capped near
 -- `maxlen` entries (approximate trimming: cheap); `maxlen` 0 keeps no history.
--- `r` is the claim as it ran (nil for a claim taken over: token from the caller).
+-- `r` is the claim as it ran (nil for a claim taken over: token from the caller);
+-- its due time is recorded too, so readers can tell how late the refresh started.
 local function record(history, maxlen, key, rule, node, token, r, start, ms, outcome, err)
   if maxlen <= 0 then return end
   local attempt = r and r.attempt or ''
+  local due = r and int(r.due) or ''
   if err then
     redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'key', key, 'rule', rule,
                'node', node, 'token', token, 'attempt', attempt, 'start', start, 'ms', ms,
-               'outcome', outcome, 'error', err)
+               'due', due, 'outcome', outcome, 'error', err)
   else
     redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'key', key, 'rule', rule,
                'node', node, 'token', token, 'attempt', attempt, 'start', start, 'ms', ms,
-               'outcome', outcome)
+               'due', due, 'outcome', outcome)
   end
 end
