@@ -159,7 +159,8 @@ async def local_runner(*, scripts: Scripts, keyspace: KeySpace, metrics: Metrics
     try:
         yield runner
     finally:
-        await runner.drain(0.0)
+        if runner.holding:
+            await runner.drain(0.0)
         with contextlib.suppress(Exception):
             await runner.flush_outbox()
         for task in tasks:
