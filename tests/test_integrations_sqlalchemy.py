@@ -168,3 +168,23 @@ async def test_a_touch_that_fails_at_commit_is_raised_after_the_commit(
             session.commit()
     assert orders(engine) == [1]  # committed all the same
     assert_refreshed(await c.drain(), ["stats:user:2"])  # the other coalescer's keys
+
+
+async def test_an_async_session_touches_after_its_commit(tmp_path: Path, engine: Engine,
+                                                         c: Coalescer) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async_engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'app.db'}")
+    try:
+        async with AsyncSession(async_engine) as session:
+            await session.execute(text("INSERT INTO orders VALUES (1, 10)"))
+            touch_after_commit(session, c, "stats:user:1")
+            await session.rollback()
+            await session.execute(text("INSERT INTO orders VALUES (2, 10)"))
+            touch_after_commit(session, c, "stats:user:2")
+            assert await c.drain() == []
+            await session.commit()
+        assert_refreshed(await c.drain(), ["stats:user:2"], exactly_once=True)
+        assert orders(engine) == [2]
+    finally:
+        await async_engine.dispose()
