@@ -232,7 +232,12 @@ class World:
 
     async def settle(self) -> None:
         """Wait until nothing is pending or in flight, then check the dead letters."""
-        await wait_until(self.quiet, timeout=20, message="nothing pending or in flight")
+        try:
+            await wait_until(self.quiet, timeout=60, message="nothing pending or in flight")
+        except AssertionError:
+            status = await self.toucher.status()
+            raise AssertionError(f"still pending or in flight: {status['rules']}; "
+                                 f"leaders {status['shards']}") from None
         status = await self.toucher.status()
         runs = self.history.runs(self.log)
         rules, rule_of = rule_table(self.config)
