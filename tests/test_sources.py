@@ -25,7 +25,7 @@ from coalescer import Coalescer
 from coalescer.errors import ConfigError
 from coalescer.patterns import KeyPattern
 from coalescer.rules import Config
-from coalescer.source_status import format_sources
+from coalescer.source_status import add_sources, format_sources
 from coalescer.status import format_status
 from coalescer.templates import KeyTemplate
 
@@ -230,7 +230,7 @@ async def test_start_new_skips_earlier_entries_and_all_reads_them(
 
 
 async def test_bad_entries_are_acknowledged_counted_and_never_block(
-        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any,
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
         caplog: pytest.LogCaptureFixture) -> None:
     path, rec = setup(tmp_path, namespace, rules_text(namespace))
     stream = f"{namespace}-app:orders"
@@ -321,6 +321,13 @@ async def test_status_shows_lag_pending_and_rejected(
     assert entries_counted(worker, "rejected") == 1
 
 
+async def sources_of(c: Coalescer) -> dict[str, Any]:
+    """The sources part of the status (the whole status is read on a single server)."""
+    status: dict[str, Any] = {}
+    await add_sources(c.redis, c.config, status)
+    return status["sources"]  # type: ignore[no-any-return]
+
+
 async def _equals(aw: Any, expected: Any) -> bool:
     return bool(await aw == expected)
 
@@ -381,3 +388,22 @@ async def test_two_nodes_share_a_stream_and_each_entry_counts_once(
                      == 200)
     group = await group_info(redis_client, stream)
     assert group is not None and (group["pending"], group["lag"]) == (0, 0)
+
+
+async def test_on_a_cluster_the_stream_has_its_own_slot(
+        tmp_path: Path, namespace: str, cluster: Any, nodes: Any) -> None:
+    path, rec = setup(tmp_path, namespace, rules_text(namespace, settings=FAST + "shards: 3\n"))
+    stream = f"{namespace}-app:orders"
+    client = redis.asyncio.RedisCluster.from_url(cluster.urls[0], decode_responses=True)
+    try:
+        c = await nodes(path, cluster.urls[1])
+        await wait_until(lambda: group_info(client, stream), timeout=15)
+        for n in range(20):
+            await client.xadd(stream, {"customer_id": str(n)})
+        await client.xadd(stream, {"customer_id": "no:rule"})
+        await wait_until(lambda: len({call.key for call in rec.calls}) == 20, timeout=15)
+        expected = {"orders": {"stream": stream, "group": "coalescer", "lag": 0, "pending": 0,
+                               "rejected": 1}}
+        await wait_until(lambda: _equals(sources_of(c), expected))
+    finally:
+        await client.aclose()
