@@ -20,7 +20,7 @@ from . import forksafe
 from .absorber import Absorber
 from .adopter import Adopter
 from .claim import Claim
-from .connection import Connection, connect
+from .connection import Connection, bytes_client, connect
 from .deadletters import (
     Action,
     DeadOutcome,
@@ -47,6 +47,7 @@ from .registry import RegistryWatch, encode
 from .rules import Config, HttpHandler
 from .runner import Runner
 from .scripts import History, Scripts
+from .sources import BLOCK_MAX, Sources
 from .status import gather_status
 from .upcoming import DEFAULT_SHOWN, next_due
 from .urls import redact
@@ -93,6 +94,7 @@ class Coalescer:
         self._leaderships: list[Leadership] = []
         self._runner: Runner | None = None
         self._flusher: Flusher | None = None
+        self._sources: Sources | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._drain_invokers: dict[str, Invoke] | None = None
         self._state = "new"
@@ -377,6 +379,16 @@ class Coalescer:
         for ls_ in self._leaderships:
             self._spawn(f"shard {ls_.shard}", ls_.run())
         self._spawn("registry", registry.run())
+        if cfg.sources:
+            self._start_sources(self._conn)
+
+    def _start_sources(self, conn: Connection) -> None:
+        client = bytes_client(conn, connections=len(self.config.sources) + 1,
+                              read_timeout=BLOCK_MAX + 5.0)
+        self._sources = Sources(self.config, client, node_id=self.node_id,
+                                touch_many=self.touch_many, flush=self.flush,
+                                metrics=self.metrics)
+        self._sources.start()
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:
@@ -417,6 +429,7 @@ class Coalescer:
             self._closed.set()
 
     async def _shutdown(self) -> None:
+        await self._quietly("stop sources", self._stop_sources())
         for ls_ in self._leaderships:
             ls_.stop()
         await self._quietly("flush", self._final_flush())
@@ -438,6 +451,10 @@ class Coalescer:
                         len(stuck), ", ".join(t.get_name() for t in stuck))
         await self._close_resources()
         log.info("coalescer %s closed", self.node_id)
+
+    async def _stop_sources(self) -> None:
+        if self._sources is not None:
+            await self._sources.stop()
 
     async def _final_flush(self) -> None:
         assert self._flusher is not None

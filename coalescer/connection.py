@@ -76,3 +76,16 @@ async def connect(url: str) -> Connection:
     cluster = RedisCluster.from_url(url, max_connections=MAX_CONNECTIONS, **options)
     await cluster.initialize()
     return Connection(url, cluster, plain, cluster=True)
+
+
+def bytes_client(conn: Connection, *, connections: int, read_timeout: float) -> Any:
+    """Another client on ``conn``'s server or cluster, answering bytes (not str), with a
+    pool of its own of ``connections`` and a socket timeout of ``read_timeout``
+    (longer than any blocking read made on it)."""
+    options = _options() | {"decode_responses": False, "socket_timeout": read_timeout}
+    if conn.cluster:
+        options.pop("health_check_interval")
+        return RedisCluster.from_url(conn.url, max_connections=connections, **options)
+    pool = BlockingConnectionPool.from_url(conn.url, max_connections=connections,
+                                           timeout=POOL_TIMEOUT, **options)
+    return Redis.from_pool(pool)

@@ -22,6 +22,13 @@ Per shard::
     NS:{NS:N}:history         STREAM  the shard's recent refreshes, capped (MAXLEN ~)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
 
+Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
+
+    NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
+
+A source's stream and its consumer group are the user's, named in the rules
+file, and not built here (in a Redis Cluster the stream lives on its own slot).
+
 The rules registry (which node knows which rules, for rolling deploys) is kept
 per shard, next to the shard's node set, rather than under a namespace-wide
 key: every worker node heartbeats every shard anyway, so the scripts that
@@ -115,3 +122,8 @@ class KeySpace:
 
     def all_shards(self) -> list[ShardKeys]:
         return [self.shard(n) for n in range(self.shards)]
+
+
+def sources_rejected(namespace: str) -> str:
+    """The hash counting each stream source's rejected entries (its own hash tag)."""
+    return f"{namespace}:{{{namespace}:sources}}:rejected"

@@ -66,6 +66,10 @@ class Metrics:
             "coalescer_dropped_keys_total",
             "touched keys dropped because Redis refused them for good, by reason",
             ["reason"], registry=r)
+        self.source_entries = Counter(
+            "coalescer_source_entries_total",
+            "stream source entries handled, by source and outcome (accepted, rejected)",
+            ["source", "outcome"], registry=r)
 
         self._rules: dict[str, RuleMetrics] = {}
 

@@ -25,6 +25,7 @@ from coalescer.durations import ACCEPTED as DURATIONS_ACCEPTED
 from coalescer.durations import format_duration, parse_duration
 from coalescer.errors import ConfigError, UnknownKeyError
 from coalescer.patterns import KeyPattern
+from coalescer.source_config import Source, load_sources
 from coalescer.urls import redact
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -35,7 +36,7 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
-               "rules")
+               "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
 _RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
@@ -145,6 +146,7 @@ class Config:
     rules: tuple[Rule, ...]
     source: str
     history: int = DEFAULT_HISTORY
+    sources: tuple[Source, ...] = ()
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _groups: dict[int, tuple[Rule, int]] = field(init=False, repr=False, compare=False)
@@ -520,9 +522,11 @@ class _Loader:
         defaults = self.defaults(entries)
         rules = self.rules(self.require(entries, "rules", root, "", "the rules file"),
                            defaults)
+        sources = (load_sources(self, entries["sources"][1], [r.pattern for r in rules])
+                   if "sources" in entries else ())
         return Config(namespace=namespace, shards=shards, leader_lease=leases["leader_lease"],
                       claim_lease=leases["claim_lease"], rules=rules, source=self.file,
-                      history=history)
+                      history=history, sources=sources)
 
     def history(self, entries: Entries) -> int:
         if "history" not in entries:

@@ -9,6 +9,7 @@ from .history import RECENT, recent_by_rule
 from .keys import KeySpace, ShardKeys
 from .registry_status import add_registry, format_registry
 from .rules import Config
+from .source_status import add_sources, format_sources
 
 DEAD_LISTED = 20
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
@@ -85,6 +86,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
               "dead_letters": dead}
     await add_registry(redis, config, status)
+    await add_sources(redis, config, status)
     return status
 
 
@@ -118,6 +120,7 @@ def format_status(status: dict[str, Any], now_ms: int) -> str:
                      f"{_when(r['next_due_ms'], now_ms)}")
     lines += format_registry(status)
     lines += _recent_lines(status)
+    lines += format_sources(status)
     if status["dead_letters"]:
         lines += ["", "DEAD LETTERS (re-queue with `coalescer retry KEY` or `--all`)"]
         for d in status["dead_letters"]:
