@@ -11,6 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,43 @@ def test_stats_app_write_with_an_older_token_changes_nothing(tmp_path: Path) -> 
         assert stats_db.stored(conn)[7].orders == 4
     finally:
         conn.close()
+
+
+# -- sync_app -------------------------------------------------------------------------------
+
+SYNC_RULES = REPO / "examples" / "sync_app" / "rules.yaml"
+LIKES = 120
+
+
+def test_sync_app_under_gunicorn_preload_touches_from_both_workers_and_stops_cleanly(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    env = {"COALESCER_REDIS_URL": own_server.url, "LIKES_DB": str(tmp_path / "likes.db")}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs.start("node", *node_cmd(SYNC_RULES, own_server.url), **env)
+    gunicorn = procs.start(
+        "gunicorn", str(Path(PY).parent / "gunicorn"), "-c", "examples/sync_app/gunicorn.conf.py",
+        "--bind", f"127.0.0.1:{port}", "--workers", "2", "--preload", "--no-control-socket",
+        "examples.sync_app.app:app", **env)
+    wait_listening(procs, "gunicorn", port)
+
+    def like(n: int) -> tuple[int, Any]:
+        return http("POST", f"{url}/posts/{n % 40}/likes", {"user": f"u{n}"})
+
+    with ThreadPoolExecutor(8) as pool:  # concurrent requests: both workers answer
+        answers = list(pool.map(like, range(LIKES)))
+    assert {status for status, _ in answers} == {201}
+    workers = {answer["worker"] for _, answer in answers}
+    assert len(workers) == 2 and gunicorn.pid not in workers
+    assert http("POST", f"{url}/posts/1/likes", {"user": ""})[0] == 400
+
+    def counts() -> dict[int, int | None]:
+        return {post: http("GET", f"{url}/posts/{post}")[1]["likes"] for post in range(40)}
+    poll_until(lambda: counts() == dict.fromkeys(range(40), LIKES // 40), timeout=15,
+               message="every post's count refreshed")
+
+    assert procs.stop("gunicorn") == 0
+    log = procs.log("gunicorn")
+    assert "Traceback" not in log, log
+    assert log.count("coalescer closed, every touch written to Redis") == 2, log
+    assert procs.stop("node") == 0
