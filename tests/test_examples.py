@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import signal
@@ -17,8 +19,9 @@ from typing import Any
 
 import pytest
 from e2e import REPO, clean_env
-from servers import ValkeyProcess, free_port, poll_until
+from servers import ValkeyProcess, poll_until
 
+from coalescer.embedded import free_port
 from examples.stats_app import customer_stats as stats_db
 
 PY = sys.executable
@@ -224,3 +227,82 @@ def test_sync_app_under_gunicorn_preload_touches_from_both_workers_and_stops_cle
     assert "Traceback" not in log, log
     assert log.count("coalescer closed, every touch written to Redis") == 2, log
     assert procs.stop("node") == 0
+
+
+# -- webhook --------------------------------------------------------------------------------
+
+HOOK_RULES = REPO / "examples" / "webhook" / "rules.yaml"
+HOOK_SECRET = "s3cret-for-the-example-test"
+
+
+def signed(body: bytes, secret: str = HOOK_SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def post_raw(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_webhook_receiver_applies_signed_refreshes_and_refuses_forged_and_stale_ones(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    text = HOOK_RULES.read_text()
+    assert "http://127.0.0.1:8090/" in text
+    rules = tmp_path / "rules.yaml"  # the example's rules, with the receiver's test port
+    rules.write_text(text.replace("127.0.0.1:8090", f"127.0.0.1:{port}"))
+    procs.start("receiver", PY, "-m", "examples.webhook.receiver", "--port", str(port),
+                WEBHOOK_SECRET=HOOK_SECRET)
+    procs.start("node", *node_cmd(rules, own_server.url), WEBHOOK_SECRET=HOOK_SECRET)
+    wait_listening(procs, "receiver", port)
+
+    touched = subprocess.run([PY, "-m", "coalescer.cli", "touch", "report:7", "report:8",
+                              "--rules", str(rules), "--redis", own_server.url], cwd=REPO,
+                             env=clean_env(), capture_output=True, text=True, timeout=30,
+                             check=False)
+    assert touched.returncode == 0, touched.stderr
+
+    def applied() -> dict[str, Any]:
+        state: dict[str, Any] = http("GET", f"{url}/applied")[1]
+        return state if {"report:7", "report:8"} <= state.keys() else {}
+    state = poll_until(applied, timeout=15, message="both reports refreshed")
+    assert {key: entry["rebuilds"] for key, entry in state.items()} == {
+        "report:7": 1, "report:8": 1}
+    token = state["report:7"]["token"]
+
+    newer = json.dumps({"key": "report:7", "token": token + 100}).encode()
+    forged = [{},                                              # no signature
+              {"X-Coalescer-Signature": signed(newer, "another secret")},
+              {"X-Coalescer-Signature": signed(newer + b" ")},   # of other bytes
+              {"X-Coalescer-Signature": signed(newer)[7:]}]      # no "sha256=" prefix
+    for headers in forged:
+        assert post_raw(f"{url}/refresh/7", newer, headers) == (
+            401, {"error": "missing or wrong signature"}), headers
+    stale = json.dumps({"key": "report:7", "token": token}).encode()
+    assert post_raw(f"{url}/refresh/7", stale, {"X-Coalescer-Signature": signed(stale)}) == (
+        200, {"key": "report:7", "token": token, "applied": False})
+    assert http("GET", f"{url}/applied")[1] == state  # nothing forged or stale applied
+
+    assert post_raw(f"{url}/refresh/7", newer, {"X-Coalescer-Signature": signed(newer)}) == (
+        200, {"key": "report:7", "token": token + 100, "applied": True})
+    not_json = b"{nope"
+    assert post_raw(f"{url}/refresh/7", not_json,
+                    {"X-Coalescer-Signature": signed(not_json)})[0] == 400
+    assert "refused /refresh/7" in procs.log("receiver")
+    assert procs.stop("node") == 0
+    assert procs.stop("receiver") == 0
+
+
+def test_webhook_receiver_will_not_start_without_its_secret(tmp_path: Path) -> None:
+    done = subprocess.run([PY, "-m", "examples.webhook.receiver", "--port", str(free_port())],
+                          cwd=REPO, env=clean_env(WEBHOOK_SECRET=""), capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "python -m examples.webhook.receiver: set WEBHOOK_SECRET to the secret the node "
+        "signs with"]
