@@ -1,0 +1,1 @@
+"""The statistics-refresh example: orders in SQLite, per-customer aggregates kept fresh."""

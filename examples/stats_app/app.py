@@ -1,0 +1,137 @@
+"""The web app: POST /orders writes orders, GET /customers/{id}/stats reads the aggregate.
+
+    python -m examples.stats_app.app [--port 8080] [--db PATH] [--redis URL]
+
+The write path touches ``stats:customer:{id}`` for every order it committed; a
+coalescer node (``coalescer run --rules examples/stats_app/rules.yaml``) runs the
+refresh once per customer, a quiet window after the last touch. This process only
+touches (``worker=False``): it never runs refreshes itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from coalescer import Coalescer
+
+from . import customer_stats as db
+
+RULES = Path(__file__).resolve().with_name("rules.yaml")
+COALESCER = web.AppKey("coalescer", Coalescer)
+DB_PATH = web.AppKey("db_path", Path)
+MAX_ORDERS = 1000
+
+
+def _int_field(order: Any, where: str, name: str, low: int) -> int:
+    if not isinstance(order, dict):
+        raise ValueError(f"{where} must be an object, got {type(order).__name__}")
+    value = order.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{where}.{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def parse_orders(body: Any) -> list[tuple[int, int]]:
+    """``{"orders": [{"customer_id": 7, "amount": 1250}, ...]}`` (amounts in cents) or a
+    single order object; ValueError naming the first bad field."""
+    items = body.get("orders") if isinstance(body, dict) and "orders" in body else [body]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_ORDERS:
+        raise ValueError(f"orders must be a list of 1 to {MAX_ORDERS} orders")
+    return [(_int_field(o, f"orders[{i}]", "customer_id", 1),
+             _int_field(o, f"orders[{i}]", "amount", 0)) for i, o in enumerate(items)]
+
+
+def _insert(path: Path, orders: list[tuple[int, int]]) -> None:
+    conn = db.connect(path)
+    try:
+        db.add_orders(conn, orders)
+    finally:
+        conn.close()
+
+
+async def post_orders(request: web.Request) -> web.Response:
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:  # not UTF-8, or not JSON
+        return web.json_response({"error": f"the body is not JSON: {exc}"}, status=400)
+    try:
+        orders = parse_orders(body)
+    except ValueError as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    await asyncio.to_thread(_insert, request.app[DB_PATH], orders)
+    # Touch only AFTER the commit. A refresh can start any time after its touch reaches
+    # Redis: at once when the key's max_wait ran out during a long burst, or while a slow
+    # commit waits for a lock. Touched before the commit, it could read the orders table
+    # without these rows and store the old figures; that touch consumed, nothing would
+    # refresh the customer again: a lost update. Touched after, every refresh that
+    # follows the touch sees these rows.
+    coalescer = request.app[COALESCER]
+    for customer_id, _ in orders:
+        coalescer.touch(db.KEY_FORMAT.format(customer_id))
+    # Optional: answer once Redis holds the due times, so a client that then sees
+    # `coalescer status` with nothing pending knows its orders are reflected.
+    await coalescer.flush()
+    return web.json_response({"inserted": len(orders)}, status=201)
+
+
+def _read_stats(path: Path, customer_id: int) -> db.Stats | None:
+    conn = db.connect(path)
+    try:
+        return db.stored(conn).get(customer_id)
+    finally:
+        conn.close()
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    try:
+        customer_id = int(request.match_info["customer_id"])
+    except ValueError:
+        return web.json_response({"error": "customer id must be an integer"}, status=400)
+    stats = await asyncio.to_thread(_read_stats, request.app[DB_PATH], customer_id)
+    if stats is None:
+        return web.json_response({"error": f"no stats for customer {customer_id} yet"},
+                                 status=404)
+    return web.json_response({"customer_id": customer_id, **stats._asdict()})
+
+
+def make_app(db_path: Path, redis_url: str | None = None, rules: Path = RULES) -> web.Application:
+    app = web.Application()
+    app[DB_PATH] = db_path
+    db.init_db(db_path)
+
+    async def coalescer_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
+            app[COALESCER] = c
+            yield  # leaving flushes every buffered touch to Redis
+
+    app.cleanup_ctx.append(coalescer_ctx)
+    app.router.add_post("/orders", post_orders)
+    app.router.add_get("/customers/{customer_id}/stats", get_stats)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.stats_app.app",
+                                     description="The statistics example's web app.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--db", type=Path, default=None,
+                        help="SQLite file (default $STATS_DB, else stats.db beside this file)")
+    parser.add_argument("--redis", default=None,
+                        help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = make_app(args.db or db.db_path(), args.redis)
+    web.run_app(app, host=args.host, port=args.port, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

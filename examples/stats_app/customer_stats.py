@@ -1,0 +1,191 @@
+"""Orders (the source of truth) and customer_stats (the aggregate), in SQLite, and the
+refresh handler that recomputes one customer's row.
+
+The node imports this file as ``customer_stats`` (rules.yaml names
+``customer_stats:refresh_customer``; the rules file's folder is first on sys.path
+there); the app and the import script import it as ``examples.stats_app.customer_stats``.
+The database file is ``$STATS_DB``, else ``stats.db`` beside this file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from coalescer import Claim
+
+log = logging.getLogger(__name__)
+
+DB_ENV = "STATS_DB"
+DEFAULT_DB = Path(__file__).resolve().with_name("stats.db")
+KEY_FORMAT = "stats:customer:{}"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    id INTEGER PRIMARY KEY,
+    customer_id INTEGER NOT NULL,
+    amount INTEGER NOT NULL,           -- cents, so that sums are exact
+    created_at INTEGER NOT NULL        -- epoch milliseconds
+);
+CREATE INDEX IF NOT EXISTS orders_by_customer ON orders (customer_id);
+CREATE TABLE IF NOT EXISTS customer_stats (
+    customer_id INTEGER PRIMARY KEY,
+    orders INTEGER NOT NULL,
+    total INTEGER NOT NULL,
+    avg REAL NOT NULL,
+    last_order_at INTEGER,
+    token INTEGER NOT NULL             -- fencing token of the refresh that wrote this row
+);
+CREATE TABLE IF NOT EXISTS refresh_log (   -- one row per refresh run, to count them
+    id INTEGER PRIMARY KEY,
+    customer_id INTEGER NOT NULL,
+    token INTEGER NOT NULL,
+    applied INTEGER NOT NULL,          -- 0: refused, a newer refresh had written already
+    at INTEGER NOT NULL
+);
+"""
+
+AGGREGATE = """
+SELECT COUNT(*), COALESCE(SUM(amount), 0), COALESCE(AVG(amount), 0.0), MAX(created_at)
+FROM orders WHERE customer_id = ?
+"""
+
+# The fenced write. A refresh writes only if its token is larger than the token of the
+# row's last writer: a stale holder (its claim lease expired while it was paused, and a
+# newer claim has refreshed since) is refused, and changes nothing. The same guard for
+# a plain UPDATE: "UPDATE customer_stats SET ... WHERE customer_id = ? AND token < ?".
+FENCED_UPSERT = """
+INSERT INTO customer_stats (customer_id, orders, total, avg, last_order_at, token)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (customer_id) DO UPDATE SET
+    orders = excluded.orders, total = excluded.total, avg = excluded.avg,
+    last_order_at = excluded.last_order_at, token = excluded.token
+WHERE excluded.token > customer_stats.token
+"""
+
+FULL_RECOMPUTE = """
+SELECT customer_id, COUNT(*), SUM(amount), AVG(amount), MAX(created_at)
+FROM orders GROUP BY customer_id
+"""
+
+
+class Stats(NamedTuple):
+    orders: int
+    total: int
+    avg: float
+    last_order_at: int | None
+
+
+def db_path() -> Path:
+    return Path(os.environ.get(DB_ENV) or DEFAULT_DB)
+
+
+def connect(path: str | os.PathLike[str] | None = None) -> sqlite3.Connection:
+    """A connection in autocommit mode: transactions are explicit (BEGIN IMMEDIATE)."""
+    conn = sqlite3.connect(path or db_path(), timeout=30.0, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
+def init_db(path: str | os.PathLike[str] | None = None) -> None:
+    """Create the tables if needed; WAL lets readers run beside the one writer."""
+    conn = connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(SCHEMA)
+    finally:
+        conn.close()
+
+
+def add_orders(conn: sqlite3.Connection, orders: Iterable[tuple[int, int]]) -> int:
+    """Insert (customer_id, amount) rows in one transaction; returns how many."""
+    now = time.time_ns() // 1_000_000
+    rows = [(customer, amount, now) for customer, amount in orders]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(
+            "INSERT INTO orders (customer_id, amount, created_at) VALUES (?, ?, ?)", rows)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return len(rows)
+
+
+def compute(conn: sqlite3.Connection, customer_id: int) -> Stats:
+    """One customer's aggregates, from the orders committed so far."""
+    orders, total, avg, last = conn.execute(AGGREGATE, (customer_id,)).fetchone()
+    return Stats(int(orders), int(total), float(avg), last)
+
+
+def write_stats(conn: sqlite3.Connection, customer_id: int, stats: Stats, token: int) -> bool:
+    """Store ``stats`` unless a refresh with a token >= ``token`` already did; True if
+    written. Also records the run in refresh_log."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        cursor = conn.execute(FENCED_UPSERT, (customer_id, *stats, token))
+        applied = cursor.rowcount == 1
+        conn.execute("INSERT INTO refresh_log (customer_id, token, applied, at) "
+                     "VALUES (?, ?, ?, ?)",
+                     (customer_id, token, int(applied), time.time_ns() // 1_000_000))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return applied
+
+
+def refresh(conn: sqlite3.Connection, customer_id: int, token: int) -> bool:
+    """Recompute one customer's row and write it, fenced by ``token``.
+
+    The aggregate is read outside the write transaction, as a heavy GROUP BY would be
+    (it need not hold the database's write lock). That is what makes the fence matter:
+    a holder paused between its read and its write may write old figures after a newer
+    refresh wrote fresh ones; its smaller token gets it refused.
+    """
+    return write_stats(conn, customer_id, compute(conn, customer_id), token)
+
+
+def refresh_customer(claim: Claim) -> None:
+    """The handler rules.yaml names: a plain function, run in coalescer's thread pool."""
+    customer_id = int(claim.params["customer_id"])
+    conn = connect()
+    try:
+        if not refresh(conn, customer_id, claim.token):
+            log.info("%s: token %d refused, a newer refresh already wrote", claim.key,
+                     claim.token)
+    finally:
+        conn.close()
+
+
+def stored(conn: sqlite3.Connection) -> dict[int, Stats]:
+    rows = conn.execute("SELECT customer_id, orders, total, avg, last_order_at "
+                        "FROM customer_stats").fetchall()
+    return {row[0]: Stats(*row[1:]) for row in rows}
+
+
+def recomputed(conn: sqlite3.Connection) -> dict[int, Stats]:
+    """Every customer's aggregates by a full recompute (what the stored rows must equal)."""
+    return {row[0]: Stats(int(row[1]), int(row[2]), float(row[3]), row[4])
+            for row in conn.execute(FULL_RECOMPUTE)}
+
+
+def mismatches(conn: sqlite3.Connection) -> dict[int, tuple[Stats | None, Stats]]:
+    """Customers whose stored stats differ from a full recompute: id -> (stored, expected)."""
+    have, want = stored(conn), recomputed(conn)
+    return {cid: (have.get(cid), expected) for cid, expected in want.items()
+            if have.get(cid) != expected}
+
+
+def refreshes_since(conn: sqlite3.Connection, after_id: int) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM refresh_log WHERE id > ?",
+                            (after_id,)).fetchone()[0])
+
+
+def last_refresh_id(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM refresh_log").fetchone()[0])

@@ -1,0 +1,1 @@
+"""The synchronous example: a Flask app under gunicorn (--preload) touching keys."""

@@ -1,0 +1,1 @@
+"""The webhook example: another service refreshed by a signed HTTP request."""

@@ -1,0 +1,110 @@
+"""A service refreshed by coalescer's webhook: verifies, applies, keeps the highest token.
+
+    WEBHOOK_SECRET=... python -m examples.webhook.receiver [--port 8090]
+
+``POST /refresh/{report_id}`` with the claim as its JSON body:
+
+* the ``X-Coalescer-Signature: sha256=<hex>`` header must be the HMAC-SHA256 of the
+  exact body bytes keyed with ``$WEBHOOK_SECRET``, checked before the body is parsed;
+  a missing or wrong one is answered 401 and nothing is applied;
+* a claim whose token is not larger than the highest already applied for its key is
+  a late or repeated delivery (delivery is at least once): acknowledged with 200 and
+  ``"applied": false``, never applied over newer work. (A 4xx would make coalescer
+  retry a request that can never succeed.)
+
+``GET /applied`` shows, per key, the token applied last and how many refreshes applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import logging
+import os
+from typing import Any
+
+from aiohttp import web
+
+SECRET_ENV = "WEBHOOK_SECRET"
+SIGNATURE_HEADER = "X-Coalescer-Signature"
+
+log = logging.getLogger(__name__)
+
+
+def verified(secret: bytes, body: bytes, header: str | None) -> bool:
+    """True if ``header`` is the signature of ``body`` (compared in constant time)."""
+    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+    return header is not None and hmac.compare_digest(expected.encode(), header.encode())
+
+
+class Reports:
+    """The receiving service's state: the highest token applied per key."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+        self.rebuilds: dict[str, int] = {}
+
+    def apply(self, key: str, token: int) -> bool:
+        """Rebuild ``key``'s report unless a claim with a token >= ``token`` did."""
+        if token <= self.tokens.get(key, 0):
+            return False
+        # A real service rebuilds the report here, then records the token with it
+        # (in one transaction, when it lives in a database).
+        self.tokens[key] = token
+        self.rebuilds[key] = self.rebuilds.get(key, 0) + 1
+        return True
+
+
+def _claim(body: bytes) -> tuple[str, int]:
+    claim: Any = json.loads(body)
+    if not isinstance(claim, dict):
+        raise ValueError("the body must be a JSON object")
+    key, token = claim.get("key"), claim.get("token")
+    if not isinstance(key, str) or not isinstance(token, int) or isinstance(token, bool):
+        raise ValueError("the body must carry a string 'key' and an integer 'token'")
+    return key, token
+
+
+def make_app(secret: bytes) -> web.Application:
+    reports = Reports()
+
+    async def refresh(request: web.Request) -> web.Response:
+        body = await request.read()  # the raw bytes: the signature covers exactly these
+        if not verified(secret, body, request.headers.get(SIGNATURE_HEADER)):
+            log.warning("refused %s: missing or wrong %s", request.path, SIGNATURE_HEADER)
+            return web.json_response({"error": "missing or wrong signature"}, status=401)
+        try:
+            key, token = _claim(body)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        applied = reports.apply(key, token)
+        log.info("%s token %d: %s", key, token, "applied" if applied else "stale, ignored")
+        return web.json_response({"key": key, "token": token, "applied": applied})
+
+    async def applied(request: web.Request) -> web.Response:
+        return web.json_response({key: {"token": token, "rebuilds": reports.rebuilds[key]}
+                                  for key, token in reports.tokens.items()})
+
+    app = web.Application(client_max_size=64 * 1024)
+    app.router.add_post("/refresh/{report_id}", refresh)
+    app.router.add_get("/applied", applied)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.webhook.receiver",
+                                     description="The webhook example's receiver.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    args = parser.parse_args(argv)
+    secret = os.environ.get(SECRET_ENV)
+    if not secret:
+        parser.exit(2, f"{parser.prog}: set {SECRET_ENV} to the secret the node signs with\n")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    web.run_app(make_app(secret.encode()), host=args.host, port=args.port, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

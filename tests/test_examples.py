@@ -1,0 +1,308 @@
+"""The examples under examples/, each run as a user would: real processes, real servers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e import REPO, clean_env
+from servers import ValkeyProcess, poll_until
+
+from coalescer.embedded import free_port
+from examples.stats_app import customer_stats as stats_db
+
+PY = sys.executable
+
+
+class Procs:
+    """Child processes of one test, logs in its tmp folder; all stopped at teardown."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *cmd: str, **env: str) -> subprocess.Popen[bytes]:
+        with (self.folder / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(list(cmd), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=clean_env(**env))
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+    def stop(self, name: str, timeout: float = 20) -> int:
+        """SIGTERM, then the exit status (SIGKILL if it would not exit)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"{name} did not exit on SIGTERM:\n{self.log(name)}") from None
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    started = Procs(tmp_path)
+    yield started
+    started.stop_all()
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_listening(procs: Procs, name: str, port: int) -> None:
+    def up() -> bool:
+        if procs.procs[name].poll() is not None:
+            raise AssertionError(f"{name} exited:\n{procs.log(name)}")
+        return listening(port)
+    poll_until(up, timeout=15, message=f"{name} listening on {port}")
+
+
+def http(method: str, url: str, body: Any = None,
+         raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def node_cmd(rules: Path, redis_url: str) -> list[str]:
+    return [PY, "-m", "coalescer.cli", "run", "--rules", str(rules), "--redis", redis_url,
+            "--http", "off"]
+
+
+# -- stats_app ----------------------------------------------------------------------------
+
+STATS_RULES = REPO / "examples" / "stats_app" / "rules.yaml"
+
+
+def test_stats_app_bulk_import_refreshes_each_customer_once_and_stats_equal_a_recompute(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    """The README's three commands, with the import's defaults: 10,000 orders."""
+    db = tmp_path / "stats.db"
+    port = free_port()
+    app_url = f"http://127.0.0.1:{port}"
+    procs.start("node", *node_cmd(STATS_RULES, own_server.url), STATS_DB=str(db))
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--port", str(port),
+                "--redis", own_server.url, STATS_DB=str(db))
+    wait_listening(procs, "app", port)
+
+    done = subprocess.run([PY, "-m", "examples.stats_app.bulk_import", "--app", app_url,
+                           "--redis", own_server.url], cwd=REPO, env=clean_env(STATS_DB=str(db)),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+    assert done.returncode == 0, done.stdout + done.stderr + procs.log("node")
+    ran = int(re.findall(r"refreshes run: (\d+) \(a refresh per write would have run 10,000\)",
+                         done.stdout)[0])
+    assert "stats equal a full recompute for 100 of 100 customers" in done.stdout
+    conn = stats_db.connect(db)
+    try:
+        # checked here too, not only by the script's word
+        assert conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 10_000
+        assert len(stats_db.recomputed(conn)) == 100
+        assert stats_db.mismatches(conn) == {}
+        assert stats_db.refreshes_since(conn, 0) == ran
+    finally:
+        conn.close()
+    # one refresh per customer: the burst is over long before max_wait (30 s)
+    assert 100 <= ran < 200, done.stdout
+    assert procs.stop("app") == 0
+    assert procs.stop("node") == 0
+
+
+def test_stats_app_refuses_a_bad_order_and_inserts_nothing(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    db = tmp_path / "stats.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--port", str(port),
+                "--redis", own_server.url, STATS_DB=str(db))
+    wait_listening(procs, "app", port)
+    bad = {"orders": [{"customer_id": 1, "amount": 5}, {"customer_id": "x", "amount": 1}]}
+    assert http("POST", f"{url}/orders", bad) == (
+        400, {"error": "orders[1].customer_id must be an integer >= 1, got 'x'"})
+    status, answer = http("POST", f"{url}/orders", raw=b"\xff{")
+    assert status == 400 and answer["error"].startswith("the body is not JSON")
+    assert http("GET", f"{url}/customers/1/stats")[0] == 404
+    conn = stats_db.connect(db)
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert http("POST", f"{url}/orders", {"customer_id": 1, "amount": 5}) == (
+        201, {"inserted": 1})
+    assert procs.stop("app") == 0
+
+
+def test_stats_app_write_with_an_older_token_changes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "stats.db"
+    stats_db.init_db(db)
+    conn = stats_db.connect(db)
+    try:
+        stats_db.add_orders(conn, [(7, 1000), (7, 3000)])
+        stale = stats_db.compute(conn, 7)           # holder of token 5 reads, then pauses
+        stats_db.add_orders(conn, [(7, 5000)])
+        assert stats_db.refresh(conn, 7, token=6)   # a newer claim refreshes
+        fresh = stats_db.stored(conn)[7]
+        assert fresh == stats_db.Stats(3, 9000, 3000.0, fresh.last_order_at)
+
+        assert not stats_db.write_stats(conn, 7, stale, token=5)  # the stale holder resumes
+        assert not stats_db.write_stats(conn, 7, stale, token=6)  # an equal token too
+        assert stats_db.stored(conn)[7] == fresh
+        assert stats_db.mismatches(conn) == {}
+        applied = conn.execute("SELECT token, applied FROM refresh_log ORDER BY id").fetchall()
+        assert applied == [(6, 1), (5, 0), (6, 0)]
+
+        stats_db.add_orders(conn, [(7, 1)])
+        assert stats_db.refresh(conn, 7, token=9)
+        assert stats_db.stored(conn)[7].orders == 4
+    finally:
+        conn.close()
+
+
+# -- sync_app -------------------------------------------------------------------------------
+
+SYNC_RULES = REPO / "examples" / "sync_app" / "rules.yaml"
+LIKES = 120
+
+
+def test_sync_app_under_gunicorn_preload_touches_from_both_workers_and_stops_cleanly(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    env = {"COALESCER_REDIS_URL": own_server.url, "LIKES_DB": str(tmp_path / "likes.db")}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs.start("node", *node_cmd(SYNC_RULES, own_server.url), **env)
+    gunicorn = procs.start(
+        "gunicorn", str(Path(PY).parent / "gunicorn"), "-c", "examples/sync_app/gunicorn.conf.py",
+        "--bind", f"127.0.0.1:{port}", "--workers", "2", "--preload", "--no-control-socket",
+        "examples.sync_app.app:app", **env)
+    wait_listening(procs, "gunicorn", port)
+
+    def like(n: int) -> tuple[int, Any]:
+        return http("POST", f"{url}/posts/{n % 40}/likes", {"user": f"u{n}"})
+
+    with ThreadPoolExecutor(8) as pool:  # concurrent requests: both workers answer
+        answers = list(pool.map(like, range(LIKES)))
+    assert {status for status, _ in answers} == {201}
+    workers = {answer["worker"] for _, answer in answers}
+    assert len(workers) == 2 and gunicorn.pid not in workers
+    assert http("POST", f"{url}/posts/1/likes", {"user": ""})[0] == 400
+
+    def counts() -> dict[int, int | None]:
+        return {post: http("GET", f"{url}/posts/{post}")[1]["likes"] for post in range(40)}
+    poll_until(lambda: counts() == dict.fromkeys(range(40), LIKES // 40), timeout=15,
+               message="every post's count refreshed")
+
+    assert procs.stop("gunicorn") == 0
+    log = procs.log("gunicorn")
+    assert "Traceback" not in log, log
+    assert log.count("coalescer closed, every touch written to Redis") == 2, log
+    assert procs.stop("node") == 0
+
+
+# -- webhook --------------------------------------------------------------------------------
+
+HOOK_RULES = REPO / "examples" / "webhook" / "rules.yaml"
+HOOK_SECRET = "s3cret-for-the-example-test"
+
+
+def signed(body: bytes, secret: str = HOOK_SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def post_raw(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_webhook_receiver_applies_signed_refreshes_and_refuses_forged_and_stale_ones(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    text = HOOK_RULES.read_text()
+    assert "http://127.0.0.1:8090/" in text
+    rules = tmp_path / "rules.yaml"  # the example's rules, with the receiver's test port
+    rules.write_text(text.replace("127.0.0.1:8090", f"127.0.0.1:{port}"))
+    procs.start("receiver", PY, "-m", "examples.webhook.receiver", "--port", str(port),
+                WEBHOOK_SECRET=HOOK_SECRET)
+    procs.start("node", *node_cmd(rules, own_server.url), WEBHOOK_SECRET=HOOK_SECRET)
+    wait_listening(procs, "receiver", port)
+
+    touched = subprocess.run([PY, "-m", "coalescer.cli", "touch", "report:7", "report:8",
+                              "--rules", str(rules), "--redis", own_server.url], cwd=REPO,
+                             env=clean_env(), capture_output=True, text=True, timeout=30,
+                             check=False)
+    assert touched.returncode == 0, touched.stderr
+
+    def applied() -> dict[str, Any]:
+        state: dict[str, Any] = http("GET", f"{url}/applied")[1]
+        return state if {"report:7", "report:8"} <= state.keys() else {}
+    state = poll_until(applied, timeout=15, message="both reports refreshed")
+    assert {key: entry["rebuilds"] for key, entry in state.items()} == {
+        "report:7": 1, "report:8": 1}
+    token = state["report:7"]["token"]
+
+    newer = json.dumps({"key": "report:7", "token": token + 100}).encode()
+    forged = [{},                                              # no signature
+              {"X-Coalescer-Signature": signed(newer, "another secret")},
+              {"X-Coalescer-Signature": signed(newer + b" ")},   # of other bytes
+              {"X-Coalescer-Signature": signed(newer)[7:]}]      # no "sha256=" prefix
+    for headers in forged:
+        assert post_raw(f"{url}/refresh/7", newer, headers) == (
+            401, {"error": "missing or wrong signature"}), headers
+    stale = json.dumps({"key": "report:7", "token": token}).encode()
+    assert post_raw(f"{url}/refresh/7", stale, {"X-Coalescer-Signature": signed(stale)}) == (
+        200, {"key": "report:7", "token": token, "applied": False})
+    assert http("GET", f"{url}/applied")[1] == state  # nothing forged or stale applied
+
+    assert post_raw(f"{url}/refresh/7", newer, {"X-Coalescer-Signature": signed(newer)}) == (
+        200, {"key": "report:7", "token": token + 100, "applied": True})
+    not_json = b"{nope"
+    assert post_raw(f"{url}/refresh/7", not_json,
+                    {"X-Coalescer-Signature": signed(not_json)})[0] == 400
+    assert "refused /refresh/7" in procs.log("receiver")
+    assert procs.stop("node") == 0
+    assert procs.stop("receiver") == 0
+
+
+def test_webhook_receiver_will_not_start_without_its_secret(tmp_path: Path) -> None:
+    done = subprocess.run([PY, "-m", "examples.webhook.receiver", "--port", str(free_port())],
+                          cwd=REPO, env=clean_env(WEBHOOK_SECRET=""), capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "python -m examples.webhook.receiver: set WEBHOOK_SECRET to the secret the node "
+        "signs with"]
