@@ -227,8 +227,9 @@ class Scripts:
     async def fail(
         self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
         history: History = NO_HISTORY,
-    ) -> tuple[int, int, list[str]]:
-        """Record failed tries (and their history): (retried, dead-lettered, stale keys)."""
+    ) -> tuple[int, list[str], list[str]]:
+        """Record failed tries (and their history): (how many were retried, the keys
+        dead-lettered, the stale keys: claims this node no longer held)."""
         keys, args = history.args(shard)
         for rule, max_attempts, failures in groups:
             keys += [shard.due(rule), shard.inflight(rule), shard.dead(rule)]
@@ -237,7 +238,7 @@ class Scripts:
                 args += [f.key, f.token, f.delay_ms, f.error, f.outcome, f.start_ms,
                          f.duration_ms]
         result = await self._run("fail", keys, args)
-        return int(result[0]), int(result[1]), [str(k) for k in result[2:]]
+        return int(result[0]), [str(k) for k in result[1]], [str(k) for k in result[2]]
 
     async def renew(self, shard: ShardKeys, lease_ms: int,
                     groups: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> list[str]:
