@@ -371,8 +371,9 @@ class Runner:
             await asyncio.wait_for(self._idle_event.wait(), grace)
         except TimeoutError:
             tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
-            log.warning("shutdown: cancelling %d refreshes still running after %.1fs; "
-                        "they re-run once their claim lease expires", len(tasks), grace)
+            log.warning("shutdown: cancelling %s still running after %.1fs; "
+                        "they re-run once their claim lease expires",
+                        plural(len(tasks), "refresh", "refreshes"), grace)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -16,6 +16,7 @@ from typing import Any
 from .batching import ScriptBatcher
 from .errors import NotLeaderError, ScriptError
 from .keys import ShardKeys
+from .wording import plural
 
 KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
 
@@ -179,7 +180,7 @@ class Scripts:
         """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
         result = await self.upsert_keys(shard, groups)
         if result.failed:
-            raise ScriptError(f"upsert failed for {len(result.failed)} key(s): "
+            raise ScriptError(f"upsert failed for {plural(len(result.failed), 'key')}: "
                               f"{sorted(result.failed.items())[:3]!r}")
         return result.scheduled
 

@@ -217,3 +217,16 @@ async def test_status_summarises_shards_and_lists_them_on_request(
     unled = "0" if shards == 1 else f"0-{shards - 1}"
     assert f"shards: {shards} — no leader anywhere; unled: {unled}" in done.stdout.splitlines()
 
+
+
+def test_counts_read_as_english(tmp_path: Path, rules: Path, redis_url: str) -> None:
+    asyncio.run(_make_dead(rules, redis_url))  # attempts: 1
+    base = ("--rules", str(rules), "--redis", redis_url)
+    listed = cli("dead", "list", *base, cwd=tmp_path).stdout
+    assert listed.startswith("showing 2 of 2 dead letters")
+    assert "] after 1 attempt: RuntimeError: no such user: bad:1" in listed
+    assert "after 1 attempt: RuntimeError" in cli("status", *base, cwd=tmp_path).stdout
+    assert "after 1 attempt: RuntimeError" in cli("explain", "bad:1", *base, cwd=tmp_path).stdout
+    assert cli("dead", "purge", "bad:1", *base, cwd=tmp_path).stdout == (
+        "purged 1 dead-lettered key\n")
+    assert "showing 1 of 1 dead letter " in cli("dead", "list", *base, cwd=tmp_path).stdout
