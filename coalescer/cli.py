@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from . import __version__
 from .cli_errors import check_redis_url, http_address, redis_failure
 from .coalescer import Coalescer
 from .embedded import ENV_REDIS_URL
@@ -48,17 +49,11 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return f"coalescer {version('coalescer')}"
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        return "coalescer (version unknown: not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coalescer", description=__doc__)
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")
     _common(run)

@@ -7,18 +7,23 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import clean_env, coalescer_cmd
+import redis
+from e2e import REPO, clean_env, coalescer_cmd
 from inspection import fast_rules, node, write
 from servers import wait_until
 
+import coalescer
 from coalescer import Coalescer
+from coalescer.embedded import EmbeddedServer
 from coalescer.http_api import is_loopback
+from coalescer.keys import KeySpace
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
@@ -190,6 +195,7 @@ def test_version(tmp_path: Path) -> None:
     done = cli("--version", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, f"coalescer {version('coalescer')}\n")
     assert re.fullmatch(r"coalescer \d+\.\d+\.\d+\n", done.stdout)
+    assert coalescer.__version__ == version("coalescer")
 
 
 # -- status: a summary of the shards -----------------------------------------------------------
@@ -230,3 +236,45 @@ def test_counts_read_as_english(tmp_path: Path, rules: Path, redis_url: str) -> 
     assert cli("dead", "purge", "bad:1", *base, cwd=tmp_path).stdout == (
         "purged 1 dead-lettered key\n")
     assert "showing 1 of 1 dead letter " in cli("dead", "list", *base, cwd=tmp_path).stdout
+
+
+# -- demo: a namespace of its own each run -------------------------------------------------------
+
+
+def _refreshes(stdout: str) -> str:
+    [line] = [line for line in stdout.splitlines() if line.startswith("refreshes: ")]
+    return line
+
+
+def test_demo_tells_the_same_story_every_run_and_leaves_no_keys(tmp_path: Path) -> None:
+    shutil.copy(REPO / "rules.yaml", tmp_path / "rules.yaml")
+    shutil.copytree(REPO / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    first = cli("demo", cwd=tmp_path, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # keys left pending in the rules' own namespace (a write path ran here meanwhile)
+    touched = cli("touch", "stats:user:1", "stats:user:2", "stats:org:9", cwd=tmp_path)
+    assert touched.returncode == 0, touched.stderr
+    second = cli("demo", cwd=tmp_path, timeout=120)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert _refreshes(first.stdout) == _refreshes(second.stdout)
+    assert _refreshes(first.stdout).startswith("refreshes: 52 for ")
+    spaces = [re.search(r"namespace (demo-[0-9a-f]{8}) ", done.stdout) for done in (first, second)]
+    assert spaces[0] and spaces[1] and spaces[0][1] != spaces[1][1]
+
+    server = EmbeddedServer(tmp_path / ".coalescer")
+    client = redis.Redis.from_url(server.acquire(), decode_responses=True)
+    try:
+        assert client.keys("demo-*") == []  # each run deleted its keys
+        meta = KeySpace("coalescer", 1).shard(0).meta
+        assert sorted(client.hkeys(meta)) == ["stats:org:9", "stats:user:1", "stats:user:2"]
+    finally:
+        client.close()
+        server.release()
+
+
+def test_the_package_is_mit_licensed() -> None:
+    from importlib.metadata import metadata
+    assert metadata("coalescer")["License-Expression"] == "MIT"
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("MIT License\n\nCopyright (c) 2026 the coalescer authors\n")
