@@ -1,4 +1,4 @@
-"""The `coalescer` command line (SPEC §4)."""
+"""The `coalescer` command line: run a node, touch keys, look into state and dead letters."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ EXIT_ERROR = 1
 EXIT_UNKNOWN_KEY = 2
 DEFAULT_HTTP = "127.0.0.1:8470"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DESCRIPTION = ("Debounce and coalesce refreshes of aggregates across processes and nodes, "
+               "on Redis.")
 SERVICES = ("run", "demo")  # they log at INFO by default; one-shot commands at WARNING
 
 
@@ -52,7 +54,7 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coalescer", description=__doc__)
+    p = argparse.ArgumentParser(prog="coalescer", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")
