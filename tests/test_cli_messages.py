@@ -204,8 +204,14 @@ def test_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize("shards", [1, 2000])
 async def test_status_summarises_shards_and_lists_them_on_request(
         tmp_path: Path, redis_url: str, namespace: str, shards: int) -> None:
-    rules, _ = write(tmp_path, namespace, fast_rules(namespace, shards=shards))
+    # a long leader lease: a loaded machine must not let a lease lapse mid-test
+    text = fast_rules(namespace, shards=shards).replace("claim_lease: 5s",
+                                                        "claim_lease: 5s\nleader_lease: 30s")
+    rules, _ = write(tmp_path, namespace, text)
     base = ("--rules", str(rules), "--redis", redis_url)
+    code, out, _ = await acli("status", *base, cwd=tmp_path)  # before any node ran
+    unled = "0" if shards == 1 else f"0-{shards - 1}"
+    assert f"shards: {shards} — no leader anywhere; unled: {unled}" in out.splitlines()
     async with node(rules, redis_url, node_id="node-a") as c:
         await wait_until(lambda: len(c.leads()) == shards, timeout=60,
                          message=f"node-a leading all {shards} shards")
@@ -219,9 +225,6 @@ async def test_status_summarises_shards_and_lists_them_on_request(
         code, out, _ = await acli("status", "--shards", *base, cwd=tmp_path)
         assert f"{shards - 1:<6} node-a" in out.splitlines()
         assert len(out.splitlines()) > shards
-    done = cli("status", *base, cwd=tmp_path)  # the node released its shards on the way out
-    unled = "0" if shards == 1 else f"0-{shards - 1}"
-    assert f"shards: {shards} — no leader anywhere; unled: {unled}" in done.stdout.splitlines()
 
 
 
