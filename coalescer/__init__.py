@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .claim import Claim
 from .coalescer import Coalescer
 from .errors import (
@@ -17,6 +20,11 @@ from .errors import (
 from .rules import Config, Rule
 from .sync import SyncCoalescer
 
+try:
+    __version__ = _version("coalescer")
+except PackageNotFoundError:  # a source tree that is not installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "BackpressureError",
     "Claim",
@@ -31,4 +39,5 @@ __all__ = [
     "SyncCoalescer",
     "UnknownKeyError",
     "WebhookError",
+    "__version__",
 ]

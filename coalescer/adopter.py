@@ -82,8 +82,9 @@ class Adopter:
         if serving == self._serving:
             return
         if serving:
-            log.info("shard %d: %s serves rule(s) %s, which the shard's leader lacks",
-                     self._shard.shard, self._node_id, ", ".join(serving))
+            log.info("shard %d: %s serves %s %s, which the shard's leader lacks",
+                     self._shard.shard, self._node_id, "rule" if len(serving) == 1 else "rules",
+                     ", ".join(serving))
         else:
             log.info("shard %d: %s no longer serves rules for the shard's leader",
                      self._shard.shard, self._node_id)

@@ -1,4 +1,4 @@
-"""The `coalescer` command line (SPEC §4)."""
+"""The `coalescer` command line: run a node, touch keys, look into state and dead letters."""
 
 from __future__ import annotations
 
@@ -14,14 +14,17 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import RedisError
 
+from . import __version__
+from .cli_errors import check_redis_url, http_address, redis_failure
 from .coalescer import Coalescer
 from .embedded import ENV_REDIS_URL
 from .errors import CoalescerError, ConfigError, shown_key
 from .keycheck import key_problem
 from .rules import Config
 from .urls import redact
+from .wording import plural
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,8 @@ EXIT_ERROR = 1
 EXIT_UNKNOWN_KEY = 2
 DEFAULT_HTTP = "127.0.0.1:8470"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DESCRIPTION = ("Debounce and coalesce refreshes of aggregates across processes and nodes, "
+               "on Redis.")
 SERVICES = ("run", "demo")  # they log at INFO by default; one-shot commands at WARNING
 
 
@@ -38,11 +43,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=None, metavar="URL",
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="debug logging (default: INFO for run and demo, else WARNING)")
+                        help="debug logging (default: INFO for run and demo; other commands "
+                             "print only their answer and errors)")
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coalescer", description=__doc__)
+    p = argparse.ArgumentParser(prog="coalescer", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")
     _common(run)
@@ -54,17 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
+    _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file")
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
     check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules")
     check.add_argument("--redis", default=None, metavar="URL", help="(unused)")
     status = sub.add_parser("status", help="leaders, pending, in flight, dead letters")
     _common(status)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    _json_flag(status)
+    status.add_argument("--shards", "--all", action="store_true", dest="all_shards",
+                        help="list every shard and its leader (default: a summary)")
     retry = sub.add_parser("retry", help="re-queue dead-lettered keys")
     _common(retry)
     retry.add_argument("keys", nargs="*", metavar="KEY")
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
+    _json_flag(retry)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo)
     _add_inspection(sub)
@@ -89,7 +106,7 @@ def _add_inspection(sub: Any) -> None:
     explain = sub.add_parser("explain", help="a key's rule, state and why, last refreshes")
     _common(explain)
     explain.add_argument("key", metavar="KEY")
-    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    _json_flag(explain)
     history = sub.add_parser("history", help="recent refreshes, newest first")
     _common(history)
     history.add_argument("--rule", default=None, metavar="R", help="only refreshes of rule R")
@@ -98,7 +115,7 @@ def _add_inspection(sub: Any) -> None:
                          help="only failed, timed-out or lost refreshes")
     history.add_argument("-n", type=_count, default=20, metavar="N",
                          help="how many refreshes at most (default 20)")
-    history.add_argument("--json", action="store_true", help="machine-readable output")
+    _json_flag(history)
     dead = sub.add_parser("dead", help="dead letters: list, retry (re-queue) or purge")
     actions = dead.add_subparsers(dest="action", required=True)
     helps = {"list": "list dead letters, oldest first, with the total",
@@ -115,7 +132,7 @@ def _add_inspection(sub: Any) -> None:
                            help="dead letters per page (default 20)")
             p.add_argument("--offset", type=_offset, default=0, metavar="N",
                            help="dead letters to skip, oldest first (default 0)")
-            p.add_argument("--json", action="store_true", help="machine-readable output")
+        _json_flag(p)
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
@@ -173,7 +190,8 @@ async def cmd_touch(args: argparse.Namespace) -> int:
         for key in args.keys:
             c.touch(key)
         await c.flush()
-    print(f"touched {len(args.keys)} key(s)")
+    print(json.dumps({"touched": len(args.keys)}) if args.json
+          else f"touched {plural(len(args.keys), 'key')}")
     return 0
 
 
@@ -185,7 +203,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(format_status(status, int(time.time() * 1000)))
+        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards))
     return 0
 
 
@@ -205,8 +223,17 @@ async def cmd_retry(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.retry_dead_letters(None if args.all else args.keys)
-    print(f"re-queued {outcome.done} dead-lettered key(s)")
+    _say_done(args, "requeued", outcome.done, outcome.not_dead)
     return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
+
+
+def _say_done(args: argparse.Namespace, what: str, done: int, not_dead: list[str]) -> None:
+    """"re-queued 2 dead-lettered keys", or its JSON ({"requeued": 2, "not_dead": []})."""
+    if args.json:
+        print(json.dumps({what: done, "not_dead": not_dead}))
+        return
+    verb = "re-queued" if what == "requeued" else what
+    print(f"{verb} {plural(done, 'dead-lettered key')}")
 
 
 def _report_not_dead(command: str, keys: list[str], consequence: str) -> int:
@@ -292,24 +319,15 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
     keys = args.keys or None
     if args.action == "retry":
         outcome = await c.retry_dead_letters(keys, rule=args.rule)
-        print(f"re-queued {outcome.done} dead-lettered key(s)")
+        _say_done(args, "requeued", outcome.done, outcome.not_dead)
         return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
     outcome = await c.purge_dead(keys, rule=args.rule)
-    print(f"purged {outcome.done} dead-lettered key(s)")
+    _say_done(args, "purged", outcome.done, outcome.not_dead)
     return _report_not_dead(what, outcome.not_dead, "nothing to purge")
 
 
-def _http_address(value: str) -> tuple[str, int] | None:
-    if value == "off":
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--http wants HOST:PORT or 'off', not {value!r}", file="--http")
-    return host or "127.0.0.1", int(port)
-
-
 async def cmd_run(args: argparse.Namespace) -> int:
-    address = _http_address(args.http)
+    address = http_address(args.http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -361,22 +379,15 @@ class RedactingFormatter(logging.Formatter):
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
+    """run and demo log at INFO; one-shot commands only warnings and errors. ``-v``
+    shows coalescer's own DEBUG lines (other libraries stay at INFO)."""
     level = logging.INFO if args.command in SERVICES else logging.WARNING
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter(LOG_FORMAT))
-    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else level,
-                        handlers=[handler])
-
-
-def _redis_failure(args: argparse.Namespace, exc: Exception) -> str:
-    """One line: which server failed and how (its password hidden)."""
-    where = args.redis or os.environ.get(ENV_REDIS_URL) or "the embedded server"
-    reason = redact(str(exc))
-    if isinstance(exc, AuthenticationError):
-        reason = (f"the server refused the password ({reason})" if redact(where) != where else
-                  "the server requires a password; give it in the URL: "
-                  "redis://:PASSWORD@HOST:PORT/0")
-    return " ".join(f"{redact(where)}: {reason}".split())
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else level, handlers=[handler])
+    if verbose:
+        logging.getLogger("coalescer").setLevel(logging.DEBUG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,12 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check":
             return cmd_check(args)
+        check_redis_url(args.redis)
         return asyncio.run(COMMANDS[args.command](args))
     except ConfigError as exc:
         print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except RedisError as exc:
-        print(f"coalescer {args.command}: {_redis_failure(args, exc)}", file=sys.stderr)
+        print(f"coalescer {args.command}: {redis_failure(args.redis, exc)}", file=sys.stderr)
         return EXIT_ERROR
     except (OSError, CoalescerError) as exc:
         print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)

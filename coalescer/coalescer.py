@@ -52,6 +52,7 @@ from .status import gather_status
 from .upcoming import DEFAULT_SHOWN, next_due
 from .urls import redact
 from .wakeups import WakeListener
+from .wording import plural
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +328,8 @@ class Coalescer:
             self._start_worker(scripts)
         self._state = "running"
         where = f" (embedded server at {self._embedded.root})" if self._embedded else ""
-        log.info("coalescer %s started on %s%s (worker=%s, %d shards)", self.node_id,
-                 redact(self._conn.url), where, self.worker, self.config.shards)
+        log.info("coalescer %s started on %s%s (worker=%s, %s)", self.node_id,
+                 redact(self._conn.url), where, self.worker, plural(self.config.shards, "shard"))
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=f"coalescer {name}")

@@ -16,6 +16,7 @@ from typing import Any
 from .keys import KeySpace, ShardKeys
 from .rules import Config
 from .scripts import Scripts
+from .wording import plural
 
 BATCH = 500
 DEFAULT_PAGE = 20
@@ -150,11 +151,12 @@ def format_dead_page(page: DeadPage) -> str:
     if page.total == 0 and not page.not_dead:
         return "no dead letters"
     first = page.offset + 1 if page.entries else page.offset
-    lines = [f"showing {len(page.entries)} of {page.total} dead letters"
+    lines = [f"showing {len(page.entries)} of {plural(page.total, 'dead letter')}"
              + (f" ({first}-{page.offset + len(page.entries)}, oldest first)"
                 if page.entries else "")]
     for d in page.entries:
-        lines.append(f"  {d['key']}  [{d['rule']}] after {d['attempts']} attempts: {d['error']}")
+        after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "? attempts"
+        lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
     shown = page.offset + len(page.entries)
     if shown < page.total and page.entries:
         lines.append(f"next page: --offset {shown} --limit {page.limit}")

@@ -1,19 +1,29 @@
-"""`coalescer demo`: a bulk import's burst of touches, coalesced, on the embedded server."""
+"""`coalescer demo`: a bulk import's burst of touches, coalesced, on the embedded server.
+
+Each run works in a namespace of its own (``demo-`` and random hex digits) and deletes
+its keys afterwards, so earlier runs, or other keys on the same server, never change
+what it reports: every number comes from this run alone.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import secrets
 import statistics
 import sys
 import time
 from typing import Any
 
 from .coalescer import Coalescer
+from .keys import KeySpace
+from .rules import Config
 from .urls import redact
 
 USERS = 50
 HOT_TOUCHES = 10_000
 DEMO_SECONDS = 1.5
+DELETE_BATCH = 1000  # keys per DEL when the demo cleans up
 
 
 def _records(c: Coalescer) -> list[tuple[Any, float]]:
@@ -50,9 +60,42 @@ async def _settled(c: Coalescer, expected: int, records: list[Any]) -> None:
         await asyncio.sleep(0.05)
 
 
+def demo_config(rules: str) -> Config:
+    """The rules of ``rules`` in a fresh namespace: ``demo-`` and 8 random hex digits."""
+    config = Config.from_yaml(rules)
+    return dataclasses.replace(config, namespace=f"demo-{secrets.token_hex(4)}")
+
+
+def demo_keys(config: Config) -> list[str]:
+    """Every Redis key a run of the demo can leave in its namespace."""
+    found: list[str] = []
+    for sk in KeySpace(config.namespace, config.shards).all_shards():
+        found += [sk.leader, sk.epoch, sk.seq, sk.next_wake, sk.nodes, sk.rules,
+                  sk.rule_names, sk.meta, sk.history]
+        for rule in config.rules:
+            found += [sk.due(rule.name), sk.inflight(rule.name), sk.dead(rule.name)]
+    return found
+
+
 async def run_demo(rules: str, redis_url: str | None) -> int:
-    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="demo") as c:
-        print(f"coalescer demo on {redact(c.redis_url or '')}, rules {c.config.source}")
+    config = demo_config(rules)
+    # A second client holds the connection (and the embedded server) open while the
+    # demo node shuts down, then deletes the namespace's keys.
+    keeper = Coalescer(config, redis_url=redis_url, worker=False, node_id="demo-keeper")
+    async with keeper:
+        try:
+            await _show(config, redis_url)
+        finally:
+            keys = demo_keys(config)
+            for start in range(0, len(keys), DELETE_BATCH):
+                await keeper.redis.delete(*keys[start:start + DELETE_BATCH])
+    return 0
+
+
+async def _show(config: Config, redis_url: str | None) -> None:
+    async with Coalescer(config, redis_url=redis_url, node_id="demo") as c:
+        print(f"coalescer demo on {redact(c.redis_url or '')}, rules {config.source}, "
+              f"namespace {config.namespace} (deleted afterwards)")
         for rule in c.config.rules:
             print(f"  rule {rule.name}: {rule.pattern.source} window {rule.window}s, "
                   f"max_wait {rule.max_wait}s")
@@ -65,7 +108,6 @@ async def run_demo(rules: str, redis_url: str | None) -> int:
               f"{time.monotonic() - started:.1f}s; waiting for the quiet windows...")
         await _settled(c, USERS + 2, records)
         _report(c, touches, records)
-    return 0
 
 
 def _report(c: Coalescer, touches: int, records: list[tuple[Any, float]]) -> None:

@@ -14,6 +14,7 @@ from .durations import format_duration
 from .history import clock, format_duration_ms, parse_entry
 from .keys import KeySpace
 from .rules import Config, Rule
+from .wording import plural
 
 LAST_REFRESHES = 5
 SLACK_MS = 1  # rounding of window / max_wait to whole ms
@@ -159,7 +160,8 @@ def _state_lines(info: dict[str, Any]) -> list[str]:
             lines.append(f"touched again while running: runs again {_ago(again['due_ms'], now)}")
         return lines
     dead = info["dead"]
-    return [f"dead since {_ago(dead['since_ms'], now)} after {info['attempts']} attempts: "
+    return [f"dead since {_ago(dead['since_ms'], now)} after "
+            f"{plural(info['attempts'], 'attempt')}: "
             f"{dead['error']}",
             "re-queue with `coalescer dead retry KEY`, or touch it"]
 

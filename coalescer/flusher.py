@@ -23,6 +23,7 @@ from .failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
 from .keys import KeySpace
 from .metrics import Metrics
 from .scripts import Scripts, UpsertGroup
+from .wording import plural
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,8 @@ class Flusher:
                 backoff.reset()
             except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
                 self._metrics.redis_errors.labels("flusher").inc()
-                backoff.log(log, "flusher: %d keys not written yet, will retry: %r",
-                            len(batch), exc)
+                backoff.log(log, "flusher: %s not written yet, will retry: %r",
+                            plural(len(batch), "key"), exc)
                 await asyncio.sleep(backoff.next())
 
     async def _sleep(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -238,6 +239,19 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
 # --- the server ------------------------------------------------------------------------
 
 
+def is_loopback(host: str) -> bool:
+    """True if ``host`` (an address or "localhost") only listens on this machine."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a host name: it may resolve to an outside address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 class HttpApi:
     """The aiohttp server of one coalescer node."""
 
@@ -288,6 +302,11 @@ class HttpApi:
         """Bind and serve; returns once the socket listens."""
         if self._runner is not None:
             return
+        if self._token is None and not is_loopback(self._host):
+            log.warning("the HTTP API on %s has no token: it is open to the network, and "
+                        "anyone who reaches it can touch keys and read status; set "
+                        "COALESCER_TOKEN=<secret> (clients send 'Authorization: Bearer "
+                        "<secret>') or bind it to 127.0.0.1", self.url)
         runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)

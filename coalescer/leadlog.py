@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
+from .wording import plural
+
 log = logging.getLogger(__name__)
 
 MAX_QUIET = 10.0  # seconds a changing set goes unlogged at most
@@ -58,18 +60,19 @@ class LeadLog:
         return now == self._seen or clock - self._changed_at >= MAX_QUIET
 
     def _summarise(self, now: frozenset[int]) -> None:
-        log.info("%s leads %d of %d shards (+%d, -%d)", self._node_id, len(now), self._total,
+        log.info("%s leads %d of %s (+%d, -%d)", self._node_id, len(now),
+                 plural(self._total, "shard"),
                  len(now - self._logged), len(self._logged - now))
         self._logged = now
         self._changed_at = None
 
     def _warn(self) -> None:
         if self._lost:
-            log.warning("%s lost the leader lease of %d shards; stopped claiming there",
-                        self._node_id, self._lost)
+            log.warning("%s lost the leader lease of %s; stopped claiming there",
+                        self._node_id, plural(self._lost, "shard"))
             self._lost = 0
         if self._failing:
-            log.warning("leadership rounds of %d shards failed, will retry: %r",
-                        self._failing, self._error)
+            log.warning("leadership rounds of %s failed, will retry: %r",
+                        plural(self._failing, "shard"), self._error)
             self._failing = 0
             self._error = None

@@ -135,8 +135,9 @@ class RegistryWatch:
                 if name not in self._mine:
                     knowers.setdefault(name, []).append(peer.node)
         for name in sorted(knowers.keys() - self._missing):
-            log.warning("node %s lacks rule %r, which live node(s) %s know: those nodes serve "
+            log.warning("node %s lacks rule %r, which live %s %s know: those nodes serve "
                         "its keys; deploy one rules file to every node", self._node_id, name,
+                        "node" if len(knowers[name]) == 1 else "nodes",
                         ", ".join(sorted(knowers[name])))
         for name in self._missing | knowers.keys():
             self._metrics.rules_missing.labels(name).set(1 if name in knowers else 0)

@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import shlex
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from cachetools import LRUCache
 
 from .backoff import Backoff
 from .claim import Claim
@@ -24,6 +27,7 @@ from .handlers import Invoke
 from .keys import KeySpace
 from .metrics import Metrics
 from .scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
+from .wording import plural
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ MAX_ERROR_TEXT = 200
 # of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
 # commit per batch of 16 cost as many round trips as the claims themselves).
 ACK_GATHER = 0.002
+TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
 
 
 @dataclass(slots=True)
@@ -48,6 +53,7 @@ class Job:
     renewed: float = field(default_factory=time.monotonic)  # when the lease last began
     start_ms: int = 0  # when the handler started, server clock (for the history)
     duration_ms: int = 0
+    took_ms: float = 0.0  # duration_ms unrounded, for the log
 
 
 @dataclass(slots=True)
@@ -94,6 +100,8 @@ class Runner:
         self._idle_event.set()
         self._random = random.Random()
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
+        # Keys whose failure traceback this node logged (until they succeed or die).
+        self._traced: LRUCache[str, bool] = LRUCache(TRACED_KEYS)
 
     # -- claims in -----------------------------------------------------------------
 
@@ -167,7 +175,8 @@ class Runner:
         if job.timer is not None:
             job.timer.cancel()
         took = time.monotonic() - started
-        job.duration_ms = round(took * 1000)
+        job.took_ms = took * 1000
+        job.duration_ms = round(job.took_ms)
         self._metrics.rule(rule.name).duration.observe(took)
         self._finish(job, error)
 
@@ -177,16 +186,36 @@ class Runner:
         if exc is None:
             box.acks.append(job)
             self._metrics.rule(rule.name).outcomes["success"].inc()
+            log.debug("refreshed %s in %.1f ms (attempt %d, token %d)", claim.key,
+                      job.took_ms, claim.attempt, claim.token)
         else:
             outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
             self._metrics.rule(rule.name).outcomes[outcome].inc()
-            log.warning("refresh of %s failed (attempt %d of %d): %s", claim.key, claim.attempt,
-                        rule.retry.attempts, _error_text(exc))
             delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
+            self._log_failure(job, exc, delay_ms)
             box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
                                            outcome, job.start_ms, job.duration_ms)))
         self._release_slot(job)
         self._outbox_event.set()
+
+    def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
+        """The first failure of a key (on this node) with its traceback, each later
+        retry of it as one line."""
+        claim, attempts = job.claim, job.rule.retry.attempts
+        then = f"; retry in {delay_ms / 1000:g}s" if claim.attempt < attempts else ""
+        first = claim.key not in self._traced
+        self._traced[claim.key] = True
+        log.warning("refresh of %s failed (attempt %d of %d): %s%s", claim.key,
+                    min(claim.attempt, attempts), attempts, _error_text(exc), then,
+                    exc_info=exc if first and exc.__traceback__ is not None else None)
+
+    def _log_dead(self, jobs: dict[str, tuple[Job, Failure]], dead: list[str]) -> None:
+        for key in dead:
+            self._traced.pop(key, None)
+            job, failure = jobs[key]
+            attempts = min(job.claim.attempt, job.rule.retry.attempts)
+            log.error("%s dead-lettered after %s: %s; re-queue with `coalescer dead retry %s`",
+                      key, plural(attempts, "attempt"), failure.error, shlex.quote(key))
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
@@ -245,6 +274,7 @@ class Runner:
             for job in box.acks:
                 acks[job.rule.name].append((job.claim.key, job.claim.token, job.start_ms,
                                             job.duration_ms))
+                self._traced.pop(job.claim.key, None)
             stale += await self._scripts.ack(keys, list(acks.items()), self._history)
             self._forget(box.acks)
             box.acks = []
@@ -253,7 +283,9 @@ class Runner:
             for job, failure in box.fails:
                 fails[job.rule].append(failure)
             groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]
-            stale += (await self._scripts.fail(keys, groups, self._history))[2]
+            _, dead, failed_stale = await self._scripts.fail(keys, groups, self._history)
+            stale += failed_stale
+            self._log_dead({job.claim.key: (job, f) for job, f in box.fails}, dead)
             self._forget([job for job, _ in box.fails])
         for key in stale:
             log.warning("claim of %s was taken over before its result was recorded", key)
@@ -353,8 +385,9 @@ class Runner:
             await asyncio.wait_for(self._idle_event.wait(), grace)
         except TimeoutError:
             tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
-            log.warning("shutdown: cancelling %d refreshes still running after %.1fs; "
-                        "they re-run once their claim lease expires", len(tasks), grace)
+            log.warning("shutdown: cancelling %s still running after %.1fs; "
+                        "they re-run once their claim lease expires",
+                        plural(len(tasks), "refresh", "refreshes"), grace)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

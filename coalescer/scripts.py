@@ -16,6 +16,7 @@ from typing import Any
 from .batching import ScriptBatcher
 from .errors import NotLeaderError, ScriptError
 from .keys import ShardKeys
+from .wording import plural
 
 KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
 
@@ -189,7 +190,7 @@ class Scripts:
         """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
         result = await self.upsert_keys(shard, groups)
         if result.failed:
-            raise ScriptError(f"upsert failed for {len(result.failed)} key(s): "
+            raise ScriptError(f"upsert failed for {plural(len(result.failed), 'key')}: "
                               f"{sorted(result.failed.items())[:3]!r}")
         return result.scheduled
 
@@ -237,8 +238,9 @@ class Scripts:
     async def fail(
         self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
         history: History = NO_HISTORY,
-    ) -> tuple[int, int, list[str]]:
-        """Record failed tries (and their history): (retried, dead-lettered, stale keys)."""
+    ) -> tuple[int, list[str], list[str]]:
+        """Record failed tries (and their history): (how many were retried, the keys
+        dead-lettered, the stale keys: claims this node no longer held)."""
         keys, args = history.args(shard)
         for rule, max_attempts, failures in groups:
             keys += [shard.due(rule), shard.inflight(rule), shard.dead(rule)]
@@ -247,7 +249,7 @@ class Scripts:
                 args += [f.key, f.token, f.delay_ms, f.error, f.outcome, f.start_ms,
                          f.duration_ms]
         result = await self._run("fail", keys, args)
-        return int(result[0]), int(result[1]), [str(k) for k in result[2:]]
+        return int(result[0]), [str(k) for k in result[1]], [str(k) for k in result[2]]
 
     async def renew(self, shard: ShardKeys, lease_ms: int,
                     groups: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> list[str]:

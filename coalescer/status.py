@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +11,11 @@ from .keys import KeySpace, ShardKeys
 from .registry_status import add_registry, format_registry
 from .rules import Config
 from .source_status import add_sources, format_sources
+from .wording import plural
 
 DEAD_LISTED = 20
+SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
+SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
 
 
@@ -109,11 +113,40 @@ def _when(ms: int | None, now_ms: int) -> str:
     return f"in {delta:.1f}s" if delta >= 0 else f"{-delta:.1f}s ago"
 
 
-def format_status(status: dict[str, Any], now_ms: int) -> str:
-    """A readable table of a status dict."""
-    lines = [f"namespace {status['namespace']}", "", "SHARD  LEADER"]
-    for s in status["shards"]:
-        lines.append(f"{s['shard']:<6} {s['leader'] or '(none)'}")
+def ranges(numbers: list[int], most: int = SHOWN_RANGES) -> str:
+    """Sorted numbers as compact ranges: "0-127, 200, 300-511" (the first ``most``
+    ranges, then how many more numbers)."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most])
+    rest = sum(b - a + 1 for a, b in spans[most:])
+    return shown + (f" and {rest} more" if rest else "")
+
+
+def shard_summary(shards: list[dict[str, Any]]) -> str:
+    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none"."""
+    counts = Counter(s["leader"] for s in shards if s["leader"])
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    leads = [f"{node} leads {n}" for node, n in ranked[:SHOWN_LEADERS]]
+    if len(ranked) > SHOWN_LEADERS:
+        others = ranked[SHOWN_LEADERS:]
+        leads.append(f"{plural(len(others), 'more node')} lead {sum(n for _, n in others)}")
+    unled = [s["shard"] for s in shards if not s["leader"]]
+    return (f"shards: {len(shards)} — {', '.join(leads) or 'no leader anywhere'}; "
+            f"unled: {ranges(unled) if unled else 'none'}")
+
+
+def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = False) -> str:
+    """A readable summary of a status dict: a line for the shards (a row each with
+    ``every_shard``), a row per rule, recent failures, the oldest dead letters."""
+    lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
+    if every_shard:
+        lines += ["", "SHARD  LEADER"]
+        lines += [f"{s['shard']:<6} {s['leader'] or '(none)'}" for s in status["shards"]]
     lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
@@ -122,10 +155,10 @@ def format_status(status: dict[str, Any], now_ms: int) -> str:
     lines += _recent_lines(status)
     lines += format_sources(status)
     if status["dead_letters"]:
-        lines += ["", "DEAD LETTERS (re-queue with `coalescer retry KEY` or `--all`)"]
+        lines += ["", "DEAD LETTERS (re-queue with `coalescer dead retry KEY` or `--all`)"]
         for d in status["dead_letters"]:
-            lines.append(f"  {d['key']}  [{d['rule']}] after {d['attempts']} attempts: "
-                         f"{d['error']}")
+            after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "?"
+            lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
     return "\n".join(lines)
 
 

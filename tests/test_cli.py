@@ -307,7 +307,7 @@ def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
 
         done = cli("touch", "--rules", "../../rules.yaml", "item:1", cwd=sub)
         assert done.returncode == 0, done.stderr
-        assert done.stdout == "touched 1 key(s)\n"
+        assert done.stdout == "touched 1 key\n"
         assert done.stderr == ("coalescer touch: using the embedded server at ../../.coalescer "
                                f"(redis://127.0.0.1:{port}/0)\n")
         poll_until(lambda: refreshed(log, "item:1"), timeout=20,

@@ -127,15 +127,15 @@ def test_cli_dead(tmp_path: Path, redis_url: str, namespace: str,
         "coalescer dead list: 'ok:1' is not dead-lettered; nothing to show"]
     assert main(["dead", "retry", *base, "bad:1", "ok:1"]) == 1
     captured = capsys.readouterr()
-    assert captured.out.strip() == "re-queued 1 dead-lettered key(s)"
+    assert captured.out.strip() == "re-queued 1 dead-lettered key"
     assert captured.err.splitlines() == [
         "coalescer dead retry: 'ok:1' is not dead-lettered; nothing to re-queue"]
     assert main(["dead", "purge", *base, "bad:2"]) == 0
-    assert capsys.readouterr().out.strip() == "purged 1 dead-lettered key(s)"
+    assert capsys.readouterr().out.strip() == "purged 1 dead-lettered key"
     assert main(["dead", "purge", *base, "bad:2"]) == 1
     assert "'bad:2' is not dead-lettered; nothing to purge" in capsys.readouterr().err
     assert main(["dead", "purge", *base, "--all"]) == 0
-    assert capsys.readouterr().out.strip() == "purged 3 dead-lettered key(s)"
+    assert capsys.readouterr().out.strip() == "purged 3 dead-lettered keys"
     assert main(["dead", "list", *base]) == 0
     assert capsys.readouterr().out.strip() == "no dead letters"
 
@@ -171,7 +171,7 @@ def test_cli_retry_exits_non_zero_for_keys_not_dead(
         "coalescer retry: name KEYs or pass --all, not both")
     assert main(["retry", *base, "bad:1", "ok:2"]) == 1
     captured = capsys.readouterr()
-    assert captured.out.strip() == "re-queued 1 dead-lettered key(s)"
+    assert captured.out.strip() == "re-queued 1 dead-lettered key"
     assert captured.err.strip() == (
         "coalescer retry: 'ok:2' is not dead-lettered; nothing to re-queue")
     assert main(["retry", *base, "ok:2"]) == 1

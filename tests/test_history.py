@@ -74,7 +74,7 @@ async def test_a_stale_result_is_recorded_as_lost(redis_client: redis.asyncio.Re
     assert await scripts.ack(shard, [("r", [("k:1", 99, 1_000, 5)])], history) == ["k:1"]
     stale = await scripts.fail(shard, [("r", 3, [Failure("k:2", 98, 0, "Boom", "failure", 7, 8)])],
                                history)
-    assert stale == (0, 0, ["k:2"])
+    assert stale == (0, [], ["k:2"])
     entries = await redis_client.xrange(shard.history)
     assert [(f["key"], f["outcome"], f["token"], f["node"]) for _, f in entries] == [
         ("k:1", "lost", "99", "node-x"), ("k:2", "lost", "98", "node-x")]

@@ -71,8 +71,11 @@ class Shard:
 
     async def fail(self, key: str, token: int, *, attempts: int = 3, delay: int = 0,
                    error: str = "boom") -> tuple[int, int, list[str]]:
-        return await self.scripts.fail(
+        """(retried, how many died, stale keys); the dead keys are checked to be ``key``."""
+        retried, dead, stale = await self.scripts.fail(
             self.keys, [(RULE, attempts, [Failure(key, token, delay, error)])])
+        assert dead in ([], [key])
+        return retried, len(dead), stale
 
     async def state(self, key: str) -> str | None:
         value = await self.r.hget(self.keys.meta, key)

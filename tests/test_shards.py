@@ -18,6 +18,7 @@ from coalescer.connection import MAX_CONNECTIONS, connect
 from coalescer.keys import KeySpace
 from coalescer.rules import Config
 from coalescer.status import gather_status
+from coalescer.wording import plural
 
 RULES = """\
 namespace: {ns}
@@ -63,7 +64,7 @@ async def test_many_shards_refresh_every_key_on_bounded_connections_and_close_cl
                          message="every key refreshed")
         status = await node.status()
         assert {s["leader"] for s in status["shards"]} == {"big"}
-        summary = f"big leads {shards} of {shards} shards"
+        summary = f"big leads {shards} of {plural(shards, 'shard')}"
         await wait_until(lambda: any(summary in r.getMessage() for r in caplog.records),
                          timeout=30, message="the leadership summary line")
     assert len(rec.calls) == len(keys), "each key refreshed exactly once"

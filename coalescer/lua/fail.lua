@@ -12,11 +12,11 @@
 -- dead-letters the key, unless it was touched while it ran, which counts as a
 -- new touch: a new burst with fresh attempts. Each try is appended to the
 -- history with its outcome and error ("lost" for a stale one).
--- Returns {retried, dead, stale keys...}.
+-- Returns {retried, {dead-lettered keys...}, {stale keys...}}.
 
 local meta, next_key, history, now = KEYS[1], KEYS[2], KEYS[3], now_ms()
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
-local retried, died, stale, earliest, pos = 0, 0, {}, nil, 4
+local retried, died, stale, earliest, pos = 0, {}, {}, nil, 4
 
 local function retry(due_key, key, r, delay)
   local first, last = r.first, r.last
@@ -32,7 +32,7 @@ local function give_up(due_key, dead_key, key, r, err, max_attempts)
   if due then return due end
   redis.call('HSET', meta, key, dead(r.first, r.last, math.min(r.attempt, max_attempts), err))
   redis.call('ZADD', dead_key, now, key)
-  died = died + 1
+  died[#died + 1] = key
   return nil
 end
 
@@ -60,4 +60,4 @@ for g = 0, (#KEYS - 3) / 3 - 1 do
   pos = pos + 3 + 7 * n
 end
 wake(next_key, ARGV[1], earliest)
-return {retried, died, unpack(stale)}
+return {retried, died, stale}
