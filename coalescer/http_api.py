@@ -27,6 +27,7 @@ from .errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyE
 from .http_page import PageNode, PageRoutes
 from .keycheck import key_problem
 from .metrics import Metrics
+from .wording import noun, plural
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,8 @@ def parse_keys(raw: bytes) -> list[str]:
         raise Refusal(400, f"{_SHAPE}, got a JSON {type(body).__name__}")
     extra = sorted(set(body) - {"keys"})
     if extra:
-        raise Refusal(400, f"unknown field(s) {', '.join(map(repr, extra))}; {_SHAPE}")
+        raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
+                           f"{_SHAPE}")
     if "keys" not in body:
         raise Refusal(400, f"the field 'keys' is missing; {_SHAPE}")
     keys = body["keys"]
@@ -162,8 +164,8 @@ def _refuse_invalid(keys: list[str]) -> None:
     invalid = invalid_keys(keys)
     if invalid:
         first = invalid[0]
-        raise Refusal(422, f"{len(invalid)} key(s) cannot be stored (keys[{first['index']}]: "
-                           f"{first['error']}); nothing was touched",
+        raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored "
+                           f"(keys[{first['index']}]: {first['error']}); nothing was touched",
                       invalid_keys=invalid[:SHOWN_KEYS])
 
 
@@ -357,7 +359,7 @@ class HttpApi:
         _refuse_invalid(keys)
         unknown = self._c.unknown_keys(keys)
         if unknown:
-            raise Refusal(422, f"{len(unknown)} key(s) match no rule; nothing was touched",
+            raise Refusal(422, f"{plural(len(unknown), 'key')} match no rule; nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
         self._apply(keys)
         return web.json_response({"accepted": len(keys)}, status=202)

@@ -30,6 +30,7 @@ from .errors import ClosedError
 from .history import HistoryQuery, Refresh
 from .rules import Config
 from .upcoming import DEFAULT_SHOWN, MAX_SHOWN
+from .wording import noun, plural
 
 DEFAULT_HISTORY = 200
 MAX_HISTORY = 1000
@@ -68,7 +69,8 @@ def _refusal(status: int, message: str, **extra: Any) -> Exception:
 def _query(request: web.Request, allowed: Sequence[str]) -> dict[str, str]:
     extra = sorted(set(request.query) - set(allowed))
     if extra:
-        raise _refusal(400, f"unknown query parameter(s) {', '.join(map(repr, extra))}; "
+        raise _refusal(400, f"unknown query {noun(len(extra), 'parameter')} "
+                       f"{', '.join(map(repr, extra))}; "
                             f"allowed: {', '.join(allowed)}")
     repeated = sorted(name for name in request.query if len(request.query.getall(name)) > 1)
     if repeated:
@@ -147,11 +149,12 @@ class PageRoutes:
         keys = parse_keys(await self._read_body(request))
         invalid = invalid_keys(keys)
         if invalid:
-            raise _refusal(422, f"{len(invalid)} key(s) cannot be stored; nothing was retried",
+            raise _refusal(422, f"{plural(len(invalid), 'key')} cannot be stored; "
+                                "nothing was retried",
                            invalid_keys=invalid[:SHOWN_KEYS])
         unknown = self._node.unknown_keys(keys)
         if unknown:
-            raise _refusal(422, f"{len(unknown)} key(s) match no rule; nothing was retried",
+            raise _refusal(422, f"{plural(len(unknown), 'key')} match no rule; nothing was retried",
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):
             outcome = await self._node.retry_dead_letters(keys)

@@ -8,3 +8,8 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     if n == 1:
         return f"{n} {word}"
     return f"{n} {many or word + 's'}"
+
+
+def noun(n: int, word: str, many: str | None = None) -> str:
+    """``word``, plural unless ``n`` is 1, without the number: "field", "fields"."""
+    return word if n == 1 else (many or word + "s")
