@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import random
 import sys
 import uuid
@@ -310,9 +311,10 @@ def test_from_string_errors_name_the_source() -> None:
 
 
 def test_nested_attribute_handler() -> None:
-    text = "rules: [{name: s, match: '*', handler: 'json:JSONEncoder.encode'}]"
+    text = "rules: [{name: s, match: '*', handler: 'os:path.basename'}]"
     config = Config.from_string(text)
-    assert config.rules[0].handler_ref == "json:JSONEncoder.encode"
+    assert config.rules[0].handler_ref == "os:path.basename"
+    assert config.rules[0].handler is os.path.basename
 
 
 # --- describe, retry delays, urls -------------------------------------------------
@@ -578,7 +580,7 @@ def rule_with(setting: str) -> str:
         (rule_with("window: 0"), 5, "rules[0].window", "must be longer than 0"),
         (rule_with("window: 0ms"), 5, "rules[0].window", "must be longer than 0"),
         (rule_with("timeout: 0s"), 5, "rules[0].timeout", "must be longer than 0"),
-        (rule_with("max_wait: -1"), 5, "rules[0].max_wait", "bad duration -1"),
+        (rule_with("max_wait: -1"), 5, "rules[0].max_wait", "negative duration -1"),
         (rule_with("absorb: yes"), 5, "rules[0].absorb", "bad duration True"),
         (rule_with("retry: {backoff: soon}"), 5, "rules[0].retry.backoff", "bad duration"),
         ("defaults:\n  absorb: '5x'\nrules:\n" + RULE, 2, "defaults.absorb", "bad duration"),
