@@ -134,8 +134,9 @@ def test_check_says_what_is_wrong_in_one_line(tmp_path: Path, name: str) -> None
     done = cli("check", str(path), cwd=tmp_path, timeout=30)
     assert done.returncode == 1
     assert done.stdout == ""
-    assert done.stderr.startswith(f"coalescer check: {path}:{says}"), done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr  # one line: no traceback, no excerpt
+    error, count = done.stderr.splitlines()  # one line each: no traceback, no excerpt
+    assert error.startswith(f"{path}:{says}"), done.stderr
+    assert count == f"1 error in {path}"
 
 
 # -- touch ----------------------------------------------------------------------------------
