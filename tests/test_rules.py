@@ -14,7 +14,9 @@ from pathlib import Path
 from textwrap import dedent
 
 import pytest
+from servers import wait_until
 
+from coalescer import Coalescer, SyncCoalescer
 from coalescer.errors import ConfigError, UnknownKeyError
 from coalescer.handler_import import HandlerImport
 from coalescer.patterns import KeyPattern, covers
@@ -1103,3 +1105,50 @@ def test_a_malformed_handler_is_refused_without_importing(tmp_path: Path) -> Non
         Config.from_yaml(path, import_handlers=False)
     assert (info.value.line, info.value.field) == (4, "rules[0].handler")
     assert "must have the form 'module:function'" in info.value.message
+
+
+WRITER_RULES = """\
+namespace: {ns}
+rules:
+  - name: user
+    match: "stats:user:{{id}}"
+    handler: {handler}
+"""
+
+
+async def test_a_writer_touches_without_the_handler_module(
+        tmp_path: Path, redis_url: str, namespace: str) -> None:
+    """The handler's module lives only where the workers run: a writer (worker=False)
+    touches and flushes all the same; a worker is refused with the file, line and field."""
+    missing = f"workers_only_{uuid.uuid4().hex}"
+    path = write(tmp_path, WRITER_RULES.format(ns=namespace, handler=f"{missing}.stats:refresh"))
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
+        writer.touch("stats:user:1")
+        await writer.flush()
+        assert (await writer.status())["rules"]["user"]["pending"] == 1
+    with SyncCoalescer.from_yaml(path, redis_url=redis_url) as sync_writer:
+        sync_writer.touch("stats:user:2")
+        sync_writer.flush()
+    assert not any(name.startswith(missing) for name in sys.modules)
+    for make in (lambda: Coalescer.from_yaml(path, redis_url=redis_url),
+                 lambda: Coalescer(Config.from_yaml(path, import_handlers=False),
+                                   redis_url=redis_url, worker=True)):
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert (info.value.file, info.value.line, info.value.field) == (
+            str(path), 5, "rules[0].handler")
+        assert f"handler module '{missing}.stats' does not import" in info.value.message
+
+
+async def test_a_worker_built_on_a_writers_config_imports_and_runs_handlers(
+        tmp_path: Path, redis_url: str, namespace: str, module: str) -> None:
+    path = write(tmp_path, WRITER_RULES.format(ns=namespace, handler=f"{module}:refresh_async")
+                 + "    window: 50ms\n    absorb: 10ms\n")
+    config = Config.from_yaml(path, import_handlers=False)
+    async with Coalescer(config, redis_url=redis_url, worker=True) as node:
+        assert node.config.rules[0].handler is sys.modules[module].refresh_async
+        node.touch("stats:user:7")
+        calls = sys.modules[module].CALLS
+        await wait_until(lambda: calls, message="the refresh")
+    ((kind, claim),) = calls
+    assert (kind, claim.key, claim.params) == ("async", "stats:user:7", {"id": "7"})
