@@ -282,7 +282,7 @@ rules:
 def test_run_refuses_a_bad_grace(args: list[str], value: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["run", *args])
+        build_parser().parse_args(["run", *args])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
