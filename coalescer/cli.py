@@ -19,10 +19,11 @@ from redis.exceptions import RedisError
 from . import __version__
 from .cli_errors import check_redis_url, http_address, redis_failure
 from .coalescer import Coalescer
+from .durations import parse_duration
 from .embedded import ENV_REDIS_URL
 from .errors import CoalescerError, ConfigError, shown_key
 from .keycheck import key_problem
-from .rules import Config
+from .rules import Config, check_file
 from .urls import redact
 from .wording import plural
 
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
                      help=f"HTTP API address (default {DEFAULT_HTTP}; 'off' disables it)")
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
-    run.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+    run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
@@ -93,6 +94,15 @@ def _count(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not {value!r}")
     return int(value)
+
+
+def _grace(value: str) -> float:
+    """An argparse type for --grace: a duration of 0 or more ("30", "1.5", "30s", "2m")."""
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds of 0 or more (or 30s, 2m), not {value!r}") from None
 
 
 def _offset(value: str) -> int:
@@ -332,7 +342,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with _client(args, worker=True, node_id=args.node_id, grace=args.grace) as c:
+    node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
+    _refuse_unset_secrets(node.config)
+    async with node as c:
         api = await _start_http(c, address)
         print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
@@ -353,10 +365,33 @@ async def _start_http(c: Coalescer, address: tuple[str, int] | None) -> Any:
     return api
 
 
+def _refuse_unset_secrets(config: Config) -> None:
+    """A worker node does not start while a webhook's secret_env is unset: every
+    refresh of that rule would fail and end up dead-lettered."""
+    problems = config.unset_secrets(os.environ)
+    if problems:
+        raise ConfigError.combine(problems)
+
+
+def _counted(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    config = Config.from_yaml(args.path or args.rules)
-    print(f"{config.source}: OK")
-    print(config.describe())
+    """Every error and warning of the rules file, one line each, in file order; exit 1
+    when there are errors."""
+    path = args.path or args.rules
+    report = check_file(path, os.environ)
+    found = [(e.line or 0, str(e)) for e in report.errors]
+    found += [(w.line or 0, str(w)) for w in report.warnings]
+    for _, text in sorted(found, key=lambda item: item[0]):
+        print(redact(text), file=sys.stderr)
+    warned = f", {_counted(len(report.warnings), 'warning')}" if report.warnings else ""
+    if report.errors or report.config is None:
+        print(f"{_counted(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
+    print(report.config.describe())
     return 0
 
 

@@ -79,7 +79,7 @@ class Coalescer:
     def __init__(self, config: Config, *, redis_url: str | None = None, worker: bool = True,
                  node_id: str | None = None, max_buffered: int = DEFAULT_MAX_BUFFERED,
                  grace: float = 30.0, embedded_root: Path | None = None) -> None:
-        self.config = config
+        self.config = config.with_handlers() if worker else config  # only workers call them
         self.worker = worker
         self.node_id = node_id or default_node_id()
         self.grace = grace
@@ -112,8 +112,10 @@ class Coalescer:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
-        """Load and validate ``path`` (SPEC §3), then build a coalescer on it."""
-        return cls(Config.from_yaml(path), **options)
+        """Load and validate ``path`` (SPEC §3), then build a coalescer on it. Handler
+        modules are imported only with ``worker=True``: a writer never calls them."""
+        worker = options.get("worker", True)
+        return cls(Config.from_yaml(path, import_handlers=worker), **options)
 
 
     # -- the write path --------------------------------------------------------------

@@ -6,11 +6,16 @@ import math
 import re
 
 _UNITS: dict[str, float] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*")
+_DURATION_RE = re.compile(
+    r"\s*(?P<sign>-\s*)?(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*")
 ACCEPTED = (
     'a number of seconds >= 0 (e.g. 2 or 0.25), or a string with a unit: '
     '"50ms", "2s", "1.5s", "5m", "2h"'
 )
+
+
+class NegativeDurationError(ValueError):
+    """A duration below zero, such as -5 or "-2s"."""
 
 
 def parse_duration(value: object) -> float:
@@ -23,14 +28,18 @@ def parse_duration(value: object) -> float:
         match = _DURATION_RE.fullmatch(value)
         if match is not None:
             unit = match.group("unit") or "s"
-            return _checked(float(match.group("num")) * _UNITS[unit], value)
+            sign = -1.0 if match.group("sign") else 1.0
+            return _checked(sign * float(match.group("num")) * _UNITS[unit], value)
     raise ValueError(f"bad duration {value!r}: expected {ACCEPTED}")
 
 
 def _checked(seconds: float, value: object) -> float:
-    if not math.isfinite(seconds) or seconds < 0:
+    if not math.isfinite(seconds):
         raise ValueError(f"bad duration {value!r}: expected {ACCEPTED}")
-    return seconds
+    if seconds < 0:
+        raise NegativeDurationError(f"negative duration {value!r}: a duration is never below "
+                                    f"0; expected {ACCEPTED}")
+    return seconds + 0.0  # -0.0 is 0
 
 
 def format_duration(seconds: float) -> str:

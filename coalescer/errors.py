@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class CoalescerError(Exception):
     """Base class of coalescer's own errors."""
@@ -20,6 +22,19 @@ class ConfigError(CoalescerError):
         where = file if line is None else f"{file}:{line}"
         what = f"{field}: " if field else ""
         super().__init__(f"{where}: {what}{message}")
+        self.errors: list[ConfigError] = [self]  # every problem found; see combine()
+
+    @classmethod
+    def combine(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """One error carrying every one of ``errors`` in ``.errors``: the first one's file,
+        line and field, and one line per error in its text."""
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        combined = cls(first.message, file=first.file, line=first.line, field=first.field)
+        combined.errors = list(errors)
+        combined.args = ("\n".join(str(error) for error in errors),)
+        return combined
 
 
 class KeyRefusedError(CoalescerError, KeyError):

@@ -49,3 +49,25 @@ def invoker_for(rule: Any, executor: Executor, webhooks: WebhookCaller | None) -
     async def call_webhook(claim: Claim) -> None:
         await webhooks.call(handler, claim, rule.timeout)
     return call_webhook
+
+
+def signature_problem(fn: Callable[..., object]) -> str | None:
+    """Why ``fn`` cannot be called as ``fn(claim)``, or None when it can (or when its
+    signature cannot be read, as for some builtins)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    keyword_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    takes_more = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if keyword_only:
+        names = ", ".join(repr(name) for name in keyword_only)
+        return (f"has required keyword-only arguments ({names}); "
+                "a handler takes one positional argument (the claim)")
+    if len(required) > 1 or not (positional or takes_more):
+        verb = "takes" if len(required) == len(positional) else "requires"
+        count = len(required) if required else len(positional)
+        return f"{verb} {count} positional arguments; a handler takes one (the claim)"
+    return None

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import difflib
-import importlib
+import functools
+import math
 import os
 import random
 import re
 import reprlib
-import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlsplit
 
 import yaml
@@ -22,11 +21,23 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
 from coalescer.durations import ACCEPTED as DURATIONS_ACCEPTED
-from coalescer.durations import format_duration, parse_duration
+from coalescer.durations import NegativeDurationError, format_duration, parse_duration
 from coalescer.errors import ConfigError, UnknownKeyError
+from coalescer.handler_import import HandlerImport, resolve, split_ref
+from coalescer.lint import (
+    ConfigWarning,
+    RuleMatch,
+    RuleSecret,
+    unreachable,
+    unset,
+    unset_secret_warnings,
+)
 from coalescer.patterns import KeyPattern
 from coalescer.source_config import Source, load_sources
 from coalescer.urls import redact
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_SHARDS = 16384
@@ -90,6 +101,11 @@ class HttpHandler:
         return f"{self.method} {redact(self.url)}"
 
 
+Handler = Callable[..., object] | HttpHandler | HandlerImport
+"""A rule's handler: a Python callable, a webhook, or a Python handler not imported yet
+(a process that only writes touches never imports handler modules)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
     """One resolved rule: every setting filled in from the rule, ``defaults`` or built-ins."""
@@ -102,7 +118,7 @@ class Rule:
     timeout: float
     concurrency: int
     retry: RetryPolicy
-    handler: Callable[..., object] | HttpHandler
+    handler: Handler
     handler_ref: str
     line: int
 
@@ -147,6 +163,8 @@ class Config:
     source: str
     history: int = DEFAULT_HISTORY
     sources: tuple[Source, ...] = ()
+    matches: tuple[RuleMatch, ...] = field(default=(), repr=False, compare=False)
+    secrets: tuple[RuleSecret, ...] = field(default=(), repr=False, compare=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _groups: dict[int, tuple[Rule, int]] = field(init=False, repr=False, compare=False)
@@ -164,17 +182,60 @@ class Config:
         object.__setattr__(self, "_groups", groups)
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str]) -> Config:
-        """Load and validate a rules file; handlers import from the file's folder."""
+    def from_yaml(cls, path: str | os.PathLike[str], *, import_handlers: bool = True) -> Config:
+        """Load and validate a rules file; handlers import from the file's folder.
+
+        With ``import_handlers=False`` (a process that only touches keys) no handler
+        module is imported: each Python handler stays a ``HandlerImport`` until
+        ``with_handlers()``. Raises one ConfigError carrying every problem found.
+        """
         source = os.fspath(path)
         text = _read_text(source)
-        return cls.from_string(text, source=source, base_dir=Path(source).resolve().parent)
+        return cls.from_string(text, source=source, base_dir=Path(source).resolve().parent,
+                               import_handlers=import_handlers)
 
     @classmethod
-    def from_string(cls, text: str, *, source: str = "<string>",
-                    base_dir: Path | None = None) -> Config:
+    def from_string(cls, text: str, *, source: str = "<string>", base_dir: Path | None = None,
+                    import_handlers: bool = True) -> Config:
         """Load and validate rules from text; handlers import from ``base_dir`` if given."""
-        return _Loader(source, base_dir).load(text)
+        loader = _Loader(source, base_dir, import_handlers)
+        config = loader.load(text)
+        problems = loader.outcome()
+        if problems is not None or config is None:
+            raise problems or ConfigError("cannot be loaded", file=source)
+        return config
+
+    def with_handlers(self) -> Config:
+        """This config with every Python handler imported and checked (what a worker
+        needs); one ConfigError with the file, line and field of each that fails."""
+        if not any(isinstance(rule.handler, HandlerImport) for rule in self.rules):
+            return self
+        errors: list[ConfigError] = []
+        rules: list[Rule] = []
+        for rule in self.rules:
+            if isinstance(rule.handler, HandlerImport):
+                try:
+                    rule = replace(rule, handler=resolve(rule.handler))  # noqa: PLW2901
+                except ConfigError as exc:
+                    errors.append(exc)
+            rules.append(rule)
+        if errors:
+            raise ConfigError.combine(errors)
+        return replace(self, rules=tuple(rules))
+
+    def unset_secrets(self, environ: Mapping[str, str]) -> list[ConfigError]:
+        """An error for each webhook ``secret_env`` not set (or empty) in ``environ``:
+        a worker refuses to start, since every refresh of that rule would fail."""
+        return [ConfigError(
+            f"rule {secret.name!r} signs its webhook with the environment variable "
+            f"{secret.env}, which is not set (or empty); every refresh of that rule would "
+            "fail and be dead-lettered: set it, or remove secret_env",
+            file=self.source, line=secret.line, field=secret.field)
+            for secret in unset(self.secrets, environ)]
+
+    def warnings(self, environ: Mapping[str, str]) -> list[ConfigWarning]:
+        """Rules that can never match, and webhook secrets not set in ``environ``."""
+        return _warnings(self.source, self.matches, self.secrets, environ)
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]]:
         """The first rule whose pattern matches ``key`` and its captures."""
@@ -363,17 +424,52 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
-class _Loader:
-    """Walks the composed YAML nodes so every error carries its line and field."""
+def _any_bad(settings: Settings) -> bool:
+    """Whether a setting failed to load (kept as NaN; see _Loader.settings)."""
+    return any(math.isnan(setting.value) for setting in settings.values())
 
-    def __init__(self, file: str, base_dir: Path | None) -> None:
+
+class _Abandon(Exception):
+    """Errors of this part are recorded already: skip what depends on it."""
+
+
+class _Loader:
+    """Walks the composed YAML nodes so every error carries its line and field. It goes
+    on past an error to find the others, and skips only what depends on the bad part."""
+
+    def __init__(self, file: str, base_dir: Path | None, import_handlers: bool) -> None:
         self.file = file
         self.base_dir = base_dir
+        self.import_handlers = import_handlers
+        self.errors: list[ConfigError] = []
+        self.matches: list[RuleMatch] = []
+        self.secrets: list[RuleSecret] = []
 
     def error(self, message: str, node: Node | None = None,
               field: str | None = None) -> ConfigError:
         line = _line(node) if node is not None else None
         return ConfigError(message, file=self.file, line=line, field=field)
+
+    def attempt(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+        """``fn(...)``, or None once the errors it raised are recorded."""
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            self.errors.extend(exc.errors)
+        except _Abandon:
+            pass
+        return None
+
+    def settle(self, before: int) -> None:
+        """Abandon the part being read if it recorded errors (since ``before`` of them)."""
+        if len(self.errors) > before:
+            raise _Abandon
+
+    def outcome(self) -> ConfigError | None:
+        """Every recorded error, once each, in file order, as one ConfigError."""
+        unique = list({str(error): error for error in self.errors}.values())
+        unique.sort(key=lambda error: error.line or 0)
+        return ConfigError.combine(unique) if unique else None
 
     # -- YAML plumbing --
 
@@ -413,6 +509,7 @@ class _Loader:
 
     def mapping(self, node: Node, prefix: str, allowed: tuple[str, ...],
                 what: str) -> Entries:
+        """The fields of a mapping; unknown or repeated fields are recorded and left out."""
         if not isinstance(node, MappingNode):
             got = _kind(self.value(node, prefix))
             raise self.error(f"{what} must be a mapping, got {got}", node, prefix or None)
@@ -420,9 +517,12 @@ class _Loader:
         self.flatten(node, prefix)
         entries: Entries = {}
         for key_node, value_node in node.value:  # merged keys first, so explicit ones win
-            name = self.key_name(key_node, prefix)
+            name = self.attempt(self.key_name, key_node, prefix)
+            if name is None:
+                continue
             if name not in allowed:
-                raise self.unknown(name, key_node, prefix, allowed, what)
+                self.errors.append(self.unknown(name, key_node, prefix, allowed, what))
+                continue
             entries[name] = (key_node, value_node)
         return entries
 
@@ -431,10 +531,12 @@ class _Loader:
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:
                 continue
-            name = self.key_name(key_node, prefix)
+            name = self.attempt(self.key_name, key_node, prefix)
+            if name is None:
+                continue
             if name in seen:
-                raise self.error(f"field {_shown(name)} is given twice; give it once",
-                                 key_node, _join(prefix, name))
+                self.errors.append(self.error(f"field {_shown(name)} is given twice; give it "
+                                              "once", key_node, _join(prefix, name)))
             seen.add(name)
 
     def flatten(self, node: MappingNode, prefix: str) -> None:
@@ -469,12 +571,23 @@ class _Loader:
                              _join(prefix, name))
         return entries[name][1]
 
+    def optional(self, entries: Entries, prefix: str, name: str,
+                 parse: Callable[[Node, str], _T], default: _T) -> _T:
+        """The field ``name`` read by ``parse``; ``default`` when absent or bad (recorded)."""
+        if name not in entries:
+            return default
+        found = self.attempt(parse, entries[name][1], _join(prefix, name))
+        return default if found is None else found
+
     # -- typed values --
 
     def duration(self, node: Node, field: str, *, positive: bool) -> float:
         raw = self.value(node, field)
         try:
             seconds = parse_duration(raw)
+        except NegativeDurationError:
+            raise self.error(f"negative duration {_shown(raw)}: a duration is never below 0; "
+                             f"expected {DURATIONS_ACCEPTED}", node, field) from None
         except ValueError:
             raise self.error(f"bad duration {_shown(raw)}: expected {DURATIONS_ACCEPTED}",
                              node, field) from None
@@ -482,6 +595,9 @@ class _Loader:
             raise self.error(f"must be longer than 0, got {_shown(raw)}; expected "
                              f"{DURATIONS_ACCEPTED}, above 0", node, field)
         return seconds
+
+    def positive_duration(self, node: Node, field: str) -> float:
+        return self.duration(node, field, positive=True)
 
     def positive_int(self, node: Node, field: str, limit: int | None = None) -> int:
         raw = self.value(node, field)
@@ -508,40 +624,43 @@ class _Loader:
 
     # -- the document --
 
-    def load(self, text: str) -> Config:
+    def load(self, text: str) -> Config | None:
+        """The config, or None when errors were recorded. Raises ConfigError only when
+        nothing more can be read (not YAML, not a mapping)."""
         root = self.compose(text)
         entries = self.mapping(root, "", _TOP_FIELDS, "the top level")
-        namespace = DEFAULT_NAMESPACE
-        if "namespace" in entries:
-            namespace = self.identifier(entries["namespace"][1], "namespace", "namespace")
-        shards = int(TOP_DEFAULTS["shards"])
-        if "shards" in entries:
-            shards = self.positive_int(entries["shards"][1], "shards", MAX_SHARDS)
-        leases = {name: self.lease(entries, name) for name in ("leader_lease", "claim_lease")}
-        history = self.history(entries)
+        namespace = self.optional(entries, "", "namespace", self.namespace, DEFAULT_NAMESPACE)
+        shards = self.optional(entries, "", "shards", self.shards, int(TOP_DEFAULTS["shards"]))
+        leases = {name: self.optional(entries, "", name, self.positive_duration,
+                                      TOP_DEFAULTS[name])
+                  for name in ("leader_lease", "claim_lease")}
+        history = self.optional(entries, "", "history", self.history, DEFAULT_HISTORY)
         defaults = self.defaults(entries)
-        rules = self.rules(self.require(entries, "rules", root, "", "the rules file"),
-                           defaults)
-        sources = (load_sources(self, entries["sources"][1], [r.pattern for r in rules])
-                   if "sources" in entries else ())
+        node = self.attempt(self.require, entries, "rules", root, "", "the rules file")
+        rules = self.attempt(self.rules, node, defaults) if node is not None else None
+        sources: tuple[Source, ...] | None = ()
+        if rules is not None and not self.errors and "sources" in entries:
+            sources = self.attempt(load_sources, self, entries["sources"][1],
+                                   [r.pattern for r in rules])
+        if self.errors or rules is None or sources is None:
+            return None
         return Config(namespace=namespace, shards=shards, leader_lease=leases["leader_lease"],
                       claim_lease=leases["claim_lease"], rules=rules, source=self.file,
-                      history=history, sources=sources)
+                      history=history, sources=sources, matches=tuple(self.matches),
+                      secrets=tuple(self.secrets))
 
-    def history(self, entries: Entries) -> int:
-        if "history" not in entries:
-            return DEFAULT_HISTORY
-        node = entries["history"][1]
-        raw = self.value(node, "history")
+    def namespace(self, node: Node, field: str) -> str:
+        return self.identifier(node, field, "namespace")
+
+    def shards(self, node: Node, field: str) -> int:
+        return self.positive_int(node, field, MAX_SHARDS)
+
+    def history(self, node: Node, field: str) -> int:
+        raw = self.value(node, field)
         if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_HISTORY:
             raise self.error(f"must be a whole number from 0 (no history) to {MAX_HISTORY}: "
-                             f"refreshes kept per shard, got {raw!r}", node, "history")
+                             f"refreshes kept per shard, got {raw!r}", node, field)
         return raw
-
-    def lease(self, entries: Entries, name: str) -> float:
-        if name not in entries:
-            return TOP_DEFAULTS[name]
-        return self.duration(entries[name][1], name, positive=True)
 
     def defaults(self, entries: Entries) -> Settings:
         settings = {name: _Setting(value) for name, value in RULE_DEFAULTS.items()}
@@ -550,33 +669,41 @@ class _Loader:
         node = entries["defaults"][1]
         if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return settings
-        found = self.mapping(node, "defaults", _SETTING_FIELDS, "defaults")
-        return settings | self.settings(found, "defaults", level=1)
+        found = self.attempt(self.mapping, node, "defaults", _SETTING_FIELDS, "defaults")
+        return settings | self.settings(found or {}, "defaults", level=1)
 
     def settings(self, entries: Entries, prefix: str, level: int) -> Settings:
+        """The settings given in ``entries``; a bad one is recorded and kept as NaN, which
+        fails every comparison, so no cross-field check blames it again."""
         out: Settings = {}
-        for name in ("window", "max_wait", "absorb", "timeout"):
+        for name in ("window", "max_wait", "absorb", "timeout", "concurrency"):
             if name in entries:
-                where = _join(prefix, name)
-                node = entries[name][1]
-                seconds = self.duration(node, where, positive=name != "absorb")
-                out[name] = _Setting(seconds, where, _line(node), level)
-        if "concurrency" in entries:
-            where, node = _join(prefix, "concurrency"), entries["concurrency"][1]
-            out["concurrency"] = _Setting(self.positive_int(node, where), where, _line(node),
-                                          level)
+                out[name] = self.setting(entries[name][1], _join(prefix, name), level,
+                                         self.setting_parser(name))
         if "retry" in entries:
-            out |= self.retry(entries["retry"][1], _join(prefix, "retry"), level)
+            out |= self.attempt(self.retry, entries["retry"][1], _join(prefix, "retry"),
+                                level) or {}
         return out
+
+    def setting_parser(self, name: str) -> Callable[[Node, str], float]:
+        if name == "concurrency":
+            return self.positive_int
+        if name == "absorb":
+            return functools.partial(self.duration, positive=False)
+        return self.positive_duration
+
+    def setting(self, node: Node, field: str, level: int,
+                parse: Callable[[Node, str], float]) -> _Setting:
+        value = self.attempt(parse, node, field)
+        return _Setting(math.nan if value is None else value, field, _line(node), level)
 
     def retry(self, node: Node, prefix: str, level: int) -> Settings:
         entries = self.mapping(node, prefix, _RETRY_FIELDS, "retry")
         out: Settings = {}
         for name, (_, value) in entries.items():
-            where = _join(prefix, name)
-            number = (self.positive_int(value, where) if name == "attempts"
-                      else self.duration(value, where, positive=False))
-            out[f"retry.{name}"] = _Setting(number, where, _line(value), level)
+            parse = (self.positive_int if name == "attempts"
+                     else functools.partial(self.duration, positive=False))
+            out[f"retry.{name}"] = self.setting(value, _join(prefix, name), level, parse)
         return out
 
     def rules(self, node: Node, defaults: Settings) -> tuple[Rule, ...]:
@@ -587,19 +714,22 @@ class _Loader:
             raise self.error("rules is empty; give at least one rule (match: \"*\" accepts "
                              "every key)", node, "rules")
         seen: dict[str, int] = {}
-        return tuple(self.rule(item, f"rules[{index}]", defaults, seen)
-                     for index, item in enumerate(node.value))
+        found = [self.attempt(self.rule, item, index, defaults, seen)
+                 for index, item in enumerate(node.value)]
+        return tuple(rule for rule in found if rule is not None)
 
-    def rule(self, node: Node, prefix: str, defaults: Settings, seen: dict[str, int]) -> Rule:
+    def rule(self, node: Node, index: int, defaults: Settings, seen: dict[str, int]) -> Rule:
+        prefix, before = f"rules[{index}]", len(self.errors)
         entries = self.mapping(node, prefix, _RULE_FIELDS, "a rule")
-        name = self.rule_name(self.require(entries, "name", node, prefix, "the rule"),
-                              f"{prefix}.name", seen)
-        match_node = self.require(entries, "match", node, prefix, "the rule")
-        pattern = self.pattern(match_node, f"{prefix}.match")
-        handler_node = self.require(entries, "handler", node, prefix, "the rule")
+        name = self.attempt(self.rule_name, entries, node, prefix, seen)
+        pattern = self.attempt(self.rule_pattern, entries, node, index, name or prefix)
         settings = defaults | self.settings(entries, prefix, level=2)
         self.check(settings, node)
-        handler, ref = self.handler(handler_node, f"{prefix}.handler", pattern)
+        handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
+                               pattern)
+        self.settle(before)
+        if name is None or pattern is None or handler is None or _any_bad(settings):
+            raise _Abandon
         retry = RetryPolicy(attempts=int(settings["retry.attempts"].value),
                             backoff=settings["retry.backoff"].value,
                             max_backoff=settings["retry.max_backoff"].value)
@@ -607,22 +737,28 @@ class _Loader:
                     max_wait=settings["max_wait"].value, absorb=settings["absorb"].value,
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
-                    handler=handler, handler_ref=ref, line=_line(node))
+                    handler=handler[0], handler_ref=handler[1], line=_line(node))
 
-    def rule_name(self, node: Node, field: str, seen: dict[str, int]) -> str:
-        name = self.identifier(node, field, "rule name")
+    def rule_name(self, entries: Entries, node: Node, prefix: str,
+                  seen: dict[str, int]) -> str:
+        field = f"{prefix}.name"
+        name_node = self.require(entries, "name", node, prefix, "the rule")
+        name = self.identifier(name_node, field, "rule name")
         if name in seen:
             raise self.error(f"duplicate rule name {_shown(name)} (first used on line "
-                             f"{seen[name]}); rule names must be unique", node, field)
-        seen[name] = _line(node)
+                             f"{seen[name]}); rule names must be unique", name_node, field)
+        seen[name] = _line(name_node)
         return name
 
-    def pattern(self, node: Node, field: str) -> KeyPattern:
-        source = self.string(node, field, "match")
+    def rule_pattern(self, entries: Entries, node: Node, index: int, name: str) -> KeyPattern:
+        match_node = self.require(entries, "match", node, f"rules[{index}]", "the rule")
+        source = self.string(match_node, f"rules[{index}].match", "match")
         try:
-            return KeyPattern.compile(source)
+            pattern = KeyPattern.compile(source)
         except ValueError as exc:
-            raise self.error(str(exc), node, field) from None
+            raise self.error(str(exc), match_node, f"rules[{index}].match") from None
+        self.matches.append(RuleMatch(index, name, pattern, _line(match_node)))
+        return pattern
 
     # -- cross-field checks --
 
@@ -646,43 +782,59 @@ class _Loader:
                        f"retry max_backoff ({format_duration(cap.value)})")
 
     def blame(self, first: _Setting, second: _Setting, node: Node, message: str) -> None:
-        """Raise at whichever of the two settings was given most specifically."""
+        """Record the error at whichever of the two settings was given most specifically."""
         culprit = second if second.level > first.level else first
         line = culprit.line if culprit.line is not None else _line(node)
-        raise ConfigError(message, file=self.file, line=line, field=culprit.field)
+        self.errors.append(ConfigError(message, file=self.file, line=line,
+                                       field=culprit.field))
 
     # -- handlers --
 
-    def handler(self, node: Node, field: str,
-                pattern: KeyPattern) -> tuple[Callable[..., object] | HttpHandler, str]:
-        if isinstance(node, MappingNode):
-            entries = self.mapping(node, field, ("http",), "handler")
-            if "http" not in entries:
-                raise self.error("handler mapping needs an 'http' block", node, field)
-            http = self.http(entries["http"][1], f"{field}.http", pattern)
+    def rule_handler(self, entries: Entries, node: Node, index: int, name: str,
+                     pattern: KeyPattern | None) -> tuple[Handler, str]:
+        prefix = f"rules[{index}]"
+        handler_node = self.require(entries, "handler", node, prefix, "the rule")
+        field = f"{prefix}.handler"
+        if isinstance(handler_node, MappingNode):
+            found = self.mapping(handler_node, field, ("http",), "handler")
+            if "http" not in found:
+                raise self.error("handler mapping needs an 'http' block", handler_node, field)
+            http = self.http(found["http"][1], f"{field}.http", pattern, (index, name))
             return http, str(http)
-        ref = self.string(node, field, "handler")
-        return self.import_handler(ref, node, field), ref
+        ref = self.string(handler_node, field, "handler")
+        if not split_ref(ref)[0]:
+            raise self.error(f"handler {_shown(ref)} must have the form 'module:function' "
+                             f"(e.g. myapp.stats:refresh_user), or be an http: block",
+                             handler_node, field)
+        spec = HandlerImport(ref=ref, file=self.file, line=_line(handler_node), field=field,
+                             base_dir=self.base_dir)
+        return (resolve(spec) if self.import_handlers else spec), ref
 
-    def http(self, node: Node, prefix: str, pattern: KeyPattern) -> HttpHandler:
+    def http(self, node: Node, prefix: str, pattern: KeyPattern | None,
+             rule: tuple[int, str]) -> HttpHandler:
+        """The http block; ``rule`` is the rule's index and name, for its secret."""
+        before = len(self.errors)
         entries = self.mapping(node, prefix, _HTTP_FIELDS, "the http handler")
-        url = self.url(self.require(entries, "url", node, prefix, "the http handler"),
-                       f"{prefix}.url", pattern)
-        method = "POST"
-        if "method" in entries:
-            method = self.method(entries["method"][1], f"{prefix}.method")
-        timeout = None
-        if "timeout" in entries:
-            timeout = self.duration(entries["timeout"][1], f"{prefix}.timeout", positive=True)
-        secret_env = None
-        if "secret_env" in entries:
-            secret_env = self.env_name(entries["secret_env"][1], f"{prefix}.secret_env")
+        url = self.attempt(self.http_url, entries, node, prefix, pattern)
+        method = self.optional(entries, prefix, "method", self.method, "POST")
+        timeout = self.optional(entries, prefix, "timeout", self.positive_duration, None)
+        secret_env = self.optional(entries, prefix, "secret_env", self.env_name, None)
+        if secret_env is not None:
+            self.secrets.append(RuleSecret(*rule, secret_env, _line(entries["secret_env"][1])))
+        self.settle(before)
+        if url is None:
+            raise _Abandon
         return HttpHandler(url=url, method=method, timeout=timeout, secret_env=secret_env)
 
-    def url(self, node: Node, field: str, pattern: KeyPattern) -> str:
+    def http_url(self, entries: Entries, node: Node, prefix: str,
+                 pattern: KeyPattern | None) -> str:
+        return self.url(self.require(entries, "url", node, prefix, "the http handler"),
+                        f"{prefix}.url", pattern)
+
+    def url(self, node: Node, field: str, pattern: KeyPattern | None) -> str:
         url = self.string(node, field, "url")
         for name in _URL_FIELD_RE.findall(url):
-            if name not in pattern.names:
+            if pattern is not None and name not in pattern.names:
                 known = ", ".join(f"{{{n}}}" for n in pattern.names) or "none"
                 raise self.error(f"url uses {{{name}}}, which is not a capture of the rule's "
                                  f"pattern {pattern.source!r} (its captures: {known})",
@@ -711,49 +863,35 @@ class _Loader:
                              f"variable (letters, digits and '_')", node, field)
         return raw
 
-    def import_handler(self, ref: str, node: Node, field: str) -> Callable[..., object]:
-        module_name, attr_path = _split_ref(ref)
-        if not module_name:
-            raise self.error(f"handler {_shown(ref)} must have the form 'module:function' "
-                             f"(e.g. myapp.stats:refresh_user), or be an http: block",
-                             node, field)
-        with self.on_path():
-            try:
-                target: object = importlib.import_module(module_name)
-            except Exception as exc:
-                raise self.error(f"handler module {_shown(module_name)} does not import "
-                                 f"({type(exc).__name__}: {exc}); it is looked up with "
-                                 f"{self.where()} first on sys.path", node, field) from None
-        for part in attr_path.split("."):
-            if not hasattr(target, part):
-                raise self.error(f"module {_shown(module_name)} has no attribute "
-                                 f"{_shown(attr_path)}", node, field)
-            target = getattr(target, part)
-        if not callable(target):
-            raise self.error(f"handler {_shown(ref)} is {type(target).__name__}, not a function; "
-                             f"it must be an async or plain function", node, field)
-        return target
 
-    def where(self) -> str:
-        return repr(str(self.base_dir)) if self.base_dir is not None else "nothing extra"
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckReport:
+    """What checking a rules file found: the config (None when there are errors), every
+    error and every warning, each in file order."""
 
-    @contextmanager
-    def on_path(self) -> Iterator[None]:
-        """Import with the rules file's folder first on sys.path (it stays there)."""
-        if self.base_dir is not None:
-            folder = str(self.base_dir)
-            if sys.path[:1] != [folder]:
-                while folder in sys.path:
-                    sys.path.remove(folder)
-                sys.path.insert(0, folder)
-        importlib.invalidate_caches()
-        yield
+    config: Config | None
+    errors: tuple[ConfigError, ...]
+    warnings: tuple[ConfigWarning, ...]
 
 
-def _split_ref(ref: str) -> tuple[str, str]:
-    """('module', 'attr.path') from 'module:attr.path', or ('', '') when malformed."""
-    module_name, sep, attr_path = ref.partition(":")
-    parts = [*module_name.split("."), *attr_path.split(".")]
-    if not sep or not all(part.isidentifier() for part in parts):
-        return "", ""
-    return module_name, attr_path
+def check_file(path: str | os.PathLike[str], environ: Mapping[str, str]) -> CheckReport:
+    """Load ``path`` with its handlers imported, collecting every error, and the warnings
+    of whatever loaded (secrets are looked up in ``environ``)."""
+    source = os.fspath(path)
+    loader = _Loader(source, Path(source).resolve().parent, import_handlers=True)
+    config: Config | None = None
+    try:
+        config = loader.load(_read_text(source))
+    except ConfigError as exc:
+        loader.errors.extend(exc.errors)
+    problems = loader.outcome()
+    return CheckReport(config=config if problems is None else None,
+                       errors=tuple(problems.errors) if problems else (),
+                       warnings=tuple(_warnings(source, loader.matches, loader.secrets,
+                                                environ)))
+
+
+def _warnings(source: str, matches: Sequence[RuleMatch], secrets: Sequence[RuleSecret],
+              environ: Mapping[str, str]) -> list[ConfigWarning]:
+    found = [*unreachable(source, matches), *unset_secret_warnings(source, secrets, environ)]
+    return sorted(found, key=lambda warning: warning.line or 0)

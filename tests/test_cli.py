@@ -16,6 +16,7 @@ from e2e import REPO, NodeProcs, clean_env, coalescer_cmd, leader_node, line_rul
 from servers import ValkeyProcess, poll_until, wait_until
 
 from coalescer import Coalescer
+from coalescer.cli import build_parser, main
 from coalescer.keys import KeySpace
 
 RULES = """\
@@ -134,8 +135,165 @@ def test_check_says_what_is_wrong_in_one_line(tmp_path: Path, name: str) -> None
     done = cli("check", str(path), cwd=tmp_path, timeout=30)
     assert done.returncode == 1
     assert done.stdout == ""
-    assert done.stderr.startswith(f"coalescer check: {path}:{says}"), done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr  # one line: no traceback, no excerpt
+    error, count = done.stderr.splitlines()  # one line each: no traceback, no excerpt
+    assert error.startswith(f"{path}:{says}"), done.stderr
+    assert count == f"1 error in {path}"
+
+
+MANY_ERRORS = """\
+defaults:
+  window: -5
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {mod}:refresh
+    timeout: "-2s"
+  - name: item
+    match: "other:*"
+    handler: {mod}:refresh
+"""
+
+
+def test_check_reports_every_error_then_a_count(tmp_path: Path) -> None:
+    rules = line_rules(tmp_path, f"cli_{tmp_path.name}", MANY_ERRORS.format(mod="{mod}"))
+    done = cli("check", str(rules), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert [line.split(": ")[:2] for line in lines[:-1]] == [
+        [f"{rules}:2", "defaults.window"], [f"{rules}:7", "rules[0].timeout"],
+        [f"{rules}:8", "rules[1].name"]]
+    assert "negative duration -5" in lines[0]
+    assert "negative duration '-2s'" in lines[1]
+    assert "duplicate rule name 'item'" in lines[2]
+    assert lines[-1] == f"3 errors in {rules}"
+
+
+SIGNATURE_HANDLERS = """\
+def refresh():
+    pass
+
+def ok(claim):
+    pass
+"""
+
+
+def test_check_refuses_a_handler_that_cannot_take_the_claim(tmp_path: Path) -> None:
+    (tmp_path / "sigs_cli.py").write_text(SIGNATURE_HANDLERS)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: a\n    match: 'a:*'\n    handler: sigs_cli:refresh\n"
+                     "  - name: b\n    match: 'b:*'\n    handler: sigs_cli:ok\n")
+    done = cli("check", cwd=tmp_path)  # ./rules.yaml by default, its default settings
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "./rules.yaml:4: rules[0].handler: sigs_cli:refresh takes 0 positional arguments; "
+        "a handler takes one (the claim)",
+        "1 error in ./rules.yaml"]
+
+
+def test_check_warns_and_still_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLI_HOOK_SECRET", raising=False)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("""\
+rules:
+  - {name: any-item, match: "item:*", handler: "json:dumps"}
+  - {name: item, match: "item:{id}", handler: "json:dumps"}
+  - name: hook
+    match: "hook:{id}"
+    handler: {http: {url: "http://127.0.0.1:9/{id}", secret_env: CLI_HOOK_SECRET}}
+""")
+    assert main(["check", str(rules)]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0].startswith(
+        f"{rules}:3: rules[1].match: warning: rule 'item' can never match: every key its "
+        "pattern 'item:{id}' matches is matched first by rules[0] 'any-item'")
+    assert err.splitlines()[1].startswith(
+        f"{rules}:6: rules[2].handler.http.secret_env: warning: environment variable "
+        "CLI_HOOK_SECRET is not set")
+    assert len(err.splitlines()) == 2
+    assert out.startswith(f"{rules}: OK (2 warnings)\n")
+    monkeypatch.setenv("CLI_HOOK_SECRET", "s3cret")
+    assert main(["check", str(rules)]) == 0
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and "can never match" in err
+    assert "s3cret" not in out + err
+
+
+def test_check_and_a_worker_name_a_handler_that_does_not_import(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    """The handler's module is not next to the rules: a writer touches all the same
+    (it never imports handlers); check and a worker node refuse, naming where."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"namespace: {namespace}\nrules:\n  - name: item\n    match: 'item:{{id}}'"
+                     "\n    handler: cli_workers_only.stats:refresh\n")
+    done = cli("touch", "item:1", "--rules", str(rules), "--redis", redis_url, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert r.zscore(KeySpace(namespace, 1).shard(0).due("item"), "item:1") is not None
+    done = cli("status", "--json", "--rules", str(rules), "--redis", redis_url, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rules"]["item"]["pending"] == 1
+
+    done = cli("check", str(rules), cwd=elsewhere)
+    assert done.returncode == 1
+    first, count = done.stderr.splitlines()
+    assert first.startswith(f"{rules}:5: rules[0].handler: handler module "
+                            "'cli_workers_only.stats' does not import")
+    assert count == f"1 error in {rules}"
+    done = cli("run", "--http", "off", "--rules", str(rules), "--redis", redis_url,
+               cwd=elsewhere)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"coalescer run: {rules}:5: rules[0].handler: handler module")
+    assert done.stderr.count("\n") == 1
+
+
+def test_run_refuses_to_start_without_a_webhook_secret(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"""\
+namespace: {namespace}
+rules:
+  - name: org-stats
+    match: "stats:org:{{org_id}}"
+    handler:
+      http:
+        url: "http://127.0.0.1:9/refresh/{{org_id}}"
+        secret_env: CLI_UNSET_SECRET_{namespace}
+""")
+    done = cli("run", "--http", "off", "--rules", str(rules), "--redis", redis_url,
+               cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"coalescer run: {rules}:8: rules[0].handler.http.secret_env: rule 'org-stats' signs "
+        f"its webhook with the environment variable CLI_UNSET_SECRET_{namespace}, which is not "
+        "set (or empty); every refresh of that rule would fail and be dead-lettered: set it, "
+        "or remove secret_env\n")
+    assert r.keys(f"{namespace}*") == []  # never joined: no lease, no registry entry
+    empty = cli("run", "--http", "off", "--rules", str(rules), "--redis", redis_url,
+                cwd=tmp_path, env={f"CLI_UNSET_SECRET_{namespace}": ""})
+    assert empty.returncode == 1 and "not set (or empty)" in empty.stderr
+
+
+@pytest.mark.parametrize(("args", "value"), [
+    (["--grace", "-5"], "-5"), (["--grace", "-0.5"], "-0.5"), (["--grace", "soon"], "soon"),
+    (["--grace", "nan"], "nan"), (["--grace", "inf"], "inf"), (["--grace=-2s"], "-2s")])
+def test_run_refuses_a_bad_grace(args: list[str], value: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["run", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "coalescer run: error: argument --grace: must be a number of seconds of 0 or more "
+        f"(or 30s, 2m), not {value!r}")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", 0.0), ("1.5", 1.5), ("2m", 120.0)])
+def test_run_accepts_a_grace(value: str, seconds: float) -> None:
+    assert build_parser().parse_args(["run", "--grace", value]).grace == seconds
+    assert build_parser().parse_args(["run"]).grace == 30.0
 
 
 # -- touch ----------------------------------------------------------------------------------

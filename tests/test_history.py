@@ -118,7 +118,7 @@ async def _xlen_total(r: redis.asyncio.Redis, namespace: str, shards: int, at_le
 @pytest.mark.parametrize("value", ["-1", "abc", "true", "1.5", "2000000"])
 def test_bad_history_length_is_refused_with_line_and_field(value: str) -> None:
     text = f"namespace: x\nhistory: {value}\nrules:\n  - {{name: a, match: '*', " \
-           "handler: 'os:getcwd'}\n"
+           "handler: 'builtins:repr'}\n"
     with pytest.raises(ConfigError) as caught:
         Config.from_string(text, source="r.yaml")
     message = str(caught.value)

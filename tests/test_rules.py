@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
+import os
 import random
 import sys
 import uuid
@@ -12,9 +14,13 @@ from pathlib import Path
 from textwrap import dedent
 
 import pytest
+from servers import wait_until
 
+from coalescer import Coalescer, SyncCoalescer
 from coalescer.errors import ConfigError, UnknownKeyError
-from coalescer.rules import Config, HttpHandler, RetryPolicy, Rule
+from coalescer.handler_import import HandlerImport
+from coalescer.patterns import KeyPattern, covers
+from coalescer.rules import Config, HttpHandler, RetryPolicy, Rule, check_file
 
 HANDLERS = """\
 CALLS = []
@@ -310,9 +316,10 @@ def test_from_string_errors_name_the_source() -> None:
 
 
 def test_nested_attribute_handler() -> None:
-    text = "rules: [{name: s, match: '*', handler: 'json:JSONEncoder.encode'}]"
+    text = "rules: [{name: s, match: '*', handler: 'os:path.basename'}]"
     config = Config.from_string(text)
-    assert config.rules[0].handler_ref == "json:JSONEncoder.encode"
+    assert config.rules[0].handler_ref == "os:path.basename"
+    assert config.rules[0].handler is os.path.basename
 
 
 # --- describe, retry delays, urls -------------------------------------------------
@@ -578,7 +585,7 @@ def rule_with(setting: str) -> str:
         (rule_with("window: 0"), 5, "rules[0].window", "must be longer than 0"),
         (rule_with("window: 0ms"), 5, "rules[0].window", "must be longer than 0"),
         (rule_with("timeout: 0s"), 5, "rules[0].timeout", "must be longer than 0"),
-        (rule_with("max_wait: -1"), 5, "rules[0].max_wait", "bad duration -1"),
+        (rule_with("max_wait: -1"), 5, "rules[0].max_wait", "negative duration -1"),
         (rule_with("absorb: yes"), 5, "rules[0].absorb", "bad duration True"),
         (rule_with("retry: {backoff: soon}"), 5, "rules[0].retry.backoff", "bad duration"),
         ("defaults:\n  absorb: '5x'\nrules:\n" + RULE, 2, "defaults.absorb", "bad duration"),
@@ -766,3 +773,382 @@ def test_http_handler_defaults_and_method_case(tmp_path: Path) -> None:
     handler = config.rules[0].handler
     assert handler == HttpHandler(url="https://h/r/{id}", method="PUT")
     assert (handler.timeout, handler.secret_env) == (None, None)
+
+
+# --- handler signatures: a handler is called with one argument, the claim --------------
+
+
+SIGNATURES = """\
+import functools
+
+def no_args():
+    pass
+
+async def two_args(a, b):
+    pass
+
+def keyword_only(*, claim):
+    pass
+
+def two_required(claim, other, extra=1):
+    pass
+
+def one(claim):
+    pass
+
+async def one_async(claim):
+    pass
+
+def one_with_extra(claim, extra=1):
+    pass
+
+def star(*args):
+    pass
+
+class Refresher:
+    def __call__(self, claim):
+        pass
+
+class NoArgs:
+    def __call__(self):
+        pass
+
+INSTANCE = Refresher()
+BAD_INSTANCE = NoArgs()
+PARTIAL = functools.partial(two_args, "bound")
+BAD_PARTIAL = functools.partial(two_required, extra=2)
+"""
+
+
+@pytest.fixture
+def signatures(tmp_path: Path) -> Iterator[str]:
+    name = f"signatures_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(SIGNATURES)
+    yield name
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("attr", ["one", "one_async", "one_with_extra", "star", "INSTANCE",
+                                  "PARTIAL"])
+def test_a_handler_taking_the_claim_is_accepted(tmp_path: Path, signatures: str,
+                                                attr: str) -> None:
+    config = Config.from_yaml(write(tmp_path, handler_rule(f"{signatures}:{attr}")))
+    assert config.rules[0].handler is getattr(sys.modules[signatures], attr)
+    assert config.rules[0].window == 2.0  # the default settings
+
+
+def test_a_builtin_without_a_readable_signature_is_accepted(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, handler_rule("builtins:next")))
+    assert config.rules[0].handler is next
+
+
+@pytest.mark.parametrize(
+    ("attr", "says"),
+    [
+        ("no_args", "takes 0 positional arguments; a handler takes one (the claim)"),
+        ("two_args", "takes 2 positional arguments; a handler takes one (the claim)"),
+        ("two_required", "requires 2 positional arguments; a handler takes one (the claim)"),
+        ("keyword_only", "has required keyword-only arguments ('claim'); a handler takes one "
+                         "positional argument (the claim)"),
+        ("BAD_INSTANCE", "takes 0 positional arguments; a handler takes one (the claim)"),
+        ("BAD_PARTIAL", "takes 2 positional arguments; a handler takes one (the claim)"),
+        # the class itself, not an instance: calling it builds a Refresher()
+        ("Refresher", "takes 0 positional arguments; a handler takes one (the claim)"),
+    ],
+)
+def test_a_handler_that_cannot_take_the_claim_is_refused(tmp_path: Path, signatures: str,
+                                                         attr: str, says: str) -> None:
+    error = assert_refused(tmp_path, handler_rule(f"{signatures}:{attr}"), line=4,
+                           field="rules[0].handler", fragment=says)
+    assert error.message == f"{signatures}:{attr} {says}"
+    assert str(error) == f"{tmp_path / 'rules.yaml'}:4: rules[0].handler: {error.message}"
+
+
+# --- every error at once --------------------------------------------------------------
+
+
+def test_every_error_is_reported_in_file_order(tmp_path: Path, signatures: str) -> None:
+    error, path = refused(tmp_path, f"""\
+        shards: 0
+        defaults:
+          window: -5
+          absorb: 3s
+        rules:
+          - name: a
+            match: "a:{{id}}"
+            handler: {signatures}:no_args
+            timeout: "-2s"
+            windw: 1s
+          - name: a
+            match: "b:{{"
+            handler: no_such_module_xyz:f
+          - just-a-string
+          - name: ok
+            match: "c:*"
+            handler: {signatures}:one
+            concurrency: 0
+        """)
+    found = [(e.line, e.field) for e in error.errors]
+    assert found == [
+        (1, "shards"), (3, "defaults.window"), (8, "rules[0].handler"),
+        (9, "rules[0].timeout"), (10, "rules[0].windw"), (11, "rules[1].name"),
+        (12, "rules[1].match"), (13, "rules[1].handler"), (14, "rules[2]"),
+        (18, "rules[3].concurrency"),
+    ], error
+    assert (error.line, error.field) == (1, "shards")  # the first one, for callers of one
+    assert str(error).splitlines() == [str(e) for e in error.errors]
+    assert all(line.startswith(f"{path}:") for line in str(error).splitlines())
+    assert "duplicate rule name 'a'" in error.errors[5].message
+
+
+def test_a_conflict_in_defaults_is_reported_once(tmp_path: Path) -> None:
+    error, _ = refused(tmp_path, """\
+        defaults:
+          absorb: 3s
+        rules:
+          - {name: a, match: "a:*", handler: "json:dumps"}
+          - {name: b, match: "b:*", handler: "json:dumps", window: 1s}
+          - {name: c, match: "c:*", handler: "json:dumps", window: 10s}
+        """)
+    assert [(e.line, e.field) for e in error.errors] == [(2, "defaults.absorb"),
+                                                          (5, "rules[1].window")]
+
+
+def test_one_error_is_the_error_itself(tmp_path: Path) -> None:
+    error, _ = refused(tmp_path, rule_with("window: 1m"))
+    assert error.errors == [error]
+    assert "\n" not in str(error)
+
+
+# --- negative and zero durations ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "fragment"),
+    [
+        (rule_with("window: -5"), 5, "rules[0].window", "negative duration -5"),
+        (rule_with("window: '-2s'"), 5, "rules[0].window", "negative duration '-2s'"),
+        (rule_with("absorb: -10ms"), 5, "rules[0].absorb", "negative duration '-10ms'"),
+        (rule_with("timeout: -0.5"), 5, "rules[0].timeout", "never below 0"),
+        (rule_with("retry: {backoff: -1s}"), 5, "rules[0].retry.backoff", "negative"),
+        ("defaults:\n  max_wait: -1m\nrules:\n" + RULE, 2, "defaults.max_wait", "negative"),
+        ("claim_lease: -3\nrules:\n" + RULE, 1, "claim_lease", "negative duration -3"),
+        ("leader_lease: 0\nrules:\n" + RULE, 1, "leader_lease", "must be longer than 0"),
+        (rule_with("max_wait: 0"), 5, "rules[0].max_wait", "must be longer than 0"),
+        (http_rule("url: http://h/", "timeout: -5"), 7, "rules[0].handler.http.timeout",
+         "negative duration -5"),
+    ],
+)
+def test_negative_and_zero_durations(tmp_path: Path, text: str, line: int, field: str,
+                                     fragment: str) -> None:
+    assert_refused(tmp_path, text, line=line, field=field, fragment=fragment)
+
+
+def test_zero_is_allowed_where_it_makes_sense(tmp_path: Path) -> None:
+    config = Config.from_yaml(write(tmp_path, rule_with(
+        "{absorb: 0, retry: {backoff: 0, max_backoff: 0}}").replace("    {", "    <<: {")))
+    rule = config.rules[0]
+    assert (rule.absorb, rule.retry.backoff, rule.retry.max_backoff) == (0.0, 0.0, 0.0)
+
+
+# --- warnings: rules that can never match, secrets not set ----------------------------
+
+
+def rules_matching(*patterns: str) -> str:
+    return "rules:\n" + "".join(f"  - name: r{i}\n    match: '{p}'\n    handler: json:dumps\n"
+                                for i, p in enumerate(patterns))
+
+
+@pytest.mark.parametrize(
+    ("patterns", "shadowed"),
+    [
+        (["x:*", "x:{id}"], {1: "rules[0] 'r0' ('x:*', line 3)"}),
+        (["*", "a:{b}", "c"], {1: "rules[0] 'r0'", 2: "rules[0] 'r0'"}),
+        (["a:{b}", "a:{b}"], {1: "rules[0] 'r0'"}),  # the same pattern twice
+        (["a:{x}", "a:{y}"], {1: "rules[0] 'r0'"}),  # the same keys, other capture names
+        (["stats:*", "stats:user:{id}:daily"], {1: "rules[0] 'r0'"}),
+        (["{a}:*", "{x}:{y}:{z}"], {1: "rules[0] 'r0'"}),
+        (["a:{x}", "a:b"], {1: "rules[0] 'r0'"}),  # a literal segment a capture covers
+        (["x:", "x:{a}", "x:*:*", "x:*"], {3: "the rules listed before it, between them"}),
+        # reachable: some key reaches each of them first
+        (["x:{id}", "x:*"], {}),
+        (["a:{b}", "a:*"], {}),  # "a:" and "a:b:c" reach the second
+        (["{a}", "*"], {}),
+        (["a:{x}", "a:{x}:{y}", "*"], {}),
+        (["*a*", "{x}"], {}),
+        (["x:*:*", "x:*"], {}),
+        (["user:{id}", "org:{id}", "*"], {}),
+    ],
+)
+def test_a_rule_that_can_never_match_is_a_warning(tmp_path: Path, patterns: list[str],
+                                                  shadowed: dict[int, str]) -> None:
+    path = write(tmp_path, rules_matching(*patterns))
+    config = Config.from_yaml(path)  # a warning does not refuse the file
+    warnings = config.warnings({})
+    assert {int(w.field[6:w.field.index("]")]) for w in warnings if w.field} == set(shadowed)
+    for warning in warnings:
+        index = int(str(warning.field)[6:str(warning.field).index("]")])
+        assert warning.field == f"rules[{index}].match"
+        assert warning.line == 3 + 3 * index
+        assert shadowed[index] in warning.message
+        assert f"rule 'r{index}' can never match" in warning.message
+        assert str(warning).startswith(f"{path}:{warning.line}: rules[{index}].match: warning: ")
+
+
+def _keys(alphabet: str, longest: int) -> Iterator[str]:
+    yield ""
+    for length in range(1, longest + 1):
+        for combo in itertools.product(alphabet, repeat=length):
+            yield "".join(combo)
+
+
+def test_the_never_match_warning_is_never_wrong() -> None:
+    """Every key up to 6 characters over a small alphabet: when a rule is said to be
+    covered, no key reaches it; the pairs here include covered and uncovered ones."""
+    parts = ["a", ":", "{p}", "*", "b"]
+    patterns = sorted({"".join(c) for n in (1, 2, 3) for c in itertools.product(parts,
+                                                                                   repeat=n)
+                       if "{p}{p}" not in "".join(c) and "".join(c).count("{p}") <= 1})
+    compiled = [KeyPattern.compile(p) for p in patterns]
+    keys = list(_keys("ab:", 6))
+    said_covered = 0
+    for earlier, later in itertools.product(compiled, repeat=2):
+        if covers([earlier], later):
+            said_covered += 1
+            assert all(earlier.match(k) is not None for k in keys if later.match(k) is not None), \
+                (earlier.source, later.source)
+        elif earlier.source == later.source:
+            pytest.fail(f"{earlier.source!r} not seen to cover itself")
+    assert said_covered > len(compiled)  # more than the identical pairs
+
+
+def test_an_unset_webhook_secret_is_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+        rules:
+          - name: user
+            match: "user:{id}"
+            handler: json:dumps
+          - name: org
+            match: "org:{id}"
+            handler:
+              http:
+                url: "http://127.0.0.1:9/{id}"
+                secret_env: ORG_SECRET
+        """)
+    config = Config.from_yaml(path)
+    (warning,) = config.warnings({"OTHER": "x"})
+    assert (warning.line, warning.field) == (10, "rules[1].handler.http.secret_env")
+    assert "ORG_SECRET is not set" in warning.message and "'org'" in warning.message
+    assert [w.field for w in config.warnings({"ORG_SECRET": ""})] == [warning.field]
+    assert config.warnings({"ORG_SECRET": "s3cret"}) == []
+    (error,) = config.unset_secrets({})
+    assert str(error).startswith(f"{path}:10: rules[1].handler.http.secret_env: rule 'org' "
+                                 "signs its webhook with the environment variable ORG_SECRET")
+    assert config.unset_secrets({"ORG_SECRET": "s3cret"}) == []
+
+
+def test_check_file_gives_warnings_even_with_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, rules_matching("*", "a:{b}").replace("json:dumps", "json", 1))
+    report = check_file(path, {})
+    assert report.config is None
+    assert [(e.line, e.field) for e in report.errors] == [(4, "rules[0].handler")]
+    assert [(w.line, w.field) for w in report.warnings] == [(6, "rules[1].match")]
+    clean = check_file(write(tmp_path, rules_matching("a:{b}", "*")), {})
+    assert clean.config is not None
+    assert (clean.errors, clean.warnings) == ((), ())
+
+
+# --- handlers are imported only where they run ----------------------------------------
+
+
+def test_handlers_can_be_left_unimported(tmp_path: Path) -> None:
+    name = f"marker_{uuid.uuid4().hex}"
+    marker = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\ndef refresh(claim):\n    pass\n")
+    path = write(tmp_path, handler_rule(f"{name}:refresh"))
+    saved = list(sys.path)
+    config = Config.from_yaml(path, import_handlers=False)
+    assert not marker.exists() and name not in sys.modules
+    assert sys.path == saved
+    pending = config.rules[0].handler
+    assert isinstance(pending, HandlerImport)
+    assert (pending.ref, pending.line, pending.field) == (f"{name}:refresh", 4,
+                                                          "rules[0].handler")
+    assert config.rule_for("x:1").name == "a"  # matching needs no handler
+    loaded = config.with_handlers()
+    assert marker.exists()
+    assert loaded.rules[0].handler is sys.modules.pop(name).refresh
+    assert loaded.with_handlers() is loaded
+
+
+def test_a_lazy_handler_is_still_checked_when_imported(tmp_path: Path,
+                                                       signatures: str) -> None:
+    path = write(tmp_path, f"""\
+        rules:
+          - {{name: a, match: "a:*", handler: "no_such_module_xyz:f"}}
+          - {{name: b, match: "b:*", handler: "{signatures}:no_args"}}
+          - {{name: c, match: "c:*", handler: "{signatures}:one"}}
+        """)
+    config = Config.from_yaml(path, import_handlers=False)  # loads: nothing imported
+    with pytest.raises(ConfigError) as info:
+        config.with_handlers()
+    assert [(e.file, e.line, e.field) for e in info.value.errors] == [
+        (str(path), 2, "rules[0].handler"), (str(path), 3, "rules[1].handler")]
+    assert "does not import" in info.value.errors[0].message
+    assert "takes 0 positional arguments" in info.value.errors[1].message
+
+
+def test_a_malformed_handler_is_refused_without_importing(tmp_path: Path) -> None:
+    path = write(tmp_path, handler_rule("json"))
+    with pytest.raises(ConfigError) as info:
+        Config.from_yaml(path, import_handlers=False)
+    assert (info.value.line, info.value.field) == (4, "rules[0].handler")
+    assert "must have the form 'module:function'" in info.value.message
+
+
+WRITER_RULES = """\
+namespace: {ns}
+rules:
+  - name: user
+    match: "stats:user:{{id}}"
+    handler: {handler}
+"""
+
+
+async def test_a_writer_touches_without_the_handler_module(
+        tmp_path: Path, redis_url: str, namespace: str) -> None:
+    """The handler's module lives only where the workers run: a writer (worker=False)
+    touches and flushes all the same; a worker is refused with the file, line and field."""
+    missing = f"workers_only_{uuid.uuid4().hex}"
+    path = write(tmp_path, WRITER_RULES.format(ns=namespace, handler=f"{missing}.stats:refresh"))
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
+        writer.touch("stats:user:1")
+        await writer.flush()
+        assert (await writer.status())["rules"]["user"]["pending"] == 1
+    with SyncCoalescer.from_yaml(path, redis_url=redis_url) as sync_writer:
+        sync_writer.touch("stats:user:2")
+        sync_writer.flush()
+    assert not any(name.startswith(missing) for name in sys.modules)
+    for make in (lambda: Coalescer.from_yaml(path, redis_url=redis_url),
+                 lambda: Coalescer(Config.from_yaml(path, import_handlers=False),
+                                   redis_url=redis_url, worker=True)):
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert (info.value.file, info.value.line, info.value.field) == (
+            str(path), 5, "rules[0].handler")
+        assert f"handler module '{missing}.stats' does not import" in info.value.message
+
+
+async def test_a_worker_built_on_a_writers_config_imports_and_runs_handlers(
+        tmp_path: Path, redis_url: str, namespace: str, module: str) -> None:
+    path = write(tmp_path, WRITER_RULES.format(ns=namespace, handler=f"{module}:refresh_async")
+                 + "    window: 50ms\n    absorb: 10ms\n")
+    config = Config.from_yaml(path, import_handlers=False)
+    async with Coalescer(config, redis_url=redis_url, worker=True) as node:
+        assert node.config.rules[0].handler is sys.modules[module].refresh_async
+        node.touch("stats:user:7")
+        calls = sys.modules[module].CALLS
+        await wait_until(lambda: calls, message="the refresh")
+    ((kind, claim),) = calls
+    assert (kind, claim.key, claim.params) == ("async", "stats:user:7", {"id": "7"})

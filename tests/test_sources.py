@@ -35,10 +35,10 @@ BASE = """\
 rules:
   - name: customer
     match: "stats:customer:{id}"
-    handler: os:getcwd
+    handler: builtins:repr
   - name: org
     match: "stats:org:*"
-    handler: os:getcwd
+    handler: builtins:repr
 """
 
 
