@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
     run.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")
+    run.add_argument("--processes", type=_count, default=1, metavar="N",
+                     help="node processes to run and supervise (default 1); child k gets "
+                          "node id ID-k with --node-id and HTTP port PORT+k")
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
@@ -310,6 +313,9 @@ def _http_address(value: str) -> tuple[str, int] | None:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     address = _http_address(args.http)
+    if args.processes > 1:
+        from .supervisor import plan_from_args, supervise
+        return await supervise(plan_from_args(args, address))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
