@@ -97,13 +97,15 @@ class Sizes:
     million: int = 1_000_000
     small: int = 1_000
     cost_reps: int = 9
+    peer_hot_touches: int = 10_000  # the peers' hot-key calls each make round trips
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(hot_touches=1_000_000, hot_touches_baseline=300_000, distinct=100_000,
                    distinct_baseline=5_000, cmds_distinct=20_000, cmds_distinct_baseline=2_000,
                    lag_seconds=2.0, lag_settle=4.0, churn_seconds=2.0, drain_keys=20_000,
-                   drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5)
+                   drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5,
+                   peer_hot_touches=3_000)
 
 
 # -- helpers ------------------------------------------------------------------------------
