@@ -62,6 +62,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,)),
               ("baseline", F.drain_baseline, ()),
               ("arq", P.drain_arq, ()), ("bullmq", P.drain_bullmq, ())],
+    "processes": [("coalescer", F.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
     "million": [("coalescer", F.pending_coalescer, ("N",)),
@@ -335,9 +336,21 @@ def _worker_rows(t: Rows) -> None:
         t.rate(f"drain, no-op handler, one node ({label} {conc}), refreshes/s",
                f"drain.{system}", "drain.baseline", target=f">= {target:,}",
                ok=_at_least(target), peers=system == "coalescer_default")
+    _processes_rows(t)
     t.figure("Redis commands/s of an idle node", t.spread("idle.coalescer", "per_second"),
              t.spread("idle.baseline", "per_second"), fmt=lambda v: _fmt(v, digits=2),
              target="<= 1", ok=lambda c: c <= 1.0, peers="idle.per_second")
+
+
+def _processes_rows(t: Rows) -> None:
+    shards = f"{F.PROCESS_SHARDS} shards, concurrency {t.sizes.drain_concurrency}"
+    for n in (1, 2):
+        t.figure(f"drain, no-op handler, run --processes {n} ({shards}), refreshes/s",
+                 t.spread("processes.coalescer", f"processes_{n}.per_second"), None,
+                 fmt=_short)
+    t.figure("drain: run --processes 2 / --processes 1 (ratio within each run)",
+             t.spread("processes.coalescer", "ratio"), None, fmt=lambda v: _fmt(v, "x", 2),
+             target=">= 1.6x", ok=lambda c: c >= 1.6)
 
 
 def _pending_rows(t: Rows) -> None:
