@@ -211,7 +211,10 @@ async function main() {
   await queue.waitUntilReady();
   const out = await WORKLOADS[req.workload](req, queue, conn);
   await queue.close();
-  process.stdout.write(JSON.stringify({ bullmq: req.bullmq_version, ...out }) + "\n");
+  // exit only once the answer is written: a pipe takes 64 KiB before write() returns
+  await new Promise((resolve) => {
+    process.stdout.write(JSON.stringify({ bullmq: req.bullmq_version, ...out }) + "\n", resolve);
+  });
 }
 
 main().then(() => process.exit(0), (err) => {
