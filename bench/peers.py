@@ -98,11 +98,15 @@ class Arq:
         return bool(await self.pool.zcard(default_queue_name) == 0 and REC.running == 0)
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self.worker is not None:
-            await self.worker.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.worker is not None:  # its running jobs; a cancelled one must not escape
+            closing = asyncio.ensure_future(self.worker.close())
+            await asyncio.wait([closing], timeout=10)
+            if not closing.done():
+                closing.cancel()
+            await asyncio.gather(closing, return_exceptions=True)
         await self.pool.aclose()
 
 
