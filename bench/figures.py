@@ -49,10 +49,10 @@ def key(i: int) -> str:
 
 def rules_text(*, window: str = "500ms", max_wait: str = "5s", concurrency: int = 256,
                absorb: str = "50ms", lease: str = "3s", claim_lease: str = "5s",
-               handler: str = "bench.probe:refresh") -> str:
+               handler: str = "bench.probe:refresh", shards: int = 1) -> str:
     return f"""\
 namespace: {NS}
-shards: 1
+shards: {shards}
 leader_lease: {lease}
 claim_lease: {claim_lease}
 defaults:
@@ -97,13 +97,15 @@ class Sizes:
     million: int = 1_000_000
     small: int = 1_000
     cost_reps: int = 9
+    peer_hot_touches: int = 10_000  # the peers' hot-key calls each make round trips
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(hot_touches=1_000_000, hot_touches_baseline=300_000, distinct=100_000,
                    distinct_baseline=5_000, cmds_distinct=20_000, cmds_distinct_baseline=2_000,
                    lag_seconds=2.0, lag_settle=4.0, churn_seconds=2.0, drain_keys=20_000,
-                   drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5)
+                   drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5,
+                   peer_hot_touches=3_000)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -971,3 +973,79 @@ def _log_starts(logs: Iterable[Path]) -> tuple[dict[str, float], dict[str, int]]
 
 async def _zero(b: Baseline) -> bool:
     return await b.redis.zcard(b.zset) == 0
+
+
+# -- drain with N node processes (run --processes N) ---------------------------------------
+
+
+PROCESS_SHARDS = 4  # shards spread over the node processes as over nodes
+PROCESS_WINDOW = "3s"  # the keys are all loaded before the first is due
+
+
+async def drain_processes(server: Server, sizes: Sizes, tmp: Path,
+                          counts: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """Drain rate of `coalescer run --processes N` for each N, on this one server
+    (flushed between), no-op handler, tuned concurrency; ``ratio``: the last N over the first."""
+    folder = tmp / "processes"
+    folder.mkdir(parents=True, exist_ok=True)
+    kw: dict[str, Any] = {"window": PROCESS_WINDOW, "max_wait": "10s",
+                          "concurrency": sizes.drain_concurrency, "shards": PROCESS_SHARDS,
+                          "handler": "bench.probe:noop"}
+    rules = folder / "rules.yaml"
+    rules.write_text(rules_text(**kw))
+    out: dict[str, Any] = {"keys": sizes.drain_keys, "shards": PROCESS_SHARDS,
+                           "concurrency": sizes.drain_concurrency}
+    for n in counts:
+        await asyncio.to_thread(_flushall, server)
+        out[f"processes_{n}"] = await _drain_with(server, sizes, rules, n)
+    first, last = out[f"processes_{counts[0]}"], out[f"processes_{counts[-1]}"]
+    out["per_second"] = last["per_second"]
+    out["ratio"] = last["per_second"] / first["per_second"]
+    return out
+
+
+def _flushall(server: Server) -> None:
+    with server.client() as c:
+        c.flushall()
+
+
+async def _drain_with(server: Server, sizes: Sizes, rules: Path, n: int) -> dict[str, Any]:
+    folder = rules.parent
+    space = KeySpace(NS, PROCESS_SHARDS)
+    exe = str(Path(sys.executable).parent / "coalescer")
+    proc = _spawn([exe, "run", "--processes", str(n), "--rules", str(rules), "--redis",
+                   server.url, "--http", "off", "--node-id", f"p{n}", "--grace", "5"],
+                  folder / "unused.log", folder / f"processes-{n}.out")
+    r = Redis.from_url(server.url, decode_responses=True)
+    try:
+        async def leaders() -> bool:
+            held = await asyncio.gather(*(r.get(sk.leader) for sk in space.all_shards()))
+            return len({str(h).split("|", 1)[-1] for h in held if h}) == n and all(held)
+        await _wait_for(leaders, 60, f"{n} processes leading the shards")
+        keys = [key(i) for i in range(sizes.drain_keys)]
+        t0 = time.time()
+        async with Coalescer.from_yaml(rules, redis_url=server.url, worker=False) as w:
+            await _touch_distinct(w, keys)
+            await w.flush()
+        load_s = time.time() - t0
+
+        async def left() -> int:
+            shards = space.all_shards()
+            counts = await asyncio.gather(*(r.zcard(sk.due(RULE)) for sk in shards),
+                                          *(r.zcard(sk.inflight(RULE)) for sk in shards))
+            return sum(counts)
+        total = len(keys)
+        deadline = time.monotonic() + 120
+        while await left() >= total and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        t_first = time.time()
+        while await left() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        t_done = time.time()
+        remaining = await left()
+    finally:
+        await r.aclose()
+        _stop(proc)
+    return {"processes": n, "per_second": (total - remaining) / max(1e-9, t_done - t_first),
+            "drain_seconds": t_done - t_first, "not_drained": remaining, "load_seconds": load_s,
+            "exit_code": proc.returncode}

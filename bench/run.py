@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import figures as F
+from . import peers as P
 from .valkey import Server
 
 HERE = Path(__file__).resolve().parent
@@ -40,22 +41,30 @@ Measure = Callable[..., Awaitable[dict[str, Any]]]
 # name -> (coalescer measurement, baseline measurement, extra positional args)
 GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "burst": [("coalescer", F.burst_coalescer, ()), ("baseline", F.burst_baseline, ()),
-              ("baseline_sliding", F.burst_baseline, (True,))],
-    "churn": [("coalescer", F.churn_coalescer, ()), ("baseline", F.churn_baseline, ())],
-    "hot_key": [("coalescer", F.hot_key_coalescer, ()), ("baseline", F.hot_key_baseline, ())],
+              ("baseline_sliding", F.burst_baseline, (True,)),
+              ("arq", P.burst_arq, ()), ("bullmq", P.burst_bullmq, ())],
+    "churn": [("coalescer", F.churn_coalescer, ()), ("baseline", F.churn_baseline, ()),
+              ("arq", P.churn_arq, ()), ("bullmq", P.churn_bullmq, ())],
+    "hot_key": [("coalescer", F.hot_key_coalescer, ()), ("baseline", F.hot_key_baseline, ()),
+                ("arq", P.hot_key_arq, ()), ("bullmq", P.hot_key_bullmq, ())],
     "distinct": [("coalescer", F.distinct_coalescer, ()), ("baseline", F.distinct_baseline, (1,)),
-                 ("baseline_64", F.distinct_baseline, (64,))],
+                 ("baseline_64", F.distinct_baseline, (64,)),
+                 ("arq", P.distinct_arq, ()), ("bullmq", P.distinct_bullmq, ())],
     "commands": [("coalescer", F.commands_coalescer, ()), ("baseline", F.commands_baseline, ())],
     "lag1000": [("coalescer", F.lag_coalescer, (1000,)),
                 ("coalescer_default", F.lag_coalescer, (1000, F.DEFAULT_CONCURRENCY)),
-                ("baseline", F.lag_baseline, (1000,))],
+                ("baseline", F.lag_baseline, (1000,)),
+                ("arq", P.lag_arq, (1000,)), ("bullmq", P.lag_bullmq, (1000,))],
     "lag5000": [("coalescer", F.lag_coalescer, (5000,)),
                 ("coalescer_default", F.lag_coalescer, (5000, F.DEFAULT_CONCURRENCY)),
                 ("baseline", F.lag_baseline, (5000,))],
     "drain": [("coalescer", F.drain_coalescer, ()),
               ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,)),
-              ("baseline", F.drain_baseline, ())],
-    "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ())],
+              ("baseline", F.drain_baseline, ()),
+              ("arq", P.drain_arq, ()), ("bullmq", P.drain_bullmq, ())],
+    "processes": [("coalescer", F.drain_processes, ("TMP",))],
+    "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
+             ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
     "million": [("coalescer", F.pending_coalescer, ("N",)),
                 ("coalescer_small", F.pending_coalescer, ("SMALL",)),
                 ("baseline", F.pending_baseline, ("N",)),
@@ -65,6 +74,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
 }
 
 
+PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median over theirs
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
 
@@ -82,6 +92,8 @@ async def run_group(name: str, sizes: F.Sizes, tmp: Path, results: dict[str, Any
             try:
                 with Server(tmp, f"{name}-{system}-{i}") as server:
                     runs.append(await _bounded(measure(server, sizes, *args), name, system))
+                if "skipped" in runs[-1]:  # a peer that cannot run here: once is enough
+                    break
             except Exception as exc:  # one broken figure must not hide the others
                 logging.exception("%s/%s failed", name, system)
                 runs.append({"error": f"{type(exc).__name__}: {exc}"})
@@ -194,10 +206,33 @@ class Rows:
                       any(_get(r, f"{field}_lower_bound") for r in runs))
 
     def add(self, figure: str, c: str, b: str, *, ratio: str = "-", target: str = "-",
-            met: bool | None = None) -> None:
-        self.out.append({"figure": figure, "coalescer": c, "baseline": b, "ratio": ratio,
-                         "target": target,
-                         "met": "n/a" if met is None else ("yes" if met else "NO")})
+            met: bool | None = None, peers: dict[str, str] | None = None) -> None:
+        row = {"figure": figure, "coalescer": c, "baseline": b, "ratio": ratio}
+        row.update({p: "-" for p in PEERS} | {f"vs {p}": "-" for p in PEERS} | (peers or {}))
+        row.update(target=target, met="n/a" if met is None else ("yes" if met else "NO"))
+        self.out.append(row)
+
+    def skipped(self, where: str) -> str | None:
+        """A peer's cell when it has no figure: "-" (not run in this group), "skipped"
+        (it cannot run here) or "error" (every run failed); else None."""
+        group, peer = where.split(".", 1)
+        if peer not in {system for system, _, _ in GROUPS.get(group, [])}:
+            return "-"
+        runs = _get(self.res, f"{where}.runs") or []
+        if any("skipped" in r for r in runs):
+            return "skipped"
+        return "error" if runs and all("error" in r for r in runs) else None
+
+    def peer_cells(self, group: str, field: str, c: Spread | None,
+                   fmt: Callable[[float], str]) -> dict[str, str]:
+        """The peers' cells of a row: value (min / median / max) and coalescer / peer."""
+        cells: dict[str, str] = {}
+        for peer in PEERS:
+            where = f"{group}.{peer}"
+            spread = self.spread(where, field)
+            cells[peer] = self.skipped(where) or (spread.text(fmt) if spread else "n/a")
+            cells[f"vs {peer}"] = _ratio(c, spread)
+        return cells
 
     def lost_text(self, where: str, field: str) -> tuple[str, int | None]:
         found = (r if field == "." else _get(r, field) for r in self.runs(where))
@@ -211,24 +246,36 @@ class Rows:
             text += f" (+{late} late)"
         return text + f" in {len(runs)} runs", lost
 
-    def lost(self, figure: str, cwhere: str, bwhere: str, field: str = "") -> None:
+    def lost(self, figure: str, cwhere: str, bwhere: str, field: str = "", *,
+             peers: bool = True) -> None:
         ctext, clost = self.lost_text(cwhere, field or "g1")
         btext, _ = self.lost_text(bwhere, field or "g1")
-        self.add(figure, ctext, btext, target="0", met=None if clost is None else clost == 0)
+        cells = {}
+        if peers:
+            group = cwhere.split(".", maxsplit=1)[0]
+            for peer in PEERS:
+                where = f"{group}.{peer}"
+                cells[peer] = self.skipped(where) or self.lost_text(where, field or "g1")[0]
+        self.add(figure, ctext, btext, target="0", met=None if clost is None else clost == 0,
+                 peers=cells)
 
     def figure(self, figure: str, c: Spread | None, b: Spread | None, *,
                fmt: Callable[[float], str], target: str = "-",
-               ok: Callable[[float], bool] | None = None) -> None:
-        """A row; ``ok`` judges each coalescer run (met: every run meets the target)."""
+               ok: Callable[[float], bool] | None = None, peers: str = "") -> None:
+        """A row; ``ok`` judges each coalescer run (met: every run meets the target);
+        ``peers`` "group.field": the peers' figure of that group goes beside it."""
         met = None if ok is None or c is None else all(ok(v) for v in c.values)
+        cells = self.peer_cells(*peers.split(".", 1), c, fmt) if peers else None
         self.add(figure, c.text(fmt) if c else "n/a", b.text(fmt) if b else "n/a",
-                 ratio=_ratio(c, b), target=target, met=met)
+                 ratio=_ratio(c, b), target=target, met=met, peers=cells)
 
     def rate(self, figure: str, where: str, base: str, *, target: str,
-             ok: Callable[[float], bool]) -> None:
+             ok: Callable[[float], bool], peers: bool = True) -> None:
         """A rate: ``where`` and ``base`` are "group.system"."""
+        group = where.split(".", maxsplit=1)[0]
         self.figure(figure, self.spread(where, "per_second"), self.spread(base, "per_second"),
-                    fmt=_short, target=target, ok=ok)
+                    fmt=_short, target=target, ok=ok,
+                    peers=f"{group}.per_second" if peers else "")
 
 
 def _at_least(floor: float) -> Callable[[float], bool]:
@@ -240,11 +287,12 @@ def _lost_rows(t: Rows) -> None:
     t.lost(f"lost updates: {F.BURST_TOUCHES}-touch {F.BURST_SECONDS:g} s burst",
            "burst.coalescer", "burst.baseline", ".")
     t.lost("lost updates: same burst, baseline with sliding dedup",
-           "burst.coalescer", "burst.baseline_sliding", ".")
+           "burst.coalescer", "burst.baseline_sliding", ".", peers=False)
     t.lost("lost updates: churn (200 keys, touched while refreshing)",
            "churn.coalescer", "churn.baseline", ".")
     for name in ("lag1000", "lag5000", "drain", "failover"):
-        t.lost(f"lost updates: {name} workload", f"{name}.coalescer", f"{name}.baseline")
+        t.lost(f"lost updates: {name} workload", f"{name}.coalescer", f"{name}.baseline",
+               peers=False)
     for name in ("lag1000", "lag5000", "drain"):
         t.lost(f"lost updates: {name} workload, default concurrency",
                f"{name}.coalescer_default", f"{name}.baseline")
@@ -259,7 +307,8 @@ def _write_path_rows(t: Rows) -> None:
         floor = max(100_000.0, 18 * b.median) if b else math.inf
         t.figure(f"distinct keys/s into Redis, one process (baseline: {label})",
                  t.spread("distinct.coalescer", "per_second"), b, fmt=_short,
-                 target=">= 100,000 and >= 18x baseline", ok=_at_least(floor))
+                 target=">= 100,000 and >= 18x baseline", ok=_at_least(floor),
+                 peers="distinct.per_second" if system == "baseline" else "")
     t.figure("Redis commands per distinct touch", t.spread("commands.coalescer", "per_touch"),
              t.spread("commands.baseline", "per_touch"), fmt=lambda v: _fmt(v, digits=4),
              target="<= 0.02", ok=lambda c: c <= 0.02)
@@ -274,7 +323,8 @@ def _lag_rows(t: Rows) -> None:
                 t.figure(f"start lag {p} at {rate:,} due keys/s, {label}",
                          t.spread(f"{name}.{system}", p), t.spread(f"{name}.baseline", p),
                          fmt=lambda v: _fmt(v, " ms", 1), target="<= 10 ms" if gate else "-",
-                         ok=(lambda c: c <= 10) if gate else None)
+                         ok=(lambda c: c <= 10) if gate else None,
+                         peers=f"{name}.{p}" if system == "coalescer_default" else "")
 
 
 def _worker_rows(t: Rows) -> None:
@@ -285,10 +335,22 @@ def _worker_rows(t: Rows) -> None:
         label = "default concurrency" if system == "coalescer_default" else "concurrency"
         t.rate(f"drain, no-op handler, one node ({label} {conc}), refreshes/s",
                f"drain.{system}", "drain.baseline", target=f">= {target:,}",
-               ok=_at_least(target))
+               ok=_at_least(target), peers=system == "coalescer_default")
+    _processes_rows(t)
     t.figure("Redis commands/s of an idle node", t.spread("idle.coalescer", "per_second"),
              t.spread("idle.baseline", "per_second"), fmt=lambda v: _fmt(v, digits=2),
-             target="<= 1", ok=lambda c: c <= 1.0)
+             target="<= 1", ok=lambda c: c <= 1.0, peers="idle.per_second")
+
+
+def _processes_rows(t: Rows) -> None:
+    shards = f"{F.PROCESS_SHARDS} shards, concurrency {t.sizes.drain_concurrency}"
+    for n in (1, 2):
+        t.figure(f"drain, no-op handler, run --processes {n} ({shards}), refreshes/s",
+                 t.spread("processes.coalescer", f"processes_{n}.per_second"), None,
+                 fmt=_short)
+    t.figure("drain: run --processes 2 / --processes 1 (ratio within each run)",
+             t.spread("processes.coalescer", "ratio"), None, fmt=lambda v: _fmt(v, "x", 2),
+             target=">= 1.6x", ok=lambda c: c >= 1.6)
 
 
 def _pending_rows(t: Rows) -> None:
@@ -327,7 +389,8 @@ def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
 
 
 def table(rs: list[dict[str, Any]]) -> str:
-    cols = ["figure", "coalescer", "baseline", "ratio", "target", "met"]
+    cols = ["figure", "coalescer", "baseline", "ratio", *PEERS, *(f"vs {p}" for p in PEERS),
+            "target", "met"]
     width = {c: max([len(c), *(len(str(r[c])) for r in rs)]) for c in cols}
     line = "| " + " | ".join(c.ljust(width[c]) for c in cols) + " |"
     sep = "|" + "|".join("-" * (width[c] + 2) for c in cols) + "|"
@@ -398,6 +461,8 @@ def _print_errors(results: dict[str, Any]) -> None:
             for i, run in enumerate(result["runs"]):
                 if "error" in run:
                     print(f"ERROR {name}/{system} run {i + 1}: {run['error']}")
+                if "skipped" in run:
+                    print(f"SKIPPED {name}/{system}: {run['skipped']}")
 
 
 def _write(args: argparse.Namespace, doc: dict[str, Any]) -> None:

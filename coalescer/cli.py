@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
     run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")
+    run.add_argument("--processes", type=_count, default=1, metavar="N",
+                     help="node processes to run and supervise (default 1); child k gets "
+                          "node id ID-k with --node-id and HTTP port PORT+k")
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
@@ -338,6 +341,9 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     address = http_address(args.http)
+    if args.processes > 1:
+        from .supervisor import plan_from_args, supervise
+        return await supervise(plan_from_args(args, address))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
