@@ -1,1 +1,1 @@
-"""Benchmarks of coalescer against the baseline design (SPEC §6): ``python -m bench.run``."""
+"""Benchmarks of coalescer against the baseline design: ``python -m bench.run``."""

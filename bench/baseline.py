@@ -1,4 +1,4 @@
-"""The baseline design of SPEC §6, built faithfully, to measure coalescer against.
+"""The baseline design (a hand-rolled ZSET poller), built faithfully, to measure coalescer against.
 
 What many teams write first:
 

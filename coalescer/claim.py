@@ -1,4 +1,4 @@
-"""The claim object a refresh handler receives (SPEC §3)."""
+"""The claim object a refresh handler receives."""
 
 from __future__ import annotations
 
@@ -25,5 +25,5 @@ class Claim:
     token: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """The fields under their SPEC names, as a webhook body carries them."""
+        """The fields under their public names, as a webhook body carries them."""
         return asdict(self)

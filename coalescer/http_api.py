@@ -1,4 +1,4 @@
-"""The HTTP surface of a node (SPEC §4): POST /touch, GET /healthz, /status, /metrics,
+"""The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
 and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but

@@ -1,4 +1,4 @@
-"""The rules file (SPEC §3): loading, validation with file/line/field, and key matching."""
+"""The rules file: loading, validation with file/line/field, and key matching."""
 
 from __future__ import annotations
 

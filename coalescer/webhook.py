@@ -1,4 +1,4 @@
-"""Webhook refresh handlers (SPEC §3): the claim POSTed as JSON, optionally signed.
+"""Webhook refresh handlers: the claim POSTed as JSON, optionally signed.
 
 One pooled ``aiohttp.ClientSession`` per node, created on first use. Every non-2xx
 answer, connection error or timeout raises, so the runner's retries and dead letter

@@ -1,4 +1,4 @@
-"""Shared fixtures: real valkey-server processes (SPEC §5), namespaces, rules files.
+"""Shared fixtures: real valkey-server processes, namespaces, rules files.
 
 Fixtures:
     redis_server   session   one ValkeyProcess for the whole run

@@ -1,4 +1,4 @@
-"""The `coalescer` command line (SPEC §4), run as a real child process."""
+"""The `coalescer` command line, run as a real child process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scale-out on a real local 3-master Redis Cluster (SPEC §5)."""
+"""Scale-out on a real local 3-master Redis Cluster."""
 
 from __future__ import annotations
 

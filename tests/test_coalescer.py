@@ -1,4 +1,4 @@
-"""End to end, in process: `Coalescer` nodes (worker=True) on real valkey-servers (SPEC §2).
+"""End to end, in process: `Coalescer` nodes (worker=True) on real valkey-servers.
 
 Each test loads rules whose handler records every claim it is called with (see
 ``e2e.Recorder``), touches keys, and checks what a user would: how many

@@ -1,4 +1,4 @@
-"""parse_duration and format_duration (SPEC §3 durations)."""
+"""parse_duration and format_duration (durations in rules files)."""
 
 from __future__ import annotations
 

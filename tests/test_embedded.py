@@ -1,4 +1,4 @@
-"""The embedded default server (SPEC §5): shared, reference-counted, durable."""
+"""The embedded default server: shared, reference-counted, durable."""
 
 from __future__ import annotations
 

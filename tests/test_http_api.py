@@ -1,4 +1,4 @@
-"""The HTTP API (SPEC §4, issue 3): real HTTP against a real node on a real server."""
+"""The HTTP API: real HTTP against a real node on a real server."""
 
 from __future__ import annotations
 

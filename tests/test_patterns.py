@@ -1,4 +1,4 @@
-"""KeyPattern: {name} captures, * wildcards, literal text (SPEC §3)."""
+"""KeyPattern: {name} captures, * wildcards, literal text."""
 
 from __future__ import annotations
 

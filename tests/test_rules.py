@@ -1,4 +1,4 @@
-"""The rules-file loader (SPEC §3): defaults, matching, handlers, and every refusal."""
+"""The rules-file loader: defaults, matching, handlers, and every refusal."""
 
 from __future__ import annotations
 

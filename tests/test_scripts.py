@@ -114,7 +114,7 @@ def shard(redis_client: Redis, namespace: str) -> Shard:
     return Shard(redis_client, namespace)
 
 
-# -- upsert: due times (SPEC §2, G2) ---------------------------------------------------
+# -- upsert: due times ---------------------------------------------------
 
 
 async def test_new_key_is_due_at_server_time_plus_window(shard: Shard) -> None:

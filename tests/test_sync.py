@@ -1,4 +1,4 @@
-"""`SyncCoalescer` (SPEC §4): touch and flush from plain threads, as Django or Flask do."""
+"""`SyncCoalescer`: touch and flush from plain threads, as Django or Flask do."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Webhook refresh handlers (SPEC §3, issue 3), against a receiver the test runs."""
+"""Webhook refresh handlers, against a receiver the test runs."""
 
 from __future__ import annotations
 
