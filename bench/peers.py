@@ -43,7 +43,7 @@ NODE_TIMEOUT = 140.0
 def _arq() -> Any:
     try:
         import arq
-    except ImportError:  # the dev extra installs it
+    except ImportError:  # the bench extra installs it
         return None
     return arq
 
@@ -111,7 +111,7 @@ class Arq:
 
 
 def _arq_missing() -> dict[str, Any] | None:
-    return None if _arq() else {"skipped": "arq is not installed (pip install -e '.[dev]')"}
+    return None if _arq() else {"skipped": "arq is not installed (pip install -e '.[dev,bench]')"}
 
 
 async def _arq_touches(server: Server, sizes: F.Sizes, *, n: int, seconds: float,

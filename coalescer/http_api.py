@@ -359,7 +359,9 @@ class HttpApi:
         _refuse_invalid(keys)
         unknown = self._c.unknown_keys(keys)
         if unknown:
-            raise Refusal(422, f"{plural(len(unknown), 'key')} match no rule; nothing was touched",
+            verb = noun(len(unknown), "matches", "match")
+            raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
+                               "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
         self._apply(keys)
         return web.json_response({"accepted": len(keys)}, status=202)

@@ -154,7 +154,9 @@ class PageRoutes:
                            invalid_keys=invalid[:SHOWN_KEYS])
         unknown = self._node.unknown_keys(keys)
         if unknown:
-            raise _refusal(422, f"{plural(len(unknown), 'key')} match no rule; nothing was retried",
+            verb = noun(len(unknown), "matches", "match")
+            raise _refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
+                                "nothing was retried",
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):
             outcome = await self._node.retry_dead_letters(keys)
