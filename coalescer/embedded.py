@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import redis
 from redis.backoff import NoBackoff
@@ -179,7 +179,7 @@ def _server_identity(port: int) -> tuple[int, str] | None:
     try:
         if not client.ping():
             return None
-        info = cast("dict[str, Any]", client.info("server"))
+        info: Any = client.info("server")  # a dict (typed differently across redis-py)
         return int(info["process_id"]), str(info["run_id"])
     except (redis.RedisError, OSError, KeyError, ValueError):
         return None
