@@ -155,7 +155,12 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += _recent_lines(status)
     lines += format_sources(status)
     if status["dead_letters"]:
-        lines += ["", "DEAD LETTERS (re-queue with `coalescer dead retry KEY` or `--all`)"]
+        total = sum(r["dead"] for r in status["rules"].values())
+        shown = len(status["dead_letters"])
+        count = (f"{shown} of {total} shown; every one with `coalescer dead list`"
+                 if total > shown else plural(total, "dead letter"))
+        lines += ["", f"DEAD LETTERS ({count}; re-queue with `coalescer dead retry KEY` "
+                      "or `--all`)"]
         for d in status["dead_letters"]:
             after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "?"
             lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")

@@ -53,3 +53,12 @@ def test_the_shard_summary_counts_leaders_and_lists_unled_shards_as_ranges() -> 
 def test_no_dead_letter_section_when_there_are_none() -> None:
     quiet = {**STATUS, "dead_letters": []}
     assert "DEAD LETTERS" not in format_status(quiet, now_ms=10_000)
+
+
+def test_the_dead_letter_section_says_when_more_exist_than_it_lists() -> None:
+    all_shown = format_status(STATUS, now_ms=10_000)
+    assert "DEAD LETTERS (1 dead letter; re-queue with" in all_shown
+    many = {**STATUS, "rules": {**STATUS["rules"],
+                                "user-stats": {**STATUS["rules"]["user-stats"], "dead": 135}}}
+    text = format_status(many, now_ms=10_000)
+    assert "DEAD LETTERS (1 of 135 shown; every one with `coalescer dead list`;" in text
