@@ -379,10 +379,6 @@ def _refuse_unset_secrets(config: Config) -> None:
         raise ConfigError.combine(problems)
 
 
-def _counted(count: int, what: str) -> str:
-    return f"{count} {what}{'' if count == 1 else 's'}"
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Every error and warning of the rules file, one line each, in file order; exit 1
     when there are errors."""
@@ -392,9 +388,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     found += [(w.line or 0, str(w)) for w in report.warnings]
     for _, text in sorted(found, key=lambda item: item[0]):
         print(redact(text), file=sys.stderr)
-    warned = f", {_counted(len(report.warnings), 'warning')}" if report.warnings else ""
+    warned = f", {plural(len(report.warnings), 'warning')}" if report.warnings else ""
     if report.errors or report.config is None:
-        print(f"{_counted(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
+        print(f"{plural(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
         return EXIT_ERROR
     print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
     print(report.config.describe())

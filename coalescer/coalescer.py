@@ -344,6 +344,7 @@ class Coalescer:
                       exc_info=task.exception())
 
     def _invokers(self) -> dict[str, Invoke]:
+        self.config = self.config.with_handlers()  # a writer's drain() imports them here
         sync_slots = sum(r.concurrency for r in self.config.rules if callable(r.handler))
         self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
                                             thread_name_prefix="coalescer-handler")
