@@ -314,7 +314,7 @@ async def test_retry_of_unknown_or_unstorable_keys_is_422_and_retries_nothing(
     status, body = await node.get("/dead/retry", method="POST",
                                   json={"keys": [HOSTILE, "nope:1"]})
     assert (status, body["unknown_keys"]) == (422, ["nope:1"])
-    assert "match no rule; nothing was retried" in body["error"]
+    assert "1 key matches no rule; nothing was retried" in body["error"]
     status, body = await node.get("/dead/retry", method="POST",
                                   json={"keys": [HOSTILE, "flaky:a\u0000b"]})
     assert status == 422 and body["invalid_keys"][0]["index"] == 1
