@@ -457,7 +457,8 @@ async def test_recover_gives_a_touch_during_a_dead_last_attempt_a_new_burst(
     await shard.touch("middle")
     batch = await shard.claim(lease=1)  # their holder then dies: nothing renews these
     assert sorted((c.key, c.attempt) for c in batch.claims) == [("last", 2), ("middle", 1)]
-    during = await shard.now()
+    middle_first = next(c.first_ms for c in batch.claims if c.key == "middle")
+    during = await shard.after(middle_first)  # a later millisecond than middle's burst began
     await shard.touch("last", "middle")  # while they run
     leases = [await shard.inflight(key) for key in ("last", "middle")]
     await shard.after(max(lease for lease in leases if lease is not None))
