@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
     check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules")
     check.add_argument("--redis", default=None, metavar="URL", help="(unused)")
+    _json_flag(check)
     status = sub.add_parser("status", help="leaders, pending, in flight, dead letters")
     _common(status)
     _json_flag(status)
@@ -384,6 +385,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     when there are errors."""
     path = args.path or args.rules
     report = check_file(path, os.environ)
+    if args.json:
+        print(json.dumps(_check_json(path, report), indent=2))
+        return EXIT_ERROR if report.errors or report.config is None else 0
     found = [(e.line or 0, str(e)) for e in report.errors]
     found += [(w.line or 0, str(w)) for w in report.warnings]
     for _, text in sorted(found, key=lambda item: item[0]):
@@ -395,6 +399,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
     print(report.config.describe())
     return 0
+
+
+def _problem(problem: Any) -> dict[str, Any]:
+    return {"file": problem.file, "line": problem.line, "field": problem.field,
+            "message": redact(problem.message)}
+
+
+def _check_json(path: str, report: Any) -> dict[str, Any]:
+    """``check --json``: ok, every error and warning, and the rules understood."""
+    config = report.config
+    return {"file": path, "ok": not report.errors and config is not None,
+            "errors": [_problem(e) for e in report.errors],
+            "warnings": [_problem(w) for w in report.warnings],
+            "rules": [{"name": r.name, "match": r.pattern.source} for r in config.rules]
+            if config is not None else []}
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

@@ -169,6 +169,26 @@ def test_check_reports_every_error_then_a_count(tmp_path: Path) -> None:
     assert lines[-1] == f"3 errors in {rules}"
 
 
+
+def test_check_json_lists_every_error_and_warning(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rules = line_rules(tmp_path, f"cli_{tmp_path.name}", MANY_ERRORS.format(mod="{mod}"))
+    assert main(["check", str(rules), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["rules"] == []
+    assert [(e["line"], e["field"]) for e in report["errors"]] == [
+        (2, "defaults.window"), (7, "rules[0].timeout"), (8, "rules[1].name")]
+    good = tmp_path / "good.yaml"
+    good.write_text("rules:\n  - {name: any, match: 'item:*', handler: 'json:dumps'}\n"
+                    "  - {name: item, match: 'item:{id}', handler: 'json:dumps'}\n")
+    assert main(["check", str(good), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["errors"] == []
+    assert [(w["line"], w["field"]) for w in report["warnings"]] == [(3, "rules[1].match")]
+    assert report["rules"] == [{"name": "any", "match": "item:*"},
+                               {"name": "item", "match": "item:{id}"}]
+
+
 SIGNATURE_HANDLERS = """\
 def refresh():
     pass
