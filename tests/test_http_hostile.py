@@ -156,7 +156,7 @@ async def test_healthz_is_503_while_a_touch_waits_on_a_read_only_redis(
         assert body["ok"] is False
         assert "oldest unwritten touch" in body["error"] and "bound 0.3 s" in body["error"]
         assert "not reachable" not in body["error"]  # Redis answers; it refuses writes
-        assert body["unwritten_age_s"] > 0.3
+        assert body["unwritten_age_s"] >= 0.3  # shown to a tenth of a second
 
         await admin.execute_command("REPLICAOF", "NO", "ONE")
         await node.c.flush()

@@ -83,12 +83,13 @@ async def test_a_node_killed_with_sigterm_at_4096_shards_drains_without_tracebac
     procs = NodeProcs(tmp_path)
     try:
         proc = procs.start(path, own_server.url, "n1", E2E_LOG=str(log))
-        keys = [f"stats:{i}" for i in range(2000)]
+        keys = [f"stats:{i}" for i in range(1000)]
         async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as w:
             w.touch_many(keys)
             await w.flush()
+        # A bound, not a timing: one node keeping 4,096 leases is slow on a loaded machine.
         await wait_until(lambda: {k for p, _, k, _, _ in read_lines(log) if p == "done"}
-                         == set(keys), timeout=120, message="every key refreshed")
+                         == set(keys), timeout=300, message="every key refreshed")
         await wait_until(lambda: "leads 4096 of 4096 shards" in procs.log("n1"), timeout=30)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
