@@ -101,9 +101,7 @@ class Adopter:
                 claim_lease_ms=self._claim_lease_ms,
                 limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
             offset = batch.now_ms - (sent + time.time() * 1000) / 2
-            for claimed in batch.claims:
-                taken[claimed.rule_index] += 1
-                runner.start(self._shard.shard, rules[claimed.rule_index], claimed, offset)
+            runner.start_all(self._shard.shard, rules, batch.claims, offset, taken)
         finally:
             for rule, n, t in zip(rules, limits, taken, strict=True):
                 runner.unreserve(rule, n - t)

@@ -115,9 +115,7 @@ class Drainer:
                 claim_lease_ms=round(self._config.claim_lease * 1000),
                 limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
             offset = now_ms - (sent + time.time() * 1000) / 2
-            for c in claimed:
-                taken[c.rule_index] += 1
-                runner.start(shard, rules[c.rule_index], c, offset)
+            runner.start_all(shard, rules, claimed, offset, taken)
         finally:
             for rule, n, t in zip(rules, limits, taken, strict=True):
                 runner.unreserve(rule, n - t)

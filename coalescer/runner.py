@@ -1,6 +1,7 @@
 """Runs claimed refreshes: per-rule concurrency, timeouts, retries, leases.
 
-Each claim runs as one task. Its outcome goes to an outbox that is
+Each claim runs as one task; the claims of one rule granted by one claim call
+start together and share one timeout timer. A claim's outcome goes to an outbox that is
 group-committed to Redis (one ack and one fail call per shard). While a claim
 is held (running, or finished but not yet acked) its lease is renewed every
 third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
@@ -15,7 +16,7 @@ import random
 import shlex
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,14 +47,38 @@ class Job:
     shard: int
     rule: Any
     claim: Claim
+    renewed: float  # when the lease last began (monotonic clock)
+    batch: Batch | None = None  # the claims started with it, sharing its timeout timer
     task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None  # cancels the task at the rule's timeout
     timed_out: bool = False
     lost: bool = False
-    renewed: float = field(default_factory=time.monotonic)  # when the lease last began
     start_ms: int = 0  # when the handler started, server clock (for the history)
     duration_ms: int = 0
     took_ms: float = 0.0  # duration_ms unrounded, for the log
+
+
+@dataclass(slots=True)
+class Batch:
+    """Claims of one rule started together: one timer cancels those still running at
+    the rule's timeout, and is cancelled once every one of them has finished."""
+
+    jobs: list[Job]
+    left: int
+    timer: asyncio.TimerHandle | None = None
+
+    def time_out(self) -> None:
+        for job in self.jobs:
+            if job.task is not None and not job.task.done():
+                job.timed_out = True
+                job.task.cancel()
+
+    def finished(self) -> None:
+        """One of the claims finished (or was dropped)."""
+        self.left -= 1
+        if self.left <= 0:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.jobs = []
 
 
 @dataclass(slots=True)
@@ -129,39 +154,55 @@ class Runner:
         """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
         return self._freed[rule.name]
 
-    def start(self, shard: int, rule: Any, claimed: ClaimedKey, clock_offset_ms: float) -> None:
-        """Start the handler of one fresh claim, in a slot ``reserve`` took for it."""
-        params = (rule.params(claimed.key) or {}) if rule.pattern.names else {}
-        claim = Claim(key=claimed.key, rule=rule.name, params=params,
-                      attempt=claimed.attempt, first_touch_ms=claimed.first_ms,
-                      last_touch_ms=claimed.last_ms, due_ms=claimed.due_ms, token=claimed.token)
-        job = Job(shard, rule, claim)
-        for recorder in self.recorders:
-            recorder.append(claim)
-        self._jobs[claim.key] = job
-        self._idle_event.clear()
+    def start_all(self, shard: int, rules: Sequence[Any], claims: Sequence[ClaimedKey],
+                  clock_offset_ms: float, taken: list[int]) -> None:
+        """Start the handlers of one claim call's fresh claims, each in a slot ``reserve``
+        took; ``taken[i]`` counts the claims of ``rules[i]`` started."""
+        groups: dict[int, list[ClaimedKey]] = defaultdict(list)
+        for claimed in claims:
+            groups[claimed.rule_index].append(claimed)
+        for index, group in groups.items():
+            self.start(shard, rules[index], group, clock_offset_ms)
+            taken[index] += len(group)
+
+    def start(self, shard: int, rule: Any, claims: Sequence[ClaimedKey],
+              clock_offset_ms: float) -> None:
+        """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took."""
+        if not claims:
+            return
+        loop = asyncio.get_running_loop()
+        create_task, invoke = loop.create_task, self._invokers[rule.name]
+        lags, jobs, name = self._metrics.rule(rule.name).start_lag, self._jobs, rule.name
+        matcher = rule.params if rule.pattern.names else None
+        batch = Batch([], len(claims))
+        renewed = time.monotonic()
         now_ms = time.time() * 1000 + clock_offset_ms
-        job.start_ms = round(now_ms)
-        lag = (now_ms - claimed.due_ms) / 1000
-        self._metrics.rule(rule.name).start_lag.observe(max(0.0, lag))
-        job.task = asyncio.create_task(self._run(job), name=f"refresh {claim.key}")
-        # One timer a refresh (cheaper than an asyncio.timeout() block per refresh).
-        job.timer = asyncio.get_running_loop().call_later(rule.timeout, self._time_out, job)
+        start_ms = round(now_ms)
+        for c in claims:
+            claim = Claim(key=c.key, rule=name, params=(matcher(c.key) or {}) if matcher else {},
+                          attempt=c.attempt, first_touch_ms=c.first_ms,
+                          last_touch_ms=c.last_ms, due_ms=c.due_ms, token=c.token)
+            job = Job(shard, rule, claim, renewed, batch)
+            job.start_ms = start_ms
+            jobs[claim.key] = job
+            batch.jobs.append(job)
+            for recorder in self.recorders:
+                recorder.append(claim)
+            lag = (now_ms - c.due_ms) / 1000
+            lags.observe(lag if lag > 0.0 else 0.0)
+            job.task = create_task(self._run(job, invoke), name=f"refresh {c.key}")
+        self._idle_event.clear()
+        # One timer a batch (far cheaper than a timer, or a timeout block, per refresh).
+        batch.timer = loop.call_later(rule.timeout, batch.time_out)
 
-    @staticmethod
-    def _time_out(job: Job) -> None:
-        if job.task is not None and not job.task.done():
-            job.timed_out = True
-            job.task.cancel()
-
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: Job, invoke: Invoke) -> None:
         rule, claim = job.rule, job.claim
         if claim.attempt > rule.retry.attempts:
             self._finish(job, TimeoutError("claim lease expired on every attempt"))
             return
         started = time.monotonic()
         try:
-            await self._invokers[rule.name](claim)
+            await invoke(claim)
         except asyncio.CancelledError:
             if not job.timed_out:
                 self._drop(job)
@@ -172,8 +213,6 @@ class Runner:
             error = exc
         else:
             error = None
-        if job.timer is not None:
-            job.timer.cancel()
         took = time.monotonic() - started
         job.took_ms = took * 1000
         job.duration_ms = round(job.took_ms)
@@ -196,7 +235,8 @@ class Runner:
             box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
                                            outcome, job.start_ms, job.duration_ms)))
         self._release_slot(job)
-        self._outbox_event.set()
+        if not self._outbox_event.is_set():
+            self._outbox_event.set()
 
     def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
         """The first failure of a key (on this node) with its traceback, each later
@@ -219,13 +259,14 @@ class Runner:
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
-        if job.timer is not None:
-            job.timer.cancel()
         self._release_slot(job)
         self._jobs.pop(job.claim.key, None)
         self._check_idle()
 
     def _release_slot(self, job: Job) -> None:
+        if job.batch is not None:
+            job.batch.finished()
+            job.batch = None
         self._active[job.rule.name] -= 1
         self._slots_freed(job.rule.name)
 

@@ -309,6 +309,37 @@ async def test_handler_past_its_timeout_fails_and_is_retried(
     assert (await c.status())["rules"]["slow"]["dead"] == 0
 
 
+async def test_a_refresh_past_its_timeout_times_out_alone_among_those_claimed_with_it(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    extra = """\
+  - name: slow
+    match: "slow:{id}"
+    timeout: 300ms
+    handler: {mod}:refresh
+"""
+    path, rec = setup(tmp_path, namespace, rules_text(namespace, extra=extra))
+
+    async def hang_first_try_of_one(claim: Claim) -> None:
+        if claim.key == "slow:3" and claim.attempt == 1:
+            await asyncio.sleep(60)
+        elif claim.attempt == 1:
+            await asyncio.sleep(0.05)
+
+    rec.hook = hang_first_try_of_one
+    c = await start(path, redis_url=redis_url, node_id="n1", worker=False)
+    for i in range(6):
+        c.touch(f"slow:{i}")
+    await c.flush()  # all six are due together: one claim call takes them
+    w = await start(path, redis_url=redis_url, node_id="n2")
+    await wait_settled(redis_client, namespace)
+    assert sorted(claim.key for claim in rec.succeeded) == sorted(f"slow:{i}" for i in range(6))
+    assert [claim.attempt for claim in rec.of("slow:3")] == [1, 2]
+    sample = w.metrics.registry.get_sample_value
+    assert sample("coalescer_refreshes_total", {"rule": "slow", "outcome": "timeout"}) == 1
+    assert sample("coalescer_refreshes_total", {"rule": "slow", "outcome": "success"}) == 6
+
+
 # -- G8, unknown keys ----------------------------------------------------------------------
 
 

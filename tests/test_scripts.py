@@ -301,6 +301,27 @@ async def test_ack_without_a_touch_removes_all_state(shard: Shard) -> None:
     assert (await shard.claim()).claims == []
 
 
+async def test_one_ack_of_thousands_of_claims_finishes_each_once(shard: Shard) -> None:
+    # More keys than one batched removal takes (4,000), some touched while they ran,
+    # and one key given twice: acked once, the second copy reported stale.
+    await shard.lead()
+    keys = [f"k{i}" for i in range(4500)]
+    for start in range(0, len(keys), 1000):
+        await shard.touch(*keys[start:start + 1000])
+    claims = []
+    while len(claims) < len(keys):
+        claims += (await shard.claim(1000)).claims
+    rearmed = keys[::500]
+    await shard.touch(*rearmed, window=LONG)
+    items = [(c.key, c.token) for c in claims] + [(claims[1].key, claims[1].token)]
+    stale = await shard.scripts.ack(shard.keys, [(RULE, items)])
+    assert stale == [claims[1].key]
+    assert await shard.r.zcard(shard.keys.inflight(RULE)) == 0
+    assert await shard.r.hlen(shard.keys.meta) == len(rearmed)
+    assert await shard.r.zcard(shard.keys.due(RULE)) == len(rearmed)
+    assert all([await shard.due(k) for k in rearmed])
+
+
 async def test_stale_token_is_refused_by_ack_renew_and_fail(shard: Shard) -> None:
     await shard.lead()
     await shard.touch("k")

@@ -17,20 +17,30 @@ local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
 local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 4
 
+-- Removes a batch of members from a set or hash, a few thousand per call (unpack's limit).
+local function remove_all(cmd, key, members)
+  for i = 1, #members, 4000 do
+    redis.call(cmd, key, unpack(members, i, math.min(i + 3999, #members)))
+  end
+end
+
+local seen = {}  -- a key given twice in one call is acked once; the second is stale
 for g = 0, (#KEYS - 3) / 2 - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
+  local finished, forgotten = {}, {}
   for i = pos + 2, pos + 1 + 4 * n, 4 do
     local key, token = ARGV[i], ARGV[i + 1]
-    local r = held(meta, key, token)
+    local r = not seen[key] and held(meta, key, token)
     if r then
-      redis.call('ZREM', inflight_key, key)
+      seen[key] = true
+      finished[#finished + 1] = key
       local due = rearm(meta, due_key, key, r)
       if due then
         rearmed = rearmed + 1
         earliest = min(earliest, due)
       else
-        redis.call('HDEL', meta, key)
+        forgotten[#forgotten + 1] = key
       end
       acked = acked + 1
       record(history, maxlen, key, rule, node, token, r, ARGV[i + 2], ARGV[i + 3], 'success')
@@ -40,6 +50,8 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
              'succeeded, but its claim had been taken over (lease expired)')
     end
   end
+  remove_all('ZREM', inflight_key, finished)
+  remove_all('HDEL', meta, forgotten)
   pos = pos + 2 + 4 * n
 end
 wake(next_key, ARGV[1], earliest)
