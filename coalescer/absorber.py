@@ -4,10 +4,11 @@ A touched key waits in ``pending`` until the flusher writes it. While it
 waits, more touches of it cost one dict lookup: they are *absorbed*, never
 dropped, because the write that follows them is what makes Redis schedule the
 refresh (the server stamps the write's own time, which is after every touch it
-carries). A key written to Redis is remembered in ``recent``, a cachetools
-time-aware cache whose entries live for the rule's ``absorb`` interval; a key
-touched again while it is recent is *held* until its entry expires, so a hot key
-costs at most one Redis write per absorb interval. Everything else is sent as
+carries). A key written to Redis is remembered in ``recent`` (recent.py:
+cachetools TTL caches, one per absorb interval, of the keys written in each slice
+of it) for about the rule's ``absorb`` interval; a key touched again while it is
+recent is *held* until then, so a hot key costs at most one Redis write per absorb
+interval. Everything else is sent as
 soon as the flusher is free: writes are group-committed, one Lua call per shard.
 
 A key is checked once, on the touch that brings it into ``pending`` (the same
@@ -24,16 +25,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cachetools import TLRUCache
-
 from .errors import BackpressureError
 from .keycheck import check_key
+from .recent import RecentWrites
 
 Matcher = Callable[[str], Any]  # key -> its Rule; raises UnknownKeyError
-
-
-def _expires(_key: str, expiry: float, _now: float) -> float:
-    return expiry
 
 
 class Batch(dict[str, Any]):
@@ -53,7 +49,7 @@ class Absorber:
         self._taken = 0  # keys taken for a write that has not yet succeeded or failed
         self._pending_since: float | None = None  # oldest touch in ``pending``, about
         self._taken_since: Counter[float] = Counter()  # a batch's stamp -> keys unfinished
-        self._recent: TLRUCache[str, float] = TLRUCache(maxsize=max_keys, ttu=_expires)
+        self._recent = RecentWrites(max_keys=max_keys)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
         self.idle = True
@@ -139,11 +135,14 @@ class Absorber:
         A held key was touched after its last write was taken, so no earlier than
         about when that write ended (its ``recent`` expiry minus its ``absorb``).
         """
+        expiries = self._recent.expiries(self._pending)
+        if not expiries:
+            ready.update(self._pending)
+            return {}, None
         held: dict[str, Any] = {}
         since: float | None = None
-        recent = self._recent
         for key, rule in self._pending.items():
-            expiry = recent.get(key)
+            expiry = expiries.get(key)
             if expiry is None:
                 ready[key] = rule
                 continue
@@ -175,9 +174,7 @@ class Absorber:
             self._finish(batch, since)
         # ``recent`` is only used from the event loop's thread (take, written,
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
-        recent, now = self._recent, time.monotonic()
-        for key, rule in batch.items():
-            recent[key] = now + rule.absorb
+        self._recent.add(batch)
 
     def give_back(self, batch: Mapping[str, Any], since: float | None = None) -> None:
         """Return unwritten keys to the buffer; nothing accepted is lost."""
@@ -208,7 +205,8 @@ class Absorber:
         with self._lock:
             if not self._pending:
                 return None
-            expiries = [self._recent.get(key) for key in self._pending]
-        if any(e is None for e in expiries):
+            pending = dict(self._pending)
+        expiries = self._recent.expiries(pending)
+        if len(expiries) < len(pending):
             return 0.0
-        return max(0.0, min(e for e in expiries if e is not None) - time.monotonic())
+        return max(0.0, min(expiries.values()) - time.monotonic())

@@ -33,7 +33,9 @@ def _options() -> dict[str, Any]:
         "socket_timeout": 10.0,
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
-        "health_check_interval": 15,
+        # No health-check PINGs (one per idle connection every 15 s cost an idle node): a command
+        # on a dead connection is retried on a new one, and a lost pub/sub connection
+        # fails the wake listener's read, which then resubscribes and pokes every shard.
     }
 
 
@@ -72,7 +74,6 @@ async def connect(url: str) -> Connection:
     if str(info.get("cluster_enabled", 0)) != "1":
         return Connection(url, plain, plain, cluster=False)
     options = _options()
-    options.pop("health_check_interval")
     cluster = RedisCluster.from_url(url, max_connections=MAX_CONNECTIONS, **options)
     await cluster.initialize()
     return Connection(url, cluster, plain, cluster=True)
@@ -84,7 +85,6 @@ def bytes_client(conn: Connection, *, connections: int, read_timeout: float) -> 
     (longer than any blocking read made on it)."""
     options = _options() | {"decode_responses": False, "socket_timeout": read_timeout}
     if conn.cluster:
-        options.pop("health_check_interval")
         return RedisCluster.from_url(conn.url, max_connections=connections, **options)
     pool = BlockingConnectionPool.from_url(conn.url, max_connections=connections,
                                            timeout=POOL_TIMEOUT, **options)

@@ -10,6 +10,12 @@ poller reads the runner's count of freed slots before each claim call, claims
 again at once if a slot of a rule that hit its limit freed during the call, and
 otherwise sleeps noting those rules, so that the next freed slot of one of them
 wakes it. A rule whose slots are all busy never makes it spin.
+
+A shard with nothing pending or in flight is idle: the poller then sleeps longer,
+``idle_sleep``, three quarters of the leader lease, as each claim call renews the
+lease (an idle node costs fewer than 0.5 Redis commands a second). Its claim call
+tells the upsert script when it will look again, so a touch that becomes due
+sooner publishes a wake-up; a reconnect of the wake channel pokes it too.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
 RECOVER_BATCH = 500
+IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
 
 
 class Poller:
@@ -46,6 +53,9 @@ class Poller:
         self._claim_lease_ms = round(claim_lease * 1000)
         # About a second, and well inside the lease that each claim call renews.
         self.sleep_cap = min(1.2, leader_lease / 2.5)
+        # An idle shard's sleep: the claim that ends it renews the lease a quarter of
+        # the lease (at least) before it runs out.
+        self.idle_sleep = max(self.sleep_cap, leader_lease * IDLE_SLEEP_SHARE)
         self._wake = wake
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
@@ -87,7 +97,7 @@ class Poller:
             batch = await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
-                sleep_cap_ms=round(self.sleep_cap * 1000),
+                sleep_cap_ms=round(self.idle_sleep * 1000),
                 limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
             offset = batch.now_ms - (sent + time.time() * 1000) / 2
             runner.start_all(self._shard.shard, rules, batch.claims, offset, taken)
@@ -130,7 +140,7 @@ class Poller:
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
         if nearest is None:
-            return self.sleep_cap
+            return self.sleep_cap if batch.blocked else self.idle_sleep
         # Half a millisecond past the due time: due times are whole milliseconds of the
         # server clock, and waking a hair early would cost a second, empty claim.
         return min(self.sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))

@@ -6,7 +6,7 @@ lease (``acquire.lua``); an entry counts only while its node heartbeats the
 shard, so a dead node's rules drop out within two leader leases. The scripts
 read it to serve a rule that a shard's leader lacks (``adopt.lua``); this module
 encodes entries, compares them and, whenever the number of live nodes
-changes (and every 30 s), reads the registry and warns (once per rule) and counts when this
+changes (and every 60 s), reads the registry and warns (once per rule) and counts when this
 node lacks a rule some live node knows, or knows it with other settings.
 """
 
@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 # Registry reads (one script call each) follow changes in the live-node count, which
 # every lease and claim call reports; this slow period only catches a node that came
-# back under the same id with other rules. An idle node's extra cost: 1/30 command/s.
-CHECK_INTERVAL = 30.0
+# back under the same id with other rules. An idle node's extra cost: 1/60 command/s.
+CHECK_INTERVAL = 60.0
 
 
 def fingerprint(rule: Rule) -> str:

@@ -7,6 +7,7 @@ from servers import poll_until
 
 from coalescer import BackpressureError, Config, UnknownKeyError
 from coalescer.absorber import Absorber
+from coalescer.recent import RecentWrites
 from coalescer.rules import Rule
 
 RULES = """\
@@ -161,3 +162,40 @@ def test_an_unknown_key_is_refused_by_name_and_buffers_nothing() -> None:
         a.touch("fast:1:extra")  # {id} captures one ':'-free segment
     assert len(a) == 0 and a.take(everything=True) == {}
     assert (a.touches, a.absorbed) == (0, 0) and wakes == []
+
+
+def test_a_hot_key_is_held_for_most_of_its_absorb_interval_after_each_write() -> None:
+    a, _ = make()
+    written = 0
+    for _ in range(50):  # a hot key touched between writes, as the flusher sees it
+        a.touch("slow:hot")
+        batch = a.take()
+        if batch:
+            written += 1
+            a.written(batch)
+    assert written == 1  # one write per absorb interval, however many touches
+    wait = a.next_ready_in()
+    assert wait is not None and SLOW.absorb * 7 / 8 < wait <= SLOW.absorb
+
+
+def test_recent_writes_never_remember_more_than_max_keys() -> None:
+    recent = RecentWrites(max_keys=100)
+    for n in range(3):
+        recent.add({f"slow:{n}:{i}": SLOW for i in range(60)})
+        assert len(recent) <= 100
+    a, _ = make(max_keys=100)
+    for start in (0, 80):
+        for i in range(start, start + 80):
+            a.touch(f"slow:{i}")
+        a.written(a.take())  # past the bound: the oldest writes are forgotten, not kept
+    a.touch("slow:0")
+    assert a.take() == {"slow:0": SLOW}  # forgotten: written again, never lost
+
+
+def test_keys_of_rules_with_different_absorb_intervals_are_held_each_for_its_own() -> None:
+    recent = RecentWrites(max_keys=1000)
+    recent.add({"fast:1": FAST, "slow:1": SLOW, "slow:2": SLOW})
+    expiries = recent.expiries({"fast:1": FAST, "slow:1": SLOW, "slow:3": SLOW})
+    assert set(expiries) == {"fast:1", "slow:1"}  # slow:3 was never written
+    assert expiries["slow:1"] - expiries["fast:1"] == pytest.approx(SLOW.absorb - FAST.absorb,
+                                                                      abs=0.01)

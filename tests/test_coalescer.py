@@ -474,26 +474,26 @@ async def test_three_shards_two_nodes(
 # -- G3: event-driven, cheap when idle, survives Redis going away -----------------------------
 
 
-async def test_idle_node_costs_about_one_command_a_second(
+async def test_idle_node_costs_under_half_a_command_a_second(
         tmp_path: Path, namespace: str, own_server: ValkeyProcess, start: Start) -> None:
-    # leader_lease 3s (the default): the lease is renewed every third of it, so an
-    # idle leader's cost is set by the lease; 1s would mean three renewals a second.
+    # leader_lease 3s (the default): an idle leader's claim, which renews the lease,
+    # comes every three quarters of it (2.25 s); no health-check PINGs, and the rules
+    # registry read once a minute.
     path, _ = setup(tmp_path, namespace, rules_text(namespace, leader_lease="3s"))
     c = await start(path, redis_url=own_server.url, node_id="idle")
     await wait_until(lambda: c.leads() == [0], message="the node leads")
     observer = redis.asyncio.Redis.from_url(own_server.url, decode_responses=True,
                                             single_connection_client=True)
     try:
-        window = 3.0
+        window = 6.75  # three idle sleeps
         sent, evalsha, seconds = await _count_commands(observer, own_server.url, window)
     finally:
         await observer.aclose()
-    rate = sent / seconds
-    print(f"\nidle node: {sent} commands in {seconds:.1f}s = {rate:.2f}/s "
+    print(f"\nidle node: {sent} commands in {seconds:.1f}s = {sent / seconds:.2f}/s "
           f"(EVALSHA per INFO commandstats: {evalsha})")
     assert sent >= 1  # it is alive and renewing
-    assert rate <= 1.5
-    assert evalsha <= 1.5 * seconds
+    assert sent <= 3  # 0.44 a second; a claim every 1.2 s would make 5 or 6
+    assert evalsha <= 3
 
 
 async def _count_commands(observer: Any, url: str, window: float) -> tuple[int, int, float]:

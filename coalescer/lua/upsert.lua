@@ -10,47 +10,44 @@
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
 -- backoff). A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
+-- A group's states are read with one HMGET and written with one HSET (and one
+-- ZADD for the keys its due set must learn): a few commands per group, not per key.
 -- A key whose own state cannot be read (a script error while touching it, e.g. a
 -- corrupted meta entry) is skipped, and returned with the error, while every other
--- key is scheduled: one bad key never fails the others. An error reply of a Redis
--- command (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the
--- key: it fails the whole call.
+-- key is scheduled: one bad key never fails the others (the group's new states are
+-- worked out before anything is written, so a group that met such a key is worked
+-- out again, each key on its own guard). An error reply of a Redis command
+-- (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the key: it
+-- fails the whole call.
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
 --          {key, error, key, error, ...} of the keys that failed}.
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
 local now = now_ms()
+local CHUNK = 4000  -- values per unpack(): well within Lua's stack
 
-local function touch_running(key, r, window, max_wait)
+local function touch_running(r, window, max_wait)
   if r.rdue then
     r.rdue = math.max(r.rdue, math.min(now + window, r.rfirst + max_wait))
   else
     r.rfirst, r.rdue = now, now + window
   end
   r.rlast = now
-  redis.call('HSET', meta, key, running(r))
+  return running(r)
 end
 
--- Returns the key's due time when its due set must learn it (a new or dead key),
--- else nil: a re-touch moves only the due time kept in meta (see _lib.lua), and a
--- key seen for the first time is scheduled by the group's one ZADD (adds).
-local function touch(due_key, dead_key, key, window, max_wait, fresh, adds)
-  if redis.call('HSETNX', meta, key, fresh) == 1 then
-    adds[#adds + 1], adds[#adds + 2] = now + window, key
-    return now + window
-  end
-  local s = decode(redis.call('HGET', meta, key))
+-- The new state of a key that has one (`v`), and its due time when its due set
+-- must learn it (a dead key starting again), else nil: a re-touch moves only the
+-- due time kept in meta (see _lib.lua).
+local function retouch(v, window, max_wait)
+  local s = decode(v)
   if s.kind == 'R' then
-    touch_running(key, s, window, max_wait)
+    return touch_running(s, window, max_wait), nil
   elseif s.kind == 'P' then
     local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
-    redis.call('HSET', meta, key, pending(s.first, now, s.attempts, due))
-  else
-    redis.call('ZREM', dead_key, key)
-    schedule(meta, due_key, key, now, now, 0, now + window)
-    return now + window
+    return pending(s.first, now, s.attempts, due), nil
   end
-  return nil
+  return pending(now, now, 0, now + window), now + window
 end
 
 -- The text of a key's own error; a command's error reply ("CODE message", or a
@@ -62,27 +59,71 @@ local function key_error(e)
   return e
 end
 
+local function split_keys(joined, n)
+  local keys, start = {}, 1
+  for i = 1, n do
+    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
+    keys[i] = string.sub(joined, start, stop - 1)
+    start = stop + 1
+  end
+  return keys
+end
+
+local function each_chunk(cmd, key, items)
+  for i = 1, #items, CHUNK do
+    redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+  end
+end
+
+local function read_states(keys)
+  local vals = {}
+  for i = 1, #keys, CHUNK do
+    local part = redis.call('HMGET', meta, unpack(keys, i, math.min(i + CHUNK - 1, #keys)))
+    for j = 1, #part do vals[i + j - 1] = part[j] end
+  end
+  return vals
+end
+
+-- Work out the group's writes: p.states (field, value, ...), p.adds (score, key, ...)
+-- for its due set, p.revived (dead keys starting again). With `guarded`, each key
+-- with a state is worked out under pcall and a failing one goes to `failed`.
+local function plan(keys, vals, window, max_wait, guarded, failed)
+  local p = {states = {}, adds = {}, revived = {}, count = 0}
+  local fresh = pending(now, now, 0, now + window)
+  for i, key in ipairs(keys) do
+    local v, state, due, ok = vals[i], fresh, now + window, true
+    if v then
+      if guarded then
+        ok, state, due = pcall(retouch, v, window, max_wait)
+      else
+        state, due = retouch(v, window, max_wait)
+      end
+      if due then p.revived[#p.revived + 1] = key end
+    end
+    if ok then
+      p.states[#p.states + 1], p.states[#p.states + 2] = key, state
+      if due then p.adds[#p.adds + 1], p.adds[#p.adds + 2] = due, key end
+      p.count = p.count + 1
+    else
+      failed[#failed + 1], failed[#failed + 2] = key, key_error(state)
+    end
+  end
+  return p
+end
+
 local earliest, scheduled, pos, failed = nil, 0, 2, {}
 for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  local n, joined = tonumber(ARGV[pos + 2]), ARGV[pos + 3]
-  local adds, start, fresh = {}, 1, pending(now, now, 0, now + window)
-  for _ = 1, n do
-    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
-    local key = string.sub(joined, start, stop - 1)
-    start = stop + 1
-    local ok, due = pcall(touch, due_key, dead_key, key, window, max_wait, fresh, adds)
-    if ok then
-      earliest = min(earliest, due)
-      scheduled = scheduled + 1
-    else
-      failed[#failed + 1], failed[#failed + 2] = key, key_error(due)
-    end
-  end
-  for i = 1, #adds, 4000 do
-    redis.call('ZADD', due_key, unpack(adds, i, math.min(i + 3999, #adds)))
-  end
+  local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
+  local vals = read_states(keys)
+  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed)
+  if not ok then p = plan(keys, vals, window, max_wait, true, failed) end
+  each_chunk('HSET', meta, p.states)
+  each_chunk('ZREM', dead_key, p.revived)
+  each_chunk('ZADD', due_key, p.adds)
+  if #p.adds > 0 then earliest = min(earliest, now + window) end
+  scheduled = scheduled + p.count
   pos = pos + 4
 end
 return {now, scheduled, wake(next_key, channel, earliest), failed}
