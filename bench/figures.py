@@ -1,4 +1,4 @@
-"""The measurements of SPEC §6, each for coalescer and for the baseline design.
+"""The measurements of the benchmark, each for coalescer and for the baseline design.
 
 Every function takes a fresh server (``bench.valkey.Server``) and the sizes of
 this run, and returns a plain dict for results.json. Clocks: touch and refresh

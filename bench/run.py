@@ -1,4 +1,4 @@
-"""Run every SPEC §6 figure for coalescer and the baseline design, side by side.
+"""Run every benchmark figure for coalescer, the baseline design and the peers, side by side.
 
     .venv/bin/python -m bench.run [--quick] [--only NAME,...] [--json PATH]
 
