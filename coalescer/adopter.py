@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 
 from .keys import ShardKeys
-from .poller import MAX_CLAIM, RECOVER_BATCH
+from .poller import MAX_CLAIM, recover_expired
 from .rules import Rule
 from .runner import Runner
 from .scripts import AdoptBatch, Scripts
@@ -109,14 +109,8 @@ class Adopter:
         return batch, full
 
     async def _recover(self, batch: AdoptBatch, rules: list[Rule]) -> bool:
-        if batch.next_expiry_ms is None or batch.next_expiry_ms > batch.now_ms:
-            return False
-        n = await self._scripts.recover(self._shard, [r.name for r in rules], RECOVER_BATCH,
-                                        [r.retry.attempts for r in rules])
-        if n:
-            log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
-                        self._shard.shard, n)
-        return n > 0
+        return await recover_expired(self._scripts, self._shard, rules, batch.now_ms,
+                                     batch.next_expiry_ms)
 
     def _delay(self, batch: AdoptBatch) -> float:
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),

@@ -38,6 +38,20 @@ RECOVER_BATCH = 500
 IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
 
 
+async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Any],
+                          now_ms: int, next_expiry_ms: int | None) -> bool:
+    """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
+    renewing); True when some were."""
+    if next_expiry_ms is None or next_expiry_ms > now_ms:
+        return False
+    n = await scripts.recover(shard, [r.name for r in rules], RECOVER_BATCH,
+                              [r.retry.attempts for r in rules])
+    if n:
+        log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
+                    shard.shard, n)
+    return n > 0
+
+
 class Poller:
     """Claims due keys of one shard while this node leads it."""
 
@@ -125,15 +139,8 @@ class Poller:
         return False
 
     async def _recover_expired(self, batch: ClaimBatch) -> bool:
-        if batch.next_expiry_ms is None or batch.next_expiry_ms > batch.now_ms:
-            return False
-        names = [r.name for r in self._rules]
-        attempts = [r.retry.attempts for r in self._rules]
-        n = await self._scripts.recover(self._shard, names, RECOVER_BATCH, attempts)
-        if n:
-            log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
-                        self._shard.shard, n)
-        return n > 0
+        return await recover_expired(self._scripts, self._shard, self._rules,
+                                     batch.now_ms, batch.next_expiry_ms)
 
     def _delay(self, batch: ClaimBatch) -> float:
         """Seconds to sleep: to the nearest due time or lease expiry, at most ``sleep_cap``."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from .keys import KeySpace, ShardKeys
 from .registry import compare, decode
+from .rule_counts import new_entry, queue_rule, read_rule
 from .rules import Config
 from .scripts import Peer
 
@@ -65,23 +66,12 @@ async def _counts(redis: Any, shards: list[ShardKeys],
     pipe = redis.pipeline(transaction=False)
     for sk in shards:
         for name in names:
-            pipe.zcard(sk.due(name))
-            pipe.zcard(sk.inflight(name))
-            pipe.zcard(sk.dead(name))
-            pipe.zrange(sk.due(name), 0, 0, withscores=True)
+            queue_rule(pipe, sk, name)
     replies = iter(await pipe.execute())
-    out: dict[str, dict[str, Any]] = {
-        name: {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None,
-               "in_rules_file": False} for name in names}
+    out = {name: {**new_entry(), "in_rules_file": False} for name in names}
     for _ in shards:
         for name in names:
-            entry = out[name]
-            entry["pending"] += int(next(replies))
-            entry["in_flight"] += int(next(replies))
-            entry["dead"] += int(next(replies))
-            head = next(replies)
-            if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
-                entry["next_due_ms"] = int(head[0][1])
+            read_rule(out[name], replies)
     return out
 
 

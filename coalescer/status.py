@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from .history import RECENT, recent_by_rule
 from .keys import KeySpace, ShardKeys
 from .registry_status import add_registry, format_registry
+from .rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from .rules import Config
 from .source_status import add_sources, format_sources
 from .wording import plural
 
-DEAD_LISTED = 20
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
@@ -39,25 +38,10 @@ def _dead_entry(key: str, rule: str, since: float, meta: str | None) -> dict[str
 
 
 def _queue_shard(pipe: Any, sk: ShardKeys, rules: list[str]) -> None:
-    """Queue one shard's reads: its leader, then five reads per rule (see _read_rule)."""
+    """Queue one shard's reads: its leader, then each rule's (see rule_counts)."""
     pipe.get(sk.leader)
     for name in rules:
-        pipe.zcard(sk.due(name))
-        pipe.zcard(sk.inflight(name))
-        pipe.zcard(sk.dead(name))
-        pipe.zrange(sk.due(name), 0, 0, withscores=True)
-        pipe.zrange(sk.dead(name), 0, DEAD_LISTED - 1, withscores=True)
-
-
-def _read_rule(entry: dict[str, Any], replies: Iterator[Any]) -> list[tuple[str, float]]:
-    """Add one shard's replies for one rule to its entry; returns its listed dead keys."""
-    entry["pending"] += int(next(replies))
-    entry["in_flight"] += int(next(replies))
-    entry["dead"] += int(next(replies))
-    head = next(replies)
-    if head and (entry["next_due_ms"] is None or head[0][1] < entry["next_due_ms"]):
-        entry["next_due_ms"] = int(head[0][1])
-    return [(str(key), float(since)) for key, since in next(replies)]
+        queue_rule(pipe, sk, name)
 
 
 async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
@@ -70,7 +54,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     space = KeySpace(config.namespace, config.shards)
     names = [r.name for r in config.rules]
     rules: dict[str, dict[str, Any]] = {
-        name: {"pending": 0, "in_flight": 0, "dead": 0, "next_due_ms": None} for name in names}
+        name: new_entry() for name in names}
     pipe = redis.pipeline(transaction=False)
     for sk in space.all_shards():
         _queue_shard(pipe, sk, names)
@@ -82,7 +66,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
         shards.append({"shard": sk.shard, "leader": _leader_node(leader),
                        "epoch": int(leader.split("|", 1)[0]) if leader else None})
         for name in names:
-            listed += [(sk, key, name, since) for key, since in _read_rule(rules[name], replies)]
+            listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
     dead = await _dead_letters(redis, listed[:DEAD_LISTED])
     recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
     for name, counts in recent.items():
