@@ -180,10 +180,24 @@ def test_sigterm_drains_every_child_and_leaves_none_behind(group) -> None:  # ty
     assert out.count(" exited 0") == 3, out
 
 
+def free_port_pair() -> int:
+    """A port ``p`` on 127.0.0.1 such that ``p`` and ``p + 1`` were both free a moment ago."""
+    while True:
+        port = free_port()
+        with contextlib.suppress(OSError), \
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port + 1))
+            return port
+
+
 def test_node_ids_and_http_ports_are_numbered_per_child(group) -> None:  # type: ignore[no-untyped-def]
-    port = free_port()
+    port = free_port_pair()  # child k serves on port + k
     g = group("--processes", "2", "--node-id", "web", "--http", f"127.0.0.1:{port}")
-    poll_until(lambda: g.leaders() == {"web-0", "web-1"}, timeout=30)
+    try:
+        poll_until(lambda: g.leaders() == {"web-0", "web-1"}, timeout=60,
+                   message="both children to lead shards")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the group said:\n{g.output()[-4000:]}") from None
     for p in (port, port + 1):
         def healthy(p: int = p) -> bool:
             try:
