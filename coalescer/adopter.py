@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from .keys import ShardKeys
 from .poller import MAX_CLAIM, recover_expired
@@ -91,20 +91,12 @@ class Adopter:
         self._serving = serving
 
     async def _claim(self, rules: list[Rule]) -> tuple[AdoptBatch, bool]:
-        runner = self._runner
-        limits = [runner.reserve(r, MAX_CLAIM) for r in rules]
-        taken = [0] * len(rules)
-        try:
-            sent = time.time() * 1000
-            batch = await self._scripts.adopt(
+        def call(limits: list[tuple[str, int]]) -> Awaitable[AdoptBatch]:
+            return self._scripts.adopt(
                 self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
-                claim_lease_ms=self._claim_lease_ms,
-                limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
-            offset = batch.now_ms - (sent + time.time() * 1000) / 2
-            runner.start_all(self._shard.shard, rules, batch.claims, offset, taken)
-        finally:
-            for rule, n, t in zip(rules, limits, taken, strict=True):
-                runner.unreserve(rule, n - t)
+                claim_lease_ms=self._claim_lease_ms, limits=limits)
+        batch, limits, taken = await self._runner.claim_into_slots(
+            self._shard.shard, rules, MAX_CLAIM, call)
         full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
         return batch, full
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .keys import ShardKeys
@@ -103,21 +102,13 @@ class Poller:
 
     async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
         """One claim call; returns it and the limits of the rules that took that many keys."""
-        runner, rules = self._runner, self._rules
-        limits = [runner.reserve(r, MAX_CLAIM) for r in rules]
-        taken = [0] * len(rules)
-        try:
-            sent = time.time() * 1000
-            batch = await self._scripts.claim(
+        def call(limits: list[tuple[str, int]]) -> Awaitable[ClaimBatch]:
+            return self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
-                sleep_cap_ms=round(self.idle_sleep * 1000),
-                limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
-            offset = batch.now_ms - (sent + time.time() * 1000) / 2
-            runner.start_all(self._shard.shard, rules, batch.claims, offset, taken)
-        finally:
-            for rule, n, t in zip(rules, limits, taken, strict=True):
-                runner.unreserve(rule, n - t)
+                sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits)
+        batch, limits, taken = await self._runner.claim_into_slots(
+            self._shard.shard, self._rules, MAX_CLAIM, call)
         return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
 
     def _claim_again_now(self, batch: ClaimBatch, limited: list[int]) -> bool:
