@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -181,13 +182,19 @@ def test_sigterm_drains_every_child_and_leaves_none_behind(group) -> None:  # ty
 
 
 def free_port_pair() -> int:
-    """A port ``p`` on 127.0.0.1 such that ``p`` and ``p + 1`` were both free a moment ago."""
-    while True:
-        port = free_port()
-        with contextlib.suppress(OSError), \
-                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", port + 1))
+    """A port ``p`` on 127.0.0.1 such that ``p`` and ``p + 1`` were both free a moment ago,
+    below the kernel's ephemeral range, so no outgoing connection takes ``p + 1`` meanwhile."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low - 1), 500):
+        with contextlib.ExitStack() as held:
+            try:
+                for p in (port, port + 1):
+                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", p))
+            except OSError:
+                continue
             return port
+    raise AssertionError("no two free ports in a row below the ephemeral range")
 
 
 def test_node_ids_and_http_ports_are_numbered_per_child(group) -> None:  # type: ignore[no-untyped-def]
