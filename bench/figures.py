@@ -517,12 +517,7 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
 
 def _histogram(metrics: Any) -> dict[str, float]:
     """coalescer's own start-lag histogram (cumulative counts per bucket bound)."""
-    out: dict[str, float] = {}
-    for family in metrics.start_lag.collect():
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                out[s.labels["le"]] = s.value
-    return out
+    return dict(metrics.start_lag_buckets())
 
 
 async def _censored_coalescer(c: Coalescer, scheduled: set[str]) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import states
 from .durations import format_duration
 from .history import clock, format_duration_ms, parse_entry
 from .keys import KeySpace
@@ -27,11 +28,6 @@ def rule_settings(rule: Rule) -> dict[str, Any]:
             "timeout": rule.timeout, "concurrency": rule.concurrency,
             "retry": {"attempts": rule.retry.attempts, "backoff": rule.retry.backoff,
                       "max_backoff": rule.retry.max_backoff}}
-
-
-def _fields(value: str, n: int) -> list[str]:
-    parts = value[2:].split("|", n - 1)
-    return parts + [""] * (n - len(parts))
 
 
 def _num(text: str) -> int | None:
@@ -52,7 +48,8 @@ def due_reason(rule: Rule, first: int, last: int, attempts: int, due: int) -> st
 
 
 def _pending(value: str, rule: Rule) -> dict[str, Any]:
-    first, last, attempts, due = (_num(f) or 0 for f in _fields(value, 4))
+    p = states.pending(value) or states.Pending(0, 0, 0, 0)
+    first, last, attempts, due = p.first_ms, p.last_ms, p.attempts, p.due_ms
     state = "backoff" if attempts > 0 else "pending"
     return {"state": state, "first_touch_ms": first, "last_touch_ms": last,
             "attempts": attempts, "due_ms": due,
@@ -60,7 +57,7 @@ def _pending(value: str, rule: Rule) -> dict[str, Any]:
 
 
 def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
-    token, first, last, attempt, due, rdue, rfirst, rlast, node = _fields(value, 9)
+    token, first, last, attempt, due, rdue, rfirst, rlast, node = states.fields(value, 9)
     again = None
     if _num(rdue) is not None:
         again = {"first_touch_ms": _num(rfirst), "last_touch_ms": _num(rlast),
@@ -74,7 +71,7 @@ def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
 
 
 def _dead(value: str, since: float | None) -> dict[str, Any]:
-    first, last, attempts, error = _fields(value, 4)
+    first, last, attempts, error = states.fields(value, 4)
     return {"state": "dead", "first_touch_ms": _num(first), "last_touch_ms": _num(last),
             "attempts": _num(attempts),
             "dead": {"since_ms": None if since is None else int(since), "error": error}}
@@ -85,11 +82,12 @@ def describe_state(value: str | None, rule: Rule, scores: dict[str, float | None
     """The state part of an explanation, from the key's meta field and set scores."""
     if not value:
         return {"state": "idle", "first_touch_ms": None, "last_touch_ms": None, "attempts": 0}
-    if value.startswith("P|"):
-        return _pending(value, rule)
-    if value.startswith("R|"):
+    found = states.kind(value)
+    if found == "running":
         return _running(value, scores["inflight"], now)
-    return _dead(value, scores["dead"])
+    if found == "dead":
+        return _dead(value, scores["dead"])
+    return _pending(value, rule)
 
 
 async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]:

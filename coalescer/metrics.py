@@ -2,23 +2,80 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 OUTCOMES = ("success", "failure", "timeout")
 _BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000)
 
 
-@dataclass(frozen=True, slots=True)
-class RuleMetrics:
-    """One rule's label children, resolved once (``labels()`` is too slow per refresh)."""
+@dataclass(slots=True)
+class Tally:
+    """A histogram's counts as plain numbers: observing one is a bisect and two adds
+    (a prometheus_client Histogram takes a lock per bucket and per sum, which cost
+    more than a no-op refresh itself). Read only when /metrics is scraped."""
 
-    start_lag: Any
-    duration: Any
-    outcomes: dict[str, Any]
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(_LATENCY_BUCKETS, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """Cumulative counts per upper bound, as the exposition format lists them."""
+        out, running = [], 0
+        for bound, n in zip([*map(str, _LATENCY_BUCKETS), "+Inf"], self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+@dataclass(slots=True)
+class RuleMetrics:
+    """One rule's refresh figures, counted per refresh without locks."""
+
+    start_lag: Tally = field(default_factory=Tally)
+    duration: Tally = field(default_factory=Tally)
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+
+
+class RefreshCollector:
+    """Exports every rule's RuleMetrics as coalescer_refreshes_total and the duration
+    and start-lag histograms."""
+
+    def __init__(self, rules: dict[str, RuleMetrics]) -> None:
+        self._rules = rules
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def _families(self) -> list[Metric]:
+        done = CounterMetricFamily("coalescer_refreshes",
+                                   "refreshes finished, by rule and outcome",
+                                   labels=["rule", "outcome"])
+        duration = HistogramMetricFamily("coalescer_refresh_duration_seconds",
+                                         "handler run time", labels=["rule"])
+        lag = HistogramMetricFamily("coalescer_refresh_start_lag_seconds",
+                                    "refresh start minus due time", labels=["rule"])
+        for name, m in list(self._rules.items()):
+            for outcome, n in m.outcomes.items():
+                done.add_metric([name, outcome], n)
+            duration.add_metric([name], m.duration.buckets(), m.duration.total)
+            lag.add_metric([name], m.start_lag.buckets(), m.start_lag.total)
+        return [done, duration, lag]
 
 
 class Metrics:
@@ -34,15 +91,8 @@ class Metrics:
         self.flush_keys = Histogram(
             "coalescer_flush_batch_keys", "keys per batch written to Redis",
             buckets=_BATCH_BUCKETS, registry=r)
-        self.refreshes = Counter(
-            "coalescer_refreshes_total", "refreshes finished, by rule and outcome",
-            ["rule", "outcome"], registry=r)
-        self.duration = Histogram(
-            "coalescer_refresh_duration_seconds", "handler run time", ["rule"],
-            buckets=_LATENCY_BUCKETS, registry=r)
-        self.start_lag = Histogram(
-            "coalescer_refresh_start_lag_seconds", "refresh start minus due time", ["rule"],
-            buckets=_LATENCY_BUCKETS, registry=r)
+        self._rules: dict[str, RuleMetrics] = {}
+        r.register(RefreshCollector(self._rules))
         self.pending = Gauge("coalescer_pending_keys", "keys waiting for their due time",
                              ["rule"], registry=r)
         self.in_flight = Gauge("coalescer_in_flight_keys", "keys claimed and refreshing",
@@ -71,13 +121,17 @@ class Metrics:
             "stream source entries handled, by source and outcome (accepted, rejected)",
             ["source", "outcome"], registry=r)
 
-        self._rules: dict[str, RuleMetrics] = {}
+    def start_lag_buckets(self) -> dict[str, int]:
+        """Start lags of every rule: cumulative counts per bucket bound ("+Inf" last)."""
+        out: dict[str, int] = {}
+        for m in list(self._rules.values()):
+            for bound, n in m.start_lag.buckets():
+                out[bound] = out.get(bound, 0) + n
+        return out
 
     def rule(self, name: str) -> RuleMetrics:
         """The metrics of rule ``name``."""
         found = self._rules.get(name)
         if found is None:
-            outcomes = {o: self.refreshes.labels(name, o) for o in OUTCOMES}
-            found = RuleMetrics(self.start_lag.labels(name), self.duration.labels(name), outcomes)
-            self._rules[name] = found
+            found = self._rules[name] = RuleMetrics()
         return found

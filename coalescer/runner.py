@@ -250,12 +250,12 @@ class Runner:
         box = self._outboxes[job.shard]
         if exc is None:
             box.acks.append(job)
-            self._metrics.rule(rule.name).outcomes["success"].inc()
+            self._metrics.rule(rule.name).outcomes["success"] += 1
             log.debug("refreshed %s in %.1f ms (attempt %d, token %d)", claim.key,
                       job.took_ms, claim.attempt, claim.token)
         else:
             outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
-            self._metrics.rule(rule.name).outcomes[outcome].inc()
+            self._metrics.rule(rule.name).outcomes[outcome] += 1
             delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
             self._log_failure(job, exc, delay_ms)
             box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),

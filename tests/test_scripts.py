@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio
 from servers import ValkeyProcess, wait_until
 
+from coalescer import states
 from coalescer.connection import connect
 from coalescer.errors import NotLeaderError
 from coalescer.keys import ShardKeys
@@ -85,8 +86,10 @@ class Shard:
         """The key's state; a pending key's without its due time (see ``due``)."""
         state = await self.state(key)
         assert state is not None, f"{key} has no state"
-        parts = state.split("|")
-        return parts[:4] if parts[0] == "P" else parts
+        p = states.pending(state)
+        if p is not None:
+            return ["P", str(p.first_ms), str(p.last_ms), str(p.attempts)]
+        return state.split("|")
 
     async def due(self, key: str, rule: str = RULE) -> int | None:
         """When a pending key is due: the due time in meta, of which its score in the
@@ -95,8 +98,9 @@ class Shard:
         if score is None:
             return None
         state = await self.state(key)
-        assert state is not None and state.startswith("P|"), f"{key} is due but {state}"
-        due = int(state.split("|")[4])
+        pending = states.pending(state) if state else None
+        assert pending is not None, f"{key} is due but {state}"
+        due = pending.due_ms
         assert int(score) <= due, f"{key}: score {score} is after its due time {due}"
         return due
 

@@ -1,7 +1,12 @@
 -- _lib.lua: helpers prepended to every script by scripts.py.
 --
 -- A key's state lives in the shard's meta hash, one field per touched key:
---   pending  "P|FIRST|LAST|ATTEMPTS|DUE"     (the key is in due:RULE)
+--   pending  "FIRST|DUE|LAST|ATTEMPTS"  (the key is in due:RULE) with FIRST in
+--            lowercase hex and DUE and LAST as decimal offsets from FIRST; LAST
+--            and ATTEMPTS are left out while zero, LAST too when ATTEMPTS is
+--            ("18e2a4c1f00|500" is a key touched once, due 500 ms later): short
+--            values keep a pending key small, most of the memory a shard uses.
+--            An older "P|FIRST|LAST|ATTEMPTS|DUE" still decodes.
 --   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
 --            (the key is in inflight:RULE; the R* part, empty when there is
 --            none, is a touch that came while it ran, re-armed by ack, fail or
@@ -41,25 +46,42 @@ local function split(v, n)
   return out
 end
 
+local function decode_running(v)
+  local t, f, l, a, d, rd, rf, rl, node = string.match(
+    v, '^R|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)|(%d*)|(%d*)|(.*)$')
+  if not t then  -- the older form, without the node
+    local o = split(string.sub(v, 3), 8)
+    t, f, l, a, d, rd, rf, rl = o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8]
+  end
+  return {kind = 'R', token = tonumber(t), first = tonumber(f), last = tonumber(l),
+          attempt = tonumber(a), due = tonumber(d), rdue = tonumber(rd),
+          rfirst = tonumber(rf), rlast = tonumber(rl), node = node}
+end
+
 local function decode(v)
   if not v then return nil end
   local kind = string.sub(v, 1, 1)
-  local f = split(string.sub(v, 3), 4)
-  if kind == 'P' then
+  if kind == 'R' then return decode_running(v) end
+  if kind == 'D' or kind == 'P' then
+    local f = split(string.sub(v, 3), 4)
+    if kind == 'D' then
+      return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]),
+              attempts = tonumber(f[3]), error = f[4]}
+    end
     return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
             due = tonumber(f[4])}
-  elseif kind == 'D' then
-    return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
-            error = f[4]}
   end
-  f = split(string.sub(v, 3), 9)
-  return {kind = 'R', token = tonumber(f[1]), first = tonumber(f[2]), last = tonumber(f[3]),
-          attempt = tonumber(f[4]), due = tonumber(f[5]), rdue = tonumber(f[6]),
-          rfirst = tonumber(f[7]), rlast = tonumber(f[8]), node = f[9]}
+  local first, due, last, attempts = string.match(v, '^(%x+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  first = tonumber(first, 16)
+  return {kind = 'P', first = first, due = first + tonumber(due),
+          last = first + (tonumber(last) or 0), attempts = tonumber(attempts) or 0}
 end
 
 local function pending(first, last, attempts, due)
-  return 'P|' .. int(first) .. '|' .. int(last) .. '|' .. int(attempts) .. '|' .. int(due)
+  local v = string.format('%x|%d', first, due - first)
+  if attempts > 0 then return v .. string.format('|%d|%d', last - first, attempts) end
+  if last ~= first then return v .. string.format('|%d', last - first) end
+  return v
 end
 
 -- Make `key` pending, due at `due`, in meta and in its rule's due set.
@@ -159,35 +181,36 @@ end
 -- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
 -- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
 -- score is early (a re-touch moved its due time, kept in meta) is re-scored.
+-- `limit` is at most a few thousand (one unpack of the keys read).
 local function claim_due(c, rule_index, due_key, inflight_key, limit)
-  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'WITHSCORES', 'LIMIT', 0, limit)
+  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'LIMIT', 0, limit)
   if #ready == 0 then return end
-  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready / 2 - 1)
+  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
+  local states = redis.call('HMGET', c.meta, unpack(ready))
   local take, later = {}, {}
-  for i = 1, #ready, 2 do
-    local key, score = ready[i], tonumber(ready[i + 1])
-    local p = decode(redis.call('HGET', c.meta, key)) or {first = score, last = score, attempts = 0}
-    p.key, p.due = key, p.due or score
+  for i, key in ipairs(ready) do
+    local p = decode(states[i]) or {first = c.now, last = c.now, attempts = 0, due = c.now}
     if p.due > c.now then
       later[#later + 1], later[#later + 2] = p.due, key
     else
+      p.key = key
       take[#take + 1] = p
     end
   end
   if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
   if #take == 0 then return end
   local token = redis.call('INCRBY', c.seq, #take) - #take
-  local states, leases = {}, {}
+  local states_out, leases, claims = {}, {}, c.claims
+  local tail = '||||' .. c.node
   for i, p in ipairs(take) do
     token = token + 1
-    local r = {token = token, first = p.first, last = p.last, attempt = p.attempts + 1, due = p.due,
-               node = c.node}
-    states[2 * i - 1], states[2 * i] = p.key, running(r)
+    local head = token .. '|' .. int(p.first) .. '|' .. int(p.last) .. '|' .. (p.attempts + 1)
+      .. '|' .. int(p.due)
+    states_out[2 * i - 1], states_out[2 * i] = p.key, 'R|' .. head .. tail
     leases[2 * i - 1], leases[2 * i] = c.lease_until, p.key
-    c.claims[#c.claims + 1] = table.concat({rule_index, token, int(r.first), int(r.last),
-                                            r.attempt, int(r.due), p.key}, '|')
+    claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. p.key
   end
-  redis.call('HSET', c.meta, unpack(states))
+  redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
 end
 

@@ -24,14 +24,36 @@ local function remove_all(cmd, key, members)
   end
 end
 
+-- The running states of a group's keys (ARGV[from], ARGV[from + 4], ...), read at once.
+local function states_of(from, n)
+  local keys = {}
+  for i = 1, n do keys[i] = ARGV[from + 4 * (i - 1)] end
+  local out = {}
+  for i = 1, n, 4000 do
+    local part = redis.call('HMGET', meta, unpack(keys, i, math.min(i + 3999, n)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- The claim `v` (a meta value) if it is running under `token`, else nil (a stale holder).
+local function held_by(v, token)
+  if not v or string.sub(v, 1, 1) ~= 'R' then return nil end
+  local r = decode(v)
+  if r.token == tonumber(token) then return r end
+  return nil
+end
+
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
 for g = 0, (#KEYS - 3) / 2 - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
   local finished, forgotten = {}, {}
-  for i = pos + 2, pos + 1 + 4 * n, 4 do
+  local states = n > 0 and states_of(pos + 2, n) or {}
+  for j = 1, n do
+    local i = pos + 2 + 4 * (j - 1)
     local key, token = ARGV[i], ARGV[i + 1]
-    local r = not seen[key] and held(meta, key, token)
+    local r = not seen[key] and held_by(states[j], token)
     if r then
       seen[key] = true
       finished[#finished + 1] = key

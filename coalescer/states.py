@@ -1,0 +1,59 @@
+"""A key's state as its shard's meta hash holds it (written by the Lua scripts).
+
+    pending  "FIRST|DUE|LAST|ATTEMPTS"   FIRST in lowercase hex, DUE and LAST as
+             offsets from it; LAST and ATTEMPTS left out while zero (an older
+             "P|FIRST|LAST|ATTEMPTS|DUE" is read too)
+    running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
+    dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
+
+Times are server-clock epoch milliseconds. lua/_lib.lua writes and reads the same forms.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PENDING = re.compile(r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+))?)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A pending key: its burst's first and last touch, tries so far, and due time."""
+
+    first_ms: int
+    last_ms: int
+    attempts: int
+    due_ms: int
+
+
+def kind(value: str | None) -> str:
+    """"pending", "running", "dead", or "idle" (no state)."""
+    if not value:
+        return "idle"
+    return {"R": "running", "D": "dead"}.get(value[0], "pending")
+
+
+def fields(value: str, n: int) -> list[str]:
+    """The first ``n`` fields after the kind letter of a running, dead or older pending state
+    (missing ones empty)."""
+    parts = value[2:].split("|", n - 1)
+    return parts + [""] * (n - len(parts))
+
+
+def _num(text: str) -> int:
+    return int(text) if text.lstrip("-").isdigit() else 0
+
+
+def pending(value: str) -> Pending | None:
+    """A pending state's fields; None when ``value`` is not a readable pending state."""
+    if value.startswith("P|"):
+        first, last, attempts, due = (_num(f) for f in fields(value, 4))
+        return Pending(first_ms=first, last_ms=last, attempts=attempts, due_ms=due)
+    found = _PENDING.fullmatch(value)
+    if found is None:
+        return None
+    first_hex, due_off, last_off, tries = found.groups()
+    start = int(first_hex, 16)
+    return Pending(first_ms=start, last_ms=start + int(last_off or 0),
+                   attempts=int(tries or 0), due_ms=start + int(due_off))
