@@ -5,7 +5,8 @@ round flushes this process's touches, makes every pending key of the coalescer's
 rules due now (``hasten.lua``: windows and retry backoff skipped), re-queues claims
 whose holder died, and claims what is due (``take.lua``: as the leader's poller
 claims, fencing tokens and leases included, but whoever leads the shard) into this
-process's runner, within each rule's concurrency. Touches made by the handlers are
+process's runner, within each rule's concurrency (none waits in process: a key
+not yet started stays pending in Redis). Touches made by the handlers are
 flushed and drained in the next round. It ends once a round finds nothing pending
 or in flight for the coalescer's rules and nothing ran since the round before.
 """
@@ -106,7 +107,7 @@ class Drainer:
 
     async def _take(self, shard: int) -> int:
         runner, rules = self._runner, self._config.rules
-        limits = [runner.reserve(r, MAX_CLAIM) for r in rules]
+        limits = [runner.reserve(r, MAX_CLAIM, queue=False) for r in rules]
         taken = [0] * len(rules)
         try:
             sent = time.time() * 1000

@@ -1,7 +1,12 @@
 """Runs claimed refreshes: per-rule concurrency, timeouts, retries, leases.
 
-Each claim runs as one task; the claims of one rule granted by one claim call
-start together and share one timeout timer. A claim's outcome goes to an outbox that is
+Each claim runs as one task; the claims of one rule that start together share
+one timeout timer. A node holds up to twice a rule's ``concurrency`` claims (at
+most ``MAX_QUEUED`` more): ``concurrency`` of them run, the others wait in
+process for a slot and start the moment one frees, while the poller's next claim
+call is already on its way. Claim calls then overlap with the refreshes instead
+of alternating with them; at most ``concurrency`` refreshes of a rule ever run at
+once on a node. A claim's outcome goes to an outbox that is
 group-committed to Redis (one ack and one fail call per shard). While a claim
 is held (running, or finished but not yet acked) its lease is renewed every
 third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
@@ -15,7 +20,7 @@ import logging
 import random
 import shlex
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,6 +45,7 @@ MAX_ERROR_TEXT = 200
 # commit per batch of 16 cost as many round trips as the claims themselves).
 ACK_GATHER = 0.002
 TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
+MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
 
 
 @dataclass(slots=True)
@@ -50,8 +56,10 @@ class Job:
     rule: Any
     claim: Claim
     renewed: float  # when the lease last began (monotonic clock)
+    clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
     batch: Batch | None = None  # the claims started with it, sharing its timeout timer
     task: asyncio.Task[None] | None = None
+    queued: bool = False  # claimed, waiting in process for a free slot
     timed_out: bool = False
     lost: bool = False
     start_ms: int = 0  # when the handler started, server clock (for the history)
@@ -118,7 +126,9 @@ class Runner:
         self._claim_lease = claim_lease
         self._on_slot_free = on_slot_free
         self._jobs: dict[str, Job] = {}
-        self._active: dict[str, int] = defaultdict(int)  # running + reserved, per rule
+        self._active: dict[str, int] = defaultdict(int)  # held + reserved, per rule
+        self._running: dict[str, int] = defaultdict(int)  # refreshes running, per rule
+        self._queued: dict[str, deque[Job]] = defaultdict(deque)  # claimed, waiting for a slot
         self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
         self._slot_free_due = False
         self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
@@ -132,17 +142,25 @@ class Runner:
 
     # -- claims in -----------------------------------------------------------------
 
-    def free_slots(self, rule: Any) -> int:
-        return max(0, int(rule.concurrency) - self._active[rule.name])
+    @staticmethod
+    def capacity(rule: Any) -> int:
+        """How many claims of ``rule`` a node holds at most: running ones and queued ones."""
+        return int(rule.concurrency) + min(int(rule.concurrency), MAX_QUEUED)
 
-    def reserve(self, rule: Any, most: int) -> int:
+    def free_slots(self, rule: Any) -> int:
+        return max(0, self.capacity(rule) - self._active[rule.name])
+
+    def reserve(self, rule: Any, most: int, *, queue: bool = True) -> int:
         """Take up to ``most`` free slots of ``rule`` for a claim call; returns how many.
 
         Each claimed key then ``start``s in one of them; ``unreserve`` gives back the
         rest. Reserving before the claim call keeps two shards' pollers, claiming at
-        the same time, from both filling the same free slots.
+        the same time, from both filling the same free slots. ``queue=False`` takes
+        only slots a claim can run in at once (none to wait in process).
         """
-        n = min(most, self.free_slots(rule))
+        free = self.free_slots(rule) if queue else max(
+            0, int(rule.concurrency) - self._active[rule.name])
+        n = min(most, free)
         self._active[rule.name] += n
         return n
 
@@ -193,33 +211,62 @@ class Runner:
 
     def start(self, shard: int, rule: Any, claims: Sequence[ClaimedKey],
               clock_offset_ms: float) -> None:
-        """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took."""
+        """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took;
+        those past the rule's ``concurrency`` wait in process for a running one to end."""
         if not claims:
             return
-        loop = asyncio.get_running_loop()
-        create_task, invoke = loop.create_task, self._invokers[rule.name]
-        lags, jobs, name = self._metrics.rule(rule.name).start_lag, self._jobs, rule.name
+        name, jobs = rule.name, self._jobs
         matcher = rule.params if rule.pattern.names else None
-        batch = Batch([], len(claims))
         renewed = time.monotonic()
-        now_ms = time.time() * 1000 + clock_offset_ms
-        start_ms = round(now_ms)
+        fresh = []
         for c in claims:
             claim = Claim(key=c.key, rule=name, params=(matcher(c.key) or {}) if matcher else {},
                           attempt=c.attempt, first_touch_ms=c.first_ms,
                           last_touch_ms=c.last_ms, due_ms=c.due_ms, token=c.token)
-            job = Job(shard, rule, claim, renewed, batch)
-            job.start_ms = start_ms
+            job = Job(shard, rule, claim, renewed, clock_offset_ms)
             jobs[claim.key] = job
-            batch.jobs.append(job)
+            fresh.append(job)
             for recorder in self.recorders:
                 recorder.append(claim)
-            lag = (now_ms - c.due_ms) / 1000
-            lags.observe(lag if lag > 0.0 else 0.0)
-            job.task = create_task(self._run(job, invoke), name=f"refresh {c.key}")
         self._idle_event.clear()
+        now = max(0, min(len(fresh), int(rule.concurrency) - self._running[name]))
+        self._launch(rule, fresh[:now])
+        for job in fresh[now:]:
+            job.queued = True
+        self._queued[name].extend(fresh[now:])
+
+    def _launch(self, rule: Any, jobs: list[Job]) -> None:
+        """Run ``jobs`` (of ``rule``) now, as one batch with one timeout timer."""
+        if not jobs:
+            return
+        loop = asyncio.get_running_loop()
+        create_task, invoke = loop.create_task, self._invokers[rule.name]
+        lags = self._metrics.rule(rule.name).start_lag
+        batch = Batch(jobs, len(jobs))
+        now = time.time() * 1000
+        self._running[rule.name] += len(jobs)
+        for job in jobs:
+            job.batch = batch
+            server_now = now + job.clock_offset_ms
+            job.start_ms = round(server_now)
+            lag = (server_now - job.claim.due_ms) / 1000
+            lags.observe(lag if lag > 0.0 else 0.0)
+            job.task = create_task(self._run(job, invoke), name=f"refresh {job.claim.key}")
         # One timer a batch (far cheaper than a timer, or a timeout block, per refresh).
         batch.timer = loop.call_later(rule.timeout, batch.time_out)
+
+    def _start_queued(self) -> None:
+        """Start queued claims in the slots freed since the last turn of the event loop."""
+        for name, queue in self._queued.items():
+            if not queue:
+                continue
+            rule = queue[0].rule
+            jobs: list[Job] = []
+            while queue and self._running[name] + len(jobs) < int(rule.concurrency):
+                job = queue.popleft()
+                job.queued = False
+                jobs.append(job)
+            self._launch(rule, jobs)
 
     async def _run(self, job: Job, invoke: Invoke) -> None:
         rule, claim = job.rule, job.claim
@@ -293,6 +340,11 @@ class Runner:
         if job.batch is not None:
             job.batch.finished()
             job.batch = None
+        if job.queued:  # never started
+            job.queued = False
+            self._queued[job.rule.name].remove(job)
+        else:
+            self._running[job.rule.name] -= 1
         self._active[job.rule.name] -= 1
         self._slots_freed(job.rule.name)
 
@@ -306,6 +358,7 @@ class Runner:
 
     def _announce_slot_free(self) -> None:
         self._slot_free_due = False
+        self._start_queued()
         self._on_slot_free()
 
     def _check_idle(self) -> None:
@@ -422,7 +475,11 @@ class Runner:
         if job is None:
             return
         job.lost = True
-        if job.task is not None and not job.task.done():
+        if job.queued:
+            log.warning("lost the claim of %s (lease expired, token %d) before it started",
+                        key, job.claim.token)
+            self._drop(job)
+        elif job.task is not None and not job.task.done():
             log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
                         key, job.claim.token)
             job.task.cancel()
@@ -451,6 +508,8 @@ class Runner:
         try:
             await asyncio.wait_for(self._idle_event.wait(), grace)
         except TimeoutError:
+            for job in [j for j in self._jobs.values() if j.queued]:
+                self._drop(job)  # never started: re-run once its claim lease expires
             tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
             log.warning("shutdown: cancelling %s still running after %.1fs; "
                         "they re-run once their claim lease expires",
