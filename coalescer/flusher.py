@@ -62,7 +62,12 @@ def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[
 
 
 def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Any]:
-    return {key: batch[key] for g in groups for key in g.keys}
+    """The groups' keys with their rules (a group's keys share one rule)."""
+    out: dict[str, Any] = {}
+    for g in groups:
+        if g.keys:
+            out.update(dict.fromkeys(g.keys, batch[g.keys[0]]))
+    return out
 
 
 class Flusher:
@@ -218,17 +223,27 @@ class Flusher:
 
     def _groups(self, batch: dict[str, Any]) -> list[tuple[int, list[UpsertGroup]]]:
         rules: dict[str, Any] = {}
+        by_shard = self._by_shard(batch, rules)
+        out = []
+        for shard, keys_by_rule in by_shard.items():
+            for chunk in self._split(rules, keys_by_rule):
+                out.append((shard, chunk))
+        return out
+
+    def _by_shard(self, batch: dict[str, Any],
+                  rules: dict[str, Any]) -> dict[int, dict[str, list[str]]]:
+        """The batch's keys by shard, then by rule name; fills ``rules`` (name -> rule)."""
+        if self._keyspace.shards == 1 and len(set(map(id, batch.values()))) == 1:
+            rule = next(iter(batch.values()))  # one shard, one rule: no per-key step
+            rules[rule.name] = rule
+            return {0: {rule.name: list(batch)}}
         by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         shard_of = self._keyspace.shard_of
         for key, rule in batch.items():
             name = rule.name  # group by name: hashing the frozen Rule per key is slow
             rules[name] = rule
             by_shard[shard_of(key)][name].append(key)
-        out = []
-        for shard, keys_by_rule in by_shard.items():
-            for chunk in self._split(rules, keys_by_rule):
-                out.append((shard, chunk))
-        return out
+        return by_shard
 
     @staticmethod
     def _split(rules: dict[str, Any],
