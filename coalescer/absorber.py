@@ -8,8 +8,11 @@ carries). A key written to Redis is remembered in ``recent`` (recent.py:
 cachetools TTL caches, one per absorb interval, of the keys written in each slice
 of it) for about the rule's ``absorb`` interval; a key touched again while it is
 recent is *held* until then, so a hot key costs at most one Redis write per absorb
-interval. Everything else is sent as
-soon as the flusher is free: writes are group-committed, one Lua call per shard.
+interval. A key touched again while a write of it is still in flight is held
+too, until that write ends (and then for its absorb interval): the flusher keeps a
+few writes in flight at once, and a touch that came after a batch was taken is
+written by a later one. Everything else is sent as soon as the flusher has room
+for another write: writes are group-committed, one Lua call per shard.
 
 A key is checked once, on the touch that brings it into ``pending`` (the same
 place its rule is matched): a key Redis cannot store is refused there. The age of
@@ -34,9 +37,10 @@ Matcher = Callable[[str], Any]  # key -> its Rule; raises UnknownKeyError
 
 class Batch(dict[str, Any]):
     """Keys taken for one write (key -> rule); ``since`` is when the oldest was touched,
-    on the ``time.monotonic()`` clock."""
+    ``taken_at`` when the batch was taken, both on the ``time.monotonic()`` clock."""
 
     since: float
+    taken_at: float
 
 
 class Absorber:
@@ -50,6 +54,7 @@ class Absorber:
         self._pending_since: float | None = None  # oldest touch in ``pending``, about
         self._taken_since: Counter[float] = Counter()  # a batch's stamp -> keys unfinished
         self._recent = RecentWrites(max_keys=max_keys)
+        self._writing: list[Batch] = []  # batches taken and not yet finished (see finished)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
         self.idle = True
@@ -117,7 +122,8 @@ class Absorber:
         """Remove and return the keys ready to write (all of them with ``everything``)."""
         with self._lock:
             ready = Batch()
-            ready.since = self._pending_since or time.monotonic()
+            ready.taken_at = time.monotonic()
+            ready.since = self._pending_since or ready.taken_at
             if everything:
                 ready.update(self._pending)
                 self._pending = {}
@@ -127,35 +133,51 @@ class Absorber:
             if ready:
                 self._taken += len(ready)
                 self._taken_since[ready.since] += len(ready)
+                self._writing.append(ready)
             return ready
 
-    def _split_ready(self, ready: Batch) -> tuple[dict[str, Any], float | None]:
-        """Move the keys that are not held into ``ready``; the held keys and their stamp.
+    def finished(self, batch: Batch) -> None:
+        """The write of ``batch`` is over (each key written, given back or discarded):
+        its keys are no longer held for being in flight. Idempotent."""
+        self._writing = [b for b in self._writing if b is not batch]
 
-        A held key was touched after its last write was taken, so no earlier than
-        about when that write ended (its ``recent`` expiry minus its ``absorb``).
-        """
-        expiries = self._recent.expiries(self._pending)
-        if not expiries:
+    def _split_ready(self, ready: Batch) -> tuple[dict[str, Any], float | None]:
+        """Move the keys that are not held into ``ready``; the held keys and their stamp."""
+        holds = self._holds(self._pending)
+        if not holds:
             ready.update(self._pending)
             return {}, None
         held: dict[str, Any] = {}
-        since: float | None = None
         for key, rule in self._pending.items():
-            expiry = expiries.get(key)
-            if expiry is None:
+            if key in holds:
+                held[key] = rule
+            else:
                 ready[key] = rule
-                continue
-            held[key] = rule
-            written_at = expiry - rule.absorb
-            since = written_at if since is None else min(since, written_at)
-        if since is not None and self._pending_since is not None:
+        since = min(holds.values())
+        if self._pending_since is not None:
             since = max(since, self._pending_since)
         return held, since
 
+    def _holds(self, keys: Mapping[str, Any]) -> dict[str, float]:
+        """The keys of ``keys`` to hold, each with the earliest its touch can have been.
+
+        A key being written was touched after its batch was taken; a key written
+        lately, no earlier than about when that write ended (its ``recent`` expiry
+        minus its ``absorb``).
+        """
+        holds = {key: batch.taken_at for batch in reversed(self._writing)  # earliest wins
+                 for key in batch.keys() & keys.keys()}
+        for key, expiry in self._recent.expiries(keys).items():
+            if key not in holds:
+                holds[key] = expiry - keys[key].absorb
+        return holds
+
     def _finish(self, batch: Mapping[str, Any], since: float | None) -> None:
-        """Account for keys of a taken batch that are no longer being written."""
+        """Account for keys of a taken batch that are no longer being written (the
+        batch itself, as taken, is then finished)."""
         self._taken -= len(batch)
+        if isinstance(batch, Batch):
+            self.finished(batch)
         stamp = since if since is not None else getattr(batch, "since", None)
         if stamp is None:
             return
@@ -201,12 +223,15 @@ class Absorber:
         return min(stamps) if stamps else None
 
     def next_ready_in(self) -> float | None:
-        """Seconds until a held key may be written, or None when none is held."""
+        """Seconds until a held key may be written, or None when none is held or every
+        held key waits for a write in flight to end."""
         with self._lock:
             if not self._pending:
                 return None
             pending = dict(self._pending)
+        writing = {key for batch in self._writing for key in batch.keys() & pending.keys()}
         expiries = self._recent.expiries(pending)
-        if len(expiries) < len(pending):
-            return 0.0
-        return max(0.0, min(expiries.values()) - time.monotonic())
+        waits = [expiries.get(key, 0.0) for key in pending if key not in writing]
+        if not waits:
+            return None
+        return max(0.0, min(waits) - time.monotonic())

@@ -1,5 +1,10 @@
 """The flusher: writes the absorber's batches to Redis, one Lua call per shard.
 
+Up to ``MAX_IN_FLIGHT`` writes are in flight at once: the next batch is taken and
+encoded while Redis runs the previous one, so neither side waits for the other.
+A key touched again while a write of it is in flight is held by the absorber until
+that write ends, and written by a later one.
+
 A write that fails for a transient reason (see failures.py) is given back and
 retried with backoff, losing nothing. A write that fails for good is split in
 halves until the keys Redis refuses are found: those are dropped (logged once
@@ -27,6 +32,7 @@ from .wording import plural
 
 log = logging.getLogger(__name__)
 
+MAX_IN_FLIGHT = 2  # writes of the background loop in flight at once
 MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis time)
 IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
@@ -56,7 +62,12 @@ def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[
 
 
 def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Any]:
-    return {key: batch[key] for g in groups for key in g.keys}
+    """The groups' keys with their rules (a group's keys share one rule)."""
+    out: dict[str, Any] = {}
+    for g in groups:
+        if g.keys:
+            out.update(dict.fromkeys(g.keys, batch[g.keys[0]]))
+    return out
 
 
 class Flusher:
@@ -69,7 +80,8 @@ class Flusher:
         self._keyspace = keyspace
         self._metrics = metrics
         self._event = asyncio.Event()
-        self._writes: set[asyncio.Task[None]] = set()
+        self._writes: set[asyncio.Task[None]] = set()  # every write not yet finished
+        self._running: dict[asyncio.Task[None], int] = {}  # the loop's writes -> their keys
         self._loop = asyncio.get_running_loop()
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
         absorber.set_waker(self._wake)
@@ -88,6 +100,7 @@ class Flusher:
         """The background loop: survives Redis errors, backs off, loses nothing."""
         backoff = Backoff()
         while True:
+            await self._reap(backoff)
             self._event.clear()
             self._absorber.idle = True
             batch = self._absorber.take()
@@ -95,14 +108,35 @@ class Flusher:
                 await self._sleep()
                 continue
             self._absorber.idle = False
-            try:
-                await self._write(batch)
+            self._running[self._start(batch)] = len(batch)
+
+    async def _reap(self, backoff: Backoff) -> None:
+        """Wait for room for another write; after a failed one, back off first."""
+        if len(self._running) >= MAX_IN_FLIGHT:
+            await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+        failed: tuple[int, BaseException] | None = None
+        for task in [t for t in self._running if t.done()]:
+            n = self._running.pop(task)
+            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+            if exc is None:
                 backoff.reset()
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("flusher").inc()
-                backoff.log(log, "flusher: %s not written yet, will retry: %r",
-                            plural(len(batch), "key"), exc)
-                await asyncio.sleep(backoff.next())
+            else:
+                failed = (n, exc)
+        if failed is not None:  # Redis down, or a bug: the loop goes on (logged once)
+            self._metrics.redis_errors.labels("flusher").inc()
+            backoff.log(log, "flusher: %s not written yet, will retry: %r",
+                        plural(failed[0], "key"), failed[1])
+            await asyncio.sleep(backoff.next())
+
+    def _start(self, batch: Batch) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._send(batch))
+        self._writes.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        self._event.set()  # keys held while it was in flight may be ready; room for a write
 
     async def _sleep(self) -> None:
         wait = self._absorber.next_ready_in()
@@ -120,17 +154,15 @@ class Flusher:
             await asyncio.gather(*earlier)
 
     async def _write(self, batch: Batch) -> None:
-        task = asyncio.ensure_future(self._send(batch))
-        self._writes.add(task)
-        try:
-            await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._writes.discard(task)
-            else:
-                task.add_done_callback(self._writes.discard)
+        await asyncio.shield(self._start(batch))
 
     async def _send(self, batch: Batch) -> None:
+        try:
+            await self._send_groups(batch)
+        finally:
+            self._absorber.finished(batch)
+
+    async def _send_groups(self, batch: Batch) -> None:
         try:
             parts = self._groups(batch)
         except BaseException:
@@ -191,17 +223,27 @@ class Flusher:
 
     def _groups(self, batch: dict[str, Any]) -> list[tuple[int, list[UpsertGroup]]]:
         rules: dict[str, Any] = {}
+        by_shard = self._by_shard(batch, rules)
+        out = []
+        for shard, keys_by_rule in by_shard.items():
+            for chunk in self._split(rules, keys_by_rule):
+                out.append((shard, chunk))
+        return out
+
+    def _by_shard(self, batch: dict[str, Any],
+                  rules: dict[str, Any]) -> dict[int, dict[str, list[str]]]:
+        """The batch's keys by shard, then by rule name; fills ``rules`` (name -> rule)."""
+        if self._keyspace.shards == 1 and len(set(map(id, batch.values()))) == 1:
+            rule = next(iter(batch.values()))  # one shard, one rule: no per-key step
+            rules[rule.name] = rule
+            return {0: {rule.name: list(batch)}}
         by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         shard_of = self._keyspace.shard_of
         for key, rule in batch.items():
             name = rule.name  # group by name: hashing the frozen Rule per key is slow
             rules[name] = rule
             by_shard[shard_of(key)][name].append(key)
-        out = []
-        for shard, keys_by_rule in by_shard.items():
-            for chunk in self._split(rules, keys_by_rule):
-                out.append((shard, chunk))
-        return out
+        return by_shard
 
     @staticmethod
     def _split(rules: dict[str, Any],

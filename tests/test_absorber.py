@@ -199,3 +199,30 @@ def test_keys_of_rules_with_different_absorb_intervals_are_held_each_for_its_own
     assert set(expiries) == {"fast:1", "slow:1"}  # slow:3 was never written
     assert expiries["slow:1"] - expiries["fast:1"] == pytest.approx(SLOW.absorb - FAST.absorb,
                                                                       abs=0.01)
+
+
+def test_a_key_touched_while_its_write_is_in_flight_is_held_until_that_write_ends() -> None:
+    a, _ = make()
+    a.touch("fast:1")
+    first = a.take()
+    a.touch("fast:1")  # re-touched while ``first`` is being written
+    a.touch("fast:2")
+    assert a.take() == {"fast:2": FAST}  # another write may go meanwhile, not of fast:1
+    assert a.take() == {} and a.next_ready_in() is None  # it waits for the write to end
+    assert len(a) == 3
+
+    a.written(dict(first), first.since)  # a part of the batch, as the flusher reports it
+    assert a.take() == {}  # still in flight until the batch is finished
+    a.finished(first)
+    wait = a.next_ready_in()  # now recent: held for its absorb interval, then written
+    assert wait is not None and 0.0 < wait <= FAST.absorb
+    assert poll_until(a.take, timeout=2.0, message="fast:1 released") == {"fast:1": FAST}
+
+
+def test_a_key_given_back_while_retouched_is_written_once_its_batch_is_finished() -> None:
+    a, _ = make()
+    a.touch("fast:1")
+    batch = a.take()
+    a.touch("fast:1")
+    a.give_back(batch)  # the write failed: nothing is held any more, nothing lost
+    assert a.take() == {"fast:1": FAST}

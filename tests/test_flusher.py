@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from servers import ValkeyProcess, wait_until
 
@@ -262,3 +263,130 @@ async def test_shards_spread_keys_and_every_key_carries_its_shard_hash_tag(
         slots.setdefault(tags[0], set()).add(key_slot(name.encode()))
     assert sorted(slots) == [0, 1, 2, 3]
     assert all(len(s) == 1 for s in slots.values())  # one cluster slot per shard
+
+
+# -- writes in flight ------------------------------------------------------------------------
+
+
+class Gate:
+    """Stands between the flusher and Redis: logs each upsert call's start and end
+    (with its keys) and holds the calls with a ``blocked`` key until ``release()``;
+    ``after`` holds them once Redis has run them instead of before. While ``error`` is
+    set, a held call raises it instead of reaching Redis."""
+
+    def __init__(self, c: Coalescer, monkeypatch: pytest.MonkeyPatch, *blocked: str,
+                 after: bool = False) -> None:
+        scripts = c._flusher._scripts  # type: ignore[union-attr]
+        self._real = scripts.upsert_keys
+        self.blocked = set(blocked)
+        self.after = after
+        self.error: BaseException | None = None
+        self.log: list[tuple[str, frozenset[str]]] = []
+        self._open = asyncio.Event()
+        monkeypatch.setattr(scripts, "upsert_keys", self._upsert_keys)
+
+    def release(self) -> None:
+        self._open.set()
+
+    def started(self, key: str) -> list[int]:
+        """Where the calls with ``key`` started in the log."""
+        return [i for i, (what, keys) in enumerate(self.log) if what == "start" and key in keys]
+
+    def ended(self, key: str) -> list[int]:
+        return [i for i, (what, keys) in enumerate(self.log) if what == "end" and key in keys]
+
+    async def _upsert_keys(self, shard: Any, groups: Any) -> Any:
+        keys = frozenset(k for g in groups for k in g.keys)
+        self.log.append(("start", keys))
+        try:
+            held = bool(keys & self.blocked)
+            if held and not self.after:
+                await self._open.wait()
+                if self.error is not None:
+                    raise self.error
+            result = await self._real(shard, groups)
+            if held and self.after:
+                await self._open.wait()
+            return result
+        finally:
+            self.log.append(("end", keys))
+
+
+def last_touch_ms(state: str | None) -> int:
+    """LAST of a pending key's state "P|FIRST|LAST|ATTEMPTS|DUE"."""
+    assert state is not None and state.startswith("P|"), state
+    return int(state.split("|")[2])
+
+
+async def test_a_key_touched_while_its_write_is_in_flight_is_written_after_that_write(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await make(redis_url, absorb="20ms")
+    meta = c.keyspace.shard(0).meta
+    gate = Gate(c, monkeypatch, "stats:1", after=True)  # Redis runs it; the answer waits
+    c.touch("stats:1")
+    await wait_until(lambda: redis_client.hget(meta, "stats:1"), message="first write run")
+    first = last_touch_ms(await redis_client.hget(meta, "stats:1"))
+    await wait_until(lambda: _later(redis_client, first), message="the server clock to move on")
+    retouched = await server_ms(redis_client)
+    c.touch("stats:1")  # its write is still in flight
+    c.touch("stats:2")
+    await wait_until(lambda: gate.ended("stats:2"), message="stats:2 written meanwhile")
+    assert len(gate.started("stats:1")) == 1  # held: not written twice at once
+
+    gate.release()
+    await wait_until(lambda: len(gate.ended("stats:1")) == 2, message="the re-touch written")
+    assert gate.started("stats:1")[1] > gate.ended("stats:1")[0]
+    assert last_touch_ms(await redis_client.hget(meta, "stats:1")) >= retouched
+    assert len(c._absorber) == 0
+
+
+async def _later(client: redis.asyncio.Redis, ms: int) -> bool:
+    return await server_ms(client) > ms
+
+
+async def test_flush_waits_for_both_writes_in_flight(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await make(redis_url)
+    due_key = c.keyspace.shard(0).due("stats")
+    gate = Gate(c, monkeypatch, "stats:a", "stats:b")
+    c.touch("stats:a")
+    await wait_until(lambda: gate.started("stats:a"), message="stats:a in flight")
+    c.touch("stats:b")
+    await wait_until(lambda: gate.started("stats:b"), message="stats:b in flight")
+    assert not set(gate.started("stats:a")) & set(gate.started("stats:b"))  # two writes
+
+    c.touch("stats:c")
+    flush = asyncio.ensure_future(c.flush())
+    await wait_until(lambda: gate.ended("stats:c"), message="flush() to write stats:c")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not flush.done()  # stats:a and stats:b are not in Redis yet
+    assert await redis_client.zcard(due_key) == 1
+
+    gate.release()
+    await flush
+    assert set(await redis_client.zrange(due_key, 0, -1)) == {"stats:a", "stats:b", "stats:c"}
+
+
+async def test_a_transient_error_with_two_writes_in_flight_loses_nothing(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await make(redis_url)
+    due_key = c.keyspace.shard(0).due("stats")
+    gate = Gate(c, monkeypatch, "stats:a", "stats:b")
+    gate.error = RedisConnectionError("injected")
+    c.touch("stats:a")
+    await wait_until(lambda: gate.started("stats:a"), message="stats:a in flight")
+    c.touch("stats:b")
+    await wait_until(lambda: gate.started("stats:b"), message="stats:b in flight")
+
+    gate.release()  # both fail: their keys are given back, and retried
+    await wait_until(lambda: (c.metrics.registry.get_sample_value(
+        "coalescer_redis_errors_total", {"loop": "flusher"}) or 0) >= 1,
+        message="the flusher to meet the error")
+    gate.error = None
+    await wait_until(lambda: len(c._absorber) == 0, message="every key written")
+    assert set(await redis_client.zrange(due_key, 0, -1)) == {"stats:a", "stats:b"}
+    assert len(gate.started("stats:a")) >= 2 and len(gate.started("stats:b")) >= 2

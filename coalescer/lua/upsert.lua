@@ -76,6 +76,7 @@ local function each_chunk(cmd, key, items)
 end
 
 local function read_states(keys)
+  if #keys <= CHUNK then return redis.call('HMGET', meta, unpack(keys)) end
   local vals = {}
   for i = 1, #keys, CHUNK do
     local part = redis.call('HMGET', meta, unpack(keys, i, math.min(i + CHUNK - 1, #keys)))
@@ -88,10 +89,12 @@ end
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
 local function plan(keys, vals, window, max_wait, guarded, failed)
-  local p = {states = {}, adds = {}, revived = {}, count = 0}
-  local fresh = pending(now, now, 0, now + window)
-  for i, key in ipairs(keys) do
-    local v, state, due, ok = vals[i], fresh, now + window, true
+  local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
+  local p = {states = states, adds = adds, revived = {}, count = 0}
+  local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
+  for i = 1, #keys do
+    local key, v = keys[i], vals[i]
+    local state, due, ok = fresh, fresh_due, true
     if v then
       if guarded then
         ok, state, due = pcall(retouch, v, window, max_wait)
@@ -101,13 +104,17 @@ local function plan(keys, vals, window, max_wait, guarded, failed)
       if due then p.revived[#p.revived + 1] = key end
     end
     if ok then
-      p.states[#p.states + 1], p.states[#p.states + 2] = key, state
-      if due then p.adds[#p.adds + 1], p.adds[#p.adds + 2] = due, key end
-      p.count = p.count + 1
+      states[ns + 1], states[ns + 2] = key, state
+      ns = ns + 2
+      if due then
+        adds[na + 1], adds[na + 2] = due, key
+        na = na + 2
+      end
     else
       failed[#failed + 1], failed[#failed + 2] = key, key_error(state)
     end
   end
+  p.count = ns / 2
   return p
 end
 
