@@ -207,10 +207,11 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def commandstats(client: redis.Redis) -> dict[str, int]:
-    """Calls per command since the last CONFIG RESETSTAT (script-internal calls included)."""
+def commandstats(client: redis.Redis, field: str = "calls") -> dict[str, int]:
+    """Calls (or ``field="usec"``: microseconds spent) per command since the last CONFIG
+    RESETSTAT, script-internal calls included."""
     stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return {name.removeprefix("cmdstat_"): int(v[field]) for name, v in stats.items()}
 
 
 def calls_delta(before: dict[str, int], after: dict[str, int],
