@@ -10,6 +10,7 @@ bounded in count and in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -28,13 +29,24 @@ from typing import Any
 from redis.asyncio import Redis
 
 from coalescer import BackpressureError, Coalescer, Config
+from coalescer.connection import connect
 from coalescer.keys import KeySpace
 from coalescer.scripts import Scripts, UpsertGroup
 
 from . import probe
 from .baseline import Baseline
 from .probe import REC
-from .valkey import MonitorCounter, Server, calls_delta, commandstats, server_cpu, used_memory
+from .valkey import (
+    Cluster,
+    MonitorCounter,
+    Server,
+    calls_delta,
+    commandstats,
+    free_port,
+    server_cpu,
+    start_cluster,
+    used_memory,
+)
 
 NS = "bench"
 RULE = "r"
@@ -235,23 +247,94 @@ def percentiles(values: list[float], censored: list[float] | None = None) -> dic
 
 
 class CpuMeter:
-    """CPU seconds used by this process and by the server over a span."""
+    """CPU used over a span by Python and by Redis, for the CPU-per-item section.
 
-    def __init__(self, server: Server) -> None:
-        self._client = server.client()
-        self._p0 = self._own()
-        self._s0 = server_cpu(self._client)
+    Python: this process (getrusage), or with ``pid`` that process and its children
+    (from /proc: a ``run --processes N`` group). Redis: INFO cpu (used_cpu_user +
+    used_cpu_sys of the server process) and INFO commandstats ``usec`` (time inside
+    commands, scripts included; INFO and CONFIG left out), summed over ``servers``
+    (a cluster's masters).
+    """
 
-    @staticmethod
-    def _own() -> float:
+    def __init__(self, *servers: Server, pid: int | None = None) -> None:
+        self._clients = [s.client() for s in servers]
+        self._pid = pid
+        self._p0 = self._python()
+        self._s0 = self._server()
+        self._u0 = self._usec()
+        self._m0 = machine_cpu()
+
+    def _python(self) -> float:
+        if self._pid is not None:
+            return process_tree_cpu(self._pid)
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
 
-    def done(self, wall: float) -> dict[str, float]:
-        out = {"python_cpu_s": self._own() - self._p0,
-               "redis_cpu_s": server_cpu(self._client) - self._s0, "wall_s": wall}
-        self._client.close()
-        return out
+    def _server(self) -> float:
+        return sum(server_cpu(c) for c in self._clients)
+
+    def _usec(self) -> dict[str, int]:
+        total: dict[str, int] = defaultdict(int)
+        for c in self._clients:
+            for name, usec in commandstats(c, "usec").items():
+                total[name] += usec
+        return total
+
+    def done(self, wall: float, items: int) -> dict[str, Any]:
+        """The span's CPU seconds, and per item (a touch, a refresh) in microseconds."""
+        python, redis_cpu = self._python() - self._p0, self._server() - self._s0
+        usec = calls_delta(self._u0, self._usec())
+        busy, steal = (b - a for a, b in zip(self._m0, machine_cpu(), strict=True))
+        for c in self._clients:
+            c.close()
+        per = 1e6 / max(1, items)
+        # A call made inside a script counts in commandstats twice: under its own name and
+        # inside EVALSHA's time. So where scripts ran, their time is the command time.
+        scripts = sum(usec.get(name, 0) for name in SCRIPT_COMMANDS)
+        command_us = scripts or sum(usec.values())
+        return {"python_cpu_s": python, "redis_cpu_s": redis_cpu, "wall_s": wall,
+                "redis_usec_by_command": usec, "servers": len(self._clients), "items": items,
+                "machine_cpu_s": busy, "machine_steal_s": steal,
+                "other_cpu_s": max(0.0, busy - python - redis_cpu),
+                "redis_command_s": command_us / 1e6,
+                "redis_command_source": "scripts" if scripts else "all commands",
+                "python_us_per_item": python * per, "redis_cpu_us_per_item": redis_cpu * per,
+                "redis_command_us_per_item": command_us / max(1, items)}
+
+
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds the whole machine has been busy (every core, every process), and stolen
+    by the hypervisor (Linux /proc/stat; zeros elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0, 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, (0, 0.0))[1]
+        todo += [child for child, (parent, _) in stats.items() if parent == p]
+    return total
 
 
 # -- G1: lost updates -----------------------------------------------------------------------
@@ -354,6 +437,7 @@ async def hot_key_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
         touch = c.touch
         c.touch(HOT_KEY)
         await c.flush()
+        cpu = CpuMeter(server)
         t0 = time.perf_counter()
         for _ in range(rounds):
             for _ in range(chunk):
@@ -361,7 +445,9 @@ async def hot_key_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
             await asyncio.sleep(0)  # the flusher runs between chunks
         dt = time.perf_counter() - t0
         await c.flush()
-    return {"calls": rounds * chunk, "seconds": dt, "per_second": rounds * chunk / dt}
+        used = cpu.done(time.perf_counter() - t0, rounds * chunk)
+    return {"calls": rounds * chunk, "seconds": dt, "per_second": rounds * chunk / dt,
+            "cpu": used}
 
 
 async def hot_key_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
@@ -400,17 +486,21 @@ async def _touch_distinct(c: Coalescer, keys: list[str]) -> int:
 async def distinct_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
     keys = [key(i) for i in range(sizes.distinct)]
     async with coalescer(server, False, window="1h", max_wait="2h") as c:
-        cpu = CpuMeter(server)
-        t0 = time.perf_counter()
-        refused = await _touch_distinct(c, keys)
-        t_touched = time.perf_counter() - t0
-        await c.flush()
-        dt = time.perf_counter() - t0
-        used = cpu.done(dt)
-        held = await c.redis.zcard(SHARD.due(RULE))
+        out = await _distinct_into(c, keys, CpuMeter(server))
+        out["redis_holds"] = await c.redis.zcard(SHARD.due(RULE))
+    return out
+
+
+async def _distinct_into(c: Coalescer, keys: list[str], cpu: CpuMeter) -> dict[str, Any]:
+    """Touch never-seen ``keys`` once each from one loop, then flush: the rate, and CPU."""
+    t0 = time.perf_counter()
+    refused = await _touch_distinct(c, keys)
+    t_touched = time.perf_counter() - t0
+    await c.flush()
+    dt = time.perf_counter() - t0
     return {"keys": len(keys), "seconds": dt, "per_second": len(keys) / dt,
             "touch_loop_seconds": t_touched, "backpressure_refusals": refused,
-            "redis_holds": held, "cpu": used}
+            "cpu": cpu.done(dt, len(keys))}
 
 
 async def _baseline_writers(b: Baseline, keys: list[str], writers: int) -> None:
@@ -430,7 +520,7 @@ async def distinct_baseline(server: Server, sizes: Sizes, writers: int = 1) -> d
         t0 = time.perf_counter()
         await _baseline_writers(b, keys, writers)
         dt = time.perf_counter() - t0
-        used = cpu.done(dt)
+        used = cpu.done(dt, len(keys))
         held = await b.redis.zcard(b.zset)
     return {"keys": len(keys), "seconds": dt, "per_second": len(keys) / dt,
             "redis_holds": held, "writers": writers, "cpu": used}
@@ -571,15 +661,17 @@ async def drain_coalescer(server: Server, sizes: Sizes,
     sync = server.client()
     before = commandstats(sync)
     t_start = time.time()
-    cpu = CpuMeter(server)
     async with coalescer(server, True, **kw) as c:
         deadline = time.monotonic() + 120
+        while REC.count == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        cpu, counted, t_cpu = CpuMeter(server), REC.count, time.time()  # the start-up left out
         while REC.count < n and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         t_started = time.time()
         await settle(coalescer_settled(c), timeout=30, stable=0.0)
         t_acked = time.time()
-        used = cpu.done(t_acked - t_start)
+        used = cpu.done(t_acked - t_cpu, n - counted)
         scheduled = await coalescer_scheduled(c.redis)
         after = commandstats(sync)
     sync.close()
@@ -983,64 +1075,165 @@ async def drain_processes(server: Server, sizes: Sizes, tmp: Path,
     (flushed between), no-op handler, tuned concurrency; ``ratio``: the last N over the first."""
     folder = tmp / "processes"
     folder.mkdir(parents=True, exist_ok=True)
-    kw: dict[str, Any] = {"window": PROCESS_WINDOW, "max_wait": "10s",
-                          "concurrency": sizes.drain_concurrency, "shards": PROCESS_SHARDS,
-                          "handler": "bench.probe:noop"}
     rules = folder / "rules.yaml"
-    rules.write_text(rules_text(**kw))
+    rules.write_text(rules_text(window=PROCESS_WINDOW, max_wait="10s",
+                                concurrency=sizes.drain_concurrency, shards=PROCESS_SHARDS,
+                                handler="bench.probe:noop"))
     out: dict[str, Any] = {"keys": sizes.drain_keys, "shards": PROCESS_SHARDS,
                            "concurrency": sizes.drain_concurrency}
     for n in counts:
-        await asyncio.to_thread(_flushall, server)
-        out[f"processes_{n}"] = await _drain_with(server, sizes, rules, n)
+        await asyncio.to_thread(_flushall, [server])
+        out[f"processes_{n}"] = await _drain_with([server], sizes.drain_keys, rules, n,
+                                                  shards=PROCESS_SHARDS)
     first, last = out[f"processes_{counts[0]}"], out[f"processes_{counts[-1]}"]
     out["per_second"] = last["per_second"]
     out["ratio"] = last["per_second"] / first["per_second"]
     return out
 
 
-def _flushall(server: Server) -> None:
-    with server.client() as c:
-        c.flushall()
+def _flushall(masters: list[Server]) -> None:
+    for server in masters:
+        with server.client() as c:
+            c.flushall()
 
 
-async def _drain_with(server: Server, sizes: Sizes, rules: Path, n: int) -> dict[str, Any]:
+async def _drain_with(masters: list[Server], n_keys: int, rules: Path, n: int, *, shards: int,
+                      refresh_log: Path | None = None) -> dict[str, Any]:
+    """``coalescer run --processes n`` on ``masters`` (one server, or a cluster's masters),
+    once every shard is led: ``n_keys`` keys touched by a write-only coalescer, then the
+    time until none is pending or in flight; with ``refresh_log`` (the rules' handler is
+    ``bench.probe:buffered``) also the lost updates."""
     folder = rules.parent
-    space = KeySpace(NS, PROCESS_SHARDS)
+    space = KeySpace(NS, shards)
     exe = str(Path(sys.executable).parent / "coalescer")
     proc = _spawn([exe, "run", "--processes", str(n), "--rules", str(rules), "--redis",
-                   server.url, "--http", "off", "--node-id", f"p{n}", "--grace", "5"],
-                  folder / "unused.log", folder / f"processes-{n}.out")
-    r = Redis.from_url(server.url, decode_responses=True)
+                   masters[0].url, "--http", "off", "--node-id", f"p{n}", "--grace", "5"],
+                  refresh_log or folder / "unused.log", folder / f"processes-{n}.out")
+    conn = await connect(masters[0].url)  # a RedisCluster client on a cluster
+    r = conn.client
     try:
-        async def leaders() -> bool:
-            held = await asyncio.gather(*(r.get(sk.leader) for sk in space.all_shards()))
-            return len({str(h).split("|", 1)[-1] for h in held if h}) == n and all(held)
-        await _wait_for(leaders, 60, f"{n} processes leading the shards")
-        keys = [key(i) for i in range(sizes.drain_keys)]
+        t_spawn = time.time()
+        leads = await _wait_led(r, space, n)
+        lead_wait = time.time() - t_spawn
+        keys = [key(i) for i in range(n_keys)]
         t0 = time.time()
-        async with Coalescer.from_yaml(rules, redis_url=server.url, worker=False) as w:
+        async with Coalescer.from_yaml(rules, redis_url=masters[0].url, worker=False) as w:
             await _touch_distinct(w, keys)
             await w.flush()
-        load_s = time.time() - t0
-
-        async def left() -> int:
-            shards = space.all_shards()
-            counts = await asyncio.gather(*(r.zcard(sk.due(RULE)) for sk in shards),
-                                          *(r.zcard(sk.inflight(RULE)) for sk in shards))
-            return sum(counts)
-        total = len(keys)
-        deadline = time.monotonic() + 120
-        while await left() >= total and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        t_first = time.time()
-        while await left() > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        t_done = time.time()
-        remaining = await left()
+        t_loaded = time.time()
+        out = await _time_drain(r, space, len(keys), lambda: CpuMeter(*masters, pid=proc.pid))
+        scheduled = await _scheduled(r, space) if refresh_log else set()
     finally:
-        await r.aclose()
+        await conn.close()
         _stop(proc)
-    return {"processes": n, "per_second": (total - remaining) / max(1e-9, t_done - t_first),
-            "drain_seconds": t_done - t_first, "not_drained": remaining, "load_seconds": load_s,
-            "exit_code": proc.returncode}
+    out.update(processes=n, load_seconds=t_loaded - t0, exit_code=proc.returncode,
+               leads=leads, start_to_led_seconds=lead_wait)
+    if refresh_log is not None:
+        logs = sorted(refresh_log.parent.glob(f"{refresh_log.name}.*"))
+        starts, per_key = _log_starts(logs)
+        out["g1"] = lost_updates({k: [t_loaded] for k in keys}, starts, scheduled, per_key)
+    return out
+
+
+async def _wait_led(r: Any, space: KeySpace, n: int) -> dict[str, int]:
+    """Wait until every shard is led by one of ``n`` distinct holders (60 s), then up to
+    20 s more until they hold as even a share as they can (a process that took every shard
+    hands one back about every half lease); the shards each leads."""
+    async def held() -> dict[str, int]:
+        values = await asyncio.gather(*(r.get(sk.leader) for sk in space.all_shards()))
+        counts: dict[str, int] = defaultdict(int)
+        for v in values:
+            counts[str(v).split("|", 1)[-1] if v else ""] += 1
+        return counts
+
+    async def led() -> bool:
+        counts = await held()
+        return "" not in counts and len(counts) == n
+    await _wait_for(led, 60, f"{n} processes leading the shards")
+
+    async def even() -> bool:
+        counts = await held()
+        return "" not in counts and max(counts.values()) <= math.ceil(space.shards / n)
+    with contextlib.suppress(RuntimeError):  # uneven: measured as it is, the leads recorded
+        await _wait_for(even, 20, "an even share of the shards")
+    return dict(await held())
+
+
+async def _time_drain(r: Any, space: KeySpace, total: int,
+                      meter: Callable[[], CpuMeter]) -> dict[str, Any]:
+    """From the first key acked to none pending or in flight (bounded: 120 s); the CPU
+    used meanwhile."""
+    async def left() -> int:
+        shards = space.all_shards()
+        counts = await asyncio.gather(*(r.zcard(sk.due(RULE)) for sk in shards),
+                                      *(r.zcard(sk.inflight(RULE)) for sk in shards))
+        return sum(counts)
+    deadline = time.monotonic() + 120
+    while await left() >= total and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    t_first = time.time()
+    cpu = meter()
+    while await left() > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    t_done = time.time()
+    remaining = await left()
+    return {"per_second": (total - remaining) / max(1e-9, t_done - t_first),
+            "drain_seconds": t_done - t_first, "not_drained": remaining,
+            "cpu": cpu.done(t_done - t_first, total - remaining)}
+
+
+async def _scheduled(r: Any, space: KeySpace) -> set[str]:
+    keys: set[str] = set()
+    for sk in space.all_shards():
+        for zset in (sk.due(RULE), sk.inflight(RULE)):
+            keys.update(str(k) for k in await r.zrange(zset, 0, -1))
+    return keys
+
+
+# -- a 3-master Redis Cluster ----------------------------------------------------------------
+
+
+CLUSTER_MASTERS = 3
+CLUSTER_SHARDS = 16  # each shard's keys share one slot (hash tag); the shards spread over masters
+CLUSTER_PROCESSES = 2
+
+
+async def cluster_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    """On a local 3-master Cluster (started here; ``server`` is not used): distinct keys/s
+    from one writer process, then the drain of ``run --processes 2`` at the default and at
+    the tuned concurrency, with lost updates."""
+    folder = tmp / f"cluster-{free_port()}"
+    with start_cluster(folder / "servers", CLUSTER_MASTERS) as cluster:
+        out: dict[str, Any] = {"masters": CLUSTER_MASTERS, "shards": CLUSTER_SHARDS,
+                               "processes": CLUSTER_PROCESSES}
+        out["distinct"] = await _cluster_distinct(cluster, sizes.distinct)
+        for name, conc in (("drain_default", DEFAULT_CONCURRENCY),
+                           ("drain", sizes.drain_concurrency)):
+            await asyncio.to_thread(_flushall, cluster.nodes)
+            run = folder / name
+            run.mkdir(parents=True)
+            rules = run / "rules.yaml"
+            rules.write_text(rules_text(window=PROCESS_WINDOW, max_wait="10s", concurrency=conc,
+                                        shards=CLUSTER_SHARDS, handler="bench.probe:buffered"))
+            out[name] = await _drain_with(cluster.nodes, sizes.drain_keys, rules,
+                                          CLUSTER_PROCESSES, shards=CLUSTER_SHARDS,
+                                          refresh_log=run / "refresh.log")
+            out[name]["concurrency"] = conc
+    return out
+
+
+async def _cluster_distinct(cluster: Cluster, n: int) -> dict[str, Any]:
+    keys = [key(i) for i in range(n)]
+    cfg = config(window="1h", max_wait="2h", shards=CLUSTER_SHARDS)
+    async with Coalescer(cfg, redis_url=cluster.url, worker=False, node_id="bench-node") as c:
+        out = await _distinct_into(c, keys, CpuMeter(*cluster.nodes))
+        space = KeySpace(NS, CLUSTER_SHARDS)
+        held = await asyncio.gather(*(c.redis.zcard(sk.due(RULE)) for sk in space.all_shards()))
+        out["redis_holds"] = sum(held)
+        out["keys_per_master"] = [await asyncio.to_thread(_dbsize, node) for node in cluster.nodes]
+    return out
+
+
+def _dbsize(server: Server) -> int:
+    with server.client() as c:
+        return int(c.dbsize())

@@ -3,12 +3,14 @@
 In-process workloads use ``refresh``: it records each refresh's start time
 (client clock, epoch seconds) and start lag, then optionally sleeps to model
 work. ``logged`` is for subprocess nodes: it appends "TIME KEY" lines to the
-file named by $BENCH_REFRESH_LOG.
+file named by $BENCH_REFRESH_LOG; ``buffered`` writes the same lines in batches,
+one file per process (for drains, where a write per refresh would cost).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import random
 import time
@@ -74,6 +76,27 @@ async def logged(claim: Any) -> None:
     if log is None:
         log = _LOG["file"] = open(os.environ["BENCH_REFRESH_LOG"], "a", buffering=1)  # noqa: SIM115
     log.write(f"{time.time():.6f} {claim.key}\n")
+
+
+_LINES: list[str] = []
+BATCH = 10_000
+
+
+async def buffered(claim: Any) -> None:
+    """As ``logged``, written every 10,000 refreshes and at exit to "$BENCH_REFRESH_LOG.PID"."""
+    if not _LINES:
+        atexit.register(_write_lines)  # once per batch: _write_lines unregisters it
+    _LINES.append(f"{time.time():.6f} {claim.key}\n")
+    if len(_LINES) >= BATCH:
+        _write_lines()
+
+
+def _write_lines() -> None:
+    atexit.unregister(_write_lines)
+    if _LINES:
+        with open(f"{os.environ['BENCH_REFRESH_LOG']}.{os.getpid()}", "a") as f:
+            f.write("".join(_LINES))
+        _LINES.clear()
 
 
 def read_log(path: str | os.PathLike[str]) -> list[tuple[float, str]]:

@@ -71,6 +71,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                 ("baseline_small", F.pending_baseline, ("SMALL",))],
     "failover": [("coalescer", F.failover_coalescer, ("TMP",)),
                  ("baseline", F.failover_baseline, ("TMP",))],
+    "cluster": [("coalescer", F.cluster_coalescer, ("TMP",))],
 }
 
 
@@ -265,7 +266,10 @@ class Rows:
         """A row; ``ok`` judges each coalescer run (met: every run meets the target);
         ``peers`` "group.field": the peers' figure of that group goes beside it."""
         met = None if ok is None or c is None else all(ok(v) for v in c.values)
-        cells = self.peer_cells(*peers.split(".", 1), c, fmt) if peers else None
+        cells = None
+        if peers:
+            group, field = peers.split(".", 1)
+            cells = self.peer_cells(group, field, c, fmt)
         self.add(figure, c.text(fmt) if c else "n/a", b.text(fmt) if b else "n/a",
                  ratio=_ratio(c, b), target=target, met=met, peers=cells)
 
@@ -388,9 +392,153 @@ def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     return t.out
 
 
-def table(rs: list[dict[str, Any]]) -> str:
-    cols = ["figure", "coalescer", "baseline", "ratio", *PEERS, *(f"vs {p}" for p in PEERS),
-            "target", "met"]
+# -- which side is the ceiling: CPU per item ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuFigure:
+    """One row of the CPU section: a figure's runs and who ran it."""
+
+    label: str
+    where: str  # "group.system"
+    field: str  # the run's dict holding ``cpu`` and ``per_second`` ("" for the run itself)
+    processes: int = 1  # Python processes doing the work
+    masters: int = 1  # valkey-server processes
+
+
+def _cpu_figures(sizes: F.Sizes) -> list[CpuFigure]:
+    tuned, default = sizes.drain_concurrency, F.DEFAULT_CONCURRENCY
+    cl = f"{F.CLUSTER_MASTERS}-master cluster, {F.CLUSTER_SHARDS} shards"
+    return [
+        CpuFigure("hot-key touch() call", "hot_key.coalescer", ""),
+        CpuFigure("distinct touch, one process", "distinct.coalescer", ""),
+        CpuFigure("distinct touch, baseline (1 writer loop)", "distinct.baseline", ""),
+        CpuFigure("distinct touch, baseline (64 writers)", "distinct.baseline_64", ""),
+        CpuFigure(f"refresh, drain, one node, concurrency {default}",
+                  "drain.coalescer_default", ""),
+        CpuFigure(f"refresh, drain, one node, concurrency {tuned}", "drain.coalescer", ""),
+        CpuFigure(f"refresh, run --processes 1, concurrency {tuned}", "processes.coalescer",
+                  "processes_1"),
+        CpuFigure(f"refresh, run --processes 2, concurrency {tuned}", "processes.coalescer",
+                  "processes_2", processes=2),
+        CpuFigure(f"distinct touch, one process, {cl}", "cluster.coalescer", "distinct",
+                  masters=F.CLUSTER_MASTERS),
+        CpuFigure(f"refresh, run --processes 2, concurrency {default}, {cl}",
+                  "cluster.coalescer", "drain_default", processes=F.CLUSTER_PROCESSES,
+                  masters=F.CLUSTER_MASTERS),
+        CpuFigure(f"refresh, run --processes 2, concurrency {tuned}, {cl}",
+                  "cluster.coalescer", "drain", processes=F.CLUSTER_PROCESSES,
+                  masters=F.CLUSTER_MASTERS),
+    ]
+
+
+def _med(t: Rows, f: CpuFigure, field: str) -> float | None:
+    spread = t.spread(f.where, f"{f.field}.{field}" if f.field else field)
+    return spread.median if spread else None
+
+
+def _ceiling(t: Rows, f: CpuFigure) -> str:
+    """From how busy each side kept its cores (medians; per process, per master)."""
+    wall = _med(t, f, "cpu.wall_s")
+    py, rd = _med(t, f, "cpu.python_cpu_s"), _med(t, f, "cpu.redis_cpu_s")
+    if not wall or py is None or rd is None:
+        return "n/a"
+    cores = os.cpu_count() or 1
+    if f.processes + f.masters > cores and (py + rd) / wall / cores >= BUSY:
+        return f"all {cores} cores"
+    busy = {"Python": py / wall / f.processes, "Redis": rd / wall / f.masters}
+    side = max(busy, key=lambda k: busy[k])
+    if busy[side] >= BUSY:
+        return side
+    if sum(busy.values()) >= BUSY:
+        return "both, in turn"
+    other = (_med(t, f, "cpu.other_cpu_s") or 0.0) / wall
+    if other >= OTHER_LOAD:
+        return "other load"
+    return "neither (waits)"
+
+
+BUSY = 0.8  # a core this busy (or two sides together, in turn) is the ceiling
+OTHER_LOAD = 0.3  # cores busy with other processes: the machine was shared
+
+
+def _caps(t: Rows, f: CpuFigure) -> str:
+    """Items/s the CPU per item allows: Python on its processes, Redis on its masters."""
+    py, rd = _med(t, f, "cpu.python_us_per_item"), _med(t, f, "cpu.redis_cpu_us_per_item")
+    caps = [_short(n * 1e6 / us) if us else "n/a" for n, us in ((f.processes, py),
+                                                                 (f.masters, rd))]
+    return " / ".join(caps)
+
+
+def cpu_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
+    """Per figure: the rate, CPU per item on each side, how busy each side was, the ceiling."""
+    t = Rows(res, sizes)
+    out = []
+    for f in _cpu_figures(sizes):
+        def cell(field: str, fmt: Callable[[float], str], f: CpuFigure = f) -> str:
+            spread = t.spread(f.where, f"{f.field}.{field}" if f.field else field)
+            return spread.text(fmt) if spread else "n/a"
+        rate = cell("per_second", _short)
+        if rate == "n/a":
+            continue
+        us = lambda v: _fmt(v, digits=1)  # noqa: E731
+        wall, py, rd = (_med(t, f, f"cpu.{x}") for x in ("wall_s", "python_cpu_s", "redis_cpu_s"))
+        busy = f"{py / wall:.2f} / {rd / wall:.2f}" if wall and py is not None and rd is not None \
+            else "n/a"
+        other = _med(t, f, "cpu.other_cpu_s")
+        out.append({"figure": f.label, "items/s": rate,
+                    "Python µs": cell("cpu.python_us_per_item", us),
+                    "Redis CPU µs": cell("cpu.redis_cpu_us_per_item", us),
+                    "Redis cmd µs": cell("cpu.redis_command_us_per_item", us),
+                    "cores busy Py / Redis": busy,
+                    "other load": f"{other / wall:.2f}" if wall and other is not None
+                    else "n/a",
+                    "caps/s Py / Redis": _caps(t, f), "ceiling": _ceiling(t, f)})
+    return out
+
+
+CPU_COLUMNS = ["figure", "items/s", "Python µs", "Redis CPU µs", "Redis cmd µs",
+               "cores busy Py / Redis", "other load", "caps/s Py / Redis", "ceiling"]
+
+
+# -- a 3-master Redis Cluster ---------------------------------------------------------------
+
+
+def cluster_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
+    """The cluster figures, beside the one-server figures of the same run (if measured)."""
+    t = Rows(res, sizes)
+    where = "cluster.coalescer"
+    procs = f"run --processes {F.CLUSTER_PROCESSES}"
+    specs = [  # the one-server figure beside it: the closest the other groups measure
+        ("distinct keys/s into the cluster, one writer process", "distinct.per_second",
+         "distinct.coalescer", "per_second"),
+        (f"drain, no-op handler, {procs}, default concurrency {F.DEFAULT_CONCURRENCY}, "
+         "refreshes/s (one server: one node in process)", "drain_default.per_second",
+         "drain.coalescer_default", "per_second"),
+        (f"drain, no-op handler, {procs}, concurrency {sizes.drain_concurrency}, refreshes/s "
+         f"(one server: {procs}, {F.PROCESS_SHARDS} shards)", "drain.per_second",
+         "processes.coalescer", "processes_2.per_second"),
+    ]
+    out = []
+    for label, field, single, single_field in specs:
+        c, b = t.spread(where, field), t.spread(single, single_field)
+        out.append({"figure": label, "cluster": c.text(_short) if c else "n/a",
+                    "one server, same run": b.text(_short) if b else "not run",
+                    "ratio": _ratio(c, b)})
+    for name, conc in (("drain_default", F.DEFAULT_CONCURRENCY),
+                       ("drain", sizes.drain_concurrency)):
+        text, _ = t.lost_text(where, f"{name}.g1")
+        out.append({"figure": f"lost updates: cluster drain, concurrency {conc}",
+                    "cluster": text, "one server, same run": "-", "ratio": "-"})
+    return out
+
+
+CLUSTER_COLUMNS = ["figure", "cluster", "one server, same run", "ratio"]
+
+
+def table(rs: list[dict[str, Any]], cols: list[str] | None = None) -> str:
+    cols = cols or ["figure", "coalescer", "baseline", "ratio", *PEERS,
+                    *(f"vs {p}" for p in PEERS), "target", "met"]
     width = {c: max([len(c), *(len(str(r[c])) for r in rs)]) for c in cols}
     line = "| " + " | ".join(c.ljust(width[c]) for c in cols) + " |"
     sep = "|" + "|".join("-" * (width[c] + 2) for c in cols) + "|"
@@ -440,9 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     rs = rows(results, sizes)
     if args.only:
         rs = [r for r in rs if r["coalescer"] != "n/a" or r["baseline"] != "n/a"]
-    text = table(rs)
-    print()
-    print(text)
+    if rs:
+        print()
+        print(table(rs))
+    extra = _print_sections(results, sizes)
     _print_errors(results)
     print(f"\n{'quick' if args.quick else 'full'} run, {args.repeats} runs of each, "
           f"{elapsed:.0f} s, {os.cpu_count()} CPUs, Python {platform.python_version()}")
@@ -450,9 +599,26 @@ def main(argv: list[str] | None = None) -> int:
            "load_average_at_start_and_end": [load0, os.getloadavg()],
            "cpus": os.cpu_count(), "python": platform.python_version(),
            "argv": sys.argv[1:], "repeats": args.repeats, "git": _git(),
-           "sizes": vars(sizes), "table": rs, "results": results}
+           "sizes": vars(sizes), "table": rs, **extra, "results": results}
     _write(args, doc)
     return 0
+
+
+def _print_sections(results: dict[str, Any], sizes: F.Sizes) -> dict[str, Any]:
+    """The CPU-per-item and cluster sections, printed where their figures were measured."""
+    cpu, cluster = cpu_rows(results, sizes), cluster_rows(results, sizes)
+    if cpu:
+        print("\nCPU per item: which side is the ceiling (µs per touch or refresh, min / median"
+              " / max; Python: the process(es) doing the work; Redis CPU: INFO cpu user + sys;"
+              " Redis cmd: INFO commandstats usec of the scripts; Redis summed over the masters;"
+              " cores busy and other load (cores used by other processes): medians; caps: the"
+              " rate each side's CPU allows)")
+        print(table(cpu, CPU_COLUMNS))
+    if "cluster" in results:
+        print(f"\nRedis Cluster: {F.CLUSTER_MASTERS} masters (local valkey-server processes), "
+              f"{F.CLUSTER_SHARDS} shards, {F.CLUSTER_PROCESSES} node processes")
+        print(table(cluster, CLUSTER_COLUMNS))
+    return {"cpu_table": cpu, "cluster_table": cluster if "cluster" in results else []}
 
 
 def _print_errors(results: dict[str, Any]) -> None:

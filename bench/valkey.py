@@ -1,8 +1,9 @@
 """A small launcher of real valkey-server processes for the benchmarks (127.0.0.1 only).
 
 Each figure gets a fresh server: no persistence, nothing shared between figures.
-Also: a MONITOR-based counter of the commands clients send (script-internal calls
-excluded) and helpers reading INFO.
+Also: a local Redis Cluster of such servers (used by the bench and by the tests), a
+MONITOR-based counter of the commands clients send (script-internal calls excluded)
+and helpers reading INFO.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,10 @@ def free_port() -> int:
 class Server:
     """One valkey-server child process; ``with Server(dir) as s:`` starts and stops it."""
 
-    def __init__(self, root: Path, name: str = "valkey") -> None:
+    def __init__(self, root: Path, name: str = "valkey", extra_args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.dir = Path(root) / f"{name}-{self.port}"
+        self.extra_args = list(extra_args)  # after the defaults, so they override them
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -51,7 +55,7 @@ class Server:
         self.proc = subprocess.Popen(
             [str(server_binary()), "--port", str(self.port), "--bind", HOST,
              "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-             "--protected-mode", "yes"],
+             "--protected-mode", "yes", *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 10.0
@@ -83,14 +87,131 @@ class Server:
         self.stop()
 
 
+# -- a local Redis Cluster ----------------------------------------------------------------
+
+
+TOTAL_SLOTS = 16384
+
+
+class Cluster:
+    """A local Redis Cluster of real valkey-server masters (no replicas), on 127.0.0.1."""
+
+    def __init__(self, nodes: list[Server]) -> None:
+        self.nodes = nodes
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """The URL of the first node (any node's URL reaches the whole cluster)."""
+        return self.nodes[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"Cluster(ports={self.ports})"
+
+
+def start_cluster(base_dir: Path, n_masters: int = 3, timeout: float = 30.0) -> Cluster:
+    """Start ``n_masters`` cluster-enabled servers, join and slot them, wait until ok."""
+    cluster = Cluster([])
+    try:
+        bus_ports = []
+        for _ in range(n_masters):
+            node, bus_port = _cluster_node(Path(base_dir))
+            cluster.nodes.append(node.start())
+            bus_ports.append(bus_port)
+        _join_and_assign(cluster.nodes, bus_ports)
+        for node in cluster.nodes:
+            _wait(partial(_cluster_ready, node, n_masters), timeout,
+                  f"cluster_state:ok on port {node.port}")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _cluster_node(base_dir: Path) -> tuple[Server, int]:
+    node = Server(base_dir, "node")
+    bus_port = free_port()
+    while bus_port == node.port:
+        bus_port = free_port()
+    node.extra_args = ["--cluster-enabled", "yes",
+                       "--cluster-config-file", f"nodes-{node.port}.conf",
+                       "--cluster-port", str(bus_port), "--cluster-node-timeout", "5000"]
+    return node, bus_port
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _execute(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _slot_ranges(n: int) -> list[tuple[int, int]]:
+    """16384 slots split as evenly as possible into n inclusive ranges."""
+    bounds = [TOTAL_SLOTS * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
+
+
+def _join_and_assign(nodes: list[Server], bus_ports: list[int]) -> None:
+    with nodes[0].client(timeout=5.0) as first:
+        for node, bus_port in zip(nodes[1:], bus_ports[1:], strict=True):
+            _execute(first, "CLUSTER", "MEET", HOST, node.port, bus_port)
+    for node, (low, high) in zip(nodes, _slot_ranges(len(nodes)), strict=True):
+        with node.client(timeout=5.0) as client:
+            _execute(client, "CLUSTER", "ADDSLOTSRANGE", low, high)
+
+
+def _cluster_ready(node: Server, n: int) -> bool:
+    try:
+        with node.client(timeout=5.0) as client:
+            info = _execute(client, "CLUSTER", "INFO")
+            nodes_text = _execute(client, "CLUSTER", "NODES")
+    except (redis.RedisError, OSError):
+        return False
+    if isinstance(info, str):
+        info = dict(line.split(":", 1) for line in info.split() if ":" in line)
+    lines = nodes_text.splitlines() if isinstance(nodes_text, str) else list(nodes_text)
+    connected = [line for line in map(str, lines) if " connected" in line]
+    return (str(info.get("cluster_state")) == "ok"
+            and int(info.get("cluster_known_nodes", 0)) == n
+            and int(info.get("cluster_slots_ok", 0)) == TOTAL_SLOTS
+            and len(connected) == n)
+
+
+# -- INFO -----------------------------------------------------------------------------------
+
+
 def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def commandstats(client: redis.Redis) -> dict[str, int]:
-    """Calls per command since the last CONFIG RESETSTAT (script-internal calls included)."""
+def commandstats(client: redis.Redis, field: str = "calls") -> dict[str, int]:
+    """Calls (or ``field="usec"``: microseconds spent) per command since the last CONFIG
+    RESETSTAT, script-internal calls included."""
     stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return {name.removeprefix("cmdstat_"): int(v[field]) for name, v in stats.items()}
 
 
 def calls_delta(before: dict[str, int], after: dict[str, int],

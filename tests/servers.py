@@ -13,17 +13,19 @@ import subprocess
 import textwrap
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import redis
 
+from bench.valkey import Cluster, start_cluster  # the bench's launcher, shared
 from coalescer.embedded import free_port, server_binary, sync_client
 
+__all__ = ["Cluster", "ValkeyProcess", "free_port", "poll_until", "start_cluster",
+           "sync_client", "wait_until", "write_rules"]
+
 HOST = "127.0.0.1"
-TOTAL_SLOTS = 16384
 
 
 
@@ -214,106 +216,3 @@ class ValkeyProcess:
 
     def __repr__(self) -> str:
         return f"ValkeyProcess(port={self.port}, running={self.running})"
-
-
-# -- cluster -----------------------------------------------------------------------
-
-
-class Cluster:
-    """A local Redis Cluster of real valkey-server masters (no replicas)."""
-
-    def __init__(self, nodes: list[ValkeyProcess]) -> None:
-        self.nodes = nodes
-
-    @property
-    def urls(self) -> list[str]:
-        return [node.url for node in self.nodes]
-
-    @property
-    def url(self) -> str:
-        """The URL of the first node (any node's URL reaches the whole cluster)."""
-        return self.nodes[0].url
-
-    @property
-    def ports(self) -> list[int]:
-        return [node.port for node in self.nodes]
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-    def __repr__(self) -> str:
-        return f"Cluster(ports={self.ports})"
-
-
-def _start_cluster_node(base_dir: Path, timeout: float) -> tuple[ValkeyProcess, int]:
-    port, bus_port = free_port(), free_port()
-    while bus_port == port:
-        bus_port = free_port()
-    node = ValkeyProcess(port, base_dir / f"node-{port}", [
-        "--cluster-enabled", "yes",
-        "--cluster-config-file", f"nodes-{port}.conf",
-        "--cluster-port", str(bus_port),
-        "--cluster-node-timeout", "5000",
-    ], timeout=timeout)
-    return node, bus_port
-
-
-def _execute(client: redis.Redis, *args: Any) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-def _slot_ranges(n: int) -> list[tuple[int, int]]:
-    """16384 slots split as evenly as possible into n inclusive ranges."""
-    bounds = [TOTAL_SLOTS * i // n for i in range(n + 1)]
-    return [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
-
-
-def _cluster_ready(node: ValkeyProcess, n: int) -> bool:
-    client = node.client()
-    try:
-        info = _execute(client, "CLUSTER", "INFO")
-        nodes_text = _execute(client, "CLUSTER", "NODES")
-    except (redis.RedisError, OSError):
-        return False
-    finally:
-        client.close()
-    if isinstance(info, str):
-        info = dict(line.split(":", 1) for line in info.split() if ":" in line)
-    lines = nodes_text.splitlines() if isinstance(nodes_text, str) else list(nodes_text)
-    connected = [line for line in map(str, lines) if " connected" in line]
-    return (str(info.get("cluster_state")) == "ok"
-            and int(info.get("cluster_known_nodes", 0)) == n
-            and int(info.get("cluster_slots_ok", 0)) == TOTAL_SLOTS
-            and len(connected) == n)
-
-
-def start_cluster(base_dir: Path, n_masters: int = 3, timeout: float = 30.0) -> Cluster:
-    """Start ``n_masters`` cluster-enabled servers, join and slot them, wait until ok."""
-    started = [_start_cluster_node(Path(base_dir), timeout) for _ in range(n_masters)]
-    cluster = Cluster([node for node, _ in started])
-    try:
-        _join_and_assign(started)
-        for node in cluster.nodes:
-            poll_until(partial(_cluster_ready, node, n_masters), timeout=timeout,
-                       interval=0.05, message=f"cluster_state:ok on port {node.port}")
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
-
-
-def _join_and_assign(started: list[tuple[ValkeyProcess, int]]) -> None:
-    first = started[0][0].client()
-    try:
-        for node, bus_port in started[1:]:
-            _execute(first, "CLUSTER", "MEET", HOST, node.port, bus_port)
-    finally:
-        first.close()
-    ranges = _slot_ranges(len(started))
-    for (node, _), (low, high) in zip(started, ranges, strict=True):
-        client = node.client()
-        try:
-            _execute(client, "CLUSTER", "ADDSLOTSRANGE", low, high)
-        finally:
-            client.close()
