@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from servers import ValkeyProcess, wait_until
 
-from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError
+from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError, states
 from coalescer.scripts import SCRIPT_NAMES, script_source
 
 RULES = """\
@@ -313,9 +313,10 @@ class Gate:
 
 
 def last_touch_ms(state: str | None) -> int:
-    """LAST of a pending key's state "P|FIRST|LAST|ATTEMPTS|DUE"."""
-    assert state is not None and state.startswith("P|"), state
-    return int(state.split("|")[2])
+    """The last touch of a pending key's state."""
+    pending = states.pending(state) if state else None
+    assert pending is not None, state
+    return pending.last_ms
 
 
 async def test_a_key_touched_while_its_write_is_in_flight_is_written_after_that_write(

@@ -76,6 +76,12 @@ def claims(monkeypatch: pytest.MonkeyPatch) -> ClaimCounter:
 Start = Callable[..., Awaitable[Coalescer]]
 
 
+def holding(c: Coalescer) -> int:
+    """Claims the node holds: running, waiting in process, or finished but not acked."""
+    assert c._runner is not None
+    return c._runner.holding
+
+
 @pytest_asyncio.fixture
 async def start(redis_url: str) -> AsyncIterator[Start]:
     nodes: list[Coalescer] = []
@@ -180,3 +186,57 @@ async def test_shards_share_the_slots_of_a_rule(
     assert c.leads() == list(range(shards))
     assert sorted(x.key for x in rec.succeeded) == sorted(keys)
     assert running[1] == (concurrency or 16)
+
+
+async def test_a_claim_waiting_in_process_starts_when_the_slot_frees_without_a_claim_call(
+        rules: Rules, redis_client: Any, start: Start, claims: ClaimCounter) -> None:
+    path, rec = rules(concurrency=1)
+    gates: dict[str, asyncio.Event] = {}
+
+    async def held(claim: Claim) -> None:
+        await gates.setdefault(claim.key, asyncio.Event()).wait()
+    rec.hook = held
+    keys = ["item:1", "item:2", "item:3"]
+    await make_due(start, path, redis_client, keys)
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: len(rec.calls) == 1, message="the first refresh running")
+    # one refresh runs and one more is claimed, waiting in process; the third stays in Redis
+    space = KeySpace(c.config.namespace, 1).shard(0)
+    await wait_until(lambda: holding(c) == 2, message="two claims held")
+    assert await redis_client.zcard(space.inflight("item")) == 2
+    assert await redis_client.zcard(space.due("item")) == 1
+    before = claims.calls
+    gates.setdefault(rec.calls[0].key, asyncio.Event()).set()
+    await wait_until(lambda: len(rec.calls) == 2, message="the waiting claim started")
+    assert claims.calls - before <= 1  # it started from the node, not from a claim call
+    assert rec.calls[1].key != rec.calls[0].key
+    for key in keys:
+        gates.setdefault(key, asyncio.Event()).set()
+    await wait_until(lambda: len(rec.succeeded) == 3, message="all refreshed")
+    assert max(rec.max_active.values()) == 1
+
+
+async def test_a_waiting_claim_whose_lease_was_lost_never_starts(
+        rules: Rules, redis_client: Any, start: Start) -> None:
+    path, rec = rules(concurrency=1)
+    gate = asyncio.Event()
+
+    async def held(_claim: Claim) -> None:
+        await gate.wait()
+    rec.hook = held
+    await make_due(start, path, redis_client, ["item:1", "item:2"])
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: len(rec.calls) == 1 and holding(c) == 2,
+                     message="one refresh running, one claim waiting")
+    running = rec.calls[0].key
+    waiting = ({"item:1", "item:2"} - {running}).pop()
+    meta = KeySpace(c.config.namespace, 1).shard(0).meta
+    # Another holder took the waiting key over (a newer token): this node's claim is stale.
+    await redis_client.hset(meta, waiting, "R|999999|1|1|1|1||||other-node")
+    assert c._runner is not None
+    await c._runner.renew_once()  # the next lease renewal, now
+    await wait_until(lambda: holding(c) == 1, message="the stale claim dropped")
+    gate.set()
+    await wait_until(lambda: len(rec.succeeded) == 1 and holding(c) == 0,
+                     message="the running refresh acked")
+    assert [x.key for x in rec.calls] == [running]
