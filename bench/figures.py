@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import random
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -572,6 +573,36 @@ def _per_touch(counted: dict[str, Any], stats: dict[str, int], n: int) -> dict[s
 
 # -- start lag -------------------------------------------------------------------------------
 
+# A process that does nothing but sleep 1 ms at a time, run beside a lag measurement: how
+# late its wake-ups come is how much the machine itself (other processes, the hypervisor)
+# delayed every process then, coalescer's included. Ends when its stdin closes.
+_STALL_PROBE = """
+import json, sys, threading, time
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+late = []
+while not stop.is_set():
+    t = time.perf_counter()
+    time.sleep(0.001)
+    ms = (time.perf_counter() - t) * 1000 - 1
+    if ms > 5:
+        late.append(ms)
+print(json.dumps({"stalls_over_5ms": len(late), "max_stall_ms": max(late, default=0.0)}))
+"""
+
+
+@contextlib.contextmanager
+def stall_probe(into: dict[str, Any]) -> Iterator[None]:
+    """Run the idle probe process meanwhile; its figures go into ``into["machine"]``."""
+    proc = subprocess.Popen([sys.executable, "-c", _STALL_PROBE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        out, _ = proc.communicate(input="", timeout=30)
+        into["machine"] = json.loads(out) if out.strip() else {}
+
+
 
 LAG_WINDOW = 0.5
 
@@ -585,6 +616,7 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
     REC.reset(offset_ms=await clock_offset_ms(server.url))
     n = int(rate * sizes.lag_seconds)
     touches: dict[str, list[float]] = {}
+    machine: dict[str, Any] = {}
     async with coalescer(server, True, window=f"{LAG_WINDOW}s", concurrency=concurrency) as c:
         await asyncio.sleep(0.3)  # leadership taken
 
@@ -592,7 +624,9 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
             k = key(i)
             c.touch(k)
             touches[k] = [time.time()]
-        await paced(n, sizes.lag_seconds, one)
+        with stall_probe(machine):  # the touches, and the refreshes due 0.5 s after them
+            await paced(n, sizes.lag_seconds, one)
+            await asyncio.sleep(LAG_WINDOW)
         await c.flush()
         await settle(coalescer_settled(c), timeout=sizes.lag_settle)
         scheduled = await coalescer_scheduled(c.redis)
@@ -600,7 +634,7 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
         g1 = lost_updates(touches, REC.starts, scheduled)
         metrics = c.metrics
     out = percentiles(REC.lags_ms, censored)
-    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW, concurrency=concurrency)
+    out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW, concurrency=concurrency, **machine)
     out["metrics_histogram"] = _histogram(metrics)
     return out
 

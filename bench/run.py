@@ -331,6 +331,10 @@ def _write_path_rows(t: Rows) -> None:
 
 def _lag_rows(t: Rows) -> None:
     for name, rate in (("lag1000", 1000), ("lag5000", 5000)):
+        t.figure(f"machine noise during the {rate:,}/s lag runs: an idle process's longest "
+                 "stall (1 ms sleeps)", t.spread(f"{name}.coalescer_default",
+                                                 "machine.max_stall_ms"), None,
+                 fmt=lambda v: _fmt(v, " ms", 1))
         for system, label in (("coalescer_default", f"default concurrency {F.DEFAULT_CONCURRENCY}"),
                               ("coalescer", f"concurrency {F.LAG_CONCURRENCY}")):
             for p in ("p50", "p99"):
