@@ -342,6 +342,14 @@ async def test_a_key_touched_while_its_write_is_in_flight_is_written_after_that_
     assert len(c._absorber) == 0
 
 
+async def two_writes_in_flight(c: Coalescer, gate: Gate) -> None:
+    """Touch stats:a, and stats:b once stats:a's write is in flight: two writes at once."""
+    c.touch("stats:a")
+    await wait_until(lambda: gate.started("stats:a"), message="stats:a in flight")
+    c.touch("stats:b")
+    await wait_until(lambda: gate.started("stats:b"), message="stats:b in flight")
+
+
 async def _later(client: redis.asyncio.Redis, ms: int) -> bool:
     return await server_ms(client) > ms
 
@@ -352,10 +360,7 @@ async def test_flush_waits_for_both_writes_in_flight(
     c = await make(redis_url)
     due_key = c.keyspace.shard(0).due("stats")
     gate = Gate(c, monkeypatch, "stats:a", "stats:b")
-    c.touch("stats:a")
-    await wait_until(lambda: gate.started("stats:a"), message="stats:a in flight")
-    c.touch("stats:b")
-    await wait_until(lambda: gate.started("stats:b"), message="stats:b in flight")
+    await two_writes_in_flight(c, gate)
     assert not set(gate.started("stats:a")) & set(gate.started("stats:b"))  # two writes
 
     c.touch("stats:c")
@@ -378,10 +383,7 @@ async def test_a_transient_error_with_two_writes_in_flight_loses_nothing(
     due_key = c.keyspace.shard(0).due("stats")
     gate = Gate(c, monkeypatch, "stats:a", "stats:b")
     gate.error = RedisConnectionError("injected")
-    c.touch("stats:a")
-    await wait_until(lambda: gate.started("stats:a"), message="stats:a in flight")
-    c.touch("stats:b")
-    await wait_until(lambda: gate.started("stats:b"), message="stats:b in flight")
+    await two_writes_in_flight(c, gate)
 
     gate.release()  # both fail: their keys are given back, and retried
     await wait_until(lambda: (c.metrics.registry.get_sample_value(

@@ -76,6 +76,16 @@ def claims(monkeypatch: pytest.MonkeyPatch) -> ClaimCounter:
 Start = Callable[..., Awaitable[Coalescer]]
 
 
+def hold_each(rec: Recorder) -> dict[str, asyncio.Event]:
+    """Make each refresh wait until the test sets its key's event (created on first use)."""
+    gates: dict[str, asyncio.Event] = {}
+
+    async def held(claim: Claim) -> None:
+        await gates.setdefault(claim.key, asyncio.Event()).wait()
+    rec.hook = held
+    return gates
+
+
 def holding(c: Coalescer) -> int:
     """Claims the node holds: running, waiting in process, or finished but not acked."""
     assert c._runner is not None
@@ -140,11 +150,7 @@ async def test_due_keys_take_one_claim_per_batch_of_free_slots(
 async def test_a_rule_with_every_slot_busy_does_not_spin(
         rules: Rules, redis_client: Any, start: Start, claims: ClaimCounter) -> None:
     path, rec = rules(concurrency=1)
-    gates: dict[str, asyncio.Event] = {}
-
-    async def held(claim: Claim) -> None:
-        await gates.setdefault(claim.key, asyncio.Event()).wait()
-    rec.hook = held
+    gates = hold_each(rec)
     keys = [f"item:{i}" for i in range(5)]
     await make_due(start, path, redis_client, keys)
     c = await start(path, node_id="n1")
@@ -191,11 +197,7 @@ async def test_shards_share_the_slots_of_a_rule(
 async def test_a_claim_waiting_in_process_starts_when_the_slot_frees_without_a_claim_call(
         rules: Rules, redis_client: Any, start: Start, claims: ClaimCounter) -> None:
     path, rec = rules(concurrency=1)
-    gates: dict[str, asyncio.Event] = {}
-
-    async def held(claim: Claim) -> None:
-        await gates.setdefault(claim.key, asyncio.Event()).wait()
-    rec.hook = held
+    gates = hold_each(rec)
     keys = ["item:1", "item:2", "item:3"]
     await make_due(start, path, redis_client, keys)
     c = await start(path, node_id="n1")
