@@ -45,10 +45,14 @@ Rules = Callable[..., tuple[Path, Recorder]]
 
 @pytest.fixture
 def rules(tmp_path: Path, namespace: str) -> Rules:
-    """rules(shards=1, concurrency=None) -> the rules file and its handler's Recorder."""
-    def make(*, shards: int = 1, concurrency: int | None = None) -> tuple[Path, Recorder]:
+    """rules(shards=1, concurrency=None, claim_lease=None) -> the rules file and its
+    handler's Recorder."""
+    def make(*, shards: int = 1, concurrency: int | None = None,
+             claim_lease: str | None = None) -> tuple[Path, Recorder]:
         line = "" if concurrency is None else f"  concurrency: {concurrency}\n"
         text = RULES.format(ns=namespace, shards=shards, concurrency=line)
+        if claim_lease is not None:
+            text = f"claim_lease: {claim_lease}\n{text}"
         return recorder_rules(tmp_path, f"rec_{namespace}", text)
     return make
 
@@ -242,3 +246,24 @@ async def test_a_waiting_claim_whose_lease_was_lost_never_starts(
     await wait_until(lambda: len(rec.succeeded) == 1 and holding(c) == 0,
                      message="the running refresh acked")
     assert [x.key for x in rec.calls] == [running]
+
+
+async def test_a_close_past_its_grace_leaves_running_and_waiting_claims_to_their_leases(
+        rules: Rules, redis_url: str, redis_client: Any, start: Start,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path, rec = rules(concurrency=1, claim_lease="1s")
+    gates = hold_each(rec)
+    await make_due(start, path, redis_client, ["item:1", "item:2"])
+    c = Coalescer.from_yaml(path, redis_url=redis_url, node_id="n1", grace=0.2)
+    await c.start()
+    await wait_until(lambda: len(rec.calls) == 1 and holding(c) == 2,
+                     message="one refresh running, one claim waiting")
+    await c.close()  # the running one is cancelled after 0.2 s; the waiting one never starts
+    assert [x.key for x in rec.calls] == [rec.calls[0].key]
+    assert "cancelling 1 refresh still running after 0.2s" in caplog.text
+    for key in ("item:1", "item:2"):
+        gates.setdefault(key, asyncio.Event()).set()
+    # Both claims are re-queued once their 1 s lease expires, and another node runs them.
+    await start(path, node_id="n2")
+    await wait_until(lambda: sorted(x.key for x in rec.succeeded) == ["item:1", "item:2"],
+                     timeout=30, message="both keys refreshed by n2")
