@@ -635,13 +635,8 @@ async def lag_coalescer(server: Server, sizes: Sizes, rate: int,
         metrics = c.metrics
     out = percentiles(REC.lags_ms, censored)
     out.update(rate=rate, keys=n, g1=g1, window=LAG_WINDOW, concurrency=concurrency, **machine)
-    out["metrics_histogram"] = _histogram(metrics)
+    out["metrics_histogram"] = metrics.start_lag_buckets()
     return out
-
-
-def _histogram(metrics: Any) -> dict[str, float]:
-    """coalescer's own start-lag histogram (cumulative counts per bucket bound)."""
-    return dict(metrics.start_lag_buckets())
 
 
 async def _censored_coalescer(c: Coalescer, scheduled: set[str]) -> list[float]:

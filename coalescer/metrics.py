@@ -27,10 +27,6 @@ class Tally:
         self.counts[bisect_left(_LATENCY_BUCKETS, value)] += 1
         self.total += value
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
     def buckets(self) -> list[tuple[str, int]]:
         """Cumulative counts per upper bound, as the exposition format lists them."""
         out, running = [], 0

@@ -62,6 +62,16 @@ async def start() -> AsyncIterator[Start]:
         yield make
 
 
+def slow_rule(timeout: str) -> str:
+    """A second rule, "slow" (keys slow:ID), with a handler timeout of ``timeout``."""
+    return f"""\
+  - name: slow
+    match: "slow:{{id}}"
+    timeout: {timeout}
+    handler: {{mod}}:refresh
+"""
+
+
 def setup(tmp_path: Path, namespace: str, text: str) -> tuple[Path, Recorder]:
     return recorder_rules(tmp_path, f"rec_{namespace}", text)
 
@@ -284,13 +294,7 @@ async def _eq(value: Awaitable[Any], expected: Any) -> bool:
 async def test_handler_past_its_timeout_fails_and_is_retried(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         start: Start) -> None:
-    extra = """\
-  - name: slow
-    match: "slow:{id}"
-    timeout: 200ms
-    handler: {mod}:refresh
-"""
-    path, rec = setup(tmp_path, namespace, rules_text(namespace, extra=extra))
+    path, rec = setup(tmp_path, namespace, rules_text(namespace, extra=slow_rule("200ms")))
 
     async def hang_first(claim: Claim) -> None:
         if claim.attempt == 1:
@@ -312,13 +316,7 @@ async def test_handler_past_its_timeout_fails_and_is_retried(
 async def test_a_refresh_past_its_timeout_times_out_alone_among_those_claimed_with_it(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         start: Start) -> None:
-    extra = """\
-  - name: slow
-    match: "slow:{id}"
-    timeout: 300ms
-    handler: {mod}:refresh
-"""
-    path, rec = setup(tmp_path, namespace, rules_text(namespace, extra=extra))
+    path, rec = setup(tmp_path, namespace, rules_text(namespace, extra=slow_rule("300ms")))
 
     async def hang_first_try_of_one(claim: Claim) -> None:
         if claim.key == "slow:3" and claim.attempt == 1:
