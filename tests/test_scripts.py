@@ -226,6 +226,23 @@ async def test_any_key_text_survives_the_batch_encoding(shard: Shard) -> None:
 # -- claim -------------------------------------------------------------------------------
 
 
+async def test_a_due_key_whose_state_was_corrupted_is_claimed_and_blocks_no_other(
+        shard: Shard) -> None:
+    """A meta value that does not read (written by something else) must not fail the
+    shard's claim call: the key is claimed as touched now, and its ack heals it."""
+    await shard.lead()
+    await shard.touch("a", "bad-new", "bad-old", "b")
+    await shard.r.hset(shard.keys.meta, mapping={"bad-new": "zz|x", "bad-old": "P|x|1|0|1"})
+    before = await shard.now()
+    batch = await shard.claim(limit=10)
+    assert sorted(c.key for c in batch.claims) == ["a", "b", "bad-new", "bad-old"]
+    for c in batch.claims:
+        if c.key.startswith("bad"):
+            assert c.first_ms == c.last_ms == c.due_ms >= before and c.attempt == 1
+        assert await shard.ack(c.key, c.token) == []
+    assert await shard.r.hlen(shard.keys.meta) == 0
+
+
 async def test_claim_refuses_a_caller_that_does_not_hold_the_lease(shard: Shard) -> None:
     leader = await shard.lead()
     await shard.touch("k")

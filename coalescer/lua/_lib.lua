@@ -22,6 +22,26 @@
 -- pending), and claim.lua re-scores a key it finds early instead of claiming it.
 -- Due times only ever grow while a key is pending, so the bound holds.
 
+local CHUNK = 4000  -- values per unpack(): well within Lua's stack
+
+-- One command per few thousand `items` (members, or field-value pairs): CMD KEY ITEMS...
+local function each_chunk(cmd, key, items)
+  for i = 1, #items, CHUNK do
+    redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+  end
+end
+
+-- The values of `fields` in hash `hash` (false where absent), HMGET a few thousand at once.
+local function read_fields(hash, fields)
+  if #fields <= CHUNK then return redis.call('HMGET', hash, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', hash, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -68,10 +88,16 @@ local function decode(v)
       return {kind = 'D', first = tonumber(f[1]), last = tonumber(f[2]),
               attempts = tonumber(f[3]), error = f[4]}
     end
-    return {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]), attempts = tonumber(f[3]),
-            due = tonumber(f[4])}
+    local p = {kind = 'P', first = tonumber(f[1]), last = tonumber(f[2]),
+               attempts = tonumber(f[3]), due = tonumber(f[4])}
+    if p.first and p.last and p.attempts and p.due then return p end
+    return nil  -- unreadable: see below
   end
+  -- A pending value that does not read (corrupted by hand) decodes as nil: the claim
+  -- script then claims the key as touched now (its ack writes a good state), and
+  -- upsert.lua reports the key as one it cannot touch.
   local first, due, last, attempts = string.match(v, '^(%x+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  if not first then return nil end
   first = tonumber(first, 16)
   return {kind = 'P', first = first, due = first + tonumber(due),
           last = first + (tonumber(last) or 0), attempts = tonumber(attempts) or 0}
@@ -186,7 +212,7 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'LIMIT', 0, limit)
   if #ready == 0 then return end
   redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
-  local states = redis.call('HMGET', c.meta, unpack(ready))
+  local states = read_fields(c.meta, ready)
   local take, later = {}, {}
   for i, key in ipairs(ready) do
     local p = decode(states[i]) or {first = c.now, last = c.now, attempts = 0, due = c.now}

@@ -17,23 +17,11 @@ local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
 local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 4
 
--- Removes a batch of members from a set or hash, a few thousand per call (unpack's limit).
-local function remove_all(cmd, key, members)
-  for i = 1, #members, 4000 do
-    redis.call(cmd, key, unpack(members, i, math.min(i + 3999, #members)))
-  end
-end
-
--- The running states of a group's keys (ARGV[from], ARGV[from + 4], ...), read at once.
-local function states_of(from, n)
+-- The keys of a group (ARGV[from], ARGV[from + 4], ...).
+local function keys_of(from, n)
   local keys = {}
   for i = 1, n do keys[i] = ARGV[from + 4 * (i - 1)] end
-  local out = {}
-  for i = 1, n, 4000 do
-    local part = redis.call('HMGET', meta, unpack(keys, i, math.min(i + 3999, n)))
-    for j = 1, #part do out[i + j - 1] = part[j] end
-  end
-  return out
+  return keys
 end
 
 -- The claim `v` (a meta value) if it is running under `token`, else nil (a stale holder).
@@ -49,7 +37,7 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
   local finished, forgotten = {}, {}
-  local states = n > 0 and states_of(pos + 2, n) or {}
+  local states = n > 0 and read_fields(meta, keys_of(pos + 2, n)) or {}
   for j = 1, n do
     local i = pos + 2 + 4 * (j - 1)
     local key, token = ARGV[i], ARGV[i + 1]
@@ -72,8 +60,8 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
              'succeeded, but its claim had been taken over (lease expired)')
     end
   end
-  remove_all('ZREM', inflight_key, finished)
-  remove_all('HDEL', meta, forgotten)
+  each_chunk('ZREM', inflight_key, finished)
+  each_chunk('HDEL', meta, forgotten)
   pos = pos + 2 + 4 * n
 end
 wake(next_key, ARGV[1], earliest)

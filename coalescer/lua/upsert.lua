@@ -24,7 +24,6 @@
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
 local now = now_ms()
-local CHUNK = 4000  -- values per unpack(): well within Lua's stack
 
 local function touch_running(r, window, max_wait)
   if r.rdue then
@@ -69,22 +68,6 @@ local function split_keys(joined, n)
   return keys
 end
 
-local function each_chunk(cmd, key, items)
-  for i = 1, #items, CHUNK do
-    redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
-  end
-end
-
-local function read_states(keys)
-  if #keys <= CHUNK then return redis.call('HMGET', meta, unpack(keys)) end
-  local vals = {}
-  for i = 1, #keys, CHUNK do
-    local part = redis.call('HMGET', meta, unpack(keys, i, math.min(i + CHUNK - 1, #keys)))
-    for j = 1, #part do vals[i + j - 1] = part[j] end
-  end
-  return vals
-end
-
 -- Work out the group's writes: p.states (field, value, ...), p.adds (score, key, ...)
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
@@ -123,7 +106,7 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
-  local vals = read_states(keys)
+  local vals = read_fields(meta, keys)
   local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed)
   if not ok then p = plan(keys, vals, window, max_wait, true, failed) end
   each_chunk('HSET', meta, p.states)
