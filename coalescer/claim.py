@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .scripts import ClaimedKey
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,3 +30,27 @@ class Claim:
     def to_json(self) -> dict[str, Any]:
         """The fields under their public names, as a webhook body carries them."""
         return asdict(self)
+
+
+# The slots' own setters: a frozen dataclass's keyword __init__ goes through
+# object.__setattr__ once a field, three times the cost of these (a drain builds
+# thousands of claims a second).
+_SET_KEY, _SET_RULE, _SET_PARAMS, _SET_ATTEMPT, _SET_FIRST, _SET_LAST, _SET_DUE, _SET_TOKEN = (
+    getattr(Claim, name).__set__ for name in (
+        "key", "rule", "params", "attempt", "first_touch_ms", "last_touch_ms", "due_ms", "token"))
+_new = object.__new__
+
+
+def granted(c: ClaimedKey, rule: str, params: dict[str, str]) -> Claim:
+    """The Claim of ``c`` (as the claim script granted it), equal to the one the keyword
+    constructor builds, at a third of the cost."""
+    claim: Claim = _new(Claim)
+    _SET_KEY(claim, c.key)
+    _SET_RULE(claim, rule)
+    _SET_PARAMS(claim, params)
+    _SET_ATTEMPT(claim, c.attempt)
+    _SET_FIRST(claim, c.first_ms)
+    _SET_LAST(claim, c.last_ms)
+    _SET_DUE(claim, c.due_ms)
+    _SET_TOKEN(claim, c.token)
+    return claim

@@ -22,8 +22,9 @@ class KeyPattern:
     """A compiled key pattern; the whole key must match."""
 
     source: str
-    regex: re.Pattern[str]
+    regex: re.Pattern[str]  # unnamed groups: rules.py joins the patterns of every rule
     names: tuple[str, ...]
+    named: re.Pattern[str]  # the same, each capture a named group: groupdict() is the params
 
     @classmethod
     def compile(cls, source: str) -> KeyPattern:
@@ -34,15 +35,16 @@ class KeyPattern:
         names: list[str] = []
         for token in _TOKEN_RE.findall(source):
             parts.append(_translate(token, names, source))
+        named = iter(names)
+        with_names = [f"(?P<{next(named)}>{part[1:]}" if part == _CAPTURE else part
+                      for part in parts]
         return cls(source=source, regex=re.compile("".join(parts), re.DOTALL),
-                   names=tuple(names))
+                   names=tuple(names), named=re.compile("".join(with_names), re.DOTALL))
 
     def match(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches the whole pattern, else None."""
-        found = self.regex.fullmatch(key)
-        if found is None:
-            return None
-        return dict(zip(self.names, found.groups(), strict=True))
+        found = self.named.fullmatch(key)
+        return None if found is None else found.groupdict()
 
     def __str__(self) -> str:
         return self.source

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from cachetools import LRUCache
 
 from .backoff import Backoff
-from .claim import Claim
+from .claim import Claim, granted
 from .handlers import Invoke
 from .keys import KeySpace
 from .metrics import Metrics
@@ -220,9 +220,7 @@ class Runner:
         renewed = time.monotonic()
         fresh = []
         for c in claims:
-            claim = Claim(key=c.key, rule=name, params=(matcher(c.key) or {}) if matcher else {},
-                          attempt=c.attempt, first_touch_ms=c.first_ms,
-                          last_touch_ms=c.last_ms, due_ms=c.due_ms, token=c.token)
+            claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
             job = Job(shard, rule, claim, renewed, clock_offset_ms)
             jobs[claim.key] = job
             fresh.append(job)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from .batching import ScriptBatcher
 from .errors import NotLeaderError, ScriptError
@@ -53,9 +53,9 @@ class UpsertResult:
     failed: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedKey:
-    """One claim as the claim script granted it."""
+class ClaimedKey(NamedTuple):
+    """One claim as the claim script granted it (a tuple: a drain parses thousands a
+    second, and a tuple is built in a fifth of a frozen dataclass's time)."""
 
     rule_index: int
     key: str
@@ -167,11 +167,11 @@ def _optional(value: Any) -> int | None:
 
 
 def _claims(encoded: Sequence[str]) -> list[ClaimedKey]:
-    out = []
+    out, make = [], ClaimedKey._make
     for item in encoded:
         r, token, first, last, attempt, due, key = item.split("|", 6)
-        out.append(ClaimedKey(int(r), key, int(token), int(first), int(last), int(attempt),
-                              int(due)))
+        out.append(make((int(r), key, int(token), int(first), int(last), int(attempt),
+                         int(due))))
     return out
 
 
@@ -229,9 +229,9 @@ class Scripts:
         keys, args = history.args(shard)
         for rule, items in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
-            args += [rule, len(items)]
-            for item in items:
-                args += item if len(item) == 4 else [*item, 0, 0]
+            args += [rule, len(items), KEY_SEPARATOR.join([
+                f"{item[1]}|{item[2]}|{item[3]}|{item[0]}" if len(item) == 4
+                else f"{item[1]}|0|0|{item[0]}" for item in items])]
         result = await self._run("ack", keys, args)
         return [str(k) for k in result[2:]]
 

@@ -32,6 +32,11 @@ def test_several_captures() -> None:
     assert pattern.match("doc:acme:7.xml") is None
 
 
+def test_captures_may_take_any_identifier_as_name() -> None:
+    pattern = KeyPattern.compile("{class}:{été}:{_x1}")
+    assert pattern.match("a:b:c") == {"class": "a", "été": "b", "_x1": "c"}
+
+
 def test_star_matches_anything_including_colons_and_nothing() -> None:
     pattern = KeyPattern.compile("cache:*")
     assert pattern.match("cache:a:b:c") == {}

@@ -17,7 +17,15 @@ from coalescer import states
 from coalescer.connection import connect
 from coalescer.errors import NotLeaderError
 from coalescer.keys import ShardKeys
-from coalescer.scripts import ClaimBatch, ClaimedKey, Failure, Scripts, UpsertGroup
+from coalescer.scripts import (
+    ClaimBatch,
+    ClaimedKey,
+    Failure,
+    History,
+    Scripts,
+    UpsertGroup,
+    script_source,
+)
 
 RULE = "r"
 LONG = 60_000  # ms: a window no test waits for
@@ -221,6 +229,37 @@ async def test_any_key_text_survives_the_batch_encoding(shard: Shard) -> None:
     assert sorted(await shard.r.zrange(shard.keys.due(RULE), 0, -1)) == sorted(keys)
     batch = await shard.claim(limit=10)
     assert sorted(c.key for c in batch.claims) == sorted(keys)
+
+
+async def test_any_key_text_survives_the_ack_encoding(shard: Shard) -> None:
+    """Claims travel to ack NUL-joined as TOKEN|START|MS|KEY: a key holding '|' and digits
+    is finished, and its start and duration reach the history whole."""
+    keys = ["", "7|8|9|x", "a|b", "ключ:42"]
+    await shard.lead()
+    await shard.touch(*keys)
+    claims = (await shard.claim(limit=10)).claims
+    items = [(c.key, c.token, 1_700_000_000_123, 4_321) for c in claims]
+    assert await shard.scripts.ack(shard.keys, [(RULE, items)], History("n1", 100)) == []
+    assert await shard.r.hlen(shard.keys.meta) == 0
+    recorded = [f for _, f in await shard.r.xrange(shard.keys.history)]
+    assert sorted((f["key"], f["start"], f["ms"], f["outcome"]) for f in recorded) == sorted(
+        (k, "1700000000123", "4321", "success") for k in keys)
+
+
+async def test_an_ack_whose_claims_do_not_parse_is_refused_whole(shard: Shard) -> None:
+    """An ack argument that holds fewer claims than it announces fails the call (naming
+    both counts) and finishes nothing: the claims stay leased, to be acked again."""
+    await shard.lead()
+    await shard.touch("k:1", "k:2")
+    claims = (await shard.claim(limit=10)).claims
+    ack = shard.r.register_script(script_source("ack"))
+    keys = [shard.keys.meta, shard.keys.next_wake, shard.keys.history,
+            shard.keys.due(RULE), shard.keys.inflight(RULE)]
+    one = f"{claims[0].token}|0|0|{claims[0].key}"
+    with pytest.raises(redis.exceptions.ResponseError, match="2 claims announced, 1 given"):
+        await ack(keys=keys, args=[shard.keys.wake_channel, "n1", 0, RULE, 2, one])
+    assert await shard.r.zcard(shard.keys.inflight(RULE)) == 2
+    assert await shard.scripts.ack(shard.keys, [(RULE, [(c.key, c.token) for c in claims])]) == []
 
 
 # -- claim -------------------------------------------------------------------------------
