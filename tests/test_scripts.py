@@ -282,6 +282,29 @@ async def test_a_due_key_whose_state_was_corrupted_is_claimed_and_blocks_no_othe
     assert await shard.r.hlen(shard.keys.meta) == 0
 
 
+async def test_states_an_older_version_wrote_are_claimed_and_acked(shard: Shard) -> None:
+    """Values of the older forms (pending "P|...", running without the node, running
+    without a re-arm part) are claimed with their times, and acked; a touch recorded in
+    an older running value is re-armed."""
+    await shard.lead()
+    now = await shard.now()
+    await shard.touch("old-pending")
+    await shard.r.hset(shard.keys.meta, "old-pending", f"P|{now - 50}|{now - 20}|1|{now - 10}")
+    claimed = await shard.claim_one("old-pending")
+    assert (claimed.first_ms, claimed.last_ms, claimed.attempt, claimed.due_ms) == (
+        now - 50, now - 20, 2, now - 10)
+    assert await shard.ack(claimed.key, claimed.token) == []
+    await shard.touch("no-node", "oldest")
+    no_node, oldest = sorted((await shard.claim(limit=10)).claims, key=lambda c: c.key)
+    await shard.r.hset(shard.keys.meta, mapping={
+        "no-node": f"R|{no_node.token}|1|1|1|1|{now + LONG}|{now}|{now}",
+        "oldest": f"R|{oldest.token}|1|1|1|1"})
+    assert await shard.ack("no-node", no_node.token) == []
+    assert await shard.ack("oldest", oldest.token) == []
+    assert await shard.due("no-node") == now + LONG
+    assert await shard.r.hexists(shard.keys.meta, "oldest") == 0
+
+
 async def test_claim_refuses_a_caller_that_does_not_hold_the_lease(shard: Shard) -> None:
     leader = await shard.lead()
     await shard.touch("k")

@@ -103,6 +103,21 @@ local function decode(v)
           last = first + (tonumber(last) or 0), attempts = tonumber(attempts) or 0}
 end
 
+-- FIRST, DUE, LAST and ATTEMPTS of a pending value `v`, without a table (claim.lua
+-- reads thousands a call); a value that does not read (see decode) is a key touched
+-- at `now`.
+local function pending_times(v, now)
+  local first, due, last, attempts = string.match(
+    v or '', '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  if first then
+    first = tonumber(first, 16)
+    return first, first + tonumber(due), first + (tonumber(last) or 0), tonumber(attempts) or 0
+  end
+  local p = decode(v)
+  if p and p.kind == 'P' then return p.first, p.due, p.last, p.attempts end
+  return now, now, now, 0
+end
+
 local function pending(first, last, attempts, due)
   local v = string.format('%x|%d', first, due - first)
   if attempts > 0 then return v .. string.format('|%d|%d', last - first, attempts) end
@@ -213,28 +228,29 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   if #ready == 0 then return end
   redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
   local states = read_fields(c.meta, ready)
-  local take, later = {}, {}
+  local take, later, n = {}, {}, 0
   for i, key in ipairs(ready) do
-    local p = decode(states[i]) or {first = c.now, last = c.now, attempts = 0, due = c.now}
-    if p.due > c.now then
-      later[#later + 1], later[#later + 2] = p.due, key
-    else
-      p.key = key
-      take[#take + 1] = p
+    local first, due, last, tries = pending_times(states[i], c.now)
+    if due > c.now then
+      later[#later + 1], later[#later + 2] = due, key
+    else  -- FIRST|LAST|ATTEMPT|DUE of the claim, and its key
+      take[n + 1] = int(first) .. '|' .. int(last) .. '|' .. (tries + 1) .. '|' .. int(due)
+      take[n + 2] = key
+      n = n + 2
     end
   end
   if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
-  if #take == 0 then return end
-  local token = redis.call('INCRBY', c.seq, #take) - #take
+  if n == 0 then return end
+  local token = redis.call('INCRBY', c.seq, n / 2) - n / 2
   local states_out, leases, claims = {}, {}, c.claims
   local tail = '||||' .. c.node
-  for i, p in ipairs(take) do
+  for i = 1, n, 2 do
+    local key = take[i + 1]
     token = token + 1
-    local head = token .. '|' .. int(p.first) .. '|' .. int(p.last) .. '|' .. (p.attempts + 1)
-      .. '|' .. int(p.due)
-    states_out[2 * i - 1], states_out[2 * i] = p.key, 'R|' .. head .. tail
-    leases[2 * i - 1], leases[2 * i] = c.lease_until, p.key
-    claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. p.key
+    local head = token .. '|' .. take[i]
+    states_out[i], states_out[i + 1] = key, 'R|' .. head .. tail
+    leases[i], leases[i + 1] = c.lease_until, key
+    claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. key
   end
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
@@ -242,12 +258,11 @@ end
 
 -- Append one finished refresh to the shard's history stream, capped near
 -- `maxlen` entries (approximate trimming: cheap); `maxlen` 0 keeps no history.
--- `r` is the claim as it ran (nil for a claim taken over: token from the caller);
--- its due time is recorded too, so readers can tell how late the refresh started.
-local function record(history, maxlen, key, rule, node, token, r, start, ms, outcome, err)
+-- `attempt` and `due` are the claim's as it ran ('' for a claim taken over); the
+-- due time lets readers tell how late the refresh started.
+local function record(history, maxlen, key, rule, node, token, attempt, due, start, ms, outcome,
+                      err)
   if maxlen <= 0 then return end
-  local attempt = r and r.attempt or ''
-  local due = r and int(r.due) or ''
   if err then
     redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'key', key, 'rule', rule,
                'node', node, 'token', token, 'attempt', attempt, 'start', start, 'ms', ms,

@@ -30,12 +30,20 @@ local function claims_of(joined, n)
   return keys, tokens, starts, took
 end
 
--- The claim `v` (a meta value) if it is running under `token`, else nil (a stale holder).
+-- Whether the claim `v` (a meta value) is running under `token` (false: a stale
+-- holder), then its attempt and due time as text (for the history), then the whole
+-- claim decoded when it holds a touch to re-arm. The usual case, no touch while it
+-- ran, is one pattern match: no decode, no number parsed.
 local function held_by(v, token)
-  if not v or string.sub(v, 1, 1) ~= 'R' then return nil end
-  local r = decode(v)
-  if r.token == tonumber(token) then return r end
-  return nil
+  if not v then return false end
+  local t, attempt, due, rdue = string.match(v, '^R|(%d+)|%d+|%d+|(%d+)|(%d+)|(%d*)|')
+  if not t then  -- not running, or a running value of the older form
+    local r = string.sub(v, 1, 1) == 'R' and decode(v)
+    if not r or r.token ~= tonumber(token) then return false end
+    return true, r.attempt, int(r.due), r
+  end
+  if tonumber(t) ~= tonumber(token) then return false end
+  return true, attempt, due, rdue ~= '' and decode(v) or nil
 end
 
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
@@ -47,22 +55,24 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
   local states = n > 0 and read_fields(meta, keys) or {}
   for j = 1, n do
     local key, token = keys[j], tokens[j]
-    local r = not seen[key] and held_by(states[j], token)
-    if r then
+    local held, attempt, due, r = false, nil, nil, nil
+    if not seen[key] then held, attempt, due, r = held_by(states[j], token) end
+    if held then
       seen[key] = true
       finished[#finished + 1] = key
-      local due = rearm(meta, due_key, key, r)
-      if due then
+      local again = r and rearm(meta, due_key, key, r)
+      if again then
         rearmed = rearmed + 1
-        earliest = min(earliest, due)
+        earliest = min(earliest, again)
       else
         forgotten[#forgotten + 1] = key
       end
       acked = acked + 1
-      record(history, maxlen, key, rule, node, token, r, starts[j], took[j], 'success')
+      record(history, maxlen, key, rule, node, token, attempt, due, starts[j], took[j],
+             'success')
     else
       stale[#stale + 1] = key
-      record(history, maxlen, key, rule, node, token, nil, starts[j], took[j], 'lost',
+      record(history, maxlen, key, rule, node, token, '', '', starts[j], took[j], 'lost',
              'succeeded, but its claim had been taken over (lease expired)')
     end
   end

@@ -44,7 +44,8 @@ for g = 0, (#KEYS - 3) / 3 - 1 do
     local r = held(meta, key, token)
     if not r then
       stale[#stale + 1] = key
-      record(history, maxlen, key, rule, node, token, nil, ARGV[i + 5], ARGV[i + 6], 'lost', err)
+      record(history, maxlen, key, rule, node, token, '', '', ARGV[i + 5], ARGV[i + 6], 'lost',
+             err)
     else
       redis.call('ZREM', inflight_key, key)
       if r.attempt < max_attempts then
@@ -53,8 +54,8 @@ for g = 0, (#KEYS - 3) / 3 - 1 do
       else
         earliest = min(earliest, give_up(due_key, dead_key, key, r, err, max_attempts))
       end
-      record(history, maxlen, key, rule, node, token, r, ARGV[i + 5], ARGV[i + 6], ARGV[i + 4],
-             err)
+      record(history, maxlen, key, rule, node, token, r.attempt, int(r.due), ARGV[i + 5],
+             ARGV[i + 6], ARGV[i + 4], err)
     end
   end
   pos = pos + 3 + 7 * n
