@@ -234,7 +234,7 @@ async def test_any_key_text_survives_the_batch_encoding(shard: Shard) -> None:
 async def test_any_key_text_survives_the_ack_encoding(shard: Shard) -> None:
     """Claims travel to ack NUL-joined as TOKEN|START|MS|KEY: a key holding '|' and digits
     is finished, and its start and duration reach the history whole."""
-    keys = ["", "7|8|9|x", "a|b", "ключ:42"]
+    keys = ["", "7|8|9|x", "a|b", "ключ:42", "line\nbreak", "100%|%z"]
     await shard.lead()
     await shard.touch(*keys)
     claims = (await shard.claim(limit=10)).claims
