@@ -78,6 +78,15 @@ local function decode_running(v)
           rfirst = tonumber(rf), rlast = tonumber(rl), node = node}
 end
 
+-- FIRST, DUE, LAST and ATTEMPTS of a pending value of the short form, else nil (a
+-- running or dead value never reads as one: its letter is not lowercase hex).
+local function short_pending(v)
+  local first, due, last, attempts = string.match(v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  if not first then return nil end
+  first = tonumber(first, 16)
+  return first, first + tonumber(due), first + (tonumber(last) or 0), tonumber(attempts) or 0
+end
+
 local function decode(v)
   if not v then return nil end
   local kind = string.sub(v, 1, 1)
@@ -96,23 +105,17 @@ local function decode(v)
   -- A pending value that does not read (corrupted by hand) decodes as nil: the claim
   -- script then claims the key as touched now (its ack writes a good state), and
   -- upsert.lua reports the key as one it cannot touch.
-  local first, due, last, attempts = string.match(v, '^(%x+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  local first, due, last, attempts = short_pending(v)
   if not first then return nil end
-  first = tonumber(first, 16)
-  return {kind = 'P', first = first, due = first + tonumber(due),
-          last = first + (tonumber(last) or 0), attempts = tonumber(attempts) or 0}
+  return {kind = 'P', first = first, due = due, last = last, attempts = attempts}
 end
 
 -- FIRST, DUE, LAST and ATTEMPTS of a pending value `v`, without a table (claim.lua
 -- reads thousands a call); a value that does not read (see decode) is a key touched
 -- at `now`.
 local function pending_times(v, now)
-  local first, due, last, attempts = string.match(
-    v or '', '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
-  if first then
-    first = tonumber(first, 16)
-    return first, first + tonumber(due), first + (tonumber(last) or 0), tonumber(attempts) or 0
-  end
+  local first, due, last, attempts = short_pending(v or '')
+  if first then return first, due, last, attempts end
   local p = decode(v)
   if p and p.kind == 'P' then return p.first, p.due, p.last, p.attempts end
   return now, now, now, 0
