@@ -342,6 +342,13 @@ async def test_a_key_touched_while_its_write_is_in_flight_is_written_after_that_
     assert len(c._absorber) == 0
 
 
+async def gated_coalescer(make: Make, redis_url: str,
+                          monkeypatch: pytest.MonkeyPatch) -> tuple[Coalescer, Gate]:
+    """A coalescer whose writes of stats:a and stats:b wait at a gate."""
+    c = await make(redis_url)
+    return c, Gate(c, monkeypatch, "stats:a", "stats:b")
+
+
 async def two_writes_in_flight(c: Coalescer, gate: Gate) -> None:
     """Touch stats:a, and stats:b once stats:a's write is in flight: two writes at once."""
     c.touch("stats:a")
@@ -357,9 +364,8 @@ async def _later(client: redis.asyncio.Redis, ms: int) -> bool:
 async def test_flush_waits_for_both_writes_in_flight(
         make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    c = await make(redis_url)
+    c, gate = await gated_coalescer(make, redis_url, monkeypatch)
     due_key = c.keyspace.shard(0).due("stats")
-    gate = Gate(c, monkeypatch, "stats:a", "stats:b")
     await two_writes_in_flight(c, gate)
     assert not set(gate.started("stats:a")) & set(gate.started("stats:b"))  # two writes
 
@@ -379,9 +385,8 @@ async def test_flush_waits_for_both_writes_in_flight(
 async def test_a_transient_error_with_two_writes_in_flight_loses_nothing(
         make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    c = await make(redis_url)
+    c, gate = await gated_coalescer(make, redis_url, monkeypatch)
     due_key = c.keyspace.shard(0).due("stats")
-    gate = Gate(c, monkeypatch, "stats:a", "stats:b")
     gate.error = RedisConnectionError("injected")
     await two_writes_in_flight(c, gate)
 
