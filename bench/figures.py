@@ -30,9 +30,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from coalescer import BackpressureError, Coalescer, Config
-from coalescer.connection import connect
-from coalescer.keys import KeySpace
-from coalescer.scripts import Scripts, UpsertGroup
+from coalescer.store.connection import connect
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts, UpsertGroup
 
 from . import probe
 from .baseline import Baseline

@@ -18,8 +18,8 @@ from typing import Any
 
 import redis.asyncio
 
-from coalescer.keys import KeySpace, ShardKeys
-from coalescer.scripts import ClaimedKey, History, Scripts, UpsertGroup
+from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.scripts import ClaimedKey, History, Scripts, UpsertGroup
 
 from .valkey import Server
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from coalescer.embedded import server_binary
+from coalescer.store.embedded import server_binary
 
 HOST = "127.0.0.1"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .claim import Claim
-from .coalescer import Coalescer
-from .errors import (
+from coalescer.claim import Claim
+from coalescer.coalescer import Coalescer
+from coalescer.config.rules import Config, Rule
+from coalescer.errors import (
     BackpressureError,
     ClosedError,
     CoalescerError,
@@ -17,8 +18,7 @@ from .errors import (
     UnknownKeyError,
     WebhookError,
 )
-from .rules import Config, Rule
-from .sync import SyncCoalescer
+from coalescer.sync import SyncCoalescer
 
 try:
     __version__ = _version("coalescer")

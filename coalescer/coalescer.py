@@ -16,12 +16,14 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from . import forksafe
-from .absorber import Absorber
-from .adopter import Adopter
-from .claim import Claim
-from .connection import Connection, bytes_client, connect
-from .deadletters import (
+from coalescer.claim import Claim
+from coalescer.common import forksafe
+from coalescer.common.metrics import Metrics
+from coalescer.common.plural import plural
+from coalescer.common.redact import redact
+from coalescer.config.rules import Config, HttpHandler
+from coalescer.errors import ClosedError, UnknownKeyError
+from coalescer.query.dead_letters import (
     Action,
     DeadOutcome,
     DeadPage,
@@ -31,28 +33,26 @@ from .deadletters import (
     look_up_dead,
     requeue_dead,
 )
-from .drain import Drainer, local_runner
-from .embedded import EmbeddedServer, project_root, resolve_redis_url
-from .errors import ClosedError, UnknownKeyError
-from .explain import gather_explain
-from .flusher import Flusher
-from .handlers import Invoke, invoker_for
-from .history import HistoryQuery, Refresh, read_history
-from .keys import KeySpace
-from .leadership import Leadership
-from .leadlog import LeadLog
-from .metrics import Metrics
-from .poller import Poller
-from .registry import RegistryWatch, encode
-from .rules import Config, HttpHandler
-from .runner import Runner
-from .scripts import History, Scripts
-from .sources import BLOCK_MAX, Sources
-from .status import gather_status
-from .upcoming import DEFAULT_SHOWN, next_due
-from .urls import redact
-from .wakeups import WakeListener
-from .wording import plural
+from coalescer.query.due import DEFAULT_SHOWN, next_due
+from coalescer.query.explain import gather_explain
+from coalescer.query.history import HistoryQuery, Refresh, read_history
+from coalescer.query.status import gather_status
+from coalescer.sources.streams import BLOCK_MAX, Sources
+from coalescer.store.connection import Connection, bytes_client, connect
+from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import History, Scripts
+from coalescer.worker.adopter import Adopter
+from coalescer.worker.drain import Drainer, local_runner
+from coalescer.worker.invoke import Invoke, invoker_for
+from coalescer.worker.lead_log import LeadLog
+from coalescer.worker.leadership import Leadership
+from coalescer.worker.poller import Poller
+from coalescer.worker.registry import RegistryWatch, encode
+from coalescer.worker.runner import Runner
+from coalescer.worker.wakeups import WakeListener
+from coalescer.write.absorber import Absorber
+from coalescer.write.flusher import Flusher
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class Coalescer:
         self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
                                             thread_name_prefix="coalescer-handler")
         if any(isinstance(r.handler, HttpHandler) for r in self.config.rules):
-            from .webhook import Webhooks
+            from coalescer.worker.webhooks import Webhooks
             self.webhooks = Webhooks()
         return {r.name: invoker_for(r, self._executor, self.webhooks) for r in self.config.rules}
 

@@ -10,9 +10,9 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from . import forksafe
-from .coalescer import Coalescer
-from .errors import ClosedError
+from coalescer.coalescer import Coalescer
+from coalescer.common import forksafe
+from coalescer.errors import ClosedError
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
-from .claim import Claim
-from .coalescer import Coalescer, default_node_id
-from .embedded import ROOT_NAME, EmbeddedServer
-from .errors import ConfigError
-from .rules import NAME_RE, Config
+from coalescer.claim import Claim
+from coalescer.coalescer import Coalescer, default_node_id
+from coalescer.config.rules import NAME_RE, Config
+from coalescer.errors import ConfigError
+from coalescer.store.embedded import ROOT_NAME, EmbeddedServer
 
 Factory = Callable[..., AbstractAsyncContextManager[Coalescer]]
 

@@ -9,7 +9,7 @@ Fixtures:
     cluster        session   a 3-master Cluster, started only if a test asks for it
     rules_file     function  factory: rules_file(yaml_text, handlers_py=None) -> Path
 
-Helpers (import from ``servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
+Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
 """
 
@@ -24,12 +24,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
-# Make ``import servers`` work from any test module, whatever the import mode.
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-from servers import Cluster, ValkeyProcess, start_cluster, write_rules  # noqa: E402
+from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
 
 RulesFactory = Callable[..., Path]
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis.asyncio
-from e2e import Recorder, leader_node, recorder_rules, server_ms, settled
-from servers import ValkeyProcess, wait_until
 
 from coalescer import BackpressureError, Claim, Coalescer, UnknownKeyError
-from coalescer.keys import KeySpace
+from coalescer.store.keys import KeySpace
+from tests.helpers.e2e import Recorder, leader_node, recorder_rules, server_ms, settled
+from tests.helpers.servers import ValkeyProcess, wait_until
 
 RULES = """\
 namespace: {ns}

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import REPO, clean_env
-from servers import ValkeyProcess, poll_until
 
-from coalescer.embedded import free_port
+from coalescer.store.embedded import free_port
 from examples.stats_app import customer_stats as stats_db
+from tests.helpers.e2e import REPO, clean_env
+from tests.helpers.servers import ValkeyProcess, poll_until
 
 PY = sys.executable
 

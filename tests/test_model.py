@@ -27,8 +27,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from e2e import NodeProcs, leader_node, line_rules, read_lines
-from model_history import (
+
+from coalescer import Coalescer
+from coalescer.config.rules import Config
+from coalescer.store.keys import KeySpace
+from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
+from tests.helpers.model_history import (
     History,
     Rule,
     Touch,
@@ -39,11 +43,7 @@ from model_history import (
     check_retries,
     timeline,
 )
-from servers import wait_until
-
-from coalescer import Coalescer
-from coalescer.keys import KeySpace
-from coalescer.rules import Config
+from tests.helpers.servers import wait_until
 
 RULES = """\
 namespace: {ns}

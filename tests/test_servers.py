@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from redis.asyncio.cluster import RedisCluster
-from servers import Cluster, ValkeyProcess
+
+from tests.helpers.servers import Cluster, ValkeyProcess
 
 
 async def test_cluster_has_three_masters_serving_all_slots(cluster: Cluster) -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from e2e import line_rules
-from servers import poll_until, wait_until
 
 from coalescer import ClosedError, Coalescer, SyncCoalescer, UnknownKeyError
-from coalescer.embedded import EmbeddedServer
-from coalescer.keys import KeySpace
+from coalescer.store.embedded import EmbeddedServer
+from coalescer.store.keys import KeySpace
+from tests.helpers.e2e import line_rules
+from tests.helpers.servers import poll_until, wait_until
 
 RULES = """\
 namespace: {ns}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..keycheck import check_key
+from coalescer.store.keycheck import check_key
 
 
 class Toucher(Protocol):

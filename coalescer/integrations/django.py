@@ -15,7 +15,7 @@ from functools import partial
 
 from django.db import transaction
 
-from . import Toucher, checked_keys
+from coalescer.integrations import Toucher, checked_keys
 
 
 def touch_on_commit(*keys: str, coalescer: Toucher, using: str | None = None) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from . import Toucher, checked_keys
+from coalescer.integrations import Toucher, checked_keys
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,199 @@
+"""`coalescer explain KEY` and GET /keys/{key}: where one key stands, and why.
+
+``gather_explain`` reads everything about a key in one pipelined round trip to
+its shard: its state (the meta hash field, see lua/_lib.lua), its scores in its
+rule's due, in-flight and dead sets, the server clock, and the shard's history.
+``format_explain`` turns that dict into lines a person reads at a glance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coalescer.common.plural import plural
+from coalescer.config.durations import format_duration
+from coalescer.config.rules import Config, Rule
+from coalescer.query.history import clock, format_duration_ms, parse_entry
+from coalescer.store import key_states as states
+from coalescer.store.keys import KeySpace
+
+LAST_REFRESHES = 5
+SLACK_MS = 1  # rounding of window / max_wait to whole ms
+
+
+def rule_settings(rule: Rule) -> dict[str, Any]:
+    """A rule's resolved settings (durations in seconds)."""
+    return {"name": rule.name, "match": rule.pattern.source, "handler": rule.handler_ref,
+            "window": rule.window, "max_wait": rule.max_wait, "absorb": rule.absorb,
+            "timeout": rule.timeout, "concurrency": rule.concurrency,
+            "retry": {"attempts": rule.retry.attempts, "backoff": rule.retry.backoff,
+                      "max_backoff": rule.retry.max_backoff}}
+
+
+def _num(text: str) -> int | None:
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def due_reason(rule: Rule, first: int, last: int, attempts: int, due: int) -> str:
+    """Why a pending key is due when it is: window, max_wait, retry or requeued."""
+    if attempts > 0:
+        return "retry"
+    by_window = last + round(rule.window * 1000)
+    by_cap = first + round(rule.max_wait * 1000)
+    if abs(due - by_cap) <= SLACK_MS and by_cap < by_window:
+        return "max_wait"
+    if abs(due - by_window) <= SLACK_MS:
+        return "window"
+    return "requeued"
+
+
+def _pending(value: str, rule: Rule) -> dict[str, Any]:
+    p = states.pending(value) or states.Pending(0, 0, 0, 0)
+    first, last, attempts, due = p.first_ms, p.last_ms, p.attempts, p.due_ms
+    state = "backoff" if attempts > 0 else "pending"
+    return {"state": state, "first_touch_ms": first, "last_touch_ms": last,
+            "attempts": attempts, "due_ms": due,
+            "due_reason": due_reason(rule, first, last, attempts, due)}
+
+
+def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
+    token, first, last, attempt, due, rdue, rfirst, rlast, node = states.fields(value, 9)
+    again = None
+    if _num(rdue) is not None:
+        again = {"first_touch_ms": _num(rfirst), "last_touch_ms": _num(rlast),
+                 "due_ms": _num(rdue)}
+    return {"state": "running", "first_touch_ms": _num(first), "last_touch_ms": _num(last),
+            "attempts": (_num(attempt) or 1) - 1, "due_ms": _num(due),
+            "running": {"node": node or None, "token": _num(token), "attempt": _num(attempt),
+                        "lease_left_ms": None if lease_until is None
+                        else int(lease_until) - now,
+                        "touched_again": again}}
+
+
+def _dead(value: str, since: float | None) -> dict[str, Any]:
+    first, last, attempts, error = states.fields(value, 4)
+    return {"state": "dead", "first_touch_ms": _num(first), "last_touch_ms": _num(last),
+            "attempts": _num(attempts),
+            "dead": {"since_ms": None if since is None else int(since), "error": error}}
+
+
+def describe_state(value: str | None, rule: Rule, scores: dict[str, float | None],
+                   now: int) -> dict[str, Any]:
+    """The state part of an explanation, from the key's meta field and set scores."""
+    if not value:
+        return {"state": "idle", "first_touch_ms": None, "last_touch_ms": None, "attempts": 0}
+    found = states.kind(value)
+    if found == "running":
+        return _running(value, scores["inflight"], now)
+    if found == "dead":
+        return _dead(value, scores["dead"])
+    return _pending(value, rule)
+
+
+async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]:
+    """Everything about ``key``; UnknownKeyError if no rule matches it."""
+    rule = config.rule_for(key)
+    space = KeySpace(config.namespace, config.shards)
+    sk = space.shard(space.shard_of(key))
+    pipe = redis.pipeline(transaction=False)
+    pipe.time()
+    pipe.hget(sk.meta, key)
+    pipe.zscore(sk.inflight(rule.name), key)
+    pipe.zscore(sk.dead(rule.name), key)
+    pipe.xrevrange(sk.history, "+", "-")
+    (sec, usec), value, inflight, dead, entries = await pipe.execute()
+    now = int(sec) * 1000 + int(usec) // 1000
+    mine = [r for r in (parse_entry(i, f) for i, f in entries) if r.key == key]
+    info: dict[str, Any] = {"key": key, "shard": sk.shard, "now_ms": now,
+                            "rule": rule_settings(rule)}
+    info |= describe_state(value, rule, {"inflight": inflight, "dead": dead}, now)
+    if info["state"] == "backoff":
+        failed = next((r for r in mine if r.failed), None)
+        info["last_error"] = failed.error if failed else None
+    info["last_refreshes"] = [r.to_json() for r in mine[:LAST_REFRESHES]]
+    return info
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def _ago(ms: int | None, now: int) -> str:
+    if ms is None:
+        return "-"
+    delta = (now - ms) / 1000
+    return f"{delta:.1f}s ago" if delta >= 0 else f"in {-delta:.1f}s"
+
+
+def _due(info: dict[str, Any]) -> str:
+    now, rule, due = info["now_ms"], info["rule"], info["due_ms"]
+    when = _ago(due, now) if due < now else f"in {(due - now) / 1000:.1f}s"
+    reasons = {
+        "window": f"window: last touch + {format_duration(rule['window'])}",
+        "max_wait": f"max wait: first touch + {format_duration(rule['max_wait'])} "
+                    "(the burst kept going)",
+        "retry": f"retry backoff after attempt {info['attempts']} of "
+                 f"{rule['retry']['attempts']} failed",
+        "requeued": "re-queued (coalescer retry, an expired claim, or changed rules)",
+    }
+    return f"due {when} ({clock(due)}), by {reasons[info['due_reason']]}"
+
+
+def _state_lines(info: dict[str, Any]) -> list[str]:
+    state, now = info["state"], info["now_ms"]
+    if state == "idle":
+        return ["idle: nothing pending, running or dead (its next touch starts a burst)"]
+    if state in ("pending", "backoff"):
+        lines = [f"{state}: {_due(info)}"]
+        if state == "backoff":
+            lines.append(f"last error: {info.get('last_error') or '(not in the history)'}")
+        return lines
+    if state == "running":
+        run = info["running"]
+        lease = run["lease_left_ms"]
+        lines = [f"running on node {run['node'] or '(unknown)'}, token {run['token']}, "
+                 f"attempt {run['attempt']}, lease "
+                 + (f"{lease / 1000:.1f}s left" if lease is not None else "unknown")]
+        if run["touched_again"]:
+            again = run["touched_again"]
+            lines.append(f"touched again while running: runs again {_ago(again['due_ms'], now)}")
+        return lines
+    dead = info["dead"]
+    return [f"dead since {_ago(dead['since_ms'], now)} after "
+            f"{plural(info['attempts'], 'attempt')}: "
+            f"{dead['error']}",
+            "re-queue with `coalescer dead retry KEY`, or touch it"]
+
+
+def _rule_lines(rule: dict[str, Any]) -> list[str]:
+    retry = rule["retry"]
+    return [f"rule       {rule['name']}  (match {rule['match']}, handler {rule['handler']})",
+            f"           window {format_duration(rule['window'])}, max_wait "
+            f"{format_duration(rule['max_wait'])}, absorb {format_duration(rule['absorb'])}, "
+            f"timeout {format_duration(rule['timeout'])}, concurrency {rule['concurrency']}",
+            f"           retry {retry['attempts']} attempts, backoff "
+            f"{format_duration(retry['backoff'])} doubling up to "
+            f"{format_duration(retry['max_backoff'])}"]
+
+
+def _refresh_line(r: dict[str, Any]) -> str:
+    line = (f"  {clock(r['start_ms'])}  {r['outcome']:<8} {format_duration_ms(r['duration_ms'])}"
+            f"  attempt {r['attempt'] if r['attempt'] is not None else '-'}, "
+            f"token {r['token']}, node {r['node']}")
+    return f"{line}\n      error: {r['error']}" if r["error"] else line
+
+
+def format_explain(info: dict[str, Any]) -> str:
+    """An explanation dict (``gather_explain``) as a few readable lines."""
+    now = info["now_ms"]
+    lines = [f"{info['key']}  (shard {info['shard']})", *_rule_lines(info["rule"])]
+    state = _state_lines(info)
+    lines.append(f"state      {state[0]}")
+    lines += [f"           {line}" for line in state[1:]]
+    if info["first_touch_ms"] is not None:
+        lines.append(f"burst      first touch {_ago(info['first_touch_ms'], now)}, last touch "
+                     f"{_ago(info['last_touch_ms'], now)}; attempts so far {info['attempts']}")
+    refreshes = info["last_refreshes"]
+    lines.append("last refreshes" + ("" if refreshes else ": none in the history"))
+    lines += [_refresh_line(r) for r in refreshes]
+    return "\n".join(lines)
+

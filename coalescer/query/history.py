@@ -1,0 +1,169 @@
+"""Reading the refresh history: one capped Redis stream per shard.
+
+Every finished refresh (its key, rule, node, fencing token, attempt, due time and
+start on the server clock, duration, outcome and error) is appended to its shard's
+stream by the same Lua call that records its result (``ack.lua``, ``fail.lua``),
+so the history costs no extra round trip. ``history`` in rules.yaml caps each
+stream (approximately: Redis trims whole blocks); 0 records nothing.
+
+Reads are pipelined: one round trip for every shard (one per node on a cluster).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from coalescer.config.rules import Config
+from coalescer.store.keys import KeySpace, ShardKeys
+
+FAILED_OUTCOMES = ("failure", "timeout", "lost")
+RECENT = 200  # refreshes per shard that `status` counts failures over
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """One finished refresh as the history recorded it (times: server clock, ms)."""
+
+    id: str
+    key: str
+    rule: str
+    node: str
+    token: int
+    attempt: int | None
+    start_ms: int
+    duration_ms: int
+    outcome: str  # success, failure, timeout, or lost (its claim had been taken over)
+    error: str
+    due_ms: int | None = None  # the due time it was claimed at (not recorded for lost ones)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILED_OUTCOMES
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Sort key: when the result was recorded (the stream entry id)."""
+        ms, _, seq = self.id.partition("-")
+        return int(ms), int(seq or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def _optional_int(value: str | None) -> int | None:
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
+def parse_entry(entry_id: str, fields: dict[str, str]) -> Refresh:
+    """A stream entry as a Refresh (missing or odd fields read as empty)."""
+    attempt = fields.get("attempt")
+    return Refresh(id=entry_id, key=fields.get("key", ""), rule=fields.get("rule", ""),
+                   node=fields.get("node", ""), token=_int(fields.get("token")),
+                   attempt=int(attempt) if attempt and attempt.isdigit() else None,
+                   start_ms=_int(fields.get("start")), duration_ms=_int(fields.get("ms")),
+                   outcome=fields.get("outcome", ""), error=fields.get("error", ""),
+                   due_ms=_optional_int(fields.get("due")))
+
+
+async def read_streams(redis: Any, shards: Sequence[ShardKeys],
+                       count: int | None) -> list[Refresh]:
+    """The newest ``count`` entries (all when None) of each shard's stream, pipelined."""
+    pipe = redis.pipeline(transaction=False)
+    for sk in shards:
+        pipe.xrevrange(sk.history, "+", "-", count=count)
+    out: list[Refresh] = []
+    for entries in await pipe.execute():
+        out += (parse_entry(entry_id, fields) for entry_id, fields in entries)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HistoryQuery:
+    """Which refreshes to show: filters, and how many at most (newest first)."""
+
+    rule: str | None = None
+    key: str | None = None
+    failed: bool = False
+    limit: int = 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ValueError(f"the number of refreshes to show must be 1 or more, "
+                             f"got {self.limit!r}")
+
+    @property
+    def filtered(self) -> bool:
+        return self.rule is not None or self.key is not None or self.failed
+
+    def wants(self, r: Refresh) -> bool:
+        return ((self.rule is None or r.rule == self.rule)
+                and (self.key is None or r.key == self.key)
+                and (not self.failed or r.failed))
+
+
+async def read_history(redis: Any, config: Config, query: HistoryQuery) -> list[Refresh]:
+    """The refreshes ``query`` asks for, newest first, merged across the shards.
+
+    Unfiltered, each shard's newest ``limit`` entries are read; filtered, each
+    whole (capped) stream is.
+    """
+    space = KeySpace(config.namespace, config.shards)
+    shards = ([space.shard(space.shard_of(query.key))] if query.key is not None
+              else space.all_shards())
+    found = await read_streams(redis, shards, None if query.filtered else query.limit)
+    picked = [r for r in found if query.wants(r)]
+    picked.sort(key=lambda r: r.order, reverse=True)
+    return picked[:query.limit]
+
+
+async def recent_by_rule(redis: Any, config: Config,
+                         per_shard: int = RECENT) -> dict[str, dict[str, int]]:
+    """Per rule, how many of the shards' newest refreshes ran and how many failed."""
+    out = {rule.name: {"refreshes": 0, "failed": 0} for rule in config.rules}
+    space = KeySpace(config.namespace, config.shards)
+    for r in await read_streams(redis, space.all_shards(), per_shard):
+        counts = out.get(r.rule)
+        if counts is not None:
+            counts["refreshes"] += 1
+            counts["failed"] += int(r.failed)
+    return out
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def clock(ms: int) -> str:
+    """Server-clock epoch ms as local date and time, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}"
+
+
+def format_duration_ms(ms: int) -> str:
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def _row(r: Refresh) -> str:
+    attempt = str(r.attempt) if r.attempt is not None else "-"
+    line = (f"{clock(r.start_ms):<23}  {format_duration_ms(r.duration_ms):>9}  "
+            f"{r.outcome:<8} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
+    return f"{line}\n{'':<25}error: {r.error}" if r.error else line
+
+
+def format_history(refreshes: Iterable[Refresh]) -> str:
+    """A readable table, newest first; each error on its own line below its refresh."""
+    rows = [_row(r) for r in refreshes]
+    if not rows:
+        return "no refreshes recorded (yet) that match"
+    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<8} {'RULE':<16} {'TRY':>3} "
+            f"{'TOKEN':>8}  {'NODE':<20} KEY")
+    return "\n".join([head, *rows])

@@ -1,0 +1,160 @@
+"""What `coalescer status`, GET /status and the gauges report, read from Redis."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from coalescer.common.plural import plural
+from coalescer.config.rules import Config
+from coalescer.query.history import RECENT, recent_by_rule
+from coalescer.query.registry_status import add_registry, format_registry
+from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
+from coalescer.query.source_status import add_sources, format_sources
+from coalescer.store.keys import KeySpace, ShardKeys
+
+SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
+SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
+RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
+
+
+def recent_per_shard(shards: int) -> int:
+    """How many of each shard's newest refreshes the recent failure rate reads."""
+    return max(1, min(RECENT, RECENT_TOTAL // max(1, shards)))
+
+
+def _leader_node(value: str | None) -> str | None:
+    """The node id of a lease value "EPOCH|NODE-ID"."""
+    if not value:
+        return None
+    return value.split("|", 1)[1] if "|" in value else value
+
+
+def _dead_entry(key: str, rule: str, since: float, meta: str | None) -> dict[str, Any]:
+    parts = (meta or "").split("|", 4)
+    attempts = int(parts[3]) if len(parts) > 3 and parts[0] == "D" else None
+    error = parts[4] if len(parts) > 4 and parts[0] == "D" else ""
+    return {"key": key, "rule": rule, "since_ms": int(since), "attempts": attempts, "error": error}
+
+
+def _queue_shard(pipe: Any, sk: ShardKeys, rules: list[str]) -> None:
+    """Queue one shard's reads: its leader, then each rule's (see rule_counts)."""
+    pipe.get(sk.leader)
+    for name in rules:
+        queue_rule(pipe, sk, name)
+
+
+async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
+    """Leader per shard, pending / in-flight / dead per rule, next due, dead letters.
+
+    Two pipelined round trips whatever the shard count (one when nothing is dead):
+    every count and head, then the state of the dead letters listed. A Redis
+    Cluster pipeline sends each node the reads of its own slots.
+    """
+    space = KeySpace(config.namespace, config.shards)
+    names = [r.name for r in config.rules]
+    rules: dict[str, dict[str, Any]] = {
+        name: new_entry() for name in names}
+    pipe = redis.pipeline(transaction=False)
+    for sk in space.all_shards():
+        _queue_shard(pipe, sk, names)
+    replies = iter(await pipe.execute())
+    shards: list[dict[str, Any]] = []
+    listed: list[tuple[ShardKeys, str, str, float]] = []
+    for sk in space.all_shards():
+        leader = next(replies)
+        shards.append({"shard": sk.shard, "leader": _leader_node(leader),
+                       "epoch": int(leader.split("|", 1)[0]) if leader else None})
+        for name in names:
+            listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
+    dead = await _dead_letters(redis, listed[:DEAD_LISTED])
+    recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
+    for name, counts in recent.items():
+        rules[name]["recent"] = counts
+    status = {"namespace": config.namespace, "shards": shards, "rules": rules,
+              "dead_letters": dead}
+    await add_registry(redis, config, status)
+    await add_sources(redis, config, status)
+    return status
+
+
+async def _dead_letters(redis: Any,
+                        listed: list[tuple[ShardKeys, str, str, float]]) -> list[dict[str, Any]]:
+    if not listed:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for sk, key, _, _ in listed:
+        pipe.hget(sk.meta, key)
+    metas = await pipe.execute()
+    return [_dead_entry(key, rule, since, meta)
+            for (_, key, rule, since), meta in zip(listed, metas, strict=True)]
+
+
+def _when(ms: int | None, now_ms: int) -> str:
+    if ms is None:
+        return "-"
+    delta = (ms - now_ms) / 1000
+    return f"in {delta:.1f}s" if delta >= 0 else f"{-delta:.1f}s ago"
+
+
+def ranges(numbers: list[int], most: int = SHOWN_RANGES) -> str:
+    """Sorted numbers as compact ranges: "0-127, 200, 300-511" (the first ``most``
+    ranges, then how many more numbers)."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most])
+    rest = sum(b - a + 1 for a, b in spans[most:])
+    return shown + (f" and {rest} more" if rest else "")
+
+
+def shard_summary(shards: list[dict[str, Any]]) -> str:
+    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none"."""
+    counts = Counter(s["leader"] for s in shards if s["leader"])
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    leads = [f"{node} leads {n}" for node, n in ranked[:SHOWN_LEADERS]]
+    if len(ranked) > SHOWN_LEADERS:
+        others = ranked[SHOWN_LEADERS:]
+        leads.append(f"{plural(len(others), 'more node')} lead {sum(n for _, n in others)}")
+    unled = [s["shard"] for s in shards if not s["leader"]]
+    return (f"shards: {len(shards)} — {', '.join(leads) or 'no leader anywhere'}; "
+            f"unled: {ranges(unled) if unled else 'none'}")
+
+
+def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = False) -> str:
+    """A readable summary of a status dict: a line for the shards (a row each with
+    ``every_shard``), a row per rule, recent failures, the oldest dead letters."""
+    lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
+    if every_shard:
+        lines += ["", "SHARD  LEADER"]
+        lines += [f"{s['shard']:<6} {s['leader'] or '(none)'}" for s in status["shards"]]
+    lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
+    for name, r in status["rules"].items():
+        lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
+                     f"{_when(r['next_due_ms'], now_ms)}")
+    lines += format_registry(status)
+    lines += _recent_lines(status)
+    lines += format_sources(status)
+    if status["dead_letters"]:
+        total = sum(r["dead"] for r in status["rules"].values())
+        shown = len(status["dead_letters"])
+        count = (f"{shown} of {total} shown; every one with `coalescer dead list`"
+                 if total > shown else plural(total, "dead letter"))
+        lines += ["", f"DEAD LETTERS ({count}; re-queue with `coalescer dead retry KEY` "
+                      "or `--all`)"]
+        for d in status["dead_letters"]:
+            after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "?"
+            lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
+    return "\n".join(lines)
+
+
+def _recent_lines(status: dict[str, Any]) -> list[str]:
+    """Failures among each rule's recent refreshes (from the shards' histories)."""
+    lines = ["", f"RECENT REFRESHES (newest {recent_per_shard(len(status['shards']))} per shard)"]
+    for name, r in status["rules"].items():
+        recent = r.get("recent") or {"refreshes": 0, "failed": 0}
+        lines.append(f"  {name:<24} failures {recent['failed']} of last {recent['refreshes']}")
+    return lines

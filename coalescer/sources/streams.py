@@ -1,0 +1,263 @@
+"""Stream sources: every entry of a Redis Stream touches the key its fields fill in.
+
+Each worker node reads each source's stream in the source's consumer group, as
+the consumer named by its node id (``XREADGROUP``, ``COUNT`` ``BATCH``, blocking
+a few seconds when there is nothing to read). A batch is touched, flushed (Redis
+then holds every due time) and only then acknowledged, so a crash loses nothing:
+entries read but not acknowledged stay pending, and any node claims those idle
+longer than ``claim_lease`` (``XAUTOCLAIM``). An entry that cannot become a touch
+(a field missing or not UTF-8, a key no rule matches or Redis cannot store, an
+entry trimmed away) is acknowledged too, logged with its id and counted as
+rejected: it never blocks the stream.
+
+Entries are read as bytes, on a client of the sources' own: a field of any bytes
+is rejected rather than failing the read, and a blocked read never holds one of
+the connections the scripts share. A loop survives its own errors (logs once,
+backs off); a missing stream or group (deleted, or lost in a Redis restart) is
+created again, from the stream's start so that nothing added since is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.retrying import Backoff
+from coalescer.config.rules import Config
+from coalescer.config.sources import Source
+from coalescer.errors import UnknownKeyError, shown_key
+from coalescer.store.keycheck import key_problem
+from coalescer.store.keys import sources_rejected
+
+log = logging.getLogger(__name__)
+
+BATCH = 500  # entries read (or claimed) at a time
+BLOCK_MAX = 10.0  # seconds a read blocks at most when the stream is idle
+REJECTS_LOGGED = 20  # rejected entries logged one by one per batch; the rest summed up
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]  # id, fields (None: no longer in the stream)
+TouchMany = Callable[[list[str]], None]
+Flush = Callable[[], Awaitable[None]]
+
+
+def block_seconds(claim_lease: float) -> float:
+    """How long an idle read blocks: twice ``claim_lease``, from 1 s up to BLOCK_MAX.
+
+    Pending entries of a dead consumer are looked for once per read at most, so
+    they are claimed within about ``claim_lease`` plus this after they went idle.
+    """
+    return min(BLOCK_MAX, max(1.0, 2 * claim_lease))
+
+
+def _raw(reply: Any, **_options: Any) -> Any:
+    return reply
+
+
+def _entries(items: Iterable[Any] | None) -> list[Entry]:
+    out: list[Entry] = []
+    for item in items or ():
+        if item is None:  # a claimed entry deleted from the stream (Redis 6.2)
+            continue
+        entry_id, flat = item[0], item[1]
+        fields = None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
+        out.append((entry_id, fields))
+    return out
+
+
+def _read_reply(reply: Any) -> list[Entry]:
+    """The entries of an XREADGROUP reply on one stream (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    streams = reply.items() if isinstance(reply, dict) else reply
+    return [entry for _, items in streams for entry in _entries(items)]
+
+
+def _group_gone(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, ResponseError) and ("NOGROUP" in text or "no longer exists" in text)
+
+
+class SourceLoop:
+    """Reads one source's stream and turns its entries into touches."""
+
+    def __init__(self, source: Source, client: Any, *, config: Config, node_id: str,
+                 touch_many: TouchMany, flush: Flush, metrics: Metrics) -> None:
+        self.source = source
+        self._client = client
+        self._config = config
+        self._consumer = node_id
+        self._touch_many = touch_many
+        self._flush = flush
+        self._rejected_key = sources_rejected(config.namespace)
+        self._fields = [(name, name.encode("utf-8", "surrogatepass"))
+                        for name in source.key.fields]
+        self._claim_idle_ms = max(1, round(config.claim_lease * 1000))
+        self._block_ms = round(block_seconds(config.claim_lease) * 1000)
+        self._next_claim = 0.0
+        self._claim_from = "0-0"
+        self._group_ready = False
+        self._recreating = False  # the group was ready once: create it again from 0
+        self._own_first = True  # re-read this consumer's own pending entries first
+        self._metrics = metrics.source_entries
+
+    async def run(self) -> None:
+        """The loop: survives Redis errors and a lost stream or group; backs off."""
+        backoff = Backoff(base=0.05, cap=5.0)
+        while True:
+            try:
+                await self.step()
+            except Exception as exc:
+                self._own_first = True
+                if _group_gone(exc):
+                    self._group_ready = False
+                backoff.log(log, "source %s: stream %r: %r; will retry", self.source.name,
+                            self.source.stream, exc)
+                await asyncio.sleep(backoff.next())
+                continue
+            if backoff.failing:
+                log.info("source %s: reading stream %r again", self.source.name,
+                         self.source.stream)
+            backoff.reset()
+
+    async def step(self) -> int:
+        """One read (or claim) and its handling; returns how many entries it handled."""
+        if not self._group_ready:
+            await self._create_group()
+        entries = await self._claim() if time.monotonic() >= self._next_claim else []
+        if not entries:
+            entries = await self._read()
+        if entries:
+            await self._handle(entries)
+        return len(entries)
+
+    async def _create_group(self) -> None:
+        """Create the group (and the stream) if missing: at the configured start the
+        first time, from the stream's start when it went missing since."""
+        start = self.source.start_id if not self._recreating else "0"
+        try:
+            await self._client.xgroup_create(self.source.stream, self.source.group, id=start,
+                                             mkstream=True)
+            log.info("source %s: created group %r on stream %r from %s", self.source.name,
+                     self.source.group, self.source.stream,
+                     "new entries" if start == "$" else "the stream's start")
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+        self._recreating = True
+
+    async def _claim(self) -> list[Entry]:
+        """Claim entries idle longer than claim_lease in anyone's hands (dead consumers')."""
+        reply = await self._client.xautoclaim(
+            self.source.stream, self.source.group, self._consumer, self._claim_idle_ms,
+            start_id=self._claim_from, count=BATCH)
+        next_from = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        self._claim_from = next_from
+        if next_from in ("0-0", "0"):
+            self._next_claim = time.monotonic() + self._config.claim_lease
+        entries = _entries(reply[1])
+        if entries:
+            log.info("source %s: claimed %d entries idle over %gs (from %s to %s)",
+                     self.source.name, len(entries), self._config.claim_lease,
+                     entries[0][0].decode(), entries[-1][0].decode())
+        return entries
+
+    async def _read(self) -> list[Entry]:
+        s = self.source
+        if self._own_first:
+            reply = await self._client.xreadgroup(s.group, self._consumer, {s.stream: "0"},
+                                                  count=BATCH)
+            entries = _read_reply(reply)
+            if entries:
+                return entries
+            self._own_first = False
+        reply = await self._client.xreadgroup(s.group, self._consumer, {s.stream: ">"},
+                                              count=BATCH, block=self._block_ms)
+        return _read_reply(reply)
+
+    async def _handle(self, entries: list[Entry]) -> None:
+        """Touch the keys, flush, then acknowledge every entry (rejected ones too)."""
+        keys: list[str] = []
+        rejected: list[tuple[bytes, str]] = []
+        for entry_id, fields in entries:
+            key, why = self.key_of(fields)
+            if key is None:
+                rejected.append((entry_id, why))
+            else:
+                keys.append(key)
+        if keys:
+            self._touch_many(keys)
+            await self._flush()
+        await self._client.xack(self.source.stream, self.source.group,
+                                *[entry_id for entry_id, _ in entries])
+        if rejected:
+            await self._client.hincrby(self._rejected_key, self.source.name, len(rejected))
+            self._log_rejected(rejected)
+            self._metrics.labels(self.source.name, "rejected").inc(len(rejected))
+        if keys:
+            self._metrics.labels(self.source.name, "accepted").inc(len(keys))
+
+    def key_of(self, fields: dict[bytes, bytes] | None) -> tuple[str | None, str]:
+        """The key an entry touches, or None and why it is rejected."""
+        if fields is None:
+            return None, "the entry is no longer in the stream (trimmed or deleted)"
+        values: dict[str, str] = {}
+        for name, raw_name in self._fields:
+            raw = fields.get(raw_name)
+            if raw is None:
+                return None, f"it has no field {name!r}"
+            try:
+                values[name] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return None, f"field {name!r} is not UTF-8 text"
+        key = self.source.key.fill(values)
+        problem = key_problem(key)
+        if problem is not None:
+            return None, f"key {shown_key(key)} cannot be stored: {problem}"
+        try:
+            self._config.rule_for(key)
+        except UnknownKeyError:
+            return None, f"no rule matches key {shown_key(key)}"
+        return key, ""
+
+    def _log_rejected(self, rejected: list[tuple[bytes, str]]) -> None:
+        for entry_id, why in rejected[:REJECTS_LOGGED]:
+            log.warning("source %s: entry %s of stream %r rejected (acknowledged, not "
+                        "touched): %s", self.source.name, entry_id.decode(),
+                        self.source.stream, why)
+        if len(rejected) > REJECTS_LOGGED:
+            log.warning("source %s: %d more entries of stream %r rejected, up to %s",
+                        self.source.name, len(rejected) - REJECTS_LOGGED, self.source.stream,
+                        rejected[-1][0].decode())
+
+
+class Sources:
+    """Every source's loop on one worker node, on a bytes client of their own."""
+
+    def __init__(self, config: Config, client: Any, *, node_id: str, touch_many: TouchMany,
+                 flush: Flush, metrics: Metrics) -> None:
+        client.set_response_callback("XREADGROUP", _raw)
+        client.set_response_callback("XAUTOCLAIM", _raw)
+        self._client = client
+        self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
+                                 touch_many=touch_many, flush=flush, metrics=metrics)
+                      for source in config.sources]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(loop.run(), name=f"coalescer source {loop.source.name}")
+                       for loop in self.loops]
+
+    async def stop(self) -> None:
+        """Stop reading (entries read and not yet acknowledged stay pending), close."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._client.aclose()

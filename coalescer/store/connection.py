@@ -1,0 +1,91 @@
+"""Redis connections: a single server or a Redis Cluster, detected from one URL.
+
+A node makes one call per shard at a time (upserts, claims, leases), and a
+deployment may have up to 16,384 shards, so connections must not grow with the
+shard count: script calls travel in a few pipelines at a time (``batching``),
+and a single server is reached through a bounded blocking pool (a caller waits
+for a free connection, up to ``POOL_TIMEOUT``, instead of failing). A Redis
+Cluster's per-node pools have the same bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from coalescer.common.redact import redact
+
+MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
+POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
+
+
+def _options() -> dict[str, Any]:
+    return {
+        "decode_responses": True,
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 10.0,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        # No health-check PINGs (one per idle connection every 15 s cost an idle node): a command
+        # on a dead connection is retried on a new one, and a lost pub/sub connection
+        # fails the wake listener's read, which then resubscribes and pokes every shard.
+    }
+
+
+@dataclass(slots=True)
+class Connection:
+    """The command client (``Redis`` or ``RedisCluster``) and a plain one for pub/sub."""
+
+    url: str
+    client: Any
+    pubsub_client: Redis
+    cluster: bool
+
+    def __repr__(self) -> str:
+        return f"Connection(url={redact(self.url)!r}, cluster={self.cluster})"
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self.pubsub_client is not self.client:
+            await self.pubsub_client.aclose()
+
+
+async def connect(url: str) -> Connection:
+    """Connect to ``url``; a node of a Redis Cluster is detected with ``INFO cluster``.
+
+    In a cluster, PUBLISH reaches subscribers on every node, so pub/sub uses a
+    plain connection to the node the URL names.
+    """
+    pool = BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS,
+                                           timeout=POOL_TIMEOUT, **_options())
+    plain = Redis.from_pool(pool)
+    try:
+        info = await plain.info("cluster")
+    except BaseException:
+        await plain.aclose()
+        raise
+    if str(info.get("cluster_enabled", 0)) != "1":
+        return Connection(url, plain, plain, cluster=False)
+    options = _options()
+    cluster = RedisCluster.from_url(url, max_connections=MAX_CONNECTIONS, **options)
+    await cluster.initialize()
+    return Connection(url, cluster, plain, cluster=True)
+
+
+def bytes_client(conn: Connection, *, connections: int, read_timeout: float) -> Any:
+    """Another client on ``conn``'s server or cluster, answering bytes (not str), with a
+    pool of its own of ``connections`` and a socket timeout of ``read_timeout``
+    (longer than any blocking read made on it)."""
+    options = _options() | {"decode_responses": False, "socket_timeout": read_timeout}
+    if conn.cluster:
+        return RedisCluster.from_url(conn.url, max_connections=connections, **options)
+    pool = BlockingConnectionPool.from_url(conn.url, max_connections=connections,
+                                           timeout=POOL_TIMEOUT, **options)
+    return Redis.from_pool(pool)

@@ -1,0 +1,346 @@
+"""The Lua scripts, registered once, each behind a small typed function.
+
+Every atomic step of coalescer is one file in ``lua/``; each opens with a
+header naming its KEYS, ARGV and return value. ``_lib.lua`` is prepended to
+each of them. redis-py's ``register_script`` runs them by SHA and reloads a
+script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, NamedTuple
+
+from coalescer.common.plural import plural
+from coalescer.errors import NotLeaderError, ScriptError
+from coalescer.store.batching import ScriptBatcher
+from coalescer.store.keys import ShardKeys
+
+KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
+
+SCRIPT_NAMES = (
+    "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
+    "adopt", "peers",
+    "purge", "hasten", "take",
+)
+
+
+def script_source(name: str) -> str:
+    """The text sent to Redis for script ``name``: the shared helpers, then it."""
+    folder = resources.files("coalescer.store") / "lua"
+    lib = (folder / "_lib.lua").read_text()
+    return lib + "\n" + (folder / f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertGroup:
+    """Keys of one rule to schedule: the rule's window and max wait in ms."""
+
+    rule: str
+    window_ms: int
+    max_wait_ms: int
+    keys: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertResult:
+    """What an upsert call did: how many keys it scheduled, and the keys it could not
+    (key -> the error Redis met), which it skipped."""
+
+    scheduled: int
+    failed: dict[str, str]
+
+
+class ClaimedKey(NamedTuple):
+    """One claim as the claim script granted it (a tuple: a drain parses thousands a
+    second, and a tuple is built in a fifth of a frozen dataclass's time)."""
+
+    rule_index: int
+    key: str
+    token: int
+    first_ms: int
+    last_ms: int
+    attempt: int
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """What a claim call returned: the claims and when to look again."""
+
+    now_ms: int
+    next_due_ms: int | None
+    next_expiry_ms: int | None
+    live_nodes: int
+    claims: list[ClaimedKey]
+    blocked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed try of a claim, and how long to wait before the next.
+
+    ``outcome`` ("failure" or "timeout"), ``start_ms`` (server clock) and
+    ``duration_ms`` go to the shard's refresh history.
+    """
+
+    key: str
+    token: int
+    delay_ms: int
+    error: str
+    outcome: str = "failure"
+    start_ms: int = 0
+    duration_ms: int = 0
+
+
+# A successful claim to ack: (key, token), or (key, token, start ms, duration ms)
+# to give its history entry the refresh's start (server clock) and duration.
+AckItem = tuple[str, int] | tuple[str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Where finished refreshes are recorded: the recording node and the stream's cap."""
+
+    node_id: str = ""
+    length: int = 0  # 0: nothing is recorded
+
+    def args(self, shard: ShardKeys) -> tuple[list[str], list[Any]]:
+        return [shard.meta, shard.next_wake, shard.history], [
+            shard.wake_channel, self.node_id, self.length]
+
+
+NO_HISTORY = History()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """Who holds a shard's leader lease after an acquire call."""
+
+    epoch: int
+    holder: str
+    ttl_ms: int
+    live_nodes: int
+    adopt: tuple[str, ...] = ()  # rules the holder lacks that the caller is to serve
+
+    @property
+    def granted(self) -> bool:
+        return self.epoch > 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptBatch:
+    """What an adopt call returned: claims of rules the leader lacks, when to look again."""
+
+    now_ms: int
+    next_due_ms: int | None
+    next_expiry_ms: int | None
+    claims: list[ClaimedKey]
+    blocked: bool
+    served: int  # how many of the asked rules this node serves on the shard now
+
+
+@dataclass(frozen=True, slots=True)
+class Hastened:
+    """What a hasten call did on one shard, over the rules it was given."""
+
+    now_ms: int
+    hastened: int
+    pending: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A live worker node of a shard and the rules it registered ("" for none)."""
+
+    node: str
+    last_seen_ms: int
+    rules: str
+
+
+def _optional(value: Any) -> int | None:
+    number = int(value)
+    return None if number < 0 else number
+
+
+def _claims(encoded: Sequence[str]) -> list[ClaimedKey]:
+    out, make = [], ClaimedKey._make
+    for item in encoded:
+        r, token, first, last, attempt, due, key = item.split("|", 6)
+        out.append(make((int(r), key, int(token), int(first), int(last), int(attempt),
+                         int(due))))
+    return out
+
+
+class Scripts:
+    """The registered scripts of one Redis (or Redis Cluster) client."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self._batcher = ScriptBatcher(redis)  # calls travel in pipelines, never one per shard
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._batcher.call(self._scripts[name], list(keys), list(args))
+
+    async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
+        """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
+        result = await self.upsert_keys(shard, groups)
+        if result.failed:
+            raise ScriptError(f"upsert failed for {plural(len(result.failed), 'key')}: "
+                              f"{sorted(result.failed.items())[:3]!r}")
+        return result.scheduled
+
+    async def upsert_keys(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> UpsertResult:
+        """Schedule the groups' keys; the keys Redis failed on are skipped and returned."""
+        keys = [shard.meta, shard.next_wake]
+        args: list[Any] = [shard.wake_channel]
+        for g in groups:
+            keys += [shard.due(g.rule), shard.dead(g.rule)]
+            args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+        result = await self._run("upsert", keys, args)
+        failed = result[3] if len(result) > 3 else []
+        return UpsertResult(int(result[1]),
+                            {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)})
+
+    async def claim(self, shard: ShardKeys, *, leader: str, node_id: str, leader_lease_ms: int,
+                    claim_lease_ms: int, sleep_cap_ms: int,
+                    limits: Sequence[tuple[str, int]]) -> ClaimBatch:
+        """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost."""
+        keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes]
+        args: list[Any] = [leader, leader_lease_ms, claim_lease_ms, sleep_cap_ms, node_id]
+        for rule, limit in limits:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args.append(limit)
+        result = await self._run("claim", keys, args)
+        if int(result[0]) == 0:
+            raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")
+        if int(result[0]) != 1:
+            raise ScriptError(f"claim answered {result!r}")
+        return ClaimBatch(int(result[1]), _optional(result[2]), _optional(result[3]),
+                          int(result[4]), _claims(result[5]), bool(int(result[6])))
+
+    async def ack(self, shard: ShardKeys, groups: Sequence[tuple[str, Sequence[AckItem]]],
+                  history: History = NO_HISTORY) -> list[str]:
+        """Finish successful claims (and record them); returns the keys whose token was stale."""
+        keys, args = history.args(shard)
+        for rule, items in groups:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args += [rule, len(items), KEY_SEPARATOR.join([
+                f"{item[1]}|{item[2]}|{item[3]}|{item[0]}" if len(item) == 4
+                else f"{item[1]}|0|0|{item[0]}" for item in items])]
+        result = await self._run("ack", keys, args)
+        return [str(k) for k in result[2:]]
+
+    async def fail(
+        self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],
+        history: History = NO_HISTORY,
+    ) -> tuple[int, list[str], list[str]]:
+        """Record failed tries (and their history): (how many were retried, the keys
+        dead-lettered, the stale keys: claims this node no longer held)."""
+        keys, args = history.args(shard)
+        for rule, max_attempts, failures in groups:
+            keys += [shard.due(rule), shard.inflight(rule), shard.dead(rule)]
+            args += [rule, max_attempts, len(failures)]
+            for f in failures:
+                args += [f.key, f.token, f.delay_ms, f.error, f.outcome, f.start_ms,
+                         f.duration_ms]
+        result = await self._run("fail", keys, args)
+        return int(result[0]), [str(k) for k in result[1]], [str(k) for k in result[2]]
+
+    async def renew(self, shard: ShardKeys, lease_ms: int,
+                    groups: Sequence[tuple[str, Sequence[tuple[str, int]]]]) -> list[str]:
+        """Extend running claims' leases; returns the keys this node lost."""
+        keys = [shard.meta]
+        args: list[Any] = [lease_ms]
+        for rule, items in groups:
+            keys.append(shard.inflight(rule))
+            args.append(len(items))
+            for key, token in items:
+                args += [key, token]
+        return [str(k) for k in await self._run("renew", keys, args)]
+
+    async def recover(self, shard: ShardKeys, rules: Sequence[str], limit: int,
+                      attempts: Sequence[int] = ()) -> int:
+        """Re-queue claims whose lease expired; returns how many. ``attempts`` are the
+        rules' retry limits, in the order of ``rules`` (none given: no limit)."""
+        keys = [shard.meta, shard.next_wake]
+        for rule in rules:
+            keys += [shard.due(rule), shard.inflight(rule)]
+        result = await self._run("recover", keys, [shard.wake_channel, limit, *attempts])
+        return int(result[0])
+
+    async def requeue(self, shard: ShardKeys, rule: str, dead_keys: Sequence[str]) -> int:
+        """Bring dead-lettered keys of ``rule`` back; returns how many."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        return int(result[0])
+
+    async def requeue_each(self, shard: ShardKeys, rule: str,
+                           dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Bring dead-lettered keys of ``rule`` back: (how many, the keys that were not dead)."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        return int(result[0]), [str(k) for k in result[1:]]
+
+    async def purge(self, shard: ShardKeys, rule: str,
+                    dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
+        result = await self._run("purge", [shard.meta, shard.dead(rule)], list(dead_keys))
+        return int(result[0]), [str(k) for k in result[1:]]
+
+    async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
+                      mine: str, rules: str = "") -> LeaseState:
+        """Take or renew the shard's leader lease; register ``rules`` (registry.encode)."""
+        keys = [shard.leader, shard.epoch, shard.nodes, shard.rules, shard.rule_names]
+        epoch, holder, ttl, live, adopt = await self._run(
+            "acquire", keys, [node_id, lease_ms, mine, rules])
+        return LeaseState(int(epoch), str(holder), int(ttl), int(live),
+                          tuple(str(n) for n in adopt))
+
+    async def adopt(self, shard: ShardKeys, *, node_id: str, leader_lease_ms: int,
+                    claim_lease_ms: int, limits: Sequence[tuple[str, int]]) -> AdoptBatch:
+        """Claim due keys of rules the shard's leader lacks, where this node serves them."""
+        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
+        args: list[Any] = [node_id, leader_lease_ms, claim_lease_ms]
+        for rule, limit in limits:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args += [rule, limit]
+        now, due, expiry, claims, blocked, served = await self._run("adopt", keys, args)
+        return AdoptBatch(int(now), _optional(due), _optional(expiry), _claims(claims),
+                          bool(int(blocked)), int(served))
+
+    async def peers(self, shard: ShardKeys, live_ms: int) -> tuple[int, list[Peer]]:
+        """Server time and the shard's live worker nodes with their registered rules."""
+        result = await self._run("peers", [shard.nodes, shard.rules], [live_ms])
+        rest = result[1:]
+        return int(result[0]), [Peer(str(rest[i]), int(float(rest[i + 1])), str(rest[i + 2]))
+                                for i in range(0, len(rest), 3)]
+
+    async def release(self, shard: ShardKeys, *, value: str, node_id: str, leave: bool) -> bool:
+        """Give up the shard's lease if still held; ``leave`` also leaves the node set."""
+        keys = [shard.leader, shard.nodes]
+        args = [value, shard.wake_channel, node_id, "1" if leave else "0"]
+        return int(await self._run("release", keys, args)) == 1
+
+    async def hasten(self, shard: ShardKeys, rules: Sequence[str], limit: int) -> Hastened:
+        """Make up to ``limit`` pending keys of each rule due now; counts what is left."""
+        keys = [shard.meta]
+        for rule in rules:
+            keys += [shard.due(rule), shard.inflight(rule)]
+        now, hastened, pending, in_flight = await self._run("hasten", keys, [limit])
+        return Hastened(int(now), int(hastened), int(pending), int(in_flight))
+
+    async def take(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
+                   limits: Sequence[tuple[str, int]]) -> tuple[int, list[ClaimedKey]]:
+        """Claim due keys for a drain, without the leader check: (server now, claims)."""
+        keys = [shard.meta, shard.seq]
+        args: list[Any] = [claim_lease_ms, node_id]
+        for rule, limit in limits:
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args.append(limit)
+        now, claims = await self._run("take", keys, args)
+        return int(now), _claims(claims)

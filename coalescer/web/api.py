@@ -1,0 +1,449 @@
+"""The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
+and the status page at GET / with the endpoints it reads (see ``http_page``).
+
+Served with aiohttp on loopback unless told otherwise. With a token, every route but
+/healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
+Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
+A refused /touch applies nothing: the whole body is validated, unknown keys included,
+before the first key is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.plural import noun, plural
+from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from coalescer.store.keycheck import key_problem
+from coalescer.web.page import PageNode, PageRoutes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8470
+DEFAULT_MAX_BODY = 1024 * 1024
+PING_TIMEOUT = 2.0
+STATUS_TIMEOUT = 10.0
+SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
+DEFAULT_MAX_UNWRITTEN_AGE = 10.0  # /healthz is 503 once a touch waits this long for Redis
+MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
+OPEN_PATHS = ("/healthz", "/")  # served without the token
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Node(PageNode, Protocol):
+    """What the HTTP API needs of a coalescer."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def touch_many(self, keys: list[str]) -> None: ...
+
+    def unwritten_age(self) -> float | None: ...
+
+    def dropped_keys(self) -> list[dict[str, Any]]: ...
+
+    def sync_metrics(self) -> None: ...
+
+    def unknown_keys(self, keys: list[str]) -> list[str]: ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def ping(self) -> bool: ...
+
+    async def explain(self, key: str) -> dict[str, Any]: ...
+
+
+class Refusal(Exception):
+    """A request answered with an error status and a JSON body ``{"error": ..., **extra}``."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: dict[str, Any] = {"error": message, **extra}
+        self.close = False  # answer with "Connection: close"
+
+    def response(self) -> web.Response:
+        response = web.json_response(self.body, status=self.status)
+        if self.close:
+            response.force_close()
+        return response
+
+
+# --- /touch body validation ------------------------------------------------------------
+
+
+_SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
+
+
+def _no_constant(name: str) -> Any:
+    raise Refusal(400, f"malformed JSON: {name} is not a JSON value")
+
+
+def _int(digits: str) -> int:
+    if len(digits) > MAX_NUMBER_DIGITS:
+        raise Refusal(400, f"malformed JSON: a number of {len(digits)} digits")
+    return int(digits)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise Refusal(400, f"malformed JSON: the field {name!r} appears twice")
+        out[name] = value
+    return out
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(400, f"the body is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise Refusal(400, f"empty body; {_SHAPE}")
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_int,
+                          object_pairs_hook=_object)
+    except json.JSONDecodeError as exc:
+        raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
+                           f"column {exc.colno}") from None
+    except RecursionError:
+        raise Refusal(400, f"malformed JSON: nested too deeply; {_SHAPE}") from None
+
+
+def _check_key(index: int, key: object) -> str:
+    if not isinstance(key, str):
+        raise Refusal(400, f"keys[{index}] must be a string, got {type(key).__name__}")
+    if not key:
+        raise Refusal(400, f"keys[{index}] is an empty string; keys must not be empty")
+    return key
+
+
+def parse_keys(raw: bytes) -> list[str]:
+    """The keys of a /touch body; Refusal(400) saying what is wrong with it."""
+    body = _decode(raw)
+    if not isinstance(body, dict):
+        raise Refusal(400, f"{_SHAPE}, got a JSON {type(body).__name__}")
+    extra = sorted(set(body) - {"keys"})
+    if extra:
+        raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
+                           f"{_SHAPE}")
+    if "keys" not in body:
+        raise Refusal(400, f"the field 'keys' is missing; {_SHAPE}")
+    keys = body["keys"]
+    if not isinstance(keys, list):
+        raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
+    return [_check_key(i, key) for i, key in enumerate(keys)]
+
+
+def invalid_keys(keys: list[str]) -> list[dict[str, Any]]:
+    """The keys Redis cannot store, each with its index and what is wrong with it."""
+    out = []
+    for index, key in enumerate(keys):
+        problem = key_problem(key)
+        if problem is not None:
+            out.append({"index": index, "key": key, "error": problem})
+    return out
+
+
+def _refuse_invalid(keys: list[str]) -> None:
+    invalid = invalid_keys(keys)
+    if invalid:
+        first = invalid[0]
+        raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored "
+                           f"(keys[{first['index']}]: {first['error']}); nothing was touched",
+                      invalid_keys=invalid[:SHOWN_KEYS])
+
+
+_CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
+
+
+def check_content_type(request: web.Request) -> None:
+    """Refuse (415) a body declared as a form upload or as text in another charset."""
+    if request.content_type.startswith("multipart/"):
+        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
+                           "sent as application/json")
+    charset = request.charset
+    if charset is not None and charset.lower() not in _CHARSETS:
+        raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")
+
+
+def _unreadable(request: web.Request, exc: Exception) -> Refusal:
+    """A body that cannot be decoded: answer, then close the connection (its framing is
+    lost) without reading the rest of it (aiohttp would meet the same error again)."""
+    why = " ".join(str(exc).split()).removeprefix("400, message: ")
+    refusal = Refusal(400, f"the body cannot be read: {why}")
+    refusal.close = True
+    request.content.feed_eof()
+    return refusal
+
+
+# --- middlewares -----------------------------------------------------------------------
+
+
+def _bearer(request: web.Request) -> bytes | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip().encode()
+
+
+def _auth_middleware(token: str) -> Any:
+    expected = token.encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        given = _bearer(request)
+        if given is None or not hmac.compare_digest(given, expected):
+            response = Refusal(401, "missing or wrong bearer token "
+                                    "(send 'Authorization: Bearer <token>')").response()
+            response.headers["WWW-Authenticate"] = 'Bearer realm="coalescer"'
+            return response
+        return await handler(request)
+
+    return auth
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refusals and aiohttp's own HTTP errors (404, 405, ...) as JSON."""
+    try:
+        return await handler(request)
+    except Refusal as refusal:
+        return refusal.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": exc.reason}, status=exc.status,
+                                 headers={k: v for k, v in exc.headers.items()
+                                          if k.lower() == "allow"})
+    except Exception as exc:  # a bug: still a JSON answer, and one log line with the cause
+        log.error("HTTP %s %s failed: %r", request.method, request.path, exc, exc_info=exc)
+        return web.json_response({"error": f"internal error: {exc!r}"}, status=500)
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """True if ``host`` (an address or "localhost") only listens on this machine."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a host name: it may resolve to an outside address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+class HttpApi:
+    """The aiohttp server of one coalescer node."""
+
+    def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE) -> None:
+        if max_body < 1:
+            raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
+        if not max_unwritten_age > 0:
+            raise ValueError(f"max_unwritten_age must be over 0 seconds, got {max_unwritten_age}")
+        self._max_unwritten_age = max_unwritten_age
+        self._c = coalescer
+        self._host = host
+        self._port = port
+        self._token = token or None
+        self._max_body = max_body
+        self._runner: web.AppRunner | None = None
+        self._bound: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when constructed with ``port=0``)."""
+        return self._bound if self._bound is not None else self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def url(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}"
+
+    def make_app(self) -> web.Application:
+        middlewares = [_error_middleware]
+        if self._token is not None:
+            middlewares.append(_auth_middleware(self._token))
+        app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
+        app.router.add_post("/touch", self._touch)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/keys/{key:.+}", self._explain)
+        PageRoutes(self._c, self._read_body).register(app)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; returns once the socket listens."""
+        if self._runner is not None:
+            return
+        if self._token is None and not is_loopback(self._host):
+            log.warning("the HTTP API on %s has no token: it is open to the network, and "
+                        "anyone who reaches it can touch keys and read status; set "
+                        "COALESCER_TOKEN=<secret> (clients send 'Authorization: Bearer "
+                        "<secret>') or bind it to 127.0.0.1", self.url)
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._bound = int(runner.addresses[0][1])
+        log.info("HTTP API listening on %s (auth %s)", self.url,
+                 "on" if self._token else "off")
+
+    async def close(self) -> None:
+        """Stop serving; safe to call more than once."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> HttpApi:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- routes --
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        too_big = Refusal(413, f"the body is over the limit of {self._max_body} bytes",
+                          limit=self._max_body)
+        if request.content_length is not None and request.content_length > self._max_body:
+            raise too_big
+        check_content_type(request)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_big from None
+        except RequestPayloadError as exc:
+            raise _unreadable(request, exc) from None
+        except ConnectionResetError:
+            log.info("POST %s: the client %s left before the body ended", request.path,
+                     request.remote)
+            raise Refusal(400, "the connection was lost before the body ended") from None
+
+    async def _touch(self, request: web.Request) -> web.Response:
+        keys = parse_keys(await self._read_body(request))
+        _refuse_invalid(keys)
+        unknown = self._c.unknown_keys(keys)
+        if unknown:
+            verb = noun(len(unknown), "matches", "match")
+            raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
+                               "nothing was touched",
+                          unknown_keys=unknown[:SHOWN_KEYS])
+        self._apply(keys)
+        return web.json_response({"accepted": len(keys)}, status=202)
+
+    def _apply(self, keys: list[str]) -> None:
+        try:
+            self._c.touch_many(keys)  # all or nothing, under back-pressure too
+        except BackpressureError as exc:
+            raise Refusal(503, str(exc)) from None
+        except ClosedError as exc:
+            raise Refusal(503, f"the node is not running: {exc}") from None
+        except UnknownKeyError as exc:
+            raise Refusal(422, str(exc), unknown_keys=[exc.key]) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), invalid_keys=[{"key": exc.key, "error": exc.reason}]
+                          ) from None
+
+    async def _ping(self) -> bool:
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                return bool(await self._c.ping())
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.debug("healthz: ping failed: %r", exc)
+            return False
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
+        touch has waited over ``max_unwritten_age`` to be written."""
+        body: dict[str, Any] = {"ok": True}
+        errors = [] if await self._ping() else ["Redis is not reachable"]
+        age = self._c.unwritten_age()
+        if age is not None:
+            body["unwritten_age_s"] = round(age, 3)
+            if age > self._max_unwritten_age:
+                errors.append(f"the oldest unwritten touch is {age:.1f} s old "
+                              f"(bound {self._max_unwritten_age:g} s)")
+        dropped = self._c.dropped_keys()
+        if dropped:
+            body["dropped_keys"] = dropped
+        if not errors:
+            return web.json_response(body)
+        body.update(ok=False, error="; ".join(errors))
+        return web.json_response(body, status=503)
+
+    async def _read_status(self) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                return await self._c.status()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot read status from Redis: {exc!r}") from None
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._read_status())
+
+    async def _explain(self, request: web.Request) -> web.Response:
+        """GET /keys/{key}: the JSON of `coalescer explain KEY --json`."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                return web.json_response(await self._c.explain(key))
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self._refresh_gauges()
+        metrics = self._c.metrics
+        response = web.Response(body=generate_latest(metrics.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def _refresh_gauges(self) -> None:
+        """Pending, in-flight and dead per rule, from Redis; stale gauges if it is down."""
+        self._c.sync_metrics()  # touch counters up to date with the absorber
+        try:
+            status = await self._read_status()
+        except Refusal as refusal:
+            log.debug("metrics: gauges not refreshed: %s", refusal)
+            return
+        metrics = self._c.metrics
+        for rule, entry in status.get("rules", {}).items():
+            metrics.pending.labels(rule).set(entry.get("pending", 0))
+            metrics.in_flight.labels(rule).set(entry.get("in_flight", 0))
+            metrics.dead.labels(rule).set(entry.get("dead", 0))

@@ -1,0 +1,118 @@
+"""Serves, on a shard this node stands by for, the rules that the shard's leader lacks.
+
+In a rolling deploy the nodes of one namespace run different rules files, and
+a shard's leader claims only the rules it knows. For each rule it lacks, the
+live node with the lowest id that knows it adopts the rule: while standing by
+it claims that rule's due keys with ``adopt.lua``, which re-checks the choice
+in the same atomic step and claims as the leader does (due keys only, one
+fencing token each), so no key is ever held twice. The leader's own rules and
+its lease are untouched: leadership never moves because rules differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+
+from coalescer.config.rules import Rule
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import AdoptBatch, Scripts
+from coalescer.worker.poller import MAX_CLAIM, recover_expired
+from coalescer.worker.runner import Runner
+
+log = logging.getLogger(__name__)
+
+
+class Adopter:
+    """Claims due keys of adopted rules on one shard, event-driven like the poller."""
+
+    def __init__(self, *, shard: ShardKeys, scripts: Scripts, runner: Runner,
+                 rules: Sequence[Rule], node_id: str, leader_lease: float,
+                 claim_lease: float, sleep_cap: float) -> None:
+        self._shard = shard
+        self._scripts = scripts
+        self._runner = runner
+        self._by_name = {r.name: r for r in rules}
+        self._node_id = node_id
+        self._leader_lease_ms = round(leader_lease * 1000)
+        self._claim_lease_ms = round(claim_lease * 1000)
+        self._sleep_cap = sleep_cap
+        self._wake = asyncio.Event()
+        self._serving: tuple[str, ...] = ()
+        self.starved = False
+
+    def poke(self) -> None:
+        """Wake now (a nearer due time, a freed slot, a release, a stop)."""
+        self._wake.set()
+
+    async def serve(self, names: Sequence[str], seconds: float, interrupt: asyncio.Event) -> None:
+        """Serve the rules ``names`` for ``seconds``, until ``interrupt`` is set, or until
+        this node no longer serves any of them."""
+        rules = [self._by_name[n] for n in names if n in self._by_name]
+        self._note(tuple(r.name for r in rules))
+        deadline = time.monotonic() + seconds
+        try:
+            while rules and not interrupt.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._wake.clear()
+                freed = [self._runner.freed(r) for r in rules]
+                batch, full = await self._claim(rules)
+                if batch.served == 0:
+                    self._note(())
+                    return
+                if await self._recover(batch, rules):
+                    continue
+                self.starved = batch.blocked
+                # A slot freed during the claim call found us not yet starved: go again.
+                again = full or (batch.blocked and freed != [self._runner.freed(r) for r in rules])
+                await self._sleep(min(left, 0.0 if again else self._delay(batch)))
+        finally:
+            self.starved = False
+
+    def stop_serving(self) -> None:
+        """This node leads the shard now, or no longer adopts anything there."""
+        self._note(())
+
+    def _note(self, serving: tuple[str, ...]) -> None:
+        if serving == self._serving:
+            return
+        if serving:
+            log.info("shard %d: %s serves %s %s, which the shard's leader lacks",
+                     self._shard.shard, self._node_id, "rule" if len(serving) == 1 else "rules",
+                     ", ".join(serving))
+        else:
+            log.info("shard %d: %s no longer serves rules for the shard's leader",
+                     self._shard.shard, self._node_id)
+        self._serving = serving
+
+    async def _claim(self, rules: list[Rule]) -> tuple[AdoptBatch, bool]:
+        def call(limits: list[tuple[str, int]]) -> Awaitable[AdoptBatch]:
+            return self._scripts.adopt(
+                self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
+                claim_lease_ms=self._claim_lease_ms, limits=limits)
+        batch, limits, taken = await self._runner.claim_into_slots(
+            self._shard.shard, rules, MAX_CLAIM, call)
+        full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
+        return batch, full
+
+    async def _recover(self, batch: AdoptBatch, rules: list[Rule]) -> bool:
+        return await recover_expired(self._scripts, self._shard, rules, batch.now_ms,
+                                     batch.next_expiry_ms)
+
+    def _delay(self, batch: AdoptBatch) -> float:
+        nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
+                      default=None)
+        if nearest is None:
+            return self._sleep_cap
+        return min(self._sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+
+    async def _sleep(self, delay: float) -> None:
+        if delay <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)

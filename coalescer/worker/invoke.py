@@ -1,0 +1,51 @@
+"""Turns a rule's handler into one coroutine function: ``await invoke(claim)``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from coalescer.claim import Claim
+
+Invoke = Callable[[Claim], Awaitable[None]]
+
+
+class WebhookCaller(Protocol):
+    async def call(self, spec: Any, claim: Claim, timeout: float) -> None: ...
+
+
+def _is_async(fn: Callable[..., object]) -> bool:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    method = type(target).__call__ if not inspect.isroutine(target) else None
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
+
+
+def python_invoker(fn: Callable[..., object], executor: Executor) -> Invoke:
+    """``async def`` handlers are awaited; plain functions run in ``executor``."""
+    if _is_async(fn):
+        async def call_async(claim: Claim) -> None:
+            await fn(claim)  # type: ignore[misc]
+        return call_async
+
+    async def call_sync(claim: Claim) -> None:
+        result = await asyncio.get_running_loop().run_in_executor(executor, fn, claim)
+        if inspect.isawaitable(result):
+            await result
+    return call_sync
+
+
+def invoker_for(rule: Any, executor: Executor, webhooks: WebhookCaller | None) -> Invoke:
+    """The invoker of ``rule``'s handler: a Python callable or an HTTP webhook."""
+    handler = rule.handler
+    if callable(handler):
+        return python_invoker(handler, executor)
+    if webhooks is None:
+        raise RuntimeError(f"rule {rule.name!r}: webhook handlers need a webhook caller")
+
+    async def call_webhook(claim: Claim) -> None:
+        await webhooks.call(handler, claim, rule.timeout)
+    return call_webhook

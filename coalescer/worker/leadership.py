@@ -1,0 +1,223 @@
+"""Leader election of one shard (G7): a lease per shard, our own Lua, fenced by epoch.
+
+A node holds a shard while its lease lives; the claim script renews it with
+every poll (at least every third of the lease), and refuses to claim for a
+caller whose lease is gone. Standbys sleep until the holder's lease would end,
+or until a release is announced on the shard's wake channel, then try again.
+Shards spread evenly: a node that holds its fair share (``ceil(shards / live
+nodes)``) lets others try first, and a node above it hands a shard back.
+
+Every lease call also registers this node's rules (see registry.py); a standby
+told that the leader lacks some of its rules serves those with its adopter
+while it stands by (see adopter.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from typing import Any
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.retrying import Backoff
+from coalescer.errors import NotLeaderError
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import LeaseState, Scripts
+from coalescer.worker.adopter import Adopter
+from coalescer.worker.lead_log import LeadLog
+from coalescer.worker.poller import Poller
+from coalescer.worker.registry import RegistryWatch
+
+log = logging.getLogger(__name__)
+
+
+class Leadership:
+    """Runs for one shard: stands by, or leads by running its poller."""
+
+    def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
+                 leader_lease: float, total_shards: int, led: set[int], metrics: Metrics,
+                 adopter: Adopter | None = None, rules_entry: str = "",
+                 registry: RegistryWatch | None = None, lead_log: LeadLog) -> None:
+        self._shard = shard
+        self._scripts = scripts
+        self.poller = poller
+        self._node_id = node_id
+        self._lease = leader_lease
+        self._total = total_shards
+        self._led = led
+        self._metrics = metrics
+        self.adopter = adopter
+        self._rules_entry = rules_entry  # registry.encode() of this node's rules
+        self._registry = registry
+        self._lead_log = lead_log  # the node's one-line summary, not a line per shard
+        self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
+        self.released = asyncio.Event()
+        self._yielded = False
+        self._stopping = False
+        self._stop_event = asyncio.Event()
+        self._done = asyncio.Event()
+
+    @property
+    def shard(self) -> int:
+        return self._shard.shard
+
+    @property
+    def poller_channel(self) -> str:
+        return self._shard.wake_channel
+
+    def stop(self) -> None:
+        """Stop claiming now; ``stopped()`` waits until the lease is released."""
+        self._stopping = True
+        self._stop_event.set()
+        self.released.set()
+        self.poller.poke()
+        if self.adopter is not None:
+            self.adopter.poke()
+
+    async def stopped(self) -> None:
+        await self._done.wait()
+
+    @property
+    def leading(self) -> bool:
+        return self._shard.shard in self._led
+
+    def _fair_share(self, live: int) -> int:
+        return math.ceil(self._total / max(1, live))
+
+    async def run(self) -> None:
+        """The background loop: survives Redis errors, logs once, backs off."""
+        try:
+            await self._loop()
+        finally:
+            self._done.set()
+
+    async def _loop(self) -> None:
+        backoff = Backoff()
+        while not self._stopping:
+            try:
+                await self._round()
+                backoff.reset()
+            except NotLeaderError:
+                log.debug("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
+                self._lead_log.lost()
+                self._step_down(forget=True)
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
+                self._metrics.redis_errors.labels("leadership").inc()
+                self._step_down(forget=False)
+                if not backoff.failing:
+                    self._lead_log.failing(exc)
+                log.debug("shard %d: leadership round failed, will retry: %r",
+                          self._shard.shard, exc)
+                await asyncio.sleep(backoff.next())
+        await self.release()
+
+    async def _round(self) -> None:
+        if self._yielded:  # just handed this shard back: give the others the first go
+            self._yielded = False
+            await self._pause(self._lease / 2)
+        self.released.clear()  # before asking: a release announced after it must count
+        state = await self._scripts.acquire(self._shard, node_id=self._node_id,
+                                            lease_ms=round(self._lease * 1000),
+                                            mine=self.value or "", rules=self._rules_entry)
+        if self._registry is not None:
+            self._registry.nudge(state.live_nodes)
+        if not state.granted:
+            self._step_down(forget=True)
+            await self._stand_by(state)
+            return
+        if not self.leading:
+            log.debug("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id,
+                      state.epoch)
+            if self.adopter is not None:
+                self.adopter.stop_serving()
+        self.value = state.holder
+        self._led.add(self._shard.shard)
+        self._metrics.leader.labels(str(self._shard.shard)).set(1)
+        await self.poller.lead(state.holder, self._keep_leading)
+        await self._hand_back()
+
+    def _keep_leading(self, live: int) -> bool:
+        """False once stopping, or for the highest shard of a node above its fair share."""
+        if self._registry is not None:
+            self._registry.nudge(live)
+        if self._stopping:
+            return False
+        above_share = len(self._led) > self._fair_share(live)
+        return not (above_share and self._shard.shard == max(self._led))
+
+    async def _hand_back(self) -> None:
+        if self._stopping:
+            return
+        if self.value is not None:
+            log.debug("shard %d: handing back to rebalance across nodes", self._shard.shard)
+            await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
+                                        leave=False)
+        self._step_down(forget=True)
+        self._yielded = True
+
+    def _step_down(self, *, forget: bool) -> None:
+        self._led.discard(self._shard.shard)
+        self._metrics.leader.labels(str(self._shard.shard)).set(0)
+        if forget:
+            self.value = None
+
+    async def _stand_by(self, state: LeaseState) -> None:
+        """Sleep until the holder's lease would end, or a release is announced."""
+        polite = len(self._led) >= self._fair_share(state.live_nodes)
+        extra = self._lease / 2 if polite else 0.0
+        wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
+        if self.adopter is not None:
+            if state.adopt:
+                await self._adopt(state.adopt, wait - extra, extra)
+                return
+            self.adopter.stop_serving()
+        try:
+            await asyncio.wait_for(self.released.wait(), wait)
+            if extra and not self._stopping:
+                await asyncio.sleep(extra)
+        except TimeoutError:
+            pass
+
+    async def _adopt(self, names: tuple[str, ...], wait: float, extra: float) -> None:
+        """Stand by as ``_stand_by`` does, serving meanwhile the rules the leader lacks."""
+        await self._serve_for(names, wait, self.released)
+        if extra and not self._stopping:
+            await self._serve_for(names, extra, self._stop_event)
+
+    async def _serve_for(self, names: tuple[str, ...], seconds: float,
+                         interrupt: asyncio.Event) -> None:
+        """Serve ``names`` for ``seconds`` or until ``interrupt``; should the duty end
+        sooner, wait out the rest (the next lease call says what to serve)."""
+        assert self.adopter is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        await self.adopter.serve(names, seconds, interrupt)
+        left = deadline - loop.time()
+        if left > 0 and not interrupt.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupt.wait(), left)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+
+    async def release(self) -> None:
+        """Give the lease up (clean shutdown), so a standby takes over at once."""
+        released = await self._scripts.release(self._shard, value=self.value or "",
+                                               node_id=self._node_id, leave=True)
+        if released:
+            log.debug("shard %d: %s released its lease", self._shard.shard, self._node_id)
+        self._step_down(forget=True)
+
+    def on_message(self, data: Any) -> None:
+        """A message on the shard's wake channel."""
+        if data == "released":
+            self.released.set()
+            if self.adopter is not None:
+                self.adopter.poke()
+        elif self.leading:
+            self.poller.poke()
+        elif self.adopter is not None:
+            self.adopter.poke()

@@ -1,0 +1,148 @@
+"""The leader's poller of one shard: event-driven, never a fixed interval (G3).
+
+It claims what is due, then sleeps until the earliest due time or lease expiry
+that the claim script reported, capped at ``sleep_cap`` (about a second) so a
+lost wake-up never strands work. A nearer due time published by an upsert, a
+freed handler slot or a reconnect wakes it early.
+
+Due keys that wait for a handler slot are claimed the moment one frees: the
+poller reads the runner's count of freed slots before each claim call, claims
+again at once if a slot of a rule that hit its limit freed during the call, and
+otherwise sleeps noting those rules, so that the next freed slot of one of them
+wakes it. A rule whose slots are all busy never makes it spin.
+
+A shard with nothing pending or in flight is idle: the poller then sleeps longer,
+``idle_sleep``, three quarters of the leader lease, as each claim call renews the
+lease (an idle node costs fewer than 0.5 Redis commands a second). Its claim call
+tells the upsert script when it will look again, so a touch that becomes due
+sooner publishes a wake-up; a reconnect of the wake channel pokes it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import ClaimBatch, Scripts
+from coalescer.worker.runner import Runner
+
+log = logging.getLogger(__name__)
+
+MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
+RECOVER_BATCH = 500
+IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
+
+
+async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Any],
+                          now_ms: int, next_expiry_ms: int | None) -> bool:
+    """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
+    renewing); True when some were."""
+    if next_expiry_ms is None or next_expiry_ms > now_ms:
+        return False
+    n = await scripts.recover(shard, [r.name for r in rules], RECOVER_BATCH,
+                              [r.retry.attempts for r in rules])
+    if n:
+        log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
+                    shard.shard, n)
+    return n > 0
+
+
+class Poller:
+    """Claims due keys of one shard while this node leads it."""
+
+    def __init__(self, *, shard: ShardKeys, scripts: Scripts, runner: Runner,
+                 rules: Sequence[Any], node_id: str, leader_lease: float, claim_lease: float,
+                 wake: asyncio.Event) -> None:
+        self._shard = shard
+        self._scripts = scripts
+        self._runner = runner
+        self._rules = list(rules)
+        self._node_id = node_id
+        self._leader_lease_ms = round(leader_lease * 1000)
+        self._claim_lease_ms = round(claim_lease * 1000)
+        # About a second, and well inside the lease that each claim call renews.
+        self.sleep_cap = min(1.2, leader_lease / 2.5)
+        # An idle shard's sleep: the claim that ends it renews the lease a quarter of
+        # the lease (at least) before it runs out.
+        self.idle_sleep = max(self.sleep_cap, leader_lease * IDLE_SLEEP_SHARE)
+        self._wake = wake
+        self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
+        self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
+
+    def poke(self) -> None:
+        """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
+        self._wake.set()
+
+    def slots_freed(self) -> None:
+        """Slots were freed: wake the poller if due keys of their rules wait for one."""
+        if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i]
+               for i in self._waiting):
+            self.poke()
+
+    async def lead(self, leader_value: str, keep_leading: Callable[[int], bool]) -> None:
+        """Poll until the lease is lost (NotLeaderError) or ``keep_leading`` says stop."""
+        try:
+            while True:
+                self._wake.clear()
+                self._waiting = []
+                self._freed_at_claim = [self._runner.freed(r) for r in self._rules]
+                batch, limited = await self._claim(leader_value)
+                if not keep_leading(batch.live_nodes):
+                    return
+                if await self._recover_expired(batch):
+                    continue
+                if not self._claim_again_now(batch, limited):
+                    await self._sleep(self._delay(batch))
+        finally:
+            self._waiting = []
+
+    async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
+        """One claim call; returns it and the limits of the rules that took that many keys."""
+        def call(limits: list[tuple[str, int]]) -> Awaitable[ClaimBatch]:
+            return self._scripts.claim(
+                self._shard, leader=leader_value, node_id=self._node_id,
+                leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
+                sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits)
+        batch, limits, taken = await self._runner.claim_into_slots(
+            self._shard.shard, self._rules, MAX_CLAIM, call)
+        return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
+
+    def _claim_again_now(self, batch: ClaimBatch, limited: list[int]) -> bool:
+        """Whether the due keys this claim left can be claimed now; else note what to wait for.
+
+        ``limited[i]`` is rule i's limit if it took that many keys, else -1. A claim
+        cut by the per-call cap claims again at once. Keys left because a rule's free
+        slots ran out wait for a slot: at once if one freed during the call, else the
+        sleep waits for ``slots_freed`` (or the capped delay).
+        """
+        if not batch.blocked:
+            return False
+        full = [i for i, n in enumerate(limited) if n >= 0]
+        if any(limited[i] == MAX_CLAIM for i in full):
+            return True
+        if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i] for i in full):
+            return True
+        self._waiting = full
+        return False
+
+    async def _recover_expired(self, batch: ClaimBatch) -> bool:
+        return await recover_expired(self._scripts, self._shard, self._rules,
+                                     batch.now_ms, batch.next_expiry_ms)
+
+    def _delay(self, batch: ClaimBatch) -> float:
+        """Seconds to sleep: to the nearest due time or lease expiry, at most ``sleep_cap``."""
+        nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
+                      default=None)
+        if nearest is None:
+            return self.sleep_cap if batch.blocked else self.idle_sleep
+        # Half a millisecond past the due time: due times are whole milliseconds of the
+        # server clock, and waking a hair early would cost a second, empty claim.
+        return min(self.sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+
+    async def _sleep(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)

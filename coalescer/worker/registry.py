@@ -1,0 +1,157 @@
+"""The rules registry: which rules each live worker node knows (rolling deploys).
+
+Every worker node records its rules, each as its name and a fingerprint of its
+settings, in each shard's registry with every call for that shard's leader
+lease (``acquire.lua``); an entry counts only while its node heartbeats the
+shard, so a dead node's rules drop out within two leader leases. The scripts
+read it to serve a rule that a shard's leader lacks (``adopt.lua``); this module
+encodes entries, compares them and, whenever the number of live nodes
+changes (and every 60 s), reads the registry and warns (once per rule) and counts when this
+node lacks a rule some live node knows, or knows it with other settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.retrying import Backoff
+from coalescer.config.rules import Rule
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import Peer, Scripts
+
+log = logging.getLogger(__name__)
+
+# Registry reads (one script call each) follow changes in the live-node count, which
+# every lease and claim call reports; this slow period only catches a node that came
+# back under the same id with other rules. An idle node's extra cost: 1/60 command/s.
+CHECK_INTERVAL = 60.0
+
+
+def fingerprint(rule: Rule) -> str:
+    """12 hex digits that change with the rule's match, timing, retries or handler."""
+    retry = rule.retry
+    parts = (rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
+             f"{retry.attempts}/{retry.backoff!r}/{retry.max_backoff!r}",
+             rule.handler_ref if callable(rule.handler) else repr(rule.handler))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def encode(rules: Iterable[Rule]) -> str:
+    """A node's registry entry: ``|NAME=FP|NAME=FP|`` (names hold no '|' or '=')."""
+    return "|" + "".join(f"{r.name}={fingerprint(r)}|" for r in rules)
+
+
+def decode(entry: str) -> dict[str, str]:
+    """Rule name -> fingerprint of a registry entry."""
+    out = {}
+    for item in entry.split("|"):
+        name, _, fp = item.partition("=")
+        if name:
+            out[name] = fp
+    return out
+
+
+@dataclass(slots=True)
+class Mismatch:
+    """How the live nodes' rules differ: rules not known everywhere, or differently."""
+
+    missing: dict[str, list[str]] = field(default_factory=dict)  # rule -> nodes lacking it
+    differing: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> node -> fp
+
+    @property
+    def any(self) -> bool:
+        return bool(self.missing or self.differing)
+
+
+def compare(nodes: dict[str, dict[str, str]]) -> Mismatch:
+    """The mismatches among ``nodes`` (node -> rule name -> fingerprint)."""
+    out = Mismatch()
+    for name in sorted({n for rules in nodes.values() for n in rules}):
+        lacking = sorted(node for node, rules in nodes.items() if name not in rules)
+        if lacking:
+            out.missing[name] = lacking
+        fps = {node: rules[name] for node, rules in nodes.items() if name in rules}
+        if len(set(fps.values())) > 1:
+            out.differing[name] = dict(sorted(fps.items()))
+    return out
+
+
+class RegistryWatch:
+    """Reads shard 0's registry now and then; warns and counts what this node lacks."""
+
+    def __init__(self, *, shard: ShardKeys, scripts: Scripts, node_id: str,
+                 rules: Sequence[Rule], leader_lease: float, metrics: Metrics) -> None:
+        self._shard = shard
+        self._scripts = scripts
+        self._node_id = node_id
+        self._mine = {r.name: fingerprint(r) for r in rules}
+        self._live_ms = round(2 * leader_lease * 1000)
+        self._metrics = metrics
+        self._missing: set[str] = set()
+        self._differing: set[tuple[str, str, str]] = set()
+        self._live = 0
+        self._changed = asyncio.Event()
+
+    def nudge(self, live_nodes: int) -> None:
+        """A lease or claim call counted ``live_nodes``: read the registry if that changed."""
+        if live_nodes != self._live:
+            self._live = live_nodes
+            self._changed.set()
+
+    async def run(self) -> None:
+        """The background loop: survives Redis errors, logs once, backs off."""
+        backoff = Backoff(base=1.0, cap=CHECK_INTERVAL)
+        delay = CHECK_INTERVAL
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), delay)
+            self._changed.clear()
+            try:
+                await self.check()
+                backoff.reset()
+                delay = CHECK_INTERVAL
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
+                self._metrics.redis_errors.labels("registry").inc()
+                backoff.log(log, "rules registry read failed, will retry: %r", exc)
+                delay = backoff.next()
+
+    async def check(self) -> None:
+        """Read the registry once; warn about new mismatches, update the gauges."""
+        _, peers = await self._scripts.peers(self._shard, self._live_ms)
+        others = [p for p in peers if p.node != self._node_id]
+        self._note_missing(others)
+        self._note_differing(others)
+
+    def _note_missing(self, others: list[Peer]) -> None:
+        knowers: dict[str, list[str]] = {}
+        for peer in others:
+            for name in decode(peer.rules):
+                if name not in self._mine:
+                    knowers.setdefault(name, []).append(peer.node)
+        for name in sorted(knowers.keys() - self._missing):
+            log.warning("node %s lacks rule %r, which live %s %s know: those nodes serve "
+                        "its keys; deploy one rules file to every node", self._node_id, name,
+                        "node" if len(knowers[name]) == 1 else "nodes",
+                        ", ".join(sorted(knowers[name])))
+        for name in self._missing | knowers.keys():
+            self._metrics.rules_missing.labels(name).set(1 if name in knowers else 0)
+        self._missing = set(knowers)
+
+    def _note_differing(self, others: list[Peer]) -> None:
+        found = {(name, peer.node, fp) for peer in others
+                 for name, fp in decode(peer.rules).items()
+                 if name in self._mine and fp != self._mine[name]}
+        for name, node, fp in sorted(found - self._differing):
+            log.warning("rule %r differs between nodes: fingerprint %s here on %s, %s on %s; "
+                        "each node serves it with its own settings", name, self._mine[name],
+                        self._node_id, fp, node)
+        names = {f[0] for f in found}
+        for name in {f[0] for f in self._differing} | names:
+            self._metrics.rules_differing.labels(name).set(1 if name in names else 0)
+        self._differing = found

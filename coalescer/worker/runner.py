@@ -1,0 +1,517 @@
+"""Runs claimed refreshes: per-rule concurrency, timeouts, retries, leases.
+
+Each claim runs as one task; the claims of one rule that start together share
+one timeout timer. A node holds up to twice a rule's ``concurrency`` claims (at
+most ``MAX_QUEUED`` more): ``concurrency`` of them run, the others wait in
+process for a slot and start the moment one frees, while the poller's next claim
+call is already on its way. Claim calls then overlap with the refreshes instead
+of alternating with them; at most ``concurrency`` refreshes of a rule ever run at
+once on a node. A claim's outcome goes to an outbox that is
+group-committed to Redis (one ack and one fail call per shard). While a claim
+is held (running, or finished but not yet acked) its lease is renewed every
+third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import shlex
+import time
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cachetools import LRUCache
+
+from coalescer.claim import Claim, granted
+from coalescer.common.metrics import Metrics
+from coalescer.common.plural import plural
+from coalescer.common.retrying import Backoff
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
+from coalescer.worker.invoke import Invoke
+
+log = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer")  # a claim script's answer: has ``now_ms`` and ``claims``
+
+MAX_ERROR_TEXT = 200
+# The outbox waits this long after its first result before committing, so the results
+# of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
+# commit per batch of 16 cost as many round trips as the claims themselves).
+ACK_GATHER = 0.002
+TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
+MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
+
+
+@dataclass(slots=True)
+class Job:
+    """One held claim on this node."""
+
+    shard: int
+    rule: Any
+    claim: Claim
+    renewed: float  # when the lease last began (monotonic clock)
+    clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
+    batch: Batch | None = None  # the claims started with it, sharing its timeout timer
+    task: asyncio.Task[None] | None = None
+    queued: bool = False  # claimed, waiting in process for a free slot
+    timed_out: bool = False
+    lost: bool = False
+    start_ms: int = 0  # when the handler started, server clock (for the history)
+    duration_ms: int = 0
+    took_ms: float = 0.0  # duration_ms unrounded, for the log
+
+
+@dataclass(slots=True)
+class Batch:
+    """Claims of one rule started together: one timer cancels those still running at
+    the rule's timeout, and is cancelled once every one of them has finished."""
+
+    jobs: list[Job]
+    left: int
+    timer: asyncio.TimerHandle | None = None
+
+    def time_out(self) -> None:
+        for job in self.jobs:
+            if job.task is not None and not job.task.done():
+                job.timed_out = True
+                job.task.cancel()
+
+    def finished(self) -> None:
+        """One of the claims finished (or was dropped)."""
+        self.left -= 1
+        if self.left <= 0:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.jobs = []
+
+
+@dataclass(slots=True)
+class Outbox:
+    """Finished claims of one shard whose results Redis does not hold yet."""
+
+    acks: list[Job] = field(default_factory=list)
+    fails: list[tuple[Job, Failure]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.acks or self.fails)
+
+    def merge(self, other: Outbox) -> None:
+        self.acks[:0] = other.acks
+        self.fails[:0] = other.fails
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:MAX_ERROR_TEXT]
+
+
+class Runner:
+    """Holds this node's claims and runs their handlers."""
+
+    def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
+                 invokers: dict[str, Invoke], claim_lease: float,
+                 on_slot_free: Callable[[], None], history: History = NO_HISTORY) -> None:
+        """``on_slot_free`` is called soon after slots are freed (once for several)."""
+        self._scripts = scripts
+        self._history = history
+        self._keyspace = keyspace
+        self._metrics = metrics
+        self._invokers = invokers
+        self._claim_lease = claim_lease
+        self._on_slot_free = on_slot_free
+        self._jobs: dict[str, Job] = {}
+        self._active: dict[str, int] = defaultdict(int)  # held + reserved, per rule
+        self._running: dict[str, int] = defaultdict(int)  # refreshes running, per rule
+        self._queued: dict[str, deque[Job]] = defaultdict(deque)  # claimed, waiting for a slot
+        self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
+        self._slot_free_due = False
+        self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
+        self._outbox_event = asyncio.Event()
+        self._idle_event = asyncio.Event()
+        self._idle_event.set()
+        self._random = random.Random()
+        self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
+        # Keys whose failure traceback this node logged (until they succeed or die).
+        self._traced: LRUCache[str, bool] = LRUCache(TRACED_KEYS)
+
+    # -- claims in -----------------------------------------------------------------
+
+    @staticmethod
+    def capacity(rule: Any) -> int:
+        """How many claims of ``rule`` a node holds at most: running ones and queued ones."""
+        return int(rule.concurrency) + min(int(rule.concurrency), MAX_QUEUED)
+
+    def free_slots(self, rule: Any) -> int:
+        return max(0, self.capacity(rule) - self._active[rule.name])
+
+    def reserve(self, rule: Any, most: int, *, queue: bool = True) -> int:
+        """Take up to ``most`` free slots of ``rule`` for a claim call; returns how many.
+
+        Each claimed key then ``start``s in one of them; ``unreserve`` gives back the
+        rest. Reserving before the claim call keeps two shards' pollers, claiming at
+        the same time, from both filling the same free slots. ``queue=False`` takes
+        only slots a claim can run in at once (none to wait in process).
+        """
+        free = self.free_slots(rule) if queue else max(
+            0, int(rule.concurrency) - self._active[rule.name])
+        n = min(most, free)
+        self._active[rule.name] += n
+        return n
+
+    def unreserve(self, rule: Any, n: int) -> None:
+        """Give back ``n`` reserved slots that no claimed key took."""
+        if n > 0:
+            self._active[rule.name] -= n
+            self._slots_freed(rule.name)
+
+    def freed(self, rule: Any) -> int:
+        """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
+        return self._freed[rule.name]
+
+    async def claim_into_slots(
+        self, shard: int, rules: Sequence[Any], most: int,
+        call: Callable[[list[tuple[str, int]]], Awaitable[Answer]],
+    ) -> tuple[Answer, list[int], list[int]]:
+        """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
+        limits, start what it granted and give back the slots left unused.
+
+        Returns the batch, the limit each rule was given and how many keys it took.
+        Reserving before the call keeps pollers of several shards from filling the
+        same free slots.
+        """
+        limits = [self.reserve(r, most) for r in rules]
+        taken = [0] * len(rules)
+        try:
+            sent = time.time() * 1000
+            batch = await call([(r.name, n) for r, n in zip(rules, limits, strict=True)])
+            b: Any = batch
+            offset = b.now_ms - (sent + time.time() * 1000) / 2
+            self.start_all(shard, rules, b.claims, offset, taken)
+        finally:
+            for rule, n, t in zip(rules, limits, taken, strict=True):
+                self.unreserve(rule, n - t)
+        return batch, limits, taken
+
+    def start_all(self, shard: int, rules: Sequence[Any], claims: Sequence[ClaimedKey],
+                  clock_offset_ms: float, taken: list[int]) -> None:
+        """Start the handlers of one claim call's fresh claims, each in a slot ``reserve``
+        took; ``taken[i]`` counts the claims of ``rules[i]`` started."""
+        groups: dict[int, list[ClaimedKey]] = defaultdict(list)
+        for claimed in claims:
+            groups[claimed.rule_index].append(claimed)
+        for index, group in groups.items():
+            self.start(shard, rules[index], group, clock_offset_ms)
+            taken[index] += len(group)
+
+    def start(self, shard: int, rule: Any, claims: Sequence[ClaimedKey],
+              clock_offset_ms: float) -> None:
+        """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took;
+        those past the rule's ``concurrency`` wait in process for a running one to end."""
+        if not claims:
+            return
+        name, jobs = rule.name, self._jobs
+        matcher = rule.params if rule.pattern.names else None
+        renewed = time.monotonic()
+        fresh = []
+        for c in claims:
+            claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
+            job = Job(shard, rule, claim, renewed, clock_offset_ms)
+            jobs[claim.key] = job
+            fresh.append(job)
+            for recorder in self.recorders:
+                recorder.append(claim)
+        self._idle_event.clear()
+        now = max(0, min(len(fresh), int(rule.concurrency) - self._running[name]))
+        self._launch(rule, fresh[:now])
+        for job in fresh[now:]:
+            job.queued = True
+        self._queued[name].extend(fresh[now:])
+
+    def _launch(self, rule: Any, jobs: list[Job]) -> None:
+        """Run ``jobs`` (of ``rule``) now, as one batch with one timeout timer."""
+        if not jobs:
+            return
+        loop = asyncio.get_running_loop()
+        create_task, invoke = loop.create_task, self._invokers[rule.name]
+        lags = self._metrics.rule(rule.name).start_lag
+        batch = Batch(jobs, len(jobs))
+        now = time.time() * 1000
+        self._running[rule.name] += len(jobs)
+        for job in jobs:
+            job.batch = batch
+            server_now = now + job.clock_offset_ms
+            job.start_ms = round(server_now)
+            lag = (server_now - job.claim.due_ms) / 1000
+            lags.observe(lag if lag > 0.0 else 0.0)
+            job.task = create_task(self._run(job, invoke), name=f"refresh {job.claim.key}")
+        # One timer a batch (far cheaper than a timer, or a timeout block, per refresh).
+        batch.timer = loop.call_later(rule.timeout, batch.time_out)
+
+    def _start_queued(self) -> None:
+        """Start queued claims in the slots freed since the last turn of the event loop."""
+        for name, queue in self._queued.items():
+            if not queue:
+                continue
+            rule = queue[0].rule
+            jobs: list[Job] = []
+            while queue and self._running[name] + len(jobs) < int(rule.concurrency):
+                job = queue.popleft()
+                job.queued = False
+                jobs.append(job)
+            self._launch(rule, jobs)
+
+    async def _run(self, job: Job, invoke: Invoke) -> None:
+        rule, claim = job.rule, job.claim
+        if claim.attempt > rule.retry.attempts:
+            self._finish(job, TimeoutError("claim lease expired on every attempt"))
+            return
+        started = time.monotonic()
+        try:
+            await invoke(claim)
+        except asyncio.CancelledError:
+            if not job.timed_out:
+                self._drop(job)
+                raise
+            error: Exception | None = TimeoutError(
+                f"handler ran past its timeout of {rule.timeout:g}s")
+        except Exception as exc:  # a handler's failure is data, not a crash
+            error = exc
+        else:
+            error = None
+        took = time.monotonic() - started
+        job.took_ms = took * 1000
+        job.duration_ms = round(job.took_ms)
+        self._metrics.rule(rule.name).duration.observe(took)
+        self._finish(job, error)
+
+    def _finish(self, job: Job, exc: BaseException | None) -> None:
+        rule, claim = job.rule, job.claim
+        box = self._outboxes[job.shard]
+        if exc is None:
+            box.acks.append(job)
+            self._metrics.rule(rule.name).outcomes["success"] += 1
+            log.debug("refreshed %s in %.1f ms (attempt %d, token %d)", claim.key,
+                      job.took_ms, claim.attempt, claim.token)
+        else:
+            outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
+            self._metrics.rule(rule.name).outcomes[outcome] += 1
+            delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
+            self._log_failure(job, exc, delay_ms)
+            box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
+                                           outcome, job.start_ms, job.duration_ms)))
+        self._release_slot(job)
+        if not self._outbox_event.is_set():
+            self._outbox_event.set()
+
+    def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
+        """The first failure of a key (on this node) with its traceback, each later
+        retry of it as one line."""
+        claim, attempts = job.claim, job.rule.retry.attempts
+        then = f"; retry in {delay_ms / 1000:g}s" if claim.attempt < attempts else ""
+        first = claim.key not in self._traced
+        self._traced[claim.key] = True
+        log.warning("refresh of %s failed (attempt %d of %d): %s%s", claim.key,
+                    min(claim.attempt, attempts), attempts, _error_text(exc), then,
+                    exc_info=exc if first and exc.__traceback__ is not None else None)
+
+    def _log_dead(self, jobs: dict[str, tuple[Job, Failure]], dead: list[str]) -> None:
+        for key in dead:
+            self._traced.pop(key, None)
+            job, failure = jobs[key]
+            attempts = min(job.claim.attempt, job.rule.retry.attempts)
+            log.error("%s dead-lettered after %s: %s; re-queue with `coalescer dead retry %s`",
+                      key, plural(attempts, "attempt"), failure.error, shlex.quote(key))
+
+    def _drop(self, job: Job) -> None:
+        """A cancelled claim: left to its lease (another node, or we, re-run it)."""
+        self._release_slot(job)
+        self._jobs.pop(job.claim.key, None)
+        self._check_idle()
+
+    def _release_slot(self, job: Job) -> None:
+        if job.batch is not None:
+            job.batch.finished()
+            job.batch = None
+        if job.queued:  # never started
+            job.queued = False
+            self._queued[job.rule.name].remove(job)
+        else:
+            self._running[job.rule.name] -= 1
+        self._active[job.rule.name] -= 1
+        self._slots_freed(job.rule.name)
+
+    def _slots_freed(self, rule_name: str) -> None:
+        # Counted at once (a poller compares readings taken around its claim call);
+        # announced once for every slot freed in this turn of the event loop.
+        self._freed[rule_name] += 1
+        if not self._slot_free_due:
+            self._slot_free_due = True
+            asyncio.get_running_loop().call_soon(self._announce_slot_free)
+
+    def _announce_slot_free(self) -> None:
+        self._slot_free_due = False
+        self._start_queued()
+        self._on_slot_free()
+
+    def _check_idle(self) -> None:
+        if not self._jobs:
+            self._idle_event.set()
+
+    # -- outcomes out ----------------------------------------------------------------
+
+    async def outbox_loop(self) -> None:
+        """Group-commit acks and failures; survives Redis errors and retries them."""
+        backoff = Backoff()
+        while True:
+            await self._outbox_event.wait()
+            await asyncio.sleep(ACK_GATHER)  # let more results join this commit
+            self._outbox_event.clear()
+            boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+            try:
+                await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+                backoff.reset()
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
+                self._metrics.redis_errors.labels("outbox").inc()
+                backoff.log(log, "outbox: results not recorded yet, will retry: %r", exc)
+                for shard, box in boxes.items():
+                    self._outboxes[shard].merge(box)
+                self._outbox_event.set()
+                await asyncio.sleep(backoff.next())
+
+    async def _commit(self, shard: int, box: Outbox) -> None:
+        keys = self._keyspace.shard(shard)
+        stale: list[str] = []
+        if box.acks:
+            acks: dict[str, list[AckItem]] = defaultdict(list)
+            for job in box.acks:
+                acks[job.rule.name].append((job.claim.key, job.claim.token, job.start_ms,
+                                            job.duration_ms))
+                self._traced.pop(job.claim.key, None)
+            stale += await self._scripts.ack(keys, list(acks.items()), self._history)
+            self._forget(box.acks)
+            box.acks = []
+        if box.fails:
+            fails: dict[Any, list[Failure]] = defaultdict(list)
+            for job, failure in box.fails:
+                fails[job.rule].append(failure)
+            groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]
+            _, dead, failed_stale = await self._scripts.fail(keys, groups, self._history)
+            stale += failed_stale
+            self._log_dead({job.claim.key: (job, f) for job, f in box.fails}, dead)
+            self._forget([job for job, _ in box.fails])
+        for key in stale:
+            log.warning("claim of %s was taken over before its result was recorded", key)
+
+    def _forget(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if self._jobs.get(job.claim.key) is job:
+                del self._jobs[job.claim.key]
+        self._check_idle()
+
+    async def flush_outbox(self) -> None:
+        """Record every finished claim's result now (used at shutdown)."""
+        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+
+    # -- leases ------------------------------------------------------------------------
+
+    async def renew_loop(self) -> None:
+        """Every third of the claim lease, renew what this node holds; cancel what it lost."""
+        backoff = Backoff()
+        period = delay = self._claim_lease / 3
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.renew_once()
+                backoff.reset()
+                delay = period
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
+                self._metrics.redis_errors.labels("renew").inc()
+                backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
+                delay = min(period, backoff.next())
+            self._stop_unrenewed()
+
+    def _stop_unrenewed(self) -> None:
+        """Cancel refreshes whose lease may lapse before we can renew it (G4).
+
+        Once a lease expires, the shard's leader hands the key to another run; a
+        holder cut off from Redis stops a quarter-lease before that can happen.
+        """
+        limit = time.monotonic() - self._claim_lease * 0.75
+        for job in list(self._jobs.values()):
+            if job.renewed < limit and not job.lost:
+                log.warning("could not renew the claim of %s in time: stopping its refresh",
+                            job.claim.key)
+                self._lose(job.claim.key)
+
+    async def renew_once(self) -> None:
+        by_shard: dict[int, dict[str, list[tuple[str, int]]]] = defaultdict(
+            lambda: defaultdict(list))
+        for job in self._jobs.values():
+            by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
+        lease_ms = round(self._claim_lease * 1000)
+        for shard, groups in by_shard.items():
+            sent = time.monotonic()
+            lost = await self._scripts.renew(self._keyspace.shard(shard), lease_ms,
+                                             list(groups.items()))
+            renewed = {key for items in groups.values() for key, _ in items} - set(lost)
+            for key in renewed:
+                held = self._jobs.get(key)
+                if held is not None:
+                    held.renewed = max(held.renewed, sent)
+            for key in lost:
+                self._lose(key)
+
+    def _lose(self, key: str) -> None:
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        job.lost = True
+        if job.queued:
+            log.warning("lost the claim of %s (lease expired, token %d) before it started",
+                        key, job.claim.token)
+            self._drop(job)
+        elif job.task is not None and not job.task.done():
+            log.warning("lost the claim of %s (lease expired, token %d): stopping its refresh",
+                        key, job.claim.token)
+            job.task.cancel()
+        else:
+            # Finished: usually its ack reached Redis just before this renewal did; a
+            # real takeover is reported when its result is recorded as stale.
+            log.debug("claim of %s (token %d) no longer held after it finished",
+                      key, job.claim.token)
+            self._jobs.pop(key, None)
+            self._check_idle()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` until no claim is held (every result recorded)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle_event.wait(), timeout)
+
+    @property
+    def holding(self) -> int:
+        """How many claims this node holds (running, or finished but not yet recorded)."""
+        return len(self._jobs)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to ``grace`` for held claims to finish, then cancel the rest."""
+        try:
+            await asyncio.wait_for(self._idle_event.wait(), grace)
+        except TimeoutError:
+            for job in [j for j in self._jobs.values() if j.queued]:
+                self._drop(job)  # never started: re-run once its claim lease expires
+            tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
+            log.warning("shutdown: cancelling %s still running after %.1fs; "
+                        "they re-run once their claim lease expires",
+                        plural(len(tasks), "refresh", "refreshes"), grace)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

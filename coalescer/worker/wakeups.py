@@ -1,0 +1,64 @@
+"""Listens on the shards' wake channels and routes each message to its shard.
+
+A dropped subscription must never strand work (G3): after any error the
+listener backs off, subscribes again and pokes every shard, so each poller
+re-reads its earliest due time at once; the pollers' capped sleeps cover the
+gap meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.retrying import Backoff
+
+log = logging.getLogger(__name__)
+
+
+class WakeListener:
+    """One pub/sub connection per node for all its shards."""
+
+    def __init__(self, redis: Redis, routes: Mapping[str, Callable[[Any], None]],
+                 on_reconnect: Callable[[], None], metrics: Metrics) -> None:
+        self._redis = redis
+        self._routes = routes
+        self._on_reconnect = on_reconnect
+        self._metrics = metrics
+        self.subscribed = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                await self._listen()
+            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
+                self.subscribed.clear()
+                self._metrics.redis_errors.labels("wakeups").inc()
+                backoff.log(log, "wake channel lost, resubscribing: %r", exc)
+                await asyncio.sleep(backoff.next())
+            else:
+                backoff.reset()
+
+    async def _listen(self) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(*self._routes)
+            self.subscribed.set()
+            self._on_reconnect()
+            while True:
+                message = await pubsub.get_message(timeout=5.0)
+                if message is not None:
+                    self._dispatch(message)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        route = self._routes.get(message["channel"])
+        if route is not None:
+            route(message["data"])

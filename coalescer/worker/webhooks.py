@@ -1,0 +1,130 @@
+"""Webhook refresh handlers: the claim POSTed as JSON, optionally signed.
+
+One pooled ``aiohttp.ClientSession`` per node, created on first use. Every non-2xx
+answer, connection error or timeout raises, so the runner's retries and dead letter
+(G6) apply. Redirects are not followed: a 3xx is a failure like any other non-2xx.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+from typing import Any
+
+import aiohttp
+
+from coalescer.claim import Claim
+from coalescer.common.redact import redact
+from coalescer.config.rules import HttpHandler
+from coalescer.errors import WebhookError
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Coalescer-Signature"
+USER_AGENT = "coalescer-webhook/0.1"
+EXCERPT_BYTES = 200
+DRAIN_BYTES = 64 * 1024
+
+
+def signature(secret: str | bytes, body: bytes) -> str:
+    """The ``X-Coalescer-Signature`` value of ``body``: ``sha256=<hex hmac-sha256>``."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def encode_body(claim: Claim) -> bytes:
+    """The exact bytes sent (and signed): the claim's JSON, compact, keys in field order."""
+    return json.dumps(claim.to_json(), separators=(",", ":")).encode()
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden, fit for logs and error messages."""
+    return redact(url)
+
+
+def _secret(spec: HttpHandler) -> str | None:
+    if not spec.secret_env:
+        return None
+    value = os.environ.get(spec.secret_env)
+    if not value:
+        raise WebhookError(f"webhook {spec.method} {safe_url(spec.url)}: environment variable "
+                           f"{spec.secret_env} (its secret_env) is not set or empty")
+    return value
+
+
+def _headers(spec: HttpHandler, body: bytes) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    secret = _secret(spec)
+    if secret is not None:
+        headers[SIGNATURE_HEADER] = signature(secret, body)
+    return headers
+
+
+async def _excerpt(response: aiohttp.ClientResponse) -> str:
+    try:
+        raw = await response.content.read(EXCERPT_BYTES)
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+    text = raw.decode("utf-8", errors="replace").strip()
+    return " ".join(text.split())
+
+
+async def _check(response: aiohttp.ClientResponse, method: str, url: str) -> None:
+    if 200 <= response.status < 300:
+        await response.content.read(DRAIN_BYTES)  # lets the connection be reused
+        return
+    status = f"{response.status} {response.reason or ''}".rstrip()
+    location = response.headers.get("Location")
+    where = f" (redirect to {location}, not followed)" if location else ""
+    excerpt = await _excerpt(response)
+    detail = f": {excerpt}" if excerpt else ""
+    raise WebhookError(f"webhook {method} {url} answered {status}{where}{detail}")
+
+
+class Webhooks:
+    """Calls webhook handlers; implements the core's ``WebhookCaller`` protocol."""
+
+    def __init__(self, *, limit: int = 100) -> None:
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._limit)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return self._session
+
+    async def call(self, spec: Any, claim: Claim, timeout: float) -> None:
+        """POST (``spec.method``) the claim to ``spec.url_for(claim.params)``.
+
+        Raises WebhookError on a non-2xx answer or a connection error, TimeoutError
+        when no full answer came within ``spec.timeout`` (else ``timeout``).
+        """
+        http: HttpHandler = spec
+        body = encode_body(claim)
+        headers = _headers(http, body)
+        url = http.url_for(claim.params)
+        limit = http.timeout if http.timeout is not None else timeout
+        shown = safe_url(url)
+        try:
+            async with self._get_session().request(
+                    http.method, url, data=body, headers=headers, allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=limit)) as response:
+                await _check(response, http.method, shown)
+        except TimeoutError:
+            raise TimeoutError(f"webhook {http.method} {shown} did not answer within "
+                               f"{limit:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise WebhookError(f"webhook {http.method} {shown} failed: "
+                               f"{type(exc).__name__}: {exc}") from None
+        log.debug("webhook %s %s: %s attempt %d ok", http.method, shown, claim.key,
+                  claim.attempt)
+
+    async def close(self) -> None:
+        """Close the pooled session (a later call opens a new one)."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()

@@ -1,0 +1,263 @@
+"""The flusher: writes the absorber's batches to Redis, one Lua call per shard.
+
+Up to ``MAX_IN_FLIGHT`` writes are in flight at once: the next batch is taken and
+encoded while Redis runs the previous one, so neither side waits for the other.
+A key touched again while a write of it is in flight is held by the absorber until
+that write ends, and written by a later one.
+
+A write that fails for a transient reason (see failures.py) is given back and
+retried with backoff, losing nothing. A write that fails for good is split in
+halves until the keys Redis refuses are found: those are dropped (logged once
+each, counted, listed in ``dropped``) and every other key is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.plural import plural
+from coalescer.common.retrying import Backoff
+from coalescer.errors import shown_key
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.write.absorber import Absorber, Batch
+from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 2  # writes of the background loop in flight at once
+MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis time)
+IDLE_CHECK = 1.0
+DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[UpsertGroup]]:
+    """The first ``n`` keys of ``groups``, and the rest, still grouped by rule."""
+    first: list[UpsertGroup] = []
+    second: list[UpsertGroup] = []
+    for g in groups:
+        cut = max(0, min(len(g.keys), n))
+        if cut:
+            first.append(replace(g, keys=g.keys[:cut]))
+        if cut < len(g.keys):
+            second.append(replace(g, keys=g.keys[cut:]))
+        n -= cut
+    return first, second
+
+
+def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Any]:
+    """The groups' keys with their rules (a group's keys share one rule)."""
+    out: dict[str, Any] = {}
+    for g in groups:
+        if g.keys:
+            out.update(dict.fromkeys(g.keys, batch[g.keys[0]]))
+    return out
+
+
+class Flusher:
+    """Group-commits buffered touches; ``flush()`` waits until Redis holds them."""
+
+    def __init__(self, absorber: Absorber, scripts: Scripts, keyspace: KeySpace,
+                 metrics: Metrics) -> None:
+        self._absorber = absorber
+        self._scripts = scripts
+        self._keyspace = keyspace
+        self._metrics = metrics
+        self._event = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()  # every write not yet finished
+        self._running: dict[asyncio.Task[None], int] = {}  # the loop's writes -> their keys
+        self._loop = asyncio.get_running_loop()
+        self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
+        absorber.set_waker(self._wake)
+
+    def _wake(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._event.set()
+        else:
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def run(self) -> None:
+        """The background loop: survives Redis errors, backs off, loses nothing."""
+        backoff = Backoff()
+        while True:
+            await self._reap(backoff)
+            self._event.clear()
+            self._absorber.idle = True
+            batch = self._absorber.take()
+            if not batch:
+                await self._sleep()
+                continue
+            self._absorber.idle = False
+            self._running[self._start(batch)] = len(batch)
+
+    async def _reap(self, backoff: Backoff) -> None:
+        """Wait for room for another write; after a failed one, back off first."""
+        if len(self._running) >= MAX_IN_FLIGHT:
+            await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
+        failed: tuple[int, BaseException] | None = None
+        for task in [t for t in self._running if t.done()]:
+            n = self._running.pop(task)
+            exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+            if exc is None:
+                backoff.reset()
+            else:
+                failed = (n, exc)
+        if failed is not None:  # Redis down, or a bug: the loop goes on (logged once)
+            self._metrics.redis_errors.labels("flusher").inc()
+            backoff.log(log, "flusher: %s not written yet, will retry: %r",
+                        plural(failed[0], "key"), failed[1])
+            await asyncio.sleep(backoff.next())
+
+    def _start(self, batch: Batch) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._send(batch))
+        self._writes.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        self._event.set()  # keys held while it was in flight may be ready; room for a write
+
+    async def _sleep(self) -> None:
+        wait = self._absorber.next_ready_in()
+        timeout = IDLE_CHECK if wait is None else min(wait, IDLE_CHECK)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+    async def flush(self) -> None:
+        """Return once Redis holds every touch buffered before this call."""
+        earlier = list(self._writes)
+        batch = self._absorber.take(everything=True)
+        if batch:
+            await self._write(batch)
+        if earlier:
+            await asyncio.gather(*earlier)
+
+    async def _write(self, batch: Batch) -> None:
+        await asyncio.shield(self._start(batch))
+
+    async def _send(self, batch: Batch) -> None:
+        try:
+            await self._send_groups(batch)
+        finally:
+            self._absorber.finished(batch)
+
+    async def _send_groups(self, batch: Batch) -> None:
+        try:
+            parts = self._groups(batch)
+        except BaseException:
+            self._absorber.give_back(batch)
+            raise
+        calls = [self._deliver(shard, groups, batch) for shard, groups in parts]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result  # transient: those keys were given back
+        self._record(len(batch))
+
+    async def _deliver(self, shard: int, groups: list[UpsertGroup], batch: Batch) -> None:
+        """Write one call's keys; on a permanent error, split it to find the bad keys."""
+        try:
+            result = await self._scripts.upsert_keys(self._keyspace.shard(shard), groups)
+        except BaseException as exc:
+            if is_transient(exc):
+                self._absorber.give_back(_keys_of(groups, batch), batch.since)
+                raise
+            await self._bisect(shard, groups, batch, exc)
+            return
+        keys = _keys_of(groups, batch)
+        if result.failed:
+            bad = {key: keys.pop(key) for key in result.failed if key in keys}
+            for key, error in result.failed.items():
+                self._drop(key, REASON_REDIS, error)
+            self._absorber.discard(bad, batch.since)
+        self._absorber.written(keys, batch.since)
+
+    async def _bisect(self, shard: int, groups: list[UpsertGroup], batch: Batch,
+                      exc: BaseException) -> None:
+        total = sum(len(g.keys) for g in groups)
+        if total == 1:
+            key = groups[0].keys[0]
+            self._drop(key, drop_reason(exc), repr(exc))
+            self._absorber.discard({key: batch[key]}, batch.since)
+            return
+        first, second = _halves(groups, total // 2)
+        try:
+            await self._deliver(shard, first, batch)
+        except BaseException:
+            self._absorber.give_back(_keys_of(second, batch), batch.since)
+            raise
+        await self._deliver(shard, second, batch)
+
+    def _drop(self, key: str, reason: str, error: str) -> None:
+        log.error("flusher: dropped key %s, Redis cannot store it (%s): %s",
+                  shown_key(key), reason, error)
+        self._metrics.dropped_keys.labels(reason).inc()
+        self.dropped.append(DroppedKey.now(key, reason, error))
+
+    def _record(self, n: int) -> None:
+        m, a = self._metrics, self._absorber
+        m.flushes.inc()
+        m.flush_keys.observe(n)
+        m.buffered.set(len(a))
+
+    def _groups(self, batch: dict[str, Any]) -> list[tuple[int, list[UpsertGroup]]]:
+        rules: dict[str, Any] = {}
+        by_shard = self._by_shard(batch, rules)
+        out = []
+        for shard, keys_by_rule in by_shard.items():
+            for chunk in self._split(rules, keys_by_rule):
+                out.append((shard, chunk))
+        return out
+
+    def _by_shard(self, batch: dict[str, Any],
+                  rules: dict[str, Any]) -> dict[int, dict[str, list[str]]]:
+        """The batch's keys by shard, then by rule name; fills ``rules`` (name -> rule)."""
+        if self._keyspace.shards == 1 and len(set(map(id, batch.values()))) == 1:
+            rule = next(iter(batch.values()))  # one shard, one rule: no per-key step
+            rules[rule.name] = rule
+            return {0: {rule.name: list(batch)}}
+        by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        shard_of = self._keyspace.shard_of
+        for key, rule in batch.items():
+            name = rule.name  # group by name: hashing the frozen Rule per key is slow
+            rules[name] = rule
+            by_shard[shard_of(key)][name].append(key)
+        return by_shard
+
+    @staticmethod
+    def _split(rules: dict[str, Any],
+               keys_by_rule: dict[str, list[str]]) -> Iterable[list[UpsertGroup]]:
+        """One shard's keys as calls of at most MAX_KEYS_PER_CALL keys each."""
+        call: list[UpsertGroup] = []
+        size = 0
+        for name, keys in keys_by_rule.items():
+            rule = rules[name]
+            for part in _chunks(keys, MAX_KEYS_PER_CALL):
+                if size + len(part) > MAX_KEYS_PER_CALL and call:
+                    yield call
+                    call, size = [], 0
+                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), part))
+                size += len(part)
+        if call:
+            yield call

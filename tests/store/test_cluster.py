@@ -1,0 +1,101 @@
+"""Scale-out on a real local 3-master Redis Cluster."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+from coalescer import Coalescer
+from coalescer.store.keys import KeySpace
+from tests.helpers.servers import Cluster, wait_until
+
+RULES = """
+namespace: {ns}
+shards: 6
+leader_lease: 1s
+claim_lease: 2s
+defaults: {{window: 50ms, max_wait: 1s, absorb: 10ms}}
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    handler: handlers:refresh
+"""
+
+HANDLERS = """
+refreshed = []
+
+async def refresh(claim):
+    refreshed.append((claim.key, claim.token))
+"""
+
+
+async def test_cluster_url_is_detected_and_every_shard_is_one_slot(cluster: Cluster,
+                                                                    namespace: str,
+                                                                    rules_file) -> None:
+    path = rules_file(RULES.format(ns=namespace), HANDLERS)
+    async with Coalescer.from_yaml(path, redis_url=cluster.urls[1], worker=False) as c:
+        assert type(c.redis).__name__ == "RedisCluster"
+        for n in range(20):
+            c.touch(f"stats:{n}")
+        await c.flush()
+        space = KeySpace(namespace, 6)
+        pending = 0
+        for sk in space.all_shards():
+            pending += await c.redis.zcard(sk.due("stats"))
+            slots = {await c.redis.cluster_keyslot(k) for k in (sk.meta, sk.due("stats"),
+                                                                sk.leader, sk.inflight("stats"))}
+            assert len(slots) == 1, f"shard {sk.shard} spans slots {slots}"
+        assert pending == 20
+        status = await c.status()  # pipelined reads, each sent to the node of its slot
+        assert status["rules"]["stats"]["pending"] == 20
+        assert [s["shard"] for s in status["shards"]] == list(range(6))
+
+
+async def test_three_nodes_share_six_shards_evenly_and_refresh_everything(
+        cluster: Cluster, namespace: str, rules_file) -> None:
+    path = rules_file(RULES.format(ns=namespace), HANDLERS)
+    nodes = [Coalescer.from_yaml(path, redis_url=url, node_id=f"node-{i}")
+             for i, url in enumerate(cluster.urls)]
+    for node in nodes:
+        await node.start()
+    try:
+        def spread() -> Counter[str]:
+            return Counter(node.node_id for node in nodes for _ in node.leads())
+
+        await wait_until(lambda: sorted(spread().values()) == [2, 2, 2], timeout=20,
+                         message="each of 3 nodes leads 2 of the 6 shards")
+        status = await nodes[0].status()
+        assert {s["leader"] for s in status["shards"]} == {"node-0", "node-1", "node-2"}
+
+        keys = [f"stats:{n}" for n in range(300)]
+        for key in keys:
+            nodes[0].touch(key)
+        await nodes[0].flush()
+        refreshed = sys.modules["handlers"].refreshed
+        await wait_until(lambda: {k for k, _ in refreshed} == set(keys), timeout=20,
+                         message="every key refreshed")
+        assert len(refreshed) == len(keys), "each key refreshed exactly once"
+    finally:
+        for node in nodes:
+            await node.close()
+
+
+async def test_shards_of_a_closed_node_move_to_the_others(cluster: Cluster, namespace: str,
+                                                          rules_file) -> None:
+    path = rules_file(RULES.format(ns=namespace), HANDLERS)
+    nodes = [Coalescer.from_yaml(path, redis_url=url, node_id=f"node-{i}")
+             for i, url in enumerate(cluster.urls[:2])]
+    for node in nodes:
+        await node.start()
+    try:
+        await wait_until(lambda: sum(len(n.leads()) for n in nodes) == 6, timeout=20)
+        await nodes[0].close()
+        await wait_until(lambda: len(nodes[1].leads()) == 6, timeout=20,
+                         message="the remaining node leads every shard")
+        nodes[1].touch("stats:after")
+        await nodes[1].flush()
+        refreshed = sys.modules["handlers"].refreshed
+        await wait_until(lambda: ("stats:after" in {k for k, _ in refreshed}), timeout=10)
+    finally:
+        for node in nodes:
+            await node.close()

@@ -1,0 +1,307 @@
+"""The embedded default server: shared, reference-counted, durable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from coalescer.errors import CoalescerError
+from coalescer.store.embedded import ENV_REDIS_URL, EmbeddedServer, project_root, resolve_redis_url
+from tests.helpers.servers import free_port, poll_until, sync_client
+
+HAS_PROC = Path("/proc/self/cwd").exists()
+
+
+def _record(root: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((root / "server.json").read_text())
+    return data
+
+
+def _pid(root: Path) -> int:
+    return int(_record(root)["pid"])
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state not in ("Z", "X")
+
+
+def _servers_in(data_dir: Path) -> list[int]:
+    """Pids of live valkey-server processes whose working directory is data_dir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"valkey-server" in cmdline and Path(cwd) == data_dir and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def _ready_lines(root: Path) -> int:
+    return (root / "server.log").read_text().count("Ready to accept connections")
+
+
+def _pings(url: str) -> bool:
+    client = sync_client(_port(url))
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / ".coalescer"
+    yield root
+    # Never leave a server behind, whatever the test did.
+    try:
+        pid = _pid(root)
+    except (OSError, ValueError, KeyError):
+        return
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_acquire_starts_a_server(root: Path) -> None:
+    server = EmbeddedServer(root)
+    url = server.acquire()
+    try:
+        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+        assert _pings(url)
+        record = _record(root)
+        assert record["port"] == _port(url)
+        assert _alive(int(record["pid"]))
+        client = sync_client(_port(url))
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert Path(str(client.config_get("dir")["dir"])) == (root / "data").resolve()
+        client.close()
+        assert len(list((root / "users").iterdir())) == 1
+    finally:
+        server.release()
+
+
+def test_second_acquire_reuses_and_last_release_stops(root: Path) -> None:
+    first, second = EmbeddedServer(root), EmbeddedServer(root)
+    url = first.acquire()
+    pid = _pid(root)
+    assert second.acquire() == url
+    assert int(_record(root)["pid"]) == pid
+    assert _ready_lines(root) == 1
+    if HAS_PROC:
+        assert _servers_in((root / "data").resolve()) == [pid]
+
+    first.release()
+    assert _alive(pid) and _pings(url), "the server must survive while a user remains"
+
+    second.release()
+    assert not _alive(pid), "the last release must stop the server"
+    assert not (root / "server.json").exists()
+    assert "ready to exit" in (root / "server.log").read_text()
+    aof = root / "data" / "appendonlydir"
+    assert aof.is_dir() and any(aof.iterdir())
+
+
+def test_context_manager(root: Path) -> None:
+    with EmbeddedServer(root) as url:
+        assert _pings(url)
+        pid = _pid(root)
+    assert not _alive(pid)
+
+
+def test_data_survives_stop_and_start(root: Path) -> None:
+    with EmbeddedServer(root) as url:
+        client = sync_client(_port(url))
+        client.set("kept", "yes")
+        client.close()
+        first_pid = _pid(root)
+    assert not _alive(first_pid)
+    with EmbeddedServer(root) as url:
+        client = sync_client(_port(url))
+        assert client.get("kept") == "yes"
+        client.close()
+        assert int(_record(root)["pid"]) != first_pid
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("pid_kind", ["dead", "unrelated-live"])
+def test_stale_server_json_is_replaced(root: Path, pid_kind: str) -> None:
+    root.mkdir(parents=True)
+    # A record of a crashed server: nothing on the port; the pid dead, or reused by a
+    # live process that is not a valkey-server (ours: it must not be killed).
+    stale_pid = _dead_pid() if pid_kind == "dead" else os.getpid()
+    stale_port = free_port()
+    (root / "server.json").write_text(
+        json.dumps({"port": stale_port, "pid": stale_pid, "run_id": "x" * 40}))
+    (root / "users").mkdir()
+    (root / "users" / f"{_dead_pid()}.deadbeef").write_text("")
+    with EmbeddedServer(root) as url:
+        assert _pings(url)
+        record = _record(root)
+        assert record["pid"] != stale_pid
+        assert record["port"] == _port(url)
+        # The dead user was pruned; only we remain.
+        assert len(list((root / "users").iterdir())) == 1
+    assert not (root / "server.json").exists()
+
+
+def test_killed_server_is_replaced(root: Path) -> None:
+    holder = EmbeddedServer(root)
+    holder.acquire()
+    pid = _pid(root)
+    os.kill(pid, signal.SIGKILL)
+    poll_until(lambda: not _alive(pid), message="SIGKILLed server to exit")
+    with EmbeddedServer(root) as url:
+        assert _pings(url)
+        assert int(_record(root)["pid"]) != pid
+        holder.release()
+        assert _pings(url), "the other user still holds the new server"
+
+
+def test_release_without_acquire_is_a_noop(root: Path) -> None:
+    EmbeddedServer(root).release()
+    assert not (root / "server.json").exists()
+
+
+_HOLDER = """
+import sys
+from pathlib import Path
+from coalescer.store.embedded import EmbeddedServer
+server = EmbeddedServer(Path(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+print(server.acquire(), flush=True)
+sys.stdin.readline()
+server.release()
+print("released", flush=True)
+"""
+
+
+def _spawn_holder(root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _HOLDER, str(root)], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[2])
+
+
+def _say(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def _hear(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def test_two_processes_acquiring_at_once_share_one_server(root: Path) -> None:
+    procs = [_spawn_holder(root) for _ in range(2)]
+    try:
+        assert [_hear(p) for p in procs] == ["ready", "ready"]
+        for proc in procs:  # both go at the same moment
+            _say(proc, "go")
+        urls = [_hear(p) for p in procs]
+        assert urls[0] == urls[1] and urls[0].startswith("redis://127.0.0.1:")
+        pid = _pid(root)
+        assert _ready_lines(root) == 1, "exactly one server was started"
+        if HAS_PROC:
+            assert _servers_in((root / "data").resolve()) == [pid]
+        for proc in procs:
+            _say(proc, "release")
+        assert [_hear(p) for p in procs] == ["released", "released"]
+        assert [p.wait(timeout=30) for p in procs] == [0, 0]
+        assert not _alive(pid)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_start_failure_reports_log_tail(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = EmbeddedServer(root)
+    original = server._command
+
+    def broken(binary: Path, port: int) -> list[str]:
+        return [*original(binary, port), "--no-such-option", "1"]
+
+    monkeypatch.setattr(server, "_command", broken)
+    with pytest.raises(CoalescerError, match="no-such-option"):
+        server.acquire()
+    assert not (root / "server.json").exists()
+
+
+def test_resolve_redis_url(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_REDIS_URL, "redis://127.0.0.1:1/0")
+    assert resolve_redis_url("redis://127.0.0.1:2/0") == ("redis://127.0.0.1:2/0", None)
+    assert resolve_redis_url(None) == ("redis://127.0.0.1:1/0", None)
+    monkeypatch.delenv(ENV_REDIS_URL)
+    monkeypatch.chdir(root.parent)
+    url, server = resolve_redis_url(None)
+    assert server is not None
+    try:
+        assert _pings(url)
+        assert (root / "server.json").exists()
+    finally:
+        server.release()
+    assert not (root / "server.json").exists()
+
+
+def test_project_root_is_found_from_the_rules_file(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    config = project / "config"
+    config.mkdir(parents=True)
+    rules = config / "rules.yaml"
+    rules.write_text("rules: []\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the working folder plays no part
+    # no .coalescer yet: a new one beside the rules file
+    assert project_root(rules) == config / ".coalescer"
+    assert project_root(os.path.relpath(rules)) == config / ".coalescer"
+    # the nearest ancestor holding one wins ...
+    (project / ".coalescer").mkdir()
+    assert project_root(rules) == project / ".coalescer"
+    # ... and the rules file's own folder is the nearest
+    (config / ".coalescer").mkdir()
+    assert project_root(rules) == config / ".coalescer"
+    # a file named .coalescer is not the server's folder
+    (config / ".coalescer").rmdir()
+    (config / ".coalescer").write_text("")
+    assert project_root(rules) == project / ".coalescer"
+    # rules that are not a file (from a string): the search starts in the working folder
+    assert project_root("<string>") == elsewhere / ".coalescer"
+    monkeypatch.chdir(config)
+    assert project_root(None) == project / ".coalescer"

@@ -1,0 +1,109 @@
+"""What a node logs about refreshes: a failure's traceback once, retries as one line,
+one line when a key is dead-lettered (not when a touch re-armed it), successes at DEBUG."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from coalescer import Claim, Coalescer
+from tests.helpers.e2e import recorder_rules
+from tests.helpers.servers import wait_until
+
+# Every setting at its default (5 attempts, concurrency 16, timeout 30s) but the
+# windows and backoffs, kept short so the retries run quickly.
+RULES = """\
+namespace: {ns}
+defaults:
+  window: 50ms
+  max_wait: 1s
+  absorb: 10ms
+  retry: {{attempts: 5, backoff: 1ms, max_backoff: 1ms}}
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {mod}:refresh
+  - name: once
+    match: "once:{{id}}"
+    retry: {{attempts: 1}}
+    handler: {mod}:refresh
+"""
+
+
+def runner_lines(caplog: pytest.LogCaptureFixture, key: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "coalescer.worker.runner" and key in r.getMessage().split()[:4]]
+
+
+async def dead(c: Coalescer, rule: str) -> int:
+    return int((await c.status())["rules"][rule]["dead"])
+
+
+async def test_first_failure_has_its_traceback_retries_one_line_death_one_error(
+        tmp_path: Path, redis_url: str, namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="coalescer")
+    rules, rec = recorder_rules(tmp_path, f"log_{namespace}", RULES.format(
+        ns=namespace, mod=f"log_{namespace}"))
+
+    async def hook(claim: Claim) -> None:
+        if claim.key != "item:ok":
+            raise RuntimeError(f"db down for {claim.key}")
+
+    rec.hook = hook
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="n1", grace=1) as c:
+        c.touch_many(["item:7", "once:1", "item:ok"])
+        await c.flush()
+        await wait_until(lambda: dead(c, "item"), message="item:7 dead-lettered")
+        await wait_until(lambda: dead(c, "once"), message="once:1 dead-lettered")
+        await wait_until(lambda: rec.succeeded, message="item:ok refreshed")
+
+    fails = [r for r in runner_lines(caplog, "item:7") if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in fails] == [
+        f"refresh of item:7 failed (attempt {n} of 5): RuntimeError: db down for item:7"
+        + ("; retry in 0.001s" if n < 5 else "") for n in range(1, 6)]
+    assert [r.exc_info is not None for r in fails] == [True, False, False, False, False]
+    assert fails[0].exc_info is not None and "in hook" in "".join(
+        logging.Formatter().formatException(fails[0].exc_info))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sorted(errors) == [
+        "item:7 dead-lettered after 5 attempts: RuntimeError: db down for item:7; "
+        "re-queue with `coalescer dead retry item:7`",
+        "once:1 dead-lettered after 1 attempt: RuntimeError: db down for once:1; "
+        "re-queue with `coalescer dead retry once:1`"]
+    [done] = runner_lines(caplog, "item:ok")
+    assert done.levelno == logging.DEBUG
+    token = rec.succeeded[0].token
+    assert done.getMessage().startswith("refreshed item:ok in ")
+    assert done.getMessage().endswith(f" ms (attempt 1, token {token})")
+
+
+async def test_a_key_touched_during_its_last_attempt_is_not_reported_dead(
+        tmp_path: Path, redis_url: str, namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="coalescer")
+    rules, rec = recorder_rules(tmp_path, f"log_{namespace}", RULES.format(
+        ns=namespace, mod=f"log_{namespace}"))
+    holder: list[Coalescer] = []
+
+    async def hook(claim: Claim) -> None:
+        if len(rec.calls) > 5:
+            return  # the new burst's first attempt succeeds
+        if claim.attempt == 5:  # the last attempt: a write path touches the key meanwhile
+            holder[0].touch(claim.key)
+            await holder[0].flush()
+        raise RuntimeError("flaky")
+
+    rec.hook = hook
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="n1", grace=1) as c:
+        holder.append(c)
+        c.touch("item:9")
+        await c.flush()
+        await wait_until(lambda: rec.succeeded, message="item:9 refreshed after the touch")
+    assert [claim.attempt for claim in rec.calls] == [1, 2, 3, 4, 5, 1]
+    assert not [r for r in caplog.records if "dead-lettered" in r.getMessage()]
+    lines = runner_lines(caplog, "item:9")
+    assert [r.levelno for r in lines] == [logging.WARNING] * 5 + [logging.DEBUG]
+    assert lines[-1].getMessage().startswith("refreshed item:9 in ")

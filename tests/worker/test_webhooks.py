@@ -1,0 +1,379 @@
+"""Webhook refresh handlers, against a receiver the test runs."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import textwrap
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from coalescer import Claim, Coalescer
+from coalescer.config.rules import HttpHandler
+from coalescer.worker.webhooks import SIGNATURE_HEADER, WebhookError, Webhooks, safe_url, signature
+from tests.helpers.servers import free_port, wait_until
+
+SECRET_ENV = "COALESCER_TEST_HOOK_SECRET"
+SECRET = "hook-secret-4f1c9a"
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Hit:
+    method: str
+    path: str  # raw (still percent-encoded)
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    peer_port: int
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: records every request, answers from a script.
+
+    The n-th request gets ``answers[n]``; the last answer repeats.
+    """
+
+    def __init__(self) -> None:
+        self.hits: list[Hit] = []
+        self.answers: list[Answer] = [self.ok]
+        self.release = asyncio.Event()  # set at teardown: hanging answers return
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def close(self) -> None:
+        self.release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.hits.append(Hit(request.method, request.raw_path, request.headers,
+                             await request.read(), peer[1] if peer else 0, time.monotonic()))
+        answer = self.answers[min(len(self.hits), len(self.answers)) - 1]
+        return await answer(request)
+
+    def hits_at(self, prefix: str) -> list[Hit]:
+        return [hit for hit in self.hits if hit.path.startswith(prefix)]
+
+    # -- answers --
+
+    @staticmethod
+    async def ok(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"ok": True})
+
+    @staticmethod
+    def status(code: int, text: str = "") -> Answer:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            return web.Response(status=code, text=text)
+        return answer
+
+    async def hang(self, request: web.Request) -> web.StreamResponse:
+        await self.release.wait()
+        return web.Response(status=200)
+
+    @staticmethod
+    def redirect(location: str) -> Answer:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            return web.Response(status=302, headers={"Location": location})
+        return answer
+
+
+@pytest_asyncio.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    started = Receiver()
+    await started.start()
+    yield started
+    await started.close()
+
+
+@pytest_asyncio.fixture
+async def webhooks() -> AsyncIterator[Webhooks]:
+    caller = Webhooks()
+    yield caller
+    await caller.close()
+
+
+def claim(**fields: Any) -> Claim:
+    values: dict[str, Any] = {
+        "key": "stats:org:7", "rule": "org-stats", "params": {"org_id": "7"}, "attempt": 1,
+        "first_touch_ms": 1000, "last_touch_ms": 2000, "due_ms": 2050, "token": 3}
+    values.update(fields)
+    return Claim(**values)
+
+
+def expected_signature(body: bytes) -> str:
+    return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+
+
+# --- Webhooks on its own --------------------------------------------------------------
+
+
+def test_signature_is_hex_hmac_sha256_of_the_body() -> None:
+    body = b'{"key":"k"}'
+    assert signature(SECRET, body) == expected_signature(body)
+    assert signature(SECRET.encode(), body) == expected_signature(body)
+
+
+def test_safe_url_hides_credentials() -> None:
+    assert safe_url("http://user:pw@127.0.0.1:9/x?y=1") == "http://user:***@127.0.0.1:9/x?y=1"
+    assert safe_url("http://127.0.0.1:9/x") == "http://127.0.0.1:9/x"
+
+
+async def test_call_posts_the_claim_as_json_on_a_pooled_connection(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=receiver.url("/refresh/{org_id}"))
+    await webhooks.call(spec, claim(), 5.0)
+    await webhooks.call(spec, claim(attempt=2, token=4), 5.0)
+    first, second = receiver.hits
+    assert (first.method, first.path) == ("POST", "/refresh/7")
+    assert first.headers["Content-Type"] == "application/json"
+    assert SIGNATURE_HEADER not in first.headers  # no secret_env: unsigned
+    assert first.json() == claim().to_json()
+    assert second.json()["attempt"] == 2
+    assert first.peer_port == second.peer_port  # one pooled keep-alive connection
+
+
+async def test_call_uses_the_method_and_quotes_captures(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=receiver.url("/r/{org_id}"), method="PUT")
+    await webhooks.call(spec, claim(params={"org_id": "a b/c?d"}), 5.0)
+    assert (receiver.hits[0].method, receiver.hits[0].path) == ("PUT", "/r/a%20b%2Fc%3Fd")
+
+
+async def test_call_signs_the_exact_body_and_never_logs_the_secret(
+        receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    caplog.set_level(logging.DEBUG)
+    spec = HttpHandler(url=receiver.url("/hook"), secret_env=SECRET_ENV)
+    await webhooks.call(spec, claim(), 5.0)
+    hit = receiver.hits[0]
+    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+    receiver.answers = [Receiver.status(500)]
+    with pytest.raises(WebhookError) as failed:
+        await webhooks.call(spec, claim(), 5.0)
+    assert SECRET not in str(failed.value)
+    assert SECRET not in caplog.text
+
+
+async def test_a_missing_secret_names_the_variable(
+        receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    spec = HttpHandler(url=receiver.url("/hook"), secret_env=SECRET_ENV)
+    with pytest.raises(WebhookError, match=SECRET_ENV):
+        await webhooks.call(spec, claim(), 5.0)
+    monkeypatch.setenv(SECRET_ENV, "")
+    with pytest.raises(WebhookError, match=f"{SECRET_ENV}.*not set or empty"):
+        await webhooks.call(spec, claim(), 5.0)
+    assert receiver.hits == []  # nothing is sent unsigned
+
+
+async def test_non_2xx_raises_with_status_url_and_excerpt(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    receiver.answers = [Receiver.status(503, "overloaded,\n  try later " + "x" * 1000)]
+    spec = HttpHandler(url=receiver.url("/hook"))
+    with pytest.raises(WebhookError) as failed:
+        await webhooks.call(spec, claim(), 5.0)
+    message = str(failed.value)
+    assert "503" in message
+    assert receiver.url("/hook") in message
+    assert "overloaded, try later" in message
+    assert len(message) < 400  # an excerpt, not the whole body
+
+
+async def test_a_redirect_is_not_followed(receiver: Receiver, webhooks: Webhooks) -> None:
+    receiver.answers = [Receiver.redirect("/elsewhere")]
+    with pytest.raises(WebhookError, match=r"302.*/elsewhere, not followed"):
+        await webhooks.call(HttpHandler(url=receiver.url("/hook")), claim(), 5.0)
+    assert receiver.hits_at("/elsewhere") == []
+
+
+async def test_a_hanging_receiver_times_out(receiver: Receiver, webhooks: Webhooks) -> None:
+    receiver.answers = [receiver.hang]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not answer within 0\.2s"):
+        await webhooks.call(HttpHandler(url=receiver.url("/hook"), timeout=0.2), claim(), 30.0)
+    assert 0.15 < time.monotonic() - started < 2.0
+    with pytest.raises(TimeoutError, match=r"within 0\.1s"):  # no own timeout: the rule's
+        await webhooks.call(HttpHandler(url=receiver.url("/hook")), claim(), 0.1)
+
+
+async def test_connection_refused_is_a_webhook_error(webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=f"http://127.0.0.1:{free_port()}/hook")
+    with pytest.raises(WebhookError, match="failed"):
+        await webhooks.call(spec, claim(), 5.0)
+
+
+async def test_close_then_call_opens_a_new_session(receiver: Receiver,
+                                                   webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=receiver.url("/hook"))
+    await webhooks.call(spec, claim(), 5.0)
+    await webhooks.close()
+    await webhooks.close()
+    await webhooks.call(spec, claim(), 5.0)
+    assert len(receiver.hits) == 2
+
+
+# --- webhook rules on a real node -----------------------------------------------------
+
+
+RULES = """\
+namespace: {ns}
+claim_lease: 2s
+defaults:
+  window: 50ms
+  max_wait: 1s
+  absorb: 10ms
+  timeout: 2s
+  retry: {{attempts: {attempts}, backoff: 50ms, max_backoff: 100ms}}
+rules:
+  - name: org-stats
+    match: "stats:org:{{org_id}}"
+    handler:
+      http:
+        url: "http://127.0.0.1:{port}/refresh/{{org_id}}"
+        timeout: 300ms
+        secret_env: {secret_env}
+"""
+
+NodeFactory = Callable[..., Awaitable[Coalescer]]
+
+
+@pytest_asyncio.fixture
+async def make_node(redis_url: str, namespace: str, tmp_path: Path,
+                    receiver: Receiver) -> AsyncIterator[NodeFactory]:
+    opened: list[Coalescer] = []
+
+    async def make(*, attempts: int = 3) -> Coalescer:
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(textwrap.dedent(RULES.format(
+            ns=namespace, attempts=attempts, port=receiver.port, secret_env=SECRET_ENV)))
+        node = Coalescer.from_yaml(rules, redis_url=redis_url, worker=True, node_id="n1")
+        await node.start()
+        opened.append(node)
+        return node
+
+    yield make
+    for node in opened:
+        await node.close()
+
+
+def refreshes(node: Coalescer, outcome: str) -> float:
+    value = node.metrics.registry.get_sample_value(
+        "coalescer_refreshes_total", {"rule": "org-stats", "outcome": outcome})
+    return value or 0.0
+
+
+async def settled(node: Coalescer) -> dict[str, Any]:
+    """The rule's status once nothing is pending or in flight."""
+    async def quiet() -> dict[str, Any] | None:
+        entry: dict[str, Any] = (await node.status())["rules"]["org-stats"]
+        return entry if entry["pending"] == 0 and entry["in_flight"] == 0 else None
+    result: dict[str, Any] = await wait_until(quiet, timeout=5, message="the rule to settle")
+    return result
+
+
+async def test_a_500_is_retried_and_the_body_is_signed(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    receiver.answers = [Receiver.status(500, "boom"), Receiver.ok]
+    node = await make_node()
+    before_ms = time.time() * 1000
+    node.touch("stats:org:acme 1")
+    await wait_until(lambda: refreshes(node, "success") == 1, timeout=5,
+                     message="the retry to succeed")
+    first, second = receiver.hits
+    for hit in (first, second):
+        assert hit.path == "/refresh/acme%201"
+        assert hit.headers["Content-Type"] == "application/json"
+        assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+    one, two = first.json(), second.json()
+    assert set(one) == {"key", "rule", "params", "attempt", "first_touch_ms",
+                        "last_touch_ms", "due_ms", "token"}
+    assert (one["key"], one["rule"], one["params"]) == (
+        "stats:org:acme 1", "org-stats", {"org_id": "acme 1"})
+    assert (one["attempt"], two["attempt"]) == (1, 2)
+    assert one["first_touch_ms"] == one["last_touch_ms"]
+    assert abs(one["first_touch_ms"] - before_ms) < 5000  # server clock, epoch ms
+    assert one["due_ms"] - one["last_touch_ms"] == 50  # the window
+    assert isinstance(one["token"], int)
+    assert two["token"] > one["token"]  # fencing tokens grow per claim
+    assert refreshes(node, "failure") == 1
+    assert (await settled(node))["dead"] == 0
+
+
+async def test_a_hanging_receiver_trips_the_timeout_and_the_retry(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    receiver.answers = [receiver.hang, Receiver.ok]
+    node = await make_node()
+    node.touch("stats:org:7")
+    await wait_until(lambda: refreshes(node, "success") == 1, timeout=5,
+                     message="the retry to succeed")
+    first, second = receiver.hits
+    assert [first.json()["attempt"], second.json()["attempt"]] == [1, 2]
+    assert second.at - first.at >= 0.3  # the webhook's own 300ms timeout, then a backoff
+    assert refreshes(node, "timeout") == 1
+    assert (await settled(node))["dead"] == 0
+
+
+async def test_a_redirect_fails_until_dead_lettered(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    receiver.answers = [Receiver.redirect("/elsewhere")]
+    node = await make_node(attempts=2)
+    node.touch("stats:org:7")
+    entry = await wait_until(lambda: _dead(node), timeout=5, message="a dead letter")
+    assert entry["dead"] == 1
+    status = await node.status()
+    (letter,) = status["dead_letters"]
+    assert letter["key"] == "stats:org:7"
+    assert letter["attempts"] == 2
+    assert "302" in letter["error"]
+    assert [hit.json()["attempt"] for hit in receiver.hits] == [1, 2]
+    assert receiver.hits_at("/elsewhere") == []
+    assert refreshes(node, "failure") == 2
+
+
+async def test_a_missing_secret_is_a_failure_that_names_it(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    node = await make_node(attempts=1)
+    node.touch("stats:org:7")
+    await wait_until(lambda: _dead(node), timeout=5, message="a dead letter")
+    (letter,) = (await node.status())["dead_letters"]
+    assert SECRET_ENV in letter["error"]
+    assert receiver.hits == []
+
+
+async def _dead(node: Coalescer) -> dict[str, Any] | None:
+    entry: dict[str, Any] = (await node.status())["rules"]["org-stats"]
+    return entry if entry["dead"] and not entry["in_flight"] and not entry["pending"] else None
+
