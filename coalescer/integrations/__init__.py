@@ -3,6 +3,9 @@
 Each lives in a module of its own (``coalescer.integrations.sqlalchemy``,
 ``coalescer.integrations.django``) that needs its library, installed with the
 matching extra (``pip install 'coalescer[sqlalchemy]'`` or ``'coalescer[django]'``).
+
+Beside the façade: may import ``coalescer.sync``, ``coalescer.store`` and the layers
+below it; never the worker, the web or the CLI.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -26,8 +25,15 @@ from redis.exceptions import RedisError
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
 from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
-from coalescer.store.keycheck import key_problem
 from coalescer.web.page import PageNode, PageRoutes
+from coalescer.web.requests import (
+    SHOWN_KEYS,
+    Refusal,
+    check_content_type,
+    parse_keys,
+    refuse_invalid,
+    unreadable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +42,7 @@ DEFAULT_PORT = 8470
 DEFAULT_MAX_BODY = 1024 * 1024
 PING_TIMEOUT = 2.0
 STATUS_TIMEOUT = 10.0
-SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
 DEFAULT_MAX_UNWRITTEN_AGE = 10.0  # /healthz is 503 once a touch waits this long for Redis
-MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
 OPEN_PATHS = ("/healthz", "/")  # served without the token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,131 +69,6 @@ class Node(PageNode, Protocol):
     async def ping(self) -> bool: ...
 
     async def explain(self, key: str) -> dict[str, Any]: ...
-
-
-class Refusal(Exception):
-    """A request answered with an error status and a JSON body ``{"error": ..., **extra}``."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body: dict[str, Any] = {"error": message, **extra}
-        self.close = False  # answer with "Connection: close"
-
-    def response(self) -> web.Response:
-        response = web.json_response(self.body, status=self.status)
-        if self.close:
-            response.force_close()
-        return response
-
-
-# --- /touch body validation ------------------------------------------------------------
-
-
-_SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
-
-
-def _no_constant(name: str) -> Any:
-    raise Refusal(400, f"malformed JSON: {name} is not a JSON value")
-
-
-def _int(digits: str) -> int:
-    if len(digits) > MAX_NUMBER_DIGITS:
-        raise Refusal(400, f"malformed JSON: a number of {len(digits)} digits")
-    return int(digits)
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in out:
-            raise Refusal(400, f"malformed JSON: the field {name!r} appears twice")
-        out[name] = value
-    return out
-
-
-def _decode(raw: bytes) -> Any:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Refusal(400, f"the body is not UTF-8 text (byte {exc.start})") from None
-    if not text.strip():
-        raise Refusal(400, f"empty body; {_SHAPE}")
-    try:
-        return json.loads(text, parse_constant=_no_constant, parse_int=_int,
-                          object_pairs_hook=_object)
-    except json.JSONDecodeError as exc:
-        raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
-                           f"column {exc.colno}") from None
-    except RecursionError:
-        raise Refusal(400, f"malformed JSON: nested too deeply; {_SHAPE}") from None
-
-
-def _check_key(index: int, key: object) -> str:
-    if not isinstance(key, str):
-        raise Refusal(400, f"keys[{index}] must be a string, got {type(key).__name__}")
-    if not key:
-        raise Refusal(400, f"keys[{index}] is an empty string; keys must not be empty")
-    return key
-
-
-def parse_keys(raw: bytes) -> list[str]:
-    """The keys of a /touch body; Refusal(400) saying what is wrong with it."""
-    body = _decode(raw)
-    if not isinstance(body, dict):
-        raise Refusal(400, f"{_SHAPE}, got a JSON {type(body).__name__}")
-    extra = sorted(set(body) - {"keys"})
-    if extra:
-        raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
-                           f"{_SHAPE}")
-    if "keys" not in body:
-        raise Refusal(400, f"the field 'keys' is missing; {_SHAPE}")
-    keys = body["keys"]
-    if not isinstance(keys, list):
-        raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
-    return [_check_key(i, key) for i, key in enumerate(keys)]
-
-
-def invalid_keys(keys: list[str]) -> list[dict[str, Any]]:
-    """The keys Redis cannot store, each with its index and what is wrong with it."""
-    out = []
-    for index, key in enumerate(keys):
-        problem = key_problem(key)
-        if problem is not None:
-            out.append({"index": index, "key": key, "error": problem})
-    return out
-
-
-def _refuse_invalid(keys: list[str]) -> None:
-    invalid = invalid_keys(keys)
-    if invalid:
-        first = invalid[0]
-        raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored "
-                           f"(keys[{first['index']}]: {first['error']}); nothing was touched",
-                      invalid_keys=invalid[:SHOWN_KEYS])
-
-
-_CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
-
-
-def check_content_type(request: web.Request) -> None:
-    """Refuse (415) a body declared as a form upload or as text in another charset."""
-    if request.content_type.startswith("multipart/"):
-        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
-                           "sent as application/json")
-    charset = request.charset
-    if charset is not None and charset.lower() not in _CHARSETS:
-        raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")
-
-
-def _unreadable(request: web.Request, exc: Exception) -> Refusal:
-    """A body that cannot be decoded: answer, then close the connection (its framing is
-    lost) without reading the rest of it (aiohttp would meet the same error again)."""
-    why = " ".join(str(exc).split()).removeprefix("400, message: ")
-    refusal = Refusal(400, f"the body cannot be read: {why}")
-    refusal.close = True
-    request.content.feed_eof()
-    return refusal
 
 
 # --- middlewares -----------------------------------------------------------------------
@@ -348,7 +227,7 @@ class HttpApi:
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         except RequestPayloadError as exc:
-            raise _unreadable(request, exc) from None
+            raise unreadable(request, exc) from None
         except ConnectionResetError:
             log.info("POST %s: the client %s left before the body ended", request.path,
                      request.remote)
@@ -356,7 +235,7 @@ class HttpApi:
 
     async def _touch(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))
-        _refuse_invalid(keys)
+        refuse_invalid(keys)
         unknown = self._c.unknown_keys(keys)
         if unknown:
             verb = noun(len(unknown), "matches", "match")

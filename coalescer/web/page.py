@@ -31,6 +31,7 @@ from coalescer.errors import ClosedError
 from coalescer.query.dead_letters import DeadOutcome
 from coalescer.query.due import DEFAULT_SHOWN, MAX_SHOWN
 from coalescer.query.history import HistoryQuery, Refresh
+from coalescer.web.requests import Refusal, invalid_keys, parse_keys
 
 DEFAULT_HISTORY = 200
 MAX_HISTORY = 1000
@@ -61,20 +62,15 @@ def page_html() -> bytes:
     return (resources.files("coalescer.web") / "static" / "status.html").read_bytes()
 
 
-def _refusal(status: int, message: str, **extra: Any) -> Exception:
-    from coalescer.web.api import Refusal
-    return Refusal(status, message, **extra)
-
-
 def _query(request: web.Request, allowed: Sequence[str]) -> dict[str, str]:
     extra = sorted(set(request.query) - set(allowed))
     if extra:
-        raise _refusal(400, f"unknown query {noun(len(extra), 'parameter')} "
+        raise Refusal(400, f"unknown query {noun(len(extra), 'parameter')} "
                        f"{', '.join(map(repr, extra))}; "
                             f"allowed: {', '.join(allowed)}")
     repeated = sorted(name for name in request.query if len(request.query.getall(name)) > 1)
     if repeated:
-        raise _refusal(400, f"the query parameter {repeated[0]!r} is given more than once")
+        raise Refusal(400, f"the query parameter {repeated[0]!r} is given more than once")
     return {name: request.query[name] for name in request.query}
 
 
@@ -83,7 +79,7 @@ def _count(query: dict[str, str], default: int, most: int) -> int:
     if raw is None:
         return default
     if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise _refusal(400, f"n must be a whole number from 1 to {most}, got {raw!r}")
+        raise Refusal(400, f"n must be a whole number from 1 to {most}, got {raw!r}")
     return int(raw)
 
 
@@ -93,7 +89,7 @@ def _flag(query: dict[str, str], name: str) -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise _refusal(400, f"{name} must be 1 or 0, got {query[name]!r}")
+    raise Refusal(400, f"{name} must be 1 or 0, got {query[name]!r}")
 
 
 @asynccontextmanager
@@ -103,9 +99,9 @@ async def _reading(what: str) -> AsyncIterator[None]:
         async with asyncio.timeout(TIMEOUT):
             yield
     except ClosedError as exc:
-        raise _refusal(503, f"the node is not running: {exc}") from None
+        raise Refusal(503, f"the node is not running: {exc}") from None
     except (RedisError, OSError, TimeoutError) as exc:
-        raise _refusal(503, f"cannot {what}: {exc!r}") from None
+        raise Refusal(503, f"cannot {what}: {exc!r}") from None
 
 
 class PageRoutes:
@@ -133,7 +129,7 @@ class PageRoutes:
         limit = _count(query, DEFAULT_HISTORY, MAX_HISTORY)
         rule = query.get("rule") or None
         if rule is not None and rule not in self._rules:
-            raise _refusal(422, f"no rule is named {rule!r}", rules=self._rules)
+            raise Refusal(422, f"no rule is named {rule!r}", rules=self._rules)
         wanted = HistoryQuery(rule=rule, failed=_flag(query, "failed"), limit=limit)
         async with _reading("read the history from Redis"):
             found = await self._node.history(wanted)
@@ -145,17 +141,16 @@ class PageRoutes:
             return web.json_response(await self._node.next_due(per_rule))
 
     async def retry(self, request: web.Request) -> web.Response:
-        from coalescer.web.api import invalid_keys, parse_keys
         keys = parse_keys(await self._read_body(request))
         invalid = invalid_keys(keys)
         if invalid:
-            raise _refusal(422, f"{plural(len(invalid), 'key')} cannot be stored; "
+            raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored; "
                                 "nothing was retried",
                            invalid_keys=invalid[:SHOWN_KEYS])
         unknown = self._node.unknown_keys(keys)
         if unknown:
             verb = noun(len(unknown), "matches", "match")
-            raise _refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
+            raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
                                 "nothing was retried",
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):

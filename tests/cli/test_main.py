@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from coalescer import Coalescer
-from coalescer.cli.main import build_parser, main
+from coalescer.cli.main import main
+from coalescer.cli.parser import build_parser
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import (
     REPO,

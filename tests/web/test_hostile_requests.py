@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from tests.web.test_api import NodeFactory, make_node, metric  # noqa: F401 (make_node: a fixture)
 
 from tests.helpers.servers import ValkeyProcess, free_port, wait_until
+from tests.web.test_api import NodeFactory, make_node, metric  # noqa: F401 (make_node: a fixture)
 
 DEEP_LIST = b'{"keys": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 DEEP_OBJECT = b'{"keys": [], "x": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}"

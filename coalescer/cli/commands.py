@@ -1,0 +1,310 @@
+"""The `coalescer` subcommands: what each does with its parsed arguments and what it prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from coalescer.cli.errors import http_address
+from coalescer.coalescer import Coalescer
+from coalescer.common.plural import plural
+from coalescer.common.redact import redact
+from coalescer.config.rules import Config, check_file
+from coalescer.errors import ConfigError, shown_key
+from coalescer.store.embedded import ENV_REDIS_URL
+from coalescer.store.keycheck import key_problem
+
+log = logging.getLogger(__name__)
+
+
+EXIT_ERROR = 1
+
+
+EXIT_UNKNOWN_KEY = 2
+
+
+def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
+    return Coalescer.from_yaml(args.rules, redis_url=args.redis, **options)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working folder when that is short, else absolute."""
+    relative = os.path.relpath(path)
+    if not relative.startswith(".."):
+        return f"./{relative}"
+    return relative if relative.count("..") <= 2 else str(path)
+
+
+def _using(args: argparse.Namespace, c: Coalescer) -> str:
+    """Which server ``c`` uses, e.g. "using redis://:***@host:6379/0 (from --redis)"."""
+    url = redact(c.redis_url or "")
+    if c.embedded_root is not None:
+        return f"using the embedded server at {_shown_path(c.embedded_root)} ({url})"
+    return f"using {url} (from {'--redis' if args.redis else '$' + ENV_REDIS_URL})"
+
+
+def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
+    """One stderr line naming the server: always for the embedded one (whose folder
+    matters), else only with -v (the user named the server)."""
+    if c.embedded_root is None and not getattr(args, "verbose", False):
+        return
+    print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
+
+
+def _refuse_unstorable(keys: list[str]) -> bool:
+    """Print one line for the keys Redis cannot store (bytes that are not UTF-8 in
+    argv, a NUL, over the length limit); True if there are any."""
+    bad = [(key, problem) for key in keys if (problem := key_problem(key)) is not None]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        print(f"coalescer touch: key {shown_key(bad[0][0])} cannot be stored: {bad[0][1]}"
+              f"{more}; nothing was touched", file=sys.stderr)
+    return bool(bad)
+
+
+async def cmd_touch(args: argparse.Namespace) -> int:
+    if _refuse_unstorable(args.keys):
+        return EXIT_UNKNOWN_KEY
+    c = _client(args, worker=False)
+    unknown = c.unknown_keys(args.keys)
+    if unknown:
+        for key in unknown:
+            print(f"coalescer touch: no rule in {args.rules} matches key {key!r}",
+                  file=sys.stderr)
+        print("coalescer touch: nothing was touched", file=sys.stderr)
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        _say_using(args, c)
+        for key in args.keys:
+            c.touch(key)
+        await c.flush()
+    print(json.dumps({"touched": len(args.keys)}) if args.json
+          else f"touched {plural(len(args.keys), 'key')}")
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    from coalescer.query.status import format_status
+    async with _client(args, worker=False) as c:
+        _say_using(args, c)
+        status = await c.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards))
+    return 0
+
+
+async def cmd_retry(args: argparse.Namespace) -> int:
+    if not args.keys and not args.all:
+        print("coalescer retry: name KEYs or pass --all", file=sys.stderr)
+        return EXIT_ERROR
+    if args.keys and args.all:
+        print("coalescer retry: name KEYs or pass --all, not both", file=sys.stderr)
+        return EXIT_ERROR
+    c = _client(args, worker=False)
+    unknown = c.unknown_keys(args.keys)
+    if unknown:
+        print(f"coalescer retry: no rule matches {', '.join(map(repr, unknown))}",
+              file=sys.stderr)
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        _say_using(args, c)
+        outcome = await c.retry_dead_letters(None if args.all else args.keys)
+    _say_done(args, "requeued", outcome.done, outcome.not_dead)
+    return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
+
+
+def _say_done(args: argparse.Namespace, what: str, done: int, not_dead: list[str]) -> None:
+    """"re-queued 2 dead-lettered keys", or its JSON ({"requeued": 2, "not_dead": []})."""
+    if args.json:
+        print(json.dumps({what: done, "not_dead": not_dead}))
+        return
+    verb = "re-queued" if what == "requeued" else what
+    print(f"{verb} {plural(done, 'dead-lettered key')}")
+
+
+def _report_not_dead(command: str, keys: list[str], consequence: str) -> int:
+    for key in keys:
+        print(f"coalescer {command}: {key!r} is not dead-lettered; {consequence}",
+              file=sys.stderr)
+    return EXIT_ERROR if keys else 0
+
+
+def _unknown_key(command: str, args: argparse.Namespace, c: Coalescer, keys: list[str]) -> bool:
+    unknown = c.unknown_keys(keys)
+    for key in unknown:
+        print(f"coalescer {command}: no rule in {args.rules} matches key {key!r}",
+              file=sys.stderr)
+    return bool(unknown)
+
+
+def _unknown_rule(command: str, args: argparse.Namespace, c: Coalescer) -> bool:
+    if args.rule is None or args.rule in {r.name for r in c.config.rules}:
+        return False
+    names = ", ".join(r.name for r in c.config.rules)
+    print(f"coalescer {command}: no rule named {args.rule!r} in {args.rules} "
+          f"(its rules: {names})", file=sys.stderr)
+    return True
+
+
+async def cmd_explain(args: argparse.Namespace) -> int:
+    from coalescer.query.explain import format_explain
+    c = _client(args, worker=False)
+    if _unknown_key("explain", args, c, [args.key]):
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        info = await c.explain(args.key)
+    print(json.dumps(info, indent=2) if args.json else format_explain(info))
+    return 0
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    from coalescer.query.history import HistoryQuery, format_history
+    c = _client(args, worker=False)
+    if _unknown_rule("history", args, c):
+        return EXIT_ERROR
+    if args.key is not None and _unknown_key("history", args, c, [args.key]):
+        return EXIT_UNKNOWN_KEY
+    query = HistoryQuery(rule=args.rule, key=args.key, failed=args.failed, limit=args.n)
+    async with c:
+        found = await c.history(query)
+    if args.json:
+        print(json.dumps([r.to_json() for r in found], indent=2))
+    else:
+        print(format_history(found))
+    return 0
+
+
+async def cmd_dead(args: argparse.Namespace) -> int:
+    what = "dead " + args.action
+    if args.keys and (args.all or args.rule):
+        print(f"coalescer {what}: name KEYs or pass --all / --rule, not both", file=sys.stderr)
+        return EXIT_ERROR
+    if args.action != "list" and not (args.keys or args.all or args.rule):
+        print(f"coalescer {what}: name KEYs, or pass --all or --rule R", file=sys.stderr)
+        return EXIT_ERROR
+    c = _client(args, worker=False)
+    if _unknown_rule(what, args, c):
+        return EXIT_ERROR
+    if _unknown_key(what, args, c, args.keys):
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        if args.action == "list":
+            return await _dead_list(c, args)
+        return await _dead_act(c, args, what)
+
+
+async def _dead_list(c: Coalescer, args: argparse.Namespace) -> int:
+    from coalescer.query.dead_letters import format_dead_page
+    page = await c.dead_letters(args.keys or None, rule=args.rule, limit=args.limit,
+                                offset=args.offset)
+    print(json.dumps(page.to_json(), indent=2) if args.json else format_dead_page(page))
+    return _report_not_dead("dead list", page.not_dead, "nothing to show")
+
+
+async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
+    keys = args.keys or None
+    if args.action == "retry":
+        outcome = await c.retry_dead_letters(keys, rule=args.rule)
+        _say_done(args, "requeued", outcome.done, outcome.not_dead)
+        return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
+    outcome = await c.purge_dead(keys, rule=args.rule)
+    _say_done(args, "purged", outcome.done, outcome.not_dead)
+    return _report_not_dead(what, outcome.not_dead, "nothing to purge")
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    address = http_address(args.http)
+    if args.processes > 1:
+        from coalescer.cli.supervisor import plan_from_args, supervise
+        return await supervise(plan_from_args(args, address))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
+    _refuse_unset_secrets(node.config)
+    async with node as c:
+        api = await _start_http(c, address)
+        print(f"coalescer {c.node_id} running, {_using(args, c)}"
+              + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
+              flush=True)
+        await stop.wait()
+        log.info("signal received: draining")
+        if api is not None:
+            await api.close()
+    return 0
+
+
+async def _start_http(c: Coalescer, address: tuple[str, int] | None) -> Any:
+    if address is None:
+        return None
+    from coalescer.web.api import HttpApi
+    api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"))
+    await api.start()
+    return api
+
+
+def _refuse_unset_secrets(config: Config) -> None:
+    """A worker node does not start while a webhook's secret_env is unset: every
+    refresh of that rule would fail and end up dead-lettered."""
+    problems = config.unset_secrets(os.environ)
+    if problems:
+        raise ConfigError.combine(problems)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every error and warning of the rules file, one line each, in file order; exit 1
+    when there are errors."""
+    path = args.path or args.rules
+    report = check_file(path, os.environ)
+    if args.json:
+        print(json.dumps(_check_json(path, report), indent=2))
+        return EXIT_ERROR if report.errors or report.config is None else 0
+    found = [(e.line or 0, str(e)) for e in report.errors]
+    found += [(w.line or 0, str(w)) for w in report.warnings]
+    for _, text in sorted(found, key=lambda item: item[0]):
+        print(redact(text), file=sys.stderr)
+    warned = f", {plural(len(report.warnings), 'warning')}" if report.warnings else ""
+    if report.errors or report.config is None:
+        print(f"{plural(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
+    print(report.config.describe())
+    return 0
+
+
+def _problem(problem: Any) -> dict[str, Any]:
+    return {"file": problem.file, "line": problem.line, "field": problem.field,
+            "message": redact(problem.message)}
+
+
+def _check_json(path: str, report: Any) -> dict[str, Any]:
+    """``check --json``: ok, every error and warning, and the rules understood."""
+    config = report.config
+    return {"file": path, "ok": not report.errors and config is not None,
+            "errors": [_problem(e) for e in report.errors],
+            "warnings": [_problem(w) for w in report.warnings],
+            "rules": [{"name": r.name, "match": r.pattern.source} for r in config.rules]
+            if config is not None else []}
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from coalescer.cli.demo import run_demo
+    return await run_demo(args.rules, args.redis)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "touch": cmd_touch, "status": cmd_status, "retry": cmd_retry, "run": cmd_run,
+    "demo": cmd_demo, "explain": cmd_explain, "history": cmd_history, "dead": cmd_dead,
+}

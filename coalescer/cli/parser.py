@@ -1,0 +1,124 @@
+"""The `coalescer` command's arguments: every subcommand, its options and their help."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from coalescer import __version__
+from coalescer.config.durations import parse_duration
+
+DEFAULT_HTTP = "127.0.0.1:8470"
+
+
+DESCRIPTION = ("Debounce and coalesce refreshes of aggregates across processes and nodes, "
+               "on Redis.")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rules", default="./rules.yaml", metavar="PATH",
+                        help="rules file (default ./rules.yaml)")
+    parser.add_argument("--redis", default=None, metavar="URL",
+                        help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging (default: INFO for run and demo; other commands "
+                             "print only their answer and errors)")
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coalescer", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"coalescer {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")
+    _common(run)
+    run.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
+                     help=f"HTTP API address (default {DEFAULT_HTTP}; 'off' disables it)")
+    run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
+    run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
+                     help="how long SIGTERM waits for running refreshes (default 30)")
+    run.add_argument("--processes", type=_count, default=1, metavar="N",
+                     help="node processes to run and supervise (default 1); child k gets "
+                          "node id ID-k with --node-id and HTTP port PORT+k")
+    touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
+    _common(touch)
+    touch.add_argument("keys", nargs="+", metavar="KEY")
+    _json_flag(touch)
+    check = sub.add_parser("check", help="validate a rules file")
+    check.add_argument("path", nargs="?", default=None, metavar="PATH")
+    check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules")
+    check.add_argument("--redis", default=None, metavar="URL", help="(unused)")
+    _json_flag(check)
+    status = sub.add_parser("status", help="leaders, pending, in flight, dead letters")
+    _common(status)
+    _json_flag(status)
+    status.add_argument("--shards", "--all", action="store_true", dest="all_shards",
+                        help="list every shard and its leader (default: a summary)")
+    retry = sub.add_parser("retry", help="re-queue dead-lettered keys")
+    _common(retry)
+    retry.add_argument("keys", nargs="*", metavar="KEY")
+    retry.add_argument("--all", action="store_true", help="re-queue every dead key")
+    _json_flag(retry)
+    demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
+    _common(demo)
+    _add_inspection(sub)
+    return p
+
+
+def _count(value: str) -> int:
+    """An argparse type: a whole number of 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not {value!r}")
+    return int(value)
+
+
+def _grace(value: str) -> float:
+    """An argparse type for --grace: a duration of 0 or more ("30", "1.5", "30s", "2m")."""
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds of 0 or more (or 30s, 2m), not {value!r}") from None
+
+
+def _offset(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, not {value!r}")
+    return int(value)
+
+
+def _add_inspection(sub: Any) -> None:
+    """explain, history and dead: looking into keys, refreshes and dead letters."""
+    explain = sub.add_parser("explain", help="a key's rule, state and why, last refreshes")
+    _common(explain)
+    explain.add_argument("key", metavar="KEY")
+    _json_flag(explain)
+    history = sub.add_parser("history", help="recent refreshes, newest first")
+    _common(history)
+    history.add_argument("--rule", default=None, metavar="R", help="only refreshes of rule R")
+    history.add_argument("--key", default=None, metavar="K", help="only refreshes of key K")
+    history.add_argument("--failed", action="store_true",
+                         help="only failed, timed-out or lost refreshes")
+    history.add_argument("-n", type=_count, default=20, metavar="N",
+                         help="how many refreshes at most (default 20)")
+    _json_flag(history)
+    dead = sub.add_parser("dead", help="dead letters: list, retry (re-queue) or purge")
+    actions = dead.add_subparsers(dest="action", required=True)
+    helps = {"list": "list dead letters, oldest first, with the total",
+             "retry": "re-queue dead keys, due now, with fresh attempts",
+             "purge": "delete dead keys for good"}
+    for action, text in helps.items():
+        p = actions.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("keys", nargs="*", metavar="KEY")
+        p.add_argument("--all", action="store_true", help="every dead key")
+        p.add_argument("--rule", default=None, metavar="R", help="every dead key of rule R")
+        if action == "list":
+            p.add_argument("--limit", type=_count, default=20, metavar="N",
+                           help="dead letters per page (default 20)")
+            p.add_argument("--offset", type=_offset, default=0, metavar="N",
+                           help="dead letters to skip, oldest first (default 0)")
+        _json_flag(p)

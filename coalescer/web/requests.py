@@ -1,0 +1,143 @@
+"""What a request to a node's HTTP API must be: its content type, a JSON body of keys,
+keys Redis can store; and ``Refusal``, the error answer a bad request gets.
+
+Shared by the API's routes and the status page's endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from coalescer.common.plural import noun, plural
+from coalescer.store.keycheck import key_problem
+
+SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
+MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
+
+
+class Refusal(Exception):
+    """A request answered with an error status and a JSON body ``{"error": ..., **extra}``."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: dict[str, Any] = {"error": message, **extra}
+        self.close = False  # answer with "Connection: close"
+
+    def response(self) -> web.Response:
+        response = web.json_response(self.body, status=self.status)
+        if self.close:
+            response.force_close()
+        return response
+
+
+# --- /touch body validation ------------------------------------------------------------
+
+
+_SHAPE = 'the body must be a JSON object {"keys": ["KEY", ...]}'
+
+
+def _no_constant(name: str) -> Any:
+    raise Refusal(400, f"malformed JSON: {name} is not a JSON value")
+
+
+def _int(digits: str) -> int:
+    if len(digits) > MAX_NUMBER_DIGITS:
+        raise Refusal(400, f"malformed JSON: a number of {len(digits)} digits")
+    return int(digits)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise Refusal(400, f"malformed JSON: the field {name!r} appears twice")
+        out[name] = value
+    return out
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(400, f"the body is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise Refusal(400, f"empty body; {_SHAPE}")
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_int,
+                          object_pairs_hook=_object)
+    except json.JSONDecodeError as exc:
+        raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
+                           f"column {exc.colno}") from None
+    except RecursionError:
+        raise Refusal(400, f"malformed JSON: nested too deeply; {_SHAPE}") from None
+
+
+def _check_key(index: int, key: object) -> str:
+    if not isinstance(key, str):
+        raise Refusal(400, f"keys[{index}] must be a string, got {type(key).__name__}")
+    if not key:
+        raise Refusal(400, f"keys[{index}] is an empty string; keys must not be empty")
+    return key
+
+
+def parse_keys(raw: bytes) -> list[str]:
+    """The keys of a /touch body; Refusal(400) saying what is wrong with it."""
+    body = _decode(raw)
+    if not isinstance(body, dict):
+        raise Refusal(400, f"{_SHAPE}, got a JSON {type(body).__name__}")
+    extra = sorted(set(body) - {"keys"})
+    if extra:
+        raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
+                           f"{_SHAPE}")
+    if "keys" not in body:
+        raise Refusal(400, f"the field 'keys' is missing; {_SHAPE}")
+    keys = body["keys"]
+    if not isinstance(keys, list):
+        raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
+    return [_check_key(i, key) for i, key in enumerate(keys)]
+
+
+def invalid_keys(keys: list[str]) -> list[dict[str, Any]]:
+    """The keys Redis cannot store, each with its index and what is wrong with it."""
+    out = []
+    for index, key in enumerate(keys):
+        problem = key_problem(key)
+        if problem is not None:
+            out.append({"index": index, "key": key, "error": problem})
+    return out
+
+
+def refuse_invalid(keys: list[str]) -> None:
+    invalid = invalid_keys(keys)
+    if invalid:
+        first = invalid[0]
+        raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored "
+                           f"(keys[{first['index']}]: {first['error']}); nothing was touched",
+                      invalid_keys=invalid[:SHOWN_KEYS])
+
+
+_CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
+
+
+def check_content_type(request: web.Request) -> None:
+    """Refuse (415) a body declared as a form upload or as text in another charset."""
+    if request.content_type.startswith("multipart/"):
+        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
+                           "sent as application/json")
+    charset = request.charset
+    if charset is not None and charset.lower() not in _CHARSETS:
+        raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")
+
+
+def unreadable(request: web.Request, exc: Exception) -> Refusal:
+    """A body that cannot be decoded: answer, then close the connection (its framing is
+    lost) without reading the rest of it (aiohttp would meet the same error again)."""
+    why = " ".join(str(exc).split()).removeprefix("400, message: ")
+    refusal = Refusal(400, f"the body cannot be read: {why}")
+    refusal.close = True
+    request.content.feed_eof()
+    return refusal
