@@ -32,7 +32,8 @@ __all__ = [
     "check_file",
 ]
 
-_CAPTURE_RE = re.compile(r"\{[^{}]*\}|\*")
+_CAPTURE_RE = re.compile(r"\{[^{}]*\}|\*")  # left out of a pattern compared with a key
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Config:
@@ -181,7 +182,6 @@ def _config(schema: RulesSchema, document: Document | None) -> Config | None:
 def _indent(text: str, prefix: str) -> str:
     first, *rest = text.split("\n")
     return "\n".join([prefix + first, *(prefix + "  " + line for line in rest)])
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
