@@ -91,7 +91,8 @@ def test_relative_links_resolve(page: Path) -> None:
         file_part, _, anchor = target.partition("#")
         dest = (page.parent / file_part).resolve() if file_part else page
         if not dest.exists():
-            broken.append(f"{target}: no file {dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest}")
+            shown = dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest
+            broken.append(f"{target}: no file {shown}")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading with the anchor #{anchor} in "
