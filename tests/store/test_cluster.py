@@ -46,7 +46,7 @@ async def test_cluster_url_is_detected_and_every_shard_is_one_slot(cluster: Clus
                                                                 sk.leader, sk.inflight("stats"))}
             assert len(slots) == 1, f"shard {sk.shard} spans slots {slots}"
         assert pending == 20
-        status = await c.status()  # pipelined reads, each sent to the node of its slot
+        status = await c.query.status()  # pipelined reads, each sent to the node of its slot
         assert status["rules"]["stats"]["pending"] == 20
         assert [s["shard"] for s in status["shards"]] == list(range(6))
 
