@@ -64,7 +64,7 @@ async def test_three_nodes_share_six_shards_evenly_and_refresh_everything(
 
         await wait_until(lambda: sorted(spread().values()) == [2, 2, 2], timeout=20,
                          message="each of 3 nodes leads 2 of the 6 shards")
-        status = await nodes[0].status()
+        status = await nodes[0].query.status()
         assert {s["leader"] for s in status["shards"]} == {"node-0", "node-1", "node-2"}
 
         keys = [f"stats:{n}" for n in range(300)]
