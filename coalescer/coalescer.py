@@ -1,4 +1,9 @@
-"""``Coalescer``: the lifecycle that ties touch, flush, election, polling and refresh."""
+"""``Coalescer``: the façade that ties touch, flush, drain, reads and a node's lifecycle.
+
+What one start creates (the connection, the flusher, the worker node, the
+background tasks, the touch buffer) lives in one ``Run``; a forked child parks
+its parent's run whole, never closing it, and starts over with a fresh one.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Coroutine, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,36 +25,18 @@ from coalescer.common import forksafe
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
-from coalescer.config.rules import Config, HttpHandler
+from coalescer.config.rules import Config
 from coalescer.errors import ClosedError, UnknownKeyError
-from coalescer.query.dead_letters import (
-    Action,
-    DeadOutcome,
-    DeadPage,
-    act_on_all,
-    act_on_keys,
-    list_dead,
-    look_up_dead,
-    requeue_dead,
-)
-from coalescer.query.due import DEFAULT_SHOWN, next_due
-from coalescer.query.explain import gather_explain
-from coalescer.query.history import HistoryQuery, Refresh, read_history
-from coalescer.query.status import gather_status
-from coalescer.sources.base import NodeContext, Source, start_sources, stop_sources
+from coalescer.query.reader import Query
+from coalescer.sources.base import NodeContext as SourceContext
+from coalescer.sources.base import Source, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import History, Scripts
-from coalescer.worker.adopter import Adopter
+from coalescer.store.scripts import Scripts
 from coalescer.worker.drain import Drainer, local_runner
-from coalescer.worker.invoke import Invoke, invoker_for
-from coalescer.worker.lead_log import LeadLog
-from coalescer.worker.leadership import Leadership
-from coalescer.worker.poller import Poller
-from coalescer.worker.registry import RegistryWatch, encode
+from coalescer.worker.node import Handlers, Node, NodeContext
 from coalescer.worker.runner import Runner
-from coalescer.worker.wakeups import WakeListener
 from coalescer.write.absorber import Absorber
 from coalescer.write.flusher import Flusher
 
@@ -63,12 +49,70 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class Run:
+    """What one start of a coalescer creates and owns, from its touch buffer to its
+    background tasks. A forked child parks its parent's run, never closing it."""
+
+    def __init__(self, absorber: Absorber) -> None:
+        self.absorber = absorber
+        self.metrics = Metrics()
+        self.seen: tuple[int, int] = (0, 0)  # the absorber's counts last synced to metrics
+        self.conn: Connection | None = None
+        self.embedded: EmbeddedServer | None = None
+        self.scripts: Scripts | None = None
+        self.flusher: Flusher | None = None
+        self.node: Node | None = None
+        self.handlers: Handlers | None = None
+        self.sources: list[Source] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=f"coalescer {name}")
+        task.add_done_callback(_task_ended)
+        self.tasks.append(task)
+
+    async def stop_sources(self) -> None:
+        sources, self.sources = self.sources, []
+        await stop_sources(sources)
+
+    async def stop_tasks(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        done, stuck = await asyncio.wait(self.tasks, timeout=5.0) if self.tasks else ((), ())
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("shutdown: %s had failed: %r", task.get_name(), task.exception())
+        if stuck:
+            log.warning("shutdown: %d background tasks did not stop within 5s: %s",
+                        len(stuck), ", ".join(t.get_name() for t in stuck))
+
+    async def close_resources(self) -> None:
+        if self.handlers is not None:
+            await self.handlers.close()
+        if self.conn is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self.conn.close()
+        self.release_embedded()
+
+    def release_embedded(self) -> None:
+        if self.embedded is not None:
+            self.embedded.release()
+            self.embedded = None
+
+
+def _task_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s died: %r", task.get_name(), task.exception(),
+                  exc_info=task.exception())
+
+
 class Coalescer:
     """Debounce and coalesce refreshes, across every process and node, on Redis.
 
     ``touch(key)`` is sync and cheap; ``await flush()`` returns once Redis holds
     every earlier touch. With ``worker=True`` this process also joins the leader
-    election and runs refresh handlers. Use as ``async with``.
+    election and runs refresh handlers. Reads (status, explain, history, dead
+    letters) are on ``query``. Use as ``async with``.
 
     In a process forked from one where it was started, it stops with a ClosedError
     saying so until ``start()`` is awaited again there (the parent's connections and
@@ -81,34 +125,20 @@ class Coalescer:
                  grace: float = 30.0, embedded_root: Path | None = None) -> None:
         self.config = config.with_handlers() if worker else config  # only workers call them
         self.worker = worker
+        self._given_node_id = node_id
         self.node_id = node_id or default_node_id()
         self.grace = grace
-        self.metrics = Metrics()
         self.keyspace = KeySpace(config.namespace, config.shards)
-        self.webhooks: Any = None
         self._redis_url = redis_url
         self._embedded_root = embedded_root
-        self._embedded: EmbeddedServer | None = None
-        self._absorber = Absorber(config.rule_for, max_keys=max_buffered)
-        self._conn: Connection | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._leaderships: list[Leadership] = []
-        self._runner: Runner | None = None
-        self._flusher: Flusher | None = None
-        self._sources: list[Source] = []
-        self._executor: ThreadPoolExecutor | None = None
-        self._drain_invokers: dict[str, Invoke] | None = None
+        self._max_buffered = max_buffered
+        self._run = self._new_run()
+        self._query = Query(lambda: self.config, self._connected)
         self._state = "new"
         self._closed = asyncio.Event()
-        self._seen: tuple[int, int] = (0, 0)
-        self._led: set[int] = set()
-        self._args: dict[str, Any] = {
-            "redis_url": redis_url, "worker": worker, "node_id": node_id,
-            "max_buffered": max_buffered, "grace": grace, "embedded_root": embedded_root}
         self._pid = os.getpid()
         self._forked_from: int | None = None
         forksafe.track(self)
-        self._lead_log = LeadLog(self.node_id, config.shards, self._led)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -117,6 +147,8 @@ class Coalescer:
         worker = options.get("worker", True)
         return cls(Config.from_yaml(path, import_handlers=worker), **options)
 
+    def _new_run(self) -> Run:
+        return Run(Absorber(self.config.rule_for, max_keys=self._max_buffered))
 
     # -- the write path --------------------------------------------------------------
 
@@ -130,14 +162,14 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
-        self._absorber.touch(key)
+        self._run.absorber.touch(key)
 
     def touch_many(self, keys: Iterable[str]) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
         ClosedError)."""
         if self._state != "running":
             raise self._not_running("touch_many()")
-        self._absorber.touch_many(list(keys))
+        self._run.absorber.touch_many(list(keys))
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
@@ -152,27 +184,33 @@ class Coalescer:
     async def flush(self) -> None:
         """Return once Redis holds the due time of every touch made before this call."""
         self.after_fork()
-        if self._flusher is None:
+        if self._run.flusher is None:
             raise self._not_running("flush()")
-        await self._flusher.flush()
+        await self._run.flusher.flush()
         self.sync_metrics()
+
+    @property
+    def metrics(self) -> Metrics:
+        """This coalescer's metrics (``metrics.registry`` is what /metrics serves)."""
+        return self._run.metrics
 
     def sync_metrics(self) -> None:
         """Bring the touch counters of ``metrics`` up to date (they sync every second)."""
-        a, m = self._absorber, self.metrics
-        touches, absorbed = a.touches, a.absorbed
-        m.touches.inc(touches - self._seen[0])
-        m.absorbed.inc(absorbed - self._seen[1])
-        self._seen = (touches, absorbed)
+        run = self._run
+        touches, absorbed = run.absorber.touches, run.absorber.absorbed
+        run.metrics.touches.inc(touches - run.seen[0])
+        run.metrics.absorbed.inc(absorbed - run.seen[1])
+        run.seen = (touches, absorbed)
 
     def unwritten_age(self) -> float | None:
         """Seconds since the oldest touch not yet in Redis was made; None if there is none."""
-        since = self._absorber.oldest_unwritten()
+        since = self._run.absorber.oldest_unwritten()
         return None if since is None else time.monotonic() - since
 
     def dropped_keys(self) -> list[dict[str, Any]]:
         """The last keys dropped because Redis refused them for good, oldest first."""
-        return [d.as_json() for d in self._flusher.dropped] if self._flusher else []
+        flusher = self._run.flusher
+        return [d.as_json() for d in flusher.dropped] if flusher else []
 
     async def drain(self, timeout: float = 30.0) -> list[Claim]:
         """Run everything pending now through this process's handlers, windows and
@@ -189,44 +227,59 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running("drain()")
-        if self._runner is not None:
-            return await self._drainer(self._runner).run(timeout)
-        if self._drain_invokers is None:
-            self._drain_invokers = self._invokers()
-        async with local_runner(scripts=self._scripts, keyspace=self.keyspace,
-                                metrics=self.metrics, invokers=self._drain_invokers,
-                                config=self.config, node_id=self.node_id) as runner:
+        run = self._run
+        if run.node is not None:
+            return await self._drainer(run.node.runner).run(timeout)
+        if run.handlers is None:
+            self.config = self.config.with_handlers()  # a writer's drain imports them here
+            run.handlers = Handlers(self.config)
+        async with local_runner(self._context(), invokers=run.handlers.invokers) as runner:
             return await self._drainer(runner).run(timeout)
 
     def _drainer(self, runner: Runner) -> Drainer:
-        return Drainer(config=self.config, keyspace=self.keyspace, scripts=self._scripts,
-                       runner=runner, node_id=self.node_id, flush=self.flush, redis=self.redis)
+        return Drainer(self._context(), runner=runner, flush=self.flush, redis=self.redis)
 
-    # -- reading -----------------------------------------------------------------------
+    def _context(self) -> NodeContext:
+        run = self._run
+        assert run.scripts is not None
+        return NodeContext(scripts=run.scripts, keyspace=self.keyspace, metrics=run.metrics,
+                           node_id=self.node_id, config=self.config)
+
+    # -- the connection and reads ----------------------------------------------------
 
     @property
     def redis(self) -> Any:
-        if self._conn is None:
+        if self._run.conn is None:
             raise ClosedError("the coalescer is not connected")
-        return self._conn.client
+        return self._run.conn.client
+
+    def _connected(self) -> tuple[Any, Scripts]:
+        client = self.redis
+        assert self._run.scripts is not None
+        return client, self._run.scripts
+
+    @property
+    def query(self) -> Query:
+        """Reads and dead-letter operations: ``status()``, ``explain(key)``,
+        ``history()``, ``next_due()``, ``dead_letters()``, ``retry_dead()``,
+        ``purge_dead()`` (ClosedError while not connected)."""
+        return self._query
 
     @property
     def redis_url(self) -> str | None:
         """The URL in use (with its password: show ``redact(redis_url)``, never this)."""
-        return self._conn.url if self._conn else self._redis_url
+        conn = self._run.conn
+        return conn.url if conn else self._redis_url
 
     @property
     def embedded_root(self) -> Path | None:
         """The folder of the embedded server, while this coalescer runs on it."""
-        return self._embedded.root if self._embedded is not None else None
+        embedded = self._run.embedded
+        return embedded.root if embedded is not None else None
 
     def __repr__(self) -> str:
         url = redact(self.redis_url) if self.redis_url else None
         return f"Coalescer(node_id={self.node_id!r}, redis_url={url!r}, state={self._state!r})"
-
-    async def status(self) -> dict[str, Any]:
-        """The JSON of ``coalescer status --json``."""
-        return await gather_status(self.redis, self.config)
 
     async def ping(self) -> bool:
         try:
@@ -234,70 +287,10 @@ class Coalescer:
         except (RedisError, OSError, ClosedError):
             return False
 
-    async def retry_dead(self, keys: Iterable[str] | None = None) -> int:
-        """Re-queue dead-lettered ``keys`` (all of them when None); returns how many."""
-        if self._conn is None:
-            raise ClosedError("retry_dead(): the coalescer is not running")
-        return await requeue_dead(self._conn.client, self._scripts, self.config, keys)
-
-    async def explain(self, key: str) -> dict[str, Any]:
-        """Where ``key`` stands and why (the JSON of ``coalescer explain KEY --json``).
-
-        Its rule and settings; its state (idle, pending with its due time and
-        whether the window or the max wait set it, backoff with the last error,
-        running with node, token and lease left, or dead with its error); its
-        burst's first and last touch; attempts; its last refreshes from the
-        history. Raises UnknownKeyError when no rule matches ``key``.
-        """
-        return await gather_explain(self.redis, self.config, key)
-
-    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:
-        """Recent refreshes, newest first, across every shard (see HistoryQuery)."""
-        return await read_history(self.redis, self.config, query or HistoryQuery())
-
-    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]:
-        """The earliest ``per_rule`` pending keys of each rule, with the server clock:
-        ``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``."""
-        return await next_due(self.redis, self.config, per_rule)
-
-    async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
-                           limit: int = 20, offset: int = 0) -> DeadPage:
-        """A page of dead letters, oldest first, with the total count.
-
-        With ``keys``, those keys' dead letters (``not_dead`` lists the named keys
-        that are not dead); else every dead key, or those of ``rule`` (KeyError if
-        there is no such rule), ``limit`` from ``offset``.
-        """
-        if keys is not None:
-            return await look_up_dead(self.redis, self.config, keys)
-        return await list_dead(self.redis, self.config, rule=rule, limit=limit, offset=offset)
-
-    async def retry_dead_letters(self, keys: Sequence[str] | None = None, *,
-                                 rule: str | None = None) -> DeadOutcome:
-        """Re-queue dead keys, due now with fresh attempts: the named ``keys``, else
-        every dead key (of ``rule``, if given). Named keys that are not dead are left
-        alone and listed in ``not_dead``."""
-        return await self._on_dead(self._scripts.requeue_each, keys, rule)
-
-    async def purge_dead(self, keys: Sequence[str] | None = None, *,
-                         rule: str | None = None) -> DeadOutcome:
-        """Delete dead keys for good (state and dead letter): the named ``keys``, else
-        every dead key (of ``rule``, if given). Only keys still dead are purged; the
-        named others are listed in ``not_dead``. A purged key touched again starts
-        a fresh burst."""
-        return await self._on_dead(self._scripts.purge, keys, rule)
-
-    async def _on_dead(self, action: Action, keys: Sequence[str] | None,
-                       rule: str | None) -> DeadOutcome:
-        if self._conn is None:
-            raise ClosedError("the coalescer is not running")
-        if keys is not None:
-            return await act_on_keys(self.config, action, keys)
-        return await act_on_all(self._conn.client, self.config, action, rule)
-
     def leads(self) -> list[int]:
         """The shards this node leads now."""
-        return sorted(self._led)
+        node = self._run.node
+        return node.leads() if node is not None else []
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -314,101 +307,54 @@ class Coalescer:
         if self._state not in ("new", "forked"):
             raise ClosedError(f"start(): the coalescer is already {self._state}")
         self._state = "starting"
+        run = self._run
+        conn = await self._connect(run)
+        run.scripts = scripts = Scripts(conn.client)
+        run.flusher = Flusher(run.absorber, scripts, self.keyspace, run.metrics)
+        run.spawn("flusher", run.flusher.run())
+        run.spawn("metrics", self._metrics_loop(run))
+        if self.worker:
+            self._start_worker(run)
+        self._state = "running"
+        where = f" (embedded server at {run.embedded.root})" if run.embedded else ""
+        log.info("coalescer %s started on %s%s (worker=%s, %s)", self.node_id,
+                 redact(self.redis_url or ""), where, self.worker,
+                 plural(self.config.shards, "shard"))
+
+    async def _connect(self, run: Run) -> Connection:
         root = self._embedded_root or project_root(self.config.source)
-        url, self._embedded = resolve_redis_url(self._redis_url, root)
+        url, run.embedded = resolve_redis_url(self._redis_url, root)
         try:
-            self._conn = await connect(url)
+            run.conn = await connect(url)
         except BaseException:
-            self._release_embedded()
+            run.release_embedded()
             self._state = "closed"
             raise
-        self._scripts = scripts = Scripts(self._conn.client)
-        self._flusher = Flusher(self._absorber, scripts, self.keyspace, self.metrics)
-        self._spawn("flusher", self._flusher.run())
-        self._spawn("metrics", self._metrics_loop())
-        if self.worker:
-            self._start_worker(scripts)
-        self._state = "running"
-        where = f" (embedded server at {self._embedded.root})" if self._embedded else ""
-        log.info("coalescer %s started on %s%s (worker=%s, %s)", self.node_id,
-                 redact(self._conn.url), where, self.worker, plural(self.config.shards, "shard"))
+        return run.conn
 
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro, name=f"coalescer {name}")
-        task.add_done_callback(self._task_ended)
-        self._tasks.append(task)
+    def _start_worker(self, run: Run) -> None:
+        assert run.conn is not None
+        run.handlers = Handlers(self.config)
+        run.node = Node(self._context(), invokers=run.handlers.invokers,
+                        pubsub=run.conn.pubsub_client)
+        run.node.start(run.spawn)
+        if self.config.sources:
+            self._start_sources(run)
 
-    def _task_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task %s died: %r", task.get_name(), task.exception(),
-                      exc_info=task.exception())
+    def _start_sources(self, run: Run) -> None:
+        # In the façade, not the node: the worker layer never imports the sources.
+        assert run.conn is not None
+        run.sources = start_sources(SourceContext(
+            config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
+            flush=self.flush, metrics=run.metrics))
 
-    def _invokers(self) -> dict[str, Invoke]:
-        self.config = self.config.with_handlers()  # a writer's drain() imports them here
-        sync_slots = sum(r.concurrency for r in self.config.rules if callable(r.handler))
-        self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
-                                            thread_name_prefix="coalescer-handler")
-        if any(isinstance(r.handler, HttpHandler) for r in self.config.rules):
-            from coalescer.worker.webhooks import Webhooks
-            self.webhooks = Webhooks()
-        return {r.name: invoker_for(r, self._executor, self.webhooks) for r in self.config.rules}
-
-    def _start_worker(self, scripts: Scripts) -> None:
-        assert self._conn is not None
-        cfg = self.config
-        self._runner = runner = Runner(
-            scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
-            invokers=self._invokers(), claim_lease=cfg.claim_lease,
-            on_slot_free=self._slot_freed, history=History(self.node_id, cfg.history))
-        registry = RegistryWatch(shard=self.keyspace.shard(0), scripts=scripts,
-                                 node_id=self.node_id, rules=cfg.rules,
-                                 leader_lease=cfg.leader_lease, metrics=self.metrics)
-        for sk in self.keyspace.all_shards():
-            poller = Poller(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
-                            node_id=self.node_id, leader_lease=cfg.leader_lease,
-                            claim_lease=cfg.claim_lease, wake=asyncio.Event())
-            adopter = Adopter(shard=sk, scripts=scripts, runner=runner, rules=cfg.rules,
-                              node_id=self.node_id, leader_lease=cfg.leader_lease,
-                              claim_lease=cfg.claim_lease, sleep_cap=poller.sleep_cap)
-            self._leaderships.append(Leadership(
-                shard=sk, scripts=scripts, poller=poller, node_id=self.node_id,
-                leader_lease=cfg.leader_lease, total_shards=cfg.shards, led=self._led,
-                metrics=self.metrics, adopter=adopter, rules_entry=encode(cfg.rules),
-                registry=registry, lead_log=self._lead_log))
-        routes = {ls_.poller_channel: ls_.on_message for ls_ in self._leaderships}
-        listener = WakeListener(self._conn.pubsub_client, routes, self._poke_all, self.metrics)
-        self._spawn("wakeups", listener.run())
-        self._spawn("outbox", runner.outbox_loop())
-        self._spawn("renew", runner.renew_loop())
-        for ls_ in self._leaderships:
-            self._spawn(f"shard {ls_.shard}", ls_.run())
-        self._spawn("registry", registry.run())
-        if cfg.sources:
-            self._start_sources(self._conn)
-
-    def _start_sources(self, conn: Connection) -> None:
-        self._sources = start_sources(NodeContext(
-            config=self.config, conn=conn, node_id=self.node_id, touch_many=self.touch_many,
-            flush=self.flush, metrics=self.metrics))
-
-    def _slot_freed(self) -> None:
-        for ls_ in self._leaderships:
-            ls_.poller.slots_freed()
-            if ls_.adopter is not None and ls_.adopter.starved:
-                ls_.adopter.poke()
-
-    def _poke_all(self) -> None:
-        for ls_ in self._leaderships:
-            if ls_.leading:
-                ls_.poller.poke()
-
-    async def _metrics_loop(self) -> None:
+    async def _metrics_loop(self, run: Run) -> None:
         while True:
             await asyncio.sleep(1.0)
             self.sync_metrics()
-            self.metrics.buffered.set(len(self._absorber))
-            if self._leaderships:
-                self._lead_log.tick()
+            run.metrics.buffered.set(len(run.absorber))
+            if run.node is not None:
+                run.node.tick()
 
     async def close(self) -> None:
         """Stop taking work, flush, drain refreshes up to ``grace``, release leases.
@@ -424,42 +370,26 @@ class Coalescer:
             return
         self._state = "closing"
         try:
-            await self._shutdown()
+            await self._shutdown(self._run)
         finally:
             self._state = "closed"
             self._closed.set()
 
-    async def _shutdown(self) -> None:
-        await self._quietly("stop sources", self._stop_sources())
-        for ls_ in self._leaderships:
-            ls_.stop()
-        await self._quietly("flush", self._final_flush())
-        if self._leaderships:
-            await self._quietly("release leases", asyncio.gather(
-                *(ls_.stopped() for ls_ in self._leaderships)))
-            self._lead_log.tick(final=True)
-        if self._runner is not None:
-            await self._runner.drain(self.grace)
-            await self._quietly("record results", self._runner.flush_outbox(), timeout=5.0)
-        for task in self._tasks:
-            task.cancel()
-        done, stuck = await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else ((), ())
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("shutdown: %s had failed: %r", task.get_name(), task.exception())
-        if stuck:
-            log.warning("shutdown: %d background tasks did not stop within 5s: %s",
-                        len(stuck), ", ".join(t.get_name() for t in stuck))
-        await self._close_resources()
+    async def _shutdown(self, run: Run) -> None:
+        await self._quietly("stop sources", run.stop_sources())
+        if run.node is not None:
+            run.node.stop_claiming()
+        await self._quietly("flush", self._final_flush(run))
+        if run.node is not None:
+            await self._quietly("release leases", run.node.release())
+            await run.node.finish(self.grace)
+        await run.stop_tasks()
+        await run.close_resources()
         log.info("coalescer %s closed", self.node_id)
 
-    async def _stop_sources(self) -> None:
-        sources, self._sources = self._sources, []
-        await stop_sources(sources)
-
-    async def _final_flush(self) -> None:
-        assert self._flusher is not None
-        await self._flusher.flush()
+    async def _final_flush(self, run: Run) -> None:
+        assert run.flusher is not None
+        await run.flusher.flush()
         self.sync_metrics()
 
     async def _quietly(self, what: str, aw: Any, timeout: float = 10.0) -> None:
@@ -467,16 +397,6 @@ class Coalescer:
             await asyncio.wait_for(aw, timeout)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("shutdown: %s failed: %r", what, exc)
-
-    async def _close_resources(self) -> None:
-        if self.webhooks is not None:
-            await self.webhooks.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._conn is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._conn.close()
-        self._release_embedded()
 
     def _not_running(self, what: str) -> ClosedError:
         if self._state == "forked":
@@ -490,26 +410,22 @@ class Coalescer:
         return ClosedError(f"{what}: the coalescer is {self._state}, not running")
 
     def after_fork(self) -> None:
-        """In a forked child (no-op elsewhere): park, never close, the parent's loop
-        objects, connections and buffered touches (the parent writes those), and
-        start over as if just constructed; a started coalescer must be started again.
+        """In a forked child (no-op elsewhere): park, never close, the parent's run (its
+        loop objects, connections and buffered touches: the parent writes those) and
+        start over with a fresh one, under a node id of its own unless one was given;
+        a started coalescer must be started again.
         """
         if self._pid == os.getpid():
             return
         parent, state = self._pid, self._state
+        self._pid = os.getpid()
         if state == "closed":
-            self._pid = os.getpid()
             return
-        old = dict(vars(self))
-        forksafe.park(old)
-        self.__dict__.clear()
-        Coalescer.__init__(self, old["config"], **old["_args"])
-        if state != "new":
-            self._state, self._forked_from = "forked", parent
+        forksafe.park((self._run, self._closed))
+        self._run = self._new_run()
+        self._closed = asyncio.Event()
+        self.node_id = self._given_node_id or default_node_id()  # the child's pid
+        self._state = "new" if state == "new" else "forked"
+        self._forked_from = None if state == "new" else parent
         log.debug("coalescer: process %d forked from %d, where it was %s", self._pid,
                   parent, state)
-
-    def _release_embedded(self) -> None:
-        if self._embedded is not None:
-            self._embedded.release()
-            self._embedded = None

@@ -82,7 +82,7 @@ async def wait_settled(r: Any, namespace: str, shards: int = 1, timeout: float =
 
 
 async def status_of(c: Coalescer) -> dict[str, Any]:
-    return await c.status()
+    return await c.query.status()
 
 
 # -- G1: no lost update -------------------------------------------------------------
@@ -139,7 +139,7 @@ async def test_touch_during_refresh_causes_exactly_one_more(
         c.touch("item:1")
         await c.flush()
     last_touch = await server_ms(redis_client)
-    status = await c.status()
+    status = await c.query.status()
     assert status["rules"]["item"]["in_flight"] == 1
     assert status["rules"]["item"]["pending"] == 0  # recorded on the running claim
     assert len(rec.calls) == 1  # not claimed twice while it runs
@@ -255,11 +255,11 @@ async def test_failing_handler_is_retried_then_dead_lettered_then_requeued(
     await c.flush()
 
     async def dead() -> int:
-        return int((await c.status())["rules"]["item"]["dead"])
+        return int((await c.query.status())["rules"]["item"]["dead"])
 
     await wait_until(lambda: _eq(dead(), 1), message="item:bad dead-lettered")
     assert [claim.attempt for claim in rec.of("item:bad")] == [1, 2, 3]
-    status = await c.status()
+    status = await c.query.status()
     (letter,) = status["dead_letters"]
     assert letter["key"] == "item:bad"
     assert letter["attempts"] == 3
@@ -267,7 +267,7 @@ async def test_failing_handler_is_retried_then_dead_lettered_then_requeued(
 
     # `retry` brings it back, with fresh attempts
     failing.discard("item:bad")
-    assert await c.retry_dead(["item:bad"]) == 1
+    assert (await c.query.retry_dead(["item:bad"])).done == 1
     await wait_settled(redis_client, namespace)
     assert [claim.attempt for claim in rec.of("item:bad")] == [1, 2, 3, 1]
     assert rec.succeeded[-1].key == "item:bad"
@@ -310,7 +310,7 @@ async def test_handler_past_its_timeout_fails_and_is_retried(
     sample = c.metrics.registry.get_sample_value
     assert sample("coalescer_refreshes_total", {"rule": "slow", "outcome": "timeout"}) == 1
     assert sample("coalescer_refreshes_total", {"rule": "slow", "outcome": "success"}) == 1
-    assert (await c.status())["rules"]["slow"]["dead"] == 0
+    assert (await c.query.status())["rules"]["slow"]["dead"] == 0
 
 
 async def test_a_refresh_past_its_timeout_times_out_alone_among_those_claimed_with_it(
@@ -387,7 +387,7 @@ async def test_one_leader_and_fast_takeover_after_close(
     b = await start(path, redis_url=redis_url, node_id="B")
     await wait_until(lambda: _is_not_none(redis_client.zscore(sk.nodes, "B")),
                      message="B standing by")
-    status = await b.status()
+    status = await b.query.status()
     assert status["shards"][0]["leader"] == "A"
     assert b.leads() == []
 
@@ -400,7 +400,7 @@ async def test_one_leader_and_fast_takeover_after_close(
     # the lease was released, not left to expire
     assert leader_node(await redis_client.get(sk.leader)) in (None, "B")
     await wait_until(lambda: b.leads() == [0], message="B takes over")
-    assert (await b.status())["shards"][0]["leader"] == "B"
+    assert (await b.query.status())["shards"][0]["leader"] == "B"
     b.touch("item:2")
     await b.flush()
     await wait_settled(redis_client, namespace)
@@ -430,12 +430,12 @@ async def test_node_that_loses_its_lease_stops_claiming(
     await wait_until(lambda: _past(redis_client, due + 600), message="server clock past due")
     assert rec.calls == []
     assert await redis_client.zscore(sk.due("item"), "item:1") == due
-    assert (await a.status())["shards"][0]["leader"] == "intruder"
+    assert (await a.query.status())["shards"][0]["leader"] == "intruder"
 
     await redis_client.delete(sk.leader)  # the intruder's lease ends: a node takes over
     await wait_settled(redis_client, namespace)
     assert [claim.key for claim in rec.calls] == ["item:1"]
-    assert (await a.status())["shards"][0]["leader"] in ("A", "B")
+    assert (await a.query.status())["shards"][0]["leader"] in ("A", "B")
 
 
 async def _past(r: Any, ms: float) -> bool:
@@ -450,7 +450,7 @@ async def test_three_shards_two_nodes(
     b = await start(path, redis_url=redis_url, node_id="B")
 
     async def every_shard_led() -> bool:
-        leaders = [s["leader"] for s in (await a.status())["shards"]]
+        leaders = [s["leader"] for s in (await a.query.status())["shards"]]
         return len(leaders) == 3 and all(node in ("A", "B") for node in leaders)
 
     await wait_until(every_shard_led, message="a leader on every shard")

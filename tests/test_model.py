@@ -235,17 +235,17 @@ class World:
         try:
             await wait_until(self.quiet, timeout=60, message="nothing pending or in flight")
         except AssertionError:
-            status = await self.toucher.status()
+            status = await self.toucher.query.status()
             raise AssertionError(f"still pending or in flight: {status['rules']}; "
                                  f"leaders {status['shards']}") from None
-        status = await self.toucher.status()
+        status = await self.toucher.query.status()
         runs = self.history.runs(self.log)
         rules, rule_of = rule_table(self.config)
         self.violations += check_dead_letters(self.history, runs, rules, rule_of,
                                               status["dead_letters"])
 
     async def quiet(self) -> bool:
-        status = await self.toucher.status()
+        status = await self.toucher.query.status()
         return all(r["pending"] == 0 and r["in_flight"] == 0 for r in status["rules"].values())
 
     async def run_step(self, step: Step) -> None:
@@ -260,13 +260,13 @@ class World:
     async def finish(self) -> None:
         """Settle; then heal every key, touch the dead ones again and settle once more."""
         await self.settle()
-        dead = [d["key"] for d in (await self.toucher.status())["dead_letters"]]
+        dead = [d["key"] for d in (await self.toucher.query.status())["dead_letters"]]
         for key in KEYS:
             self.set_plan(key, "ok")
         if dead:
             await self.touch(dead)
         await self.settle()
-        left = (await self.toucher.status())["dead_letters"]
+        left = (await self.toucher.query.status())["dead_letters"]
         if left:
             self.violations.append(f"G6: a new touch did not re-queue {left}")
 
@@ -385,7 +385,7 @@ async def test_a_key_whose_last_attempt_dies_is_dead_lettered_unless_touched_mea
                 message=f"B refreshing item:1 again; its log:\n{procs.log('B')}")
             assert [(e[2], e[4]) for e in done] == [("item:1", 1)]  # a new burst
             await wait_until(lambda: settled_but_dead(redis_client, space), timeout=10)
-            dead = (await toucher.status())["dead_letters"]
+            dead = (await toucher.query.status())["dead_letters"]
             assert [(d["key"], d["attempts"]) for d in dead] == [("item:2", 1)]
     finally:
         procs.stop_all()

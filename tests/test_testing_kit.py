@@ -126,7 +126,7 @@ async def test_factory_takes_yaml_text_and_puts_it_in_the_test_namespace(
         assert not c.worker  # handlers run when the test drains
         c.touch("anything:at:all")
         await c.flush()
-        assert (await c.status())["rules"]["other"]["pending"] == 1
+        assert (await c.query.status())["rules"]["other"]["pending"] == 1
         keys = [k async for k in c.redis.scan_iter(match="ignored*")]
         assert keys == []
 

@@ -96,7 +96,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     from coalescer.query.status import format_status
     async with _client(args, worker=False) as c:
         _say_using(args, c)
-        status = await c.status()
+        status = await c.query.status()
     if args.json:
         print(json.dumps(status, indent=2))
     else:
@@ -119,7 +119,7 @@ async def cmd_retry(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
-        outcome = await c.retry_dead_letters(None if args.all else args.keys)
+        outcome = await c.query.retry_dead(None if args.all else args.keys)
     _say_done(args, "requeued", outcome.done, outcome.not_dead)
     return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
 
@@ -163,7 +163,7 @@ async def cmd_explain(args: argparse.Namespace) -> int:
     if _unknown_key("explain", args, c, [args.key]):
         return EXIT_UNKNOWN_KEY
     async with c:
-        info = await c.explain(args.key)
+        info = await c.query.explain(args.key)
     print(json.dumps(info, indent=2) if args.json else format_explain(info))
     return 0
 
@@ -177,7 +177,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN_KEY
     query = HistoryQuery(rule=args.rule, key=args.key, failed=args.failed, limit=args.n)
     async with c:
-        found = await c.history(query)
+        found = await c.query.history(query)
     if args.json:
         print(json.dumps([r.to_json() for r in found], indent=2))
     else:
@@ -206,8 +206,8 @@ async def cmd_dead(args: argparse.Namespace) -> int:
 
 async def _dead_list(c: Coalescer, args: argparse.Namespace) -> int:
     from coalescer.query.dead_letters import format_dead_page
-    page = await c.dead_letters(args.keys or None, rule=args.rule, limit=args.limit,
-                                offset=args.offset)
+    page = await c.query.dead_letters(args.keys or None, rule=args.rule, limit=args.limit,
+                                      offset=args.offset)
     print(json.dumps(page.to_json(), indent=2) if args.json else format_dead_page(page))
     return _report_not_dead("dead list", page.not_dead, "nothing to show")
 
@@ -215,10 +215,10 @@ async def _dead_list(c: Coalescer, args: argparse.Namespace) -> int:
 async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
     keys = args.keys or None
     if args.action == "retry":
-        outcome = await c.retry_dead_letters(keys, rule=args.rule)
+        outcome = await c.query.retry_dead(keys, rule=args.rule)
         _say_done(args, "requeued", outcome.done, outcome.not_dead)
         return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
-    outcome = await c.purge_dead(keys, rule=args.rule)
+    outcome = await c.query.purge_dead(keys, rule=args.rule)
     _say_done(args, "purged", outcome.done, outcome.not_dead)
     return _report_not_dead(what, outcome.not_dead, "nothing to purge")
 

@@ -53,7 +53,7 @@ async def _burst(c: Coalescer) -> int:
 async def _settled(c: Coalescer, expected: int, records: list[Any]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        status = await c.status()
+        status = await c.query.status()
         busy = sum(r["pending"] + r["in_flight"] for r in status["rules"].values())
         if busy == 0 and len(records) >= expected:
             return

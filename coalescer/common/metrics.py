@@ -43,6 +43,7 @@ class RuleMetrics:
     start_lag: Tally = field(default_factory=Tally)
     duration: Tally = field(default_factory=Tally)
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    dead_lettered: int = 0  # keys whose last attempt failed (for the worker's summary line)
 
 
 class RefreshCollector:

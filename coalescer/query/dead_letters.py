@@ -16,7 +16,6 @@ from typing import Any
 from coalescer.common.plural import plural
 from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.scripts import Scripts
 
 BATCH = 500
 DEFAULT_PAGE = 20
@@ -136,14 +135,6 @@ async def act_on_all(redis: Any, config: Config, action: Action,
                 if n == 0:
                     break
     return DeadOutcome(done)
-
-
-async def requeue_dead(redis: Any, scripts: Scripts, config: Config,
-                       keys: Iterable[str] | None) -> int:
-    """Re-queue the given dead keys, or every dead key when ``keys`` is None."""
-    if keys is not None:
-        return (await act_on_keys(config, scripts.requeue_each, keys)).done
-    return (await act_on_all(redis, config, scripts.requeue_each)).done
 
 
 def format_dead_page(page: DeadPage) -> str:

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
 from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
-from coalescer.web.page import PageNode, PageRoutes
+from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
     Refusal,
@@ -48,11 +48,22 @@ OPEN_PATHS = ("/healthz", "/")  # served without the token
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class Reads(PageReads, Protocol):
+    """What the HTTP API reads through a coalescer's ``query``."""
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def explain(self, key: str) -> dict[str, Any]: ...
+
+
 class Node(PageNode, Protocol):
     """What the HTTP API needs of a coalescer."""
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def query(self) -> Reads: ...
 
     def touch_many(self, keys: list[str]) -> None: ...
 
@@ -64,11 +75,7 @@ class Node(PageNode, Protocol):
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
 
-    async def status(self) -> dict[str, Any]: ...
-
     async def ping(self) -> bool: ...
-
-    async def explain(self, key: str) -> dict[str, Any]: ...
 
 
 # --- middlewares -----------------------------------------------------------------------
@@ -288,7 +295,7 @@ class HttpApi:
     async def _read_status(self) -> dict[str, Any]:
         try:
             async with asyncio.timeout(STATUS_TIMEOUT):
-                return await self._c.status()
+                return await self._c.query.status()
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read status from Redis: {exc!r}") from None
 
@@ -300,7 +307,7 @@ class HttpApi:
         key = request.match_info["key"]
         try:
             async with asyncio.timeout(STATUS_TIMEOUT):
-                return web.json_response(await self._c.explain(key))
+                return web.json_response(await self._c.query.explain(key))
         except UnknownKeyError:
             raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
         except (RedisError, OSError, TimeoutError) as exc:

@@ -41,20 +41,27 @@ _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no", "")
 
 
+class PageReads(Protocol):
+    """What the page's endpoints read through a coalescer's ``query``."""
+
+    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]: ...
+
+    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]: ...
+
+    async def retry_dead(self, keys: Sequence[str] | None = None, *,
+                         rule: str | None = None) -> DeadOutcome: ...
+
+
 class PageNode(Protocol):
     """What the page's endpoints need of a coalescer."""
 
     @property
     def config(self) -> Config: ...
 
+    @property
+    def query(self) -> PageReads: ...
+
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
-
-    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]: ...
-
-    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]: ...
-
-    async def retry_dead_letters(self, keys: Sequence[str] | None = None, *,
-                                 rule: str | None = None) -> DeadOutcome: ...
 
 
 def page_html() -> bytes:
@@ -132,13 +139,13 @@ class PageRoutes:
             raise Refusal(422, f"no rule is named {rule!r}", rules=self._rules)
         wanted = HistoryQuery(rule=rule, failed=_flag(query, "failed"), limit=limit)
         async with _reading("read the history from Redis"):
-            found = await self._node.history(wanted)
+            found = await self._node.query.history(wanted)
         return web.json_response({"refreshes": [r.to_json() for r in found]})
 
     async def due(self, request: web.Request) -> web.Response:
         per_rule = _count(_query(request, ("n",)), DEFAULT_SHOWN, MAX_SHOWN)
         async with _reading("read the due keys from Redis"):
-            return web.json_response(await self._node.next_due(per_rule))
+            return web.json_response(await self._node.query.next_due(per_rule))
 
     async def retry(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))
@@ -154,5 +161,5 @@ class PageRoutes:
                                 "nothing was retried",
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):
-            outcome = await self._node.retry_dead_letters(keys)
+            outcome = await self._node.query.retry_dead(keys)
         return web.json_response({"retried": outcome.done, "not_dead": outcome.not_dead})

@@ -16,12 +16,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import AdoptBatch, Scripts
+from coalescer.store.scripts import AdoptBatch
 from coalescer.worker.poller import MAX_CLAIM, recover_expired
 from coalescer.worker.runner import Runner
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +33,15 @@ log = logging.getLogger(__name__)
 class Adopter:
     """Claims due keys of adopted rules on one shard, event-driven like the poller."""
 
-    def __init__(self, *, shard: ShardKeys, scripts: Scripts, runner: Runner,
-                 rules: Sequence[Rule], node_id: str, leader_lease: float,
-                 claim_lease: float, sleep_cap: float) -> None:
+    def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner,
+                 sleep_cap: float) -> None:
         self._shard = shard
-        self._scripts = scripts
+        self._scripts = ctx.scripts
         self._runner = runner
-        self._by_name = {r.name: r for r in rules}
-        self._node_id = node_id
-        self._leader_lease_ms = round(leader_lease * 1000)
-        self._claim_lease_ms = round(claim_lease * 1000)
+        self._by_name = {r.name: r for r in ctx.rules}
+        self._node_id = ctx.node_id
+        self._leader_lease_ms = round(ctx.leader_lease * 1000)
+        self._claim_lease_ms = round(ctx.claim_lease * 1000)
         self._sleep_cap = sleep_cap
         self._wake = asyncio.Event()
         self._serving: tuple[str, ...] = ()

@@ -19,16 +19,15 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coalescer.claim import Claim
-from coalescer.common.metrics import Metrics
-from coalescer.config.rules import Config
-from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import History, Scripts
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.poller import MAX_CLAIM, RECOVER_BATCH
 from coalescer.worker.runner import Runner
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +49,16 @@ class Round:
 class Drainer:
     """Drains one coalescer's namespace into one runner."""
 
-    def __init__(self, *, config: Config, keyspace: KeySpace, scripts: Scripts, runner: Runner,
-                 node_id: str, flush: Callable[[], Awaitable[None]], redis: Any) -> None:
-        self._config = config
-        self._keyspace = keyspace
-        self._scripts = scripts
+    def __init__(self, ctx: NodeContext, *, runner: Runner,
+                 flush: Callable[[], Awaitable[None]], redis: Any) -> None:
+        self._config = ctx.config
+        self._keyspace = ctx.keyspace
+        self._scripts = ctx.scripts
         self._runner = runner
-        self._node_id = node_id
+        self._node_id = ctx.node_id
         self._flush = flush
         self._redis = redis
-        self._names = [r.name for r in config.rules]
+        self._names = [r.name for r in ctx.rules]
 
     async def run(self, timeout: float) -> list[Claim]:
         """The claims this process ran, in the order they started; TimeoutError naming
@@ -142,17 +141,14 @@ def _listed(keys: Sequence[Any]) -> str:
 
 
 @contextlib.asynccontextmanager
-async def local_runner(*, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
-                       invokers: dict[str, Invoke], config: Config,
-                       node_id: str) -> AsyncIterator[Runner]:
+async def local_runner(ctx: NodeContext, *, invokers: dict[str, Invoke]
+                       ) -> AsyncIterator[Runner]:
     """A runner for a coalescer that is not a worker, living as long as one drain.
 
     Its outbox and lease renewal run meanwhile; claims still running when it ends
     (a drain that timed out) are cancelled and left to their leases.
     """
-    runner = Runner(scripts=scripts, keyspace=keyspace, metrics=metrics, invokers=invokers,
-                    claim_lease=config.claim_lease, on_slot_free=lambda: None,
-                    history=History(node_id, config.history))
+    runner = Runner(ctx, invokers=invokers, on_slot_free=lambda: None)
     tasks = [asyncio.create_task(runner.outbox_loop(), name="drain outbox"),
              asyncio.create_task(runner.renew_loop(), name="drain renew")]
     try:

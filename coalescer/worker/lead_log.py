@@ -26,7 +26,7 @@ class LeadLog:
     def __init__(self, node_id: str, total: int, led: set[int]) -> None:
         self._node_id = node_id
         self._total = total
-        self._led = led
+        self.led = led  # the shards the node leads now, shared with its leaderships
         self._logged: frozenset[int] = frozenset()
         self._seen: frozenset[int] = frozenset()
         self._changed_at: float | None = None
@@ -46,7 +46,7 @@ class LeadLog:
     def tick(self, *, final: bool = False) -> None:
         """Log what changed since the last line; ``final`` logs the set as it is now."""
         self._warn()
-        now = frozenset(self._led)
+        now = frozenset(self.led)
         if now == self._logged:
             self._changed_at = None
         elif final or self._settled(now):

@@ -18,17 +18,18 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import Backoff
 from coalescer.errors import NotLeaderError
-from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import LeaseState, Scripts
+from coalescer.store.scripts import LeaseState
 from coalescer.worker.adopter import Adopter
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.poller import Poller
-from coalescer.worker.registry import RegistryWatch
+from coalescer.worker.registry import RegistryWatch, encode
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +37,21 @@ log = logging.getLogger(__name__)
 class Leadership:
     """Runs for one shard: stands by, or leads by running its poller."""
 
-    def __init__(self, *, shard: ShardKeys, scripts: Scripts, poller: Poller, node_id: str,
-                 leader_lease: float, total_shards: int, led: set[int], metrics: Metrics,
-                 adopter: Adopter | None = None, rules_entry: str = "",
+    def __init__(self, ctx: NodeContext, *, poller: Poller, adopter: Adopter | None = None,
                  registry: RegistryWatch | None = None, lead_log: LeadLog) -> None:
-        self._shard = shard
-        self._scripts = scripts
+        """Leads the shard of ``poller``; ``lead_log.led`` is the set of shards this
+        node leads, which every shard's leadership shares."""
+        self._shard = poller.shard_keys
+        self._scripts = ctx.scripts
         self.poller = poller
-        self._node_id = node_id
-        self._lease = leader_lease
-        self._total = total_shards
-        self._led = led
-        self._metrics = metrics
+        self._node_id = ctx.node_id
+        self._lease = ctx.leader_lease
+        self._total = ctx.config.shards
+        self._led = lead_log.led
+        self._metrics = ctx.metrics
         self.adopter = adopter
-        self._rules_entry = rules_entry  # registry.encode() of this node's rules
+        # registry.encode() of this node's rules
+        self._rules_entry = registry.entry if registry is not None else encode(ctx.rules)
         self._registry = registry
         self._lead_log = lead_log  # the node's one-line summary, not a line per shard
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it

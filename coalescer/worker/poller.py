@@ -24,11 +24,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
 from coalescer.store.scripts import ClaimBatch, Scripts
 from coalescer.worker.runner import Runner
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +58,22 @@ async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Ru
 class Poller:
     """Claims due keys of one shard while this node leads it."""
 
-    def __init__(self, *, shard: ShardKeys, scripts: Scripts, runner: Runner,
-                 rules: Sequence[Rule], node_id: str, leader_lease: float, claim_lease: float,
-                 wake: asyncio.Event) -> None:
+    def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner) -> None:
+        self.shard_keys = shard
         self._shard = shard
-        self._scripts = scripts
+        self._scripts = ctx.scripts
         self._runner = runner
-        self._rules = list(rules)
-        self._node_id = node_id
+        self._rules = list(ctx.rules)
+        self._node_id = ctx.node_id
+        leader_lease = ctx.leader_lease
         self._leader_lease_ms = round(leader_lease * 1000)
-        self._claim_lease_ms = round(claim_lease * 1000)
+        self._claim_lease_ms = round(ctx.claim_lease * 1000)
         # About a second, and well inside the lease that each claim call renews.
         self.sleep_cap = min(1.2, leader_lease / 2.5)
         # An idle shard's sleep: the claim that ends it renews the lease a quarter of
         # the lease (at least) before it runs out.
         self.idle_sleep = max(self.sleep_cap, leader_lease * IDLE_SLEEP_SHARE)
-        self._wake = wake
+        self._wake = asyncio.Event()
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
 

@@ -16,14 +16,16 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import Backoff
 from coalescer.config.rules import Rule
-from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import Peer, Scripts
+from coalescer.store.scripts import Peer
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +87,14 @@ def compare(nodes: dict[str, dict[str, str]]) -> Mismatch:
 class RegistryWatch:
     """Reads shard 0's registry now and then; warns and counts what this node lacks."""
 
-    def __init__(self, *, shard: ShardKeys, scripts: Scripts, node_id: str,
-                 rules: Sequence[Rule], leader_lease: float, metrics: Metrics) -> None:
-        self._shard = shard
-        self._scripts = scripts
-        self._node_id = node_id
-        self._mine = {r.name: fingerprint(r) for r in rules}
-        self._live_ms = round(2 * leader_lease * 1000)
-        self._metrics = metrics
+    def __init__(self, ctx: NodeContext) -> None:
+        self._shard = ctx.keyspace.shard(0)
+        self._scripts = ctx.scripts
+        self._node_id = ctx.node_id
+        self._mine = {r.name: fingerprint(r) for r in ctx.rules}
+        self.entry = encode(ctx.rules)  # this node's entry, sent with every lease call
+        self._live_ms = round(2 * ctx.leader_lease * 1000)
+        self._metrics = ctx.metrics
         self._missing: set[str] = set()
         self._differing: set[tuple[str, str, str]] = set()
         self._live = 0

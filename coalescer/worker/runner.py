@@ -23,18 +23,19 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cachetools import LRUCache
 
 from coalescer.claim import Claim, granted
-from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import Backoff
 from coalescer.config.rules import Rule
-from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
+from coalescer.store.scripts import AckItem, ClaimedKey, Failure, History
 from coalescer.worker.invoke import Invoke
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +116,15 @@ def _error_text(exc: BaseException) -> str:
 class Runner:
     """Holds this node's claims and runs their handlers."""
 
-    def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
-                 invokers: dict[str, Invoke], claim_lease: float,
-                 on_slot_free: Callable[[], None], history: History = NO_HISTORY) -> None:
+    def __init__(self, ctx: NodeContext, *, invokers: dict[str, Invoke],
+                 on_slot_free: Callable[[], None]) -> None:
         """``on_slot_free`` is called soon after slots are freed (once for several)."""
-        self._scripts = scripts
-        self._history = history
-        self._keyspace = keyspace
-        self._metrics = metrics
+        self._scripts = ctx.scripts
+        self._history = History(ctx.node_id, ctx.config.history)
+        self._keyspace = ctx.keyspace
+        self._metrics = ctx.metrics
         self._invokers = invokers
-        self._claim_lease = claim_lease
+        self._claim_lease = ctx.claim_lease
         self._on_slot_free = on_slot_free
         self._jobs: dict[str, Job] = {}
         self._active: dict[str, int] = defaultdict(int)  # held + reserved, per rule
@@ -326,6 +326,7 @@ class Runner:
             self._traced.pop(key, None)
             job, failure = jobs[key]
             attempts = min(job.claim.attempt, job.rule.retry.attempts)
+            self._metrics.rule(job.rule.name).dead_lettered += 1
             log.error("%s dead-lettered after %s: %s; re-queue with `coalescer dead retry %s`",
                       key, plural(attempts, "attempt"), failure.error, shlex.quote(key))
 

@@ -60,7 +60,7 @@ async def wait_idle(rules: Path, redis_url: str | None, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
         while True:
-            pending, in_flight, dead = busy(await c.status())
+            pending, in_flight, dead = busy(await c.query.status())
             if dead:
                 raise SystemExit(f"{dead} refresh(es) dead-lettered: see `coalescer status`")
             if not pending and not in_flight:

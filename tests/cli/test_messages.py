@@ -150,7 +150,7 @@ async def _make_dead(rules: Path, redis_url: str) -> None:
 
 
 async def _dead(c: Coalescer, n: int) -> bool:
-    return sum(int(r["dead"]) for r in (await c.status())["rules"].values()) == n
+    return sum(int(r["dead"]) for r in (await c.query.status())["rules"].values()) == n
 
 
 def test_one_shot_commands_print_their_answer_and_nothing_on_stderr(

@@ -1152,7 +1152,7 @@ async def test_a_writer_touches_without_the_handler_module(
     async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
         writer.touch("stats:user:1")
         await writer.flush()
-        assert (await writer.status())["rules"]["user"]["pending"] == 1
+        assert (await writer.query.status())["rules"]["user"]["pending"] == 1
     with SyncCoalescer.from_yaml(path, redis_url=redis_url) as sync_writer:
         sync_writer.touch("stats:user:2")
         sync_writer.flush()

@@ -101,5 +101,5 @@ async def node(rules: Path, redis_url: str, **options: Any) -> AsyncIterator[Coa
 
 
 async def dead_count(c: Coalescer) -> int:
-    status = await c.status()
+    status = await c.query.status()
     return sum(int(r["dead"]) for r in status["rules"].values())

@@ -36,12 +36,12 @@ async def test_list_pages_with_totals(tmp_path: Path, redis_url: str, namespace:
     rules, _ = write(tmp_path, namespace, fast_rules(namespace, shards=shards))
     async with node(rules, redis_url) as c:
         await make_dead(c, BAD, 5)
-        everything = await c.dead_letters(limit=100)
-        first = await c.dead_letters(limit=2)
-        second = await c.dead_letters(limit=2, offset=2)
-        last = await c.dead_letters(limit=2, offset=4)
-        beyond = await c.dead_letters(limit=2, offset=10)
-        of_ok = await c.dead_letters(rule="ok")
+        everything = await c.query.dead_letters(limit=100)
+        first = await c.query.dead_letters(limit=2)
+        second = await c.query.dead_letters(limit=2, offset=2)
+        last = await c.query.dead_letters(limit=2, offset=4)
+        beyond = await c.query.dead_letters(limit=2, offset=10)
+        of_ok = await c.query.dead_letters(rule="ok")
     assert everything.total == 5 and sorted(d["key"] for d in everything.entries) == BAD
     since = [d["since_ms"] for d in everything.entries]
     assert since == sorted(since)
@@ -62,7 +62,7 @@ async def test_default_settings_dead_letter_after_five_attempts(
     rules, _ = write(tmp_path, namespace, fast_rules(namespace, attempts=5, backoff="1ms"))
     async with node(rules, redis_url) as c:
         await make_dead(c, ["bad:x"], 1)
-        page = await c.dead_letters(["bad:x", "ok:1"])
+        page = await c.query.dead_letters(["bad:x", "ok:1"])
     assert [(d["key"], d["attempts"]) for d in page.entries] == [("bad:x", 5)]
     assert page.not_dead == ["ok:1"]
 
@@ -72,15 +72,15 @@ async def test_retry_and_purge_only_dead_keys(tmp_path: Path, redis_url: str, na
     rules, module = write(tmp_path, namespace, fast_rules(namespace, shards=2))
     async with node(rules, redis_url) as c:
         await make_dead(c, BAD, 5)
-        purged = await c.purge_dead(["bad:0", "bad:1", "ok:1"])
+        purged = await c.query.purge_dead(["bad:0", "bad:1", "ok:1"])
         assert (purged.done, purged.not_dead) == (2, ["ok:1"])
-        again = await c.purge_dead(["bad:0"])
+        again = await c.query.purge_dead(["bad:0"])
         assert (again.done, again.not_dead) == (0, ["bad:0"])
         calls = len(module.calls)
-        retried = await c.retry_dead_letters(["bad:2", "bad:0"])
+        retried = await c.query.retry_dead(["bad:2", "bad:0"])
         assert (retried.done, retried.not_dead) == (1, ["bad:0"])
         await wait_until(lambda: len(module.calls) > calls and _dead_is(c, 3))
-        assert (await c.purge_dead(rule="bad")).done == 3
+        assert (await c.query.purge_dead(rule="bad")).done == 3
         assert await dead_count(c) == 0
     space = KeySpace(namespace, 2)
     for sk in space.all_shards():

@@ -42,7 +42,7 @@ rules:
 
 async def state_of(c: Coalescer, key: str, state: str) -> dict[str, Any]:
     async def reached() -> dict[str, Any] | None:
-        info = await c.explain(key)
+        info = await c.query.explain(key)
         return info if info["state"] == state else None
     result: dict[str, Any] = await wait_until(reached, message=f"{key} {state}")
     return result
@@ -52,7 +52,7 @@ async def test_default_rules_idle_then_pending_by_window(tmp_path: Path, redis_u
                                                          namespace: str) -> None:
     rules, _ = write(tmp_path, namespace, DEFAULTS.format(ns=namespace))
     async with node(rules, redis_url, worker=False) as c:
-        idle = await c.explain("item:7")
+        idle = await c.query.explain("item:7")
         assert idle["state"] == "idle" and idle["last_refreshes"] == []
         assert idle["rule"] == {
             "name": "item", "match": "item:{id}", "handler": idle["rule"]["handler"],
@@ -61,7 +61,7 @@ async def test_default_rules_idle_then_pending_by_window(tmp_path: Path, redis_u
         assert "idle" in format_explain(idle)
         c.touch("item:7")
         await c.flush()
-        info = await c.explain("item:7")
+        info = await c.query.explain("item:7")
     assert info["state"] == "pending" and info["due_reason"] == "window"
     assert info["due_ms"] == info["last_touch_ms"] + 2000
     assert info["first_touch_ms"] == info["last_touch_ms"] and info["attempts"] == 0
@@ -74,11 +74,11 @@ async def test_pending_by_max_wait(tmp_path: Path, redis_url: str, namespace: st
     async with node(rules, redis_url, worker=False) as c:
         c.touch("stats:user:1")
         await c.flush()
-        first = (await c.explain("stats:user:1"))["first_touch_ms"]
+        first = (await c.query.explain("stats:user:1"))["first_touch_ms"]
         await wait_until(lambda: _later(c, first), message="the server clock to move on")
         c.touch("stats:user:1")
         await c.flush()
-        info = await c.explain("stats:user:1")
+        info = await c.query.explain("stats:user:1")
     assert info["last_touch_ms"] > info["first_touch_ms"] == first
     assert info["due_reason"] == "max_wait" and info["due_ms"] == first + 60_000
     assert "by max wait: first touch + 1m" in format_explain(info)
@@ -100,9 +100,9 @@ async def test_running_shows_node_token_lease_and_touch_while_running(
         assert 0 < run["lease_left_ms"] <= 5000 and run["touched_again"] is None
         c.touch("hold:a b|ü")
         await c.flush()
-        again = (await c.explain("hold:a b|ü"))["running"]["touched_again"]
+        again = (await c.query.explain("hold:a b|ü"))["running"]["touched_again"]
         assert again["due_ms"] == again["last_touch_ms"] + 50
-        text = format_explain(await c.explain("hold:a b|ü"))
+        text = format_explain(await c.query.explain("hold:a b|ü"))
         assert "running on node worker|7, token" in text and "s left" in text
         module.gate.set()
         done = await state_of(c, "hold:a b|ü", "idle")
@@ -139,7 +139,7 @@ async def test_a_running_state_of_the_older_format_still_explains(
     shard = ShardKeys(namespace, 0)
     await redis_client.hset(shard.meta, "ok:1", "R|5|100|200|1|300")
     async with node(rules, redis_url, worker=False) as c:
-        info = await c.explain("ok:1")
+        info = await c.query.explain("ok:1")
     assert info["running"]["node"] is None and info["running"]["token"] == 5
     assert "running on node (unknown), token 5" in format_explain(info)
 
@@ -148,7 +148,7 @@ async def test_unknown_key_is_refused(tmp_path: Path, redis_url: str, namespace:
     rules, _ = write(tmp_path, namespace, fast_rules(namespace))
     async with node(rules, redis_url, worker=False) as c:
         with pytest.raises(UnknownKeyError):
-            await c.explain("nomatch:1")
+            await c.query.explain("nomatch:1")
 
 
 def test_cli_explain(tmp_path: Path, redis_url: str, namespace: str,
@@ -182,7 +182,7 @@ async def test_http_keys_route(tmp_path: Path, redis_url: str, namespace: str) -
         async with http.get(f"{api.url}/keys/{quote(key)}") as response:
             assert response.status == 200
             body = await response.json()
-        direct = await c.explain(key)
+        direct = await c.query.explain(key)
         async with http.get(f"{api.url}/keys/{quote('nomatch:1')}") as response:
             assert response.status == 404
             error = await response.json()

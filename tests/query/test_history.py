@@ -23,7 +23,7 @@ from tests.helpers.servers import wait_until
 
 async def recorded(c: Coalescer, n: int, **query: object) -> list:  # type: ignore[type-arg]
     async def enough() -> list:  # type: ignore[type-arg]
-        found = await c.history(HistoryQuery(limit=1000, **query))  # type: ignore[arg-type]
+        found = await c.query.history(HistoryQuery(limit=1000, **query))  # type: ignore[arg-type]
         return found if len(found) >= n else []
     return list(await wait_until(enough, message=f"{n} refreshes in the history"))
 
@@ -99,12 +99,12 @@ async def test_history_zero_records_nothing(tmp_path: Path, redis_url: str, name
     async with node(rules, redis_url) as c:
         c.touch_many(["ok:1", "bad:1"])
         await wait_until(lambda: len(module.calls) >= 2 and _settled(c, dead=1))
-        assert await c.history() == []
+        assert await c.query.history() == []
     assert await redis_client.exists(ShardKeys(namespace, 0).history) == 0
 
 
 async def _settled(c: Coalescer, dead: int = 0) -> bool:
-    status = await c.status()
+    status = await c.query.status()
     rules = status["rules"].values()
     return (sum(r["pending"] + r["in_flight"] for r in rules) == 0
             and sum(r["dead"] for r in rules) == dead)
@@ -136,17 +136,17 @@ async def test_history_merges_shards_newest_first_and_filters(
         for i in range(6):
             c.touch_many([f"ok:{i}", f"bad:{i}"])
             await recorded(c, 2 * (i + 1))
-        everything = await c.history(HistoryQuery(limit=100))
+        everything = await c.query.history(HistoryQuery(limit=100))
         assert len(everything) == 12
         orders = [r.order for r in everything]
         assert orders == sorted(orders, reverse=True)
-        newest = await c.history(HistoryQuery(limit=3))
+        newest = await c.query.history(HistoryQuery(limit=3))
         assert len(newest) == 3 and {r.key for r in newest[:2]} == {"ok:5", "bad:5"}
-        failed = await c.history(HistoryQuery(failed=True, limit=100))
+        failed = await c.query.history(HistoryQuery(failed=True, limit=100))
         assert sorted(r.key for r in failed) == sorted(f"bad:{i}" for i in range(6))
-        assert [r.key for r in await c.history(HistoryQuery(rule="ok", limit=2))] == [
+        assert [r.key for r in await c.query.history(HistoryQuery(rule="ok", limit=2))] == [
             "ok:5", "ok:4"]
-        assert [r.outcome for r in await c.history(HistoryQuery(key="bad:3"))] == ["failure"]
+        assert [r.outcome for r in await c.query.history(HistoryQuery(key="bad:3"))] == ["failure"]
 
 
 def test_history_query_refuses_a_bad_count() -> None:
@@ -212,7 +212,7 @@ async def test_status_counts_recent_failures_per_rule(tmp_path: Path, redis_url:
     async with node(rules, redis_url) as c:
         c.touch_many(["ok:1", "ok:2", "bad:1"])
         await recorded(c, 5)
-        status = await c.status()
+        status = await c.query.status()
     assert status["rules"]["ok"]["recent"] == {"refreshes": 2, "failed": 0}
     assert status["rules"]["bad"]["recent"] == {"refreshes": 3, "failed": 3}
     assert status["rules"]["hold"]["recent"] == {"refreshes": 0, "failed": 0}

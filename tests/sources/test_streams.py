@@ -174,7 +174,7 @@ async def refreshed(rec: Recorder, key: str, times: int = 1) -> bool:
 
 
 async def source_status(c: Coalescer, name: str = "orders") -> dict[str, Any]:
-    status = await c.status()
+    status = await c.query.status()
     entry: dict[str, Any] = status["sources"][name]
     return entry
 
@@ -224,7 +224,7 @@ async def test_start_new_skips_earlier_entries_and_all_reads_them(
     await redis_client.xadd(f"{namespace}-app:orders", {"customer_id": "new-order"})
     await wait_until(lambda: refreshed(rec, "stats:customer:new-order"))
     assert rec.of("stats:customer:old-order") == []
-    assert (await c.explain("stats:customer:old-order"))["state"] == "idle"
+    assert (await c.query.explain("stats:customer:old-order"))["state"] == "idle"
     assert entries_counted(c, "accepted", "history") == 1
     assert entries_counted(c, "accepted", "orders") == 1
 
@@ -307,7 +307,7 @@ async def test_status_shows_lag_pending_and_rejected(
         await redis_client.xadd(stream, {"customer_id": customer})
     await redis_client.xadd(stream, {"other": "field"})
     await redis_client.xreadgroup("coalescer", "dead-node", {stream: ">"}, count=1)
-    status = await reader.status()
+    status = await reader.query.status()
     assert status["sources"]["orders"] == {"stream": stream, "group": "coalescer", "lag": 3,
                                            "pending": 1, "rejected": 0}
     text = format_status(status, now_ms=0)

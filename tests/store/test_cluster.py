@@ -46,7 +46,7 @@ async def test_cluster_url_is_detected_and_every_shard_is_one_slot(cluster: Clus
                                                                 sk.leader, sk.inflight("stats"))}
             assert len(slots) == 1, f"shard {sk.shard} spans slots {slots}"
         assert pending == 20
-        status = await c.status()  # pipelined reads, each sent to the node of its slot
+        status = await c.query.status()  # pipelined reads, each sent to the node of its slot
         assert status["rules"]["stats"]["pending"] == 20
         assert [s["shard"] for s in status["shards"]] == list(range(6))
 
@@ -64,7 +64,7 @@ async def test_three_nodes_share_six_shards_evenly_and_refresh_everything(
 
         await wait_until(lambda: sorted(spread().values()) == [2, 2, 2], timeout=20,
                          message="each of 3 nodes leads 2 of the 6 shards")
-        status = await nodes[0].status()
+        status = await nodes[0].query.status()
         assert {s["leader"] for s in status["shards"]} == {"node-0", "node-1", "node-2"}
 
         keys = [f"stats:{n}" for n in range(300)]

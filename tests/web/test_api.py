@@ -83,7 +83,7 @@ class Node:
 
     async def pending(self, rule: str = "user-stats") -> int:
         await self.c.flush()
-        status = await self.c.status()
+        status = await self.c.query.status()
         return int(status["rules"][rule]["pending"])
 
 
@@ -211,7 +211,7 @@ async def test_touch_body_limit_is_413(make_node: NodeFactory) -> None:
     status, body = await node.touch(chunked())
     assert status == 413
     await node.c.flush()
-    status_now = await node.c.status()
+    status_now = await node.c.query.status()
     assert status_now["rules"]["user-stats"]["pending"] == 1  # only stats:user:1
 
 
@@ -289,7 +289,7 @@ async def test_healthz_and_status(make_node: NodeFactory) -> None:
     assert body["rules"]["user-stats"]["pending"] == 0
     assert body["rules"]["user-stats"]["in_flight"] == 0
     assert body["rules"]["user-stats"]["dead"] == 0
-    assert body["shards"] == (await node.c.status())["shards"]
+    assert body["shards"] == (await node.c.query.status())["shards"]
 
 
 async def test_redis_down_is_503_on_healthz_and_status(own_server: ValkeyProcess,

@@ -84,7 +84,7 @@ class PageNode:
             return answer.status, text
 
     async def dead(self, key: str) -> bool:
-        page = await self.c.dead_letters([key])
+        page = await self.c.query.dead_letters([key])
         return bool(page.entries)
 
 
@@ -136,7 +136,7 @@ async def populated(make_node: NodeFactory, **options: Any) -> PageNode:
     await wait_until(lambda: node.dead(HOSTILE), timeout=20, message="the dead letter")
 
     async def two_refreshes() -> bool:
-        return len([r for r in await node.c.history() if r.rule == "agg"]) == 2
+        return len([r for r in await node.c.query.history() if r.rule == "agg"]) == 2
 
     await wait_until(two_refreshes, timeout=20, message="both agg refreshes")
     return node

@@ -77,7 +77,7 @@ async def test_drain_runs_every_pending_key_once_now_and_returns_the_claims(
     assert claims == rec.calls  # the handlers ran each of them, in this order
     assert all(isinstance(cl, Claim) and cl.attempt == 1 for cl in claims)
     assert {cl.key: cl.params for cl in claims}["stats:org:7"] == {"id": "7"}
-    status = await c.status()
+    status = await c.query.status()
     assert {n: (r["pending"], r["in_flight"]) for n, r in status["rules"].items()} == {
         "user": (0, 0), "org": (0, 0)}
     assert await settled(c.redis, namespace, shards)  # no state left at all
@@ -113,7 +113,7 @@ async def test_a_failing_handler_is_retried_at_once_until_dead(
     claims = await c.drain(timeout=20)  # backoff is an hour: skipped as well
     assert [cl.attempt for cl in claims if cl.key == "stats:org:bad"] == [1, 2, 3]
     assert [cl.key for cl in claims].count("stats:org:good") == 1
-    page = await c.dead_letters()
+    page = await c.query.dead_letters()
     assert [d["key"] for d in page.entries] == ["stats:org:bad"]
     assert "no such org" in page.entries[0]["error"]
 

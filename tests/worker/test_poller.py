@@ -92,8 +92,8 @@ def hold_each(rec: Recorder) -> dict[str, asyncio.Event]:
 
 def holding(c: Coalescer) -> int:
     """Claims the node holds: running, waiting in process, or finished but not acked."""
-    assert c._runner is not None
-    return c._runner.holding
+    assert c._run.node is not None
+    return c._run.node.runner.holding
 
 
 @pytest_asyncio.fixture
@@ -239,8 +239,8 @@ async def test_a_waiting_claim_whose_lease_was_lost_never_starts(
     meta = KeySpace(c.config.namespace, 1).shard(0).meta
     # Another holder took the waiting key over (a newer token): this node's claim is stale.
     await redis_client.hset(meta, waiting, "R|999999|1|1|1|1||||other-node")
-    assert c._runner is not None
-    await c._runner.renew_once()  # the next lease renewal, now
+    assert c._run.node is not None
+    await c._run.node.runner.renew_once()  # the next lease renewal, now
     await wait_until(lambda: holding(c) == 1, message="the stale claim dropped")
     gate.set()
     await wait_until(lambda: len(rec.succeeded) == 1 and holding(c) == 0,

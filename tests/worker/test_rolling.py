@@ -164,7 +164,7 @@ async def test_a_rule_the_leader_lacks_is_refreshed_by_the_node_that_knows_it(
                      message="A warns that it lacks only-b")
     assert b.metrics.registry.get_sample_value("coalescer_rules_missing",
                                                {"rule": "only-a"}) == 1
-    status = await b.status()
+    status = await b.query.status()
     assert {n["node"]: sorted(n["rules"]) for n in status["nodes"]} == {
         "A": ["item", "only-a"], "B": ["item", "only-b"]}
     assert status["rules_mismatch"]["missing"] == {"only-a": ["B"], "only-b": ["A"]}
@@ -195,7 +195,7 @@ async def test_with_the_only_node_knowing_a_rule_gone_its_keys_wait_until_it_ret
     await wait_until(lambda: _past(redis_client, due + 1500), message="a:2 well past due")
     assert b.leads() == [0]
     assert [c.key for c in node_a.rec.calls] == ["a:1"]
-    status = await b.status()
+    status = await b.query.status()
     assert status["rules"]["only-a"] | {"pending": 1, "unserved": True, "known_by": []} \
         == status["rules"]["only-a"]
     assert status["rules_mismatch"]["missing"] == {}
@@ -204,7 +204,7 @@ async def test_with_the_only_node_knowing_a_rule_gone_its_keys_wait_until_it_ret
     await start(node_a, "A2")  # a node that knows the rule comes back
     await wait_until(lambda: all_refreshed([node_a.rec], ["a:2"]), message="A2 refreshes a:2")
     assert b.leads() == [0]
-    assert not (await b.status())["rules"]["only-a"]["unserved"]
+    assert not (await b.query.status())["rules"]["only-a"]["unserved"]
 
 
 async def _past(r: Any, ms: float) -> bool:
@@ -226,7 +226,7 @@ async def test_a_rule_with_other_settings_on_another_node_is_flagged_and_served(
     await wait_until(lambda: all_refreshed([node_b.rec], ["item:1"]), message="B refreshes")
     await wait_until(lambda: warned(caplog, "rule 'item' differs", "A")
                      and warned(caplog, "rule 'item' differs", "B"), message="both warn")
-    status = await a.status()
+    status = await a.query.status()
     assert sorted(status["rules_mismatch"]["differing"]["item"]) == ["A", "B"]
     assert status["rules_mismatch"]["missing"] == {}
     assert node_a.rec.calls == []

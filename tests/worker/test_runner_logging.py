@@ -38,7 +38,7 @@ def runner_lines(caplog: pytest.LogCaptureFixture, key: str) -> list[logging.Log
 
 
 async def dead(c: Coalescer, rule: str) -> int:
-    return int((await c.status())["rules"][rule]["dead"])
+    return int((await c.query.status())["rules"][rule]["dead"])
 
 
 async def test_first_failure_has_its_traceback_retries_one_line_death_one_error(

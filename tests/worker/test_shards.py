@@ -62,7 +62,7 @@ async def test_many_shards_refresh_every_key_on_bounded_connections_and_close_cl
                          message="the node leads every shard")
         await wait_until(lambda: {c.key for c in rec.calls} == set(keys), timeout=120,
                          message="every key refreshed")
-        status = await node.status()
+        status = await node.query.status()
         assert {s["leader"] for s in status["shards"]} == {"big"}
         summary = f"big leads {shards} of {plural(shards, 'shard')}"
         await wait_until(lambda: any(summary in r.getMessage() for r in caplog.records),

@@ -294,7 +294,7 @@ def refreshes(node: Coalescer, outcome: str) -> float:
 async def settled(node: Coalescer) -> dict[str, Any]:
     """The rule's status once nothing is pending or in flight."""
     async def quiet() -> dict[str, Any] | None:
-        entry: dict[str, Any] = (await node.status())["rules"]["org-stats"]
+        entry: dict[str, Any] = (await node.query.status())["rules"]["org-stats"]
         return entry if entry["pending"] == 0 and entry["in_flight"] == 0 else None
     result: dict[str, Any] = await wait_until(quiet, timeout=5, message="the rule to settle")
     return result
@@ -352,7 +352,7 @@ async def test_a_redirect_fails_until_dead_lettered(
     node.touch("stats:org:7")
     entry = await wait_until(lambda: _dead(node), timeout=5, message="a dead letter")
     assert entry["dead"] == 1
-    status = await node.status()
+    status = await node.query.status()
     (letter,) = status["dead_letters"]
     assert letter["key"] == "stats:org:7"
     assert letter["attempts"] == 2
@@ -368,12 +368,12 @@ async def test_a_missing_secret_is_a_failure_that_names_it(
     node = await make_node(attempts=1)
     node.touch("stats:org:7")
     await wait_until(lambda: _dead(node), timeout=5, message="a dead letter")
-    (letter,) = (await node.status())["dead_letters"]
+    (letter,) = (await node.query.status())["dead_letters"]
     assert SECRET_ENV in letter["error"]
     assert receiver.hits == []
 
 
 async def _dead(node: Coalescer) -> dict[str, Any] | None:
-    entry: dict[str, Any] = (await node.status())["rules"]["org-stats"]
+    entry: dict[str, Any] = (await node.query.status())["rules"]["org-stats"]
     return entry if entry["dead"] and not entry["in_flight"] and not entry["pending"] else None
 

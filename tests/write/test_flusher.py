@@ -277,7 +277,7 @@ class Gate:
 
     def __init__(self, c: Coalescer, monkeypatch: pytest.MonkeyPatch, *blocked: str,
                  after: bool = False) -> None:
-        scripts = c._flusher._scripts  # type: ignore[union-attr]
+        scripts = c._run.flusher._scripts  # type: ignore[union-attr]
         self._real = scripts.upsert_keys
         self.blocked = set(blocked)
         self.after = after
@@ -340,7 +340,7 @@ async def test_a_key_touched_while_its_write_is_in_flight_is_written_after_that_
     await wait_until(lambda: len(gate.ended("stats:1")) == 2, message="the re-touch written")
     assert gate.started("stats:1")[1] > gate.ended("stats:1")[0]
     assert last_touch_ms(await redis_client.hget(meta, "stats:1")) >= retouched
-    assert len(c._absorber) == 0
+    assert len(c._run.absorber) == 0
 
 
 async def gated_coalescer(make: Make, redis_url: str,
@@ -396,6 +396,6 @@ async def test_a_transient_error_with_two_writes_in_flight_loses_nothing(
         "coalescer_redis_errors_total", {"loop": "flusher"}) or 0) >= 1,
         message="the flusher to meet the error")
     gate.error = None
-    await wait_until(lambda: len(c._absorber) == 0, message="every key written")
+    await wait_until(lambda: len(c._run.absorber) == 0, message="every key written")
     assert set(await redis_client.zrange(due_key, 0, -1)) == {"stats:a", "stats:b"}
     assert len(gate.started("stats:a")) >= 2 and len(gate.started("stats:b")) >= 2

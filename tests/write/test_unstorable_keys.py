@@ -180,7 +180,7 @@ async def test_a_key_that_got_past_the_check_is_dropped_alone_and_the_rest_writt
     lines = [r.getMessage() for r in caplog.records if "dropped key" in r.getMessage()]
     assert len(lines) == 2
     assert any("'stats:\\ud800'" in line for line in lines)
-    assert len(c._absorber) == 0 and c.unwritten_age() is None
+    assert len(c._run.absorber) == 0 and c.unwritten_age() is None
 
     c.touch("stats:later")  # the node still writes
     await c.flush()
@@ -206,7 +206,7 @@ async def test_a_key_redis_fails_on_is_dropped_and_the_rest_written(
     assert "nil value" in dropped["error"]
     values = await redis_client.hmget(meta, keys)
     assert all(states.kind(value) == "pending" for value in values)
-    assert len(c._absorber) == 0
+    assert len(c._run.absorber) == 0
 
 
 async def test_upsert_raises_script_error_naming_a_failed_key(
@@ -264,7 +264,7 @@ async def test_a_read_only_server_loses_nothing_and_drops_nothing(
             return bool(value and value >= 2)
 
         await wait_until(flusher_errors, timeout=10, message="the flusher to meet READONLY")
-        assert len(c._absorber) == len(keys)  # kept, not dropped
+        assert len(c._run.absorber) == len(keys)  # kept, not dropped
         assert c.dropped_keys() == [] and dropped_total(c, "redis_error") == 0
         assert await due_keys(admin, namespace, 1) == set()
 

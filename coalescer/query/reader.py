@@ -1,0 +1,102 @@
+"""``Query``: every read of a namespace, and the dead-letter operations, in one place.
+
+A coalescer exposes one as ``coalescer.query``; the CLI, the HTTP API and the
+page read through it. Each call uses the coalescer's connection of the moment,
+so it raises ClosedError while the coalescer is not connected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coalescer.config.rules import Config
+from coalescer.query.dead_letters import (
+    Action,
+    DeadOutcome,
+    DeadPage,
+    act_on_all,
+    act_on_keys,
+    list_dead,
+    look_up_dead,
+)
+from coalescer.query.due import DEFAULT_SHOWN, next_due
+from coalescer.query.explain import gather_explain
+from coalescer.query.history import HistoryQuery, Refresh, read_history
+from coalescer.query.status import gather_status
+from coalescer.store.scripts import Scripts
+
+# The client and scripts of the coalescer's connection; raises ClosedError without one.
+Connected = Callable[[], tuple[Any, Scripts]]
+
+
+class Query:
+    """Reads a coalescer's namespace: status, explain, history, the next due keys and
+    the dead letters, which it also re-queues and purges."""
+
+    def __init__(self, config: Callable[[], Config], connected: Connected) -> None:
+        self._config = config
+        self._connected = connected
+
+    @property
+    def _redis(self) -> Any:
+        return self._connected()[0]
+
+    async def status(self) -> dict[str, Any]:
+        """The JSON of ``coalescer status --json``."""
+        return await gather_status(self._redis, self._config())
+
+    async def explain(self, key: str) -> dict[str, Any]:
+        """Where ``key`` stands and why (the JSON of ``coalescer explain KEY --json``).
+
+        Its rule and settings; its state (idle, pending with its due time and
+        whether the window or the max wait set it, backoff with the last error,
+        running with node, token and lease left, or dead with its error); its
+        burst's first and last touch; attempts; its last refreshes from the
+        history. Raises UnknownKeyError when no rule matches ``key``.
+        """
+        return await gather_explain(self._redis, self._config(), key)
+
+    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:
+        """Recent refreshes, newest first, across every shard (see HistoryQuery)."""
+        return await read_history(self._redis, self._config(), query or HistoryQuery())
+
+    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]:
+        """The earliest ``per_rule`` pending keys of each rule, with the server clock:
+        ``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``."""
+        return await next_due(self._redis, self._config(), per_rule)
+
+    async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
+                           limit: int = 20, offset: int = 0) -> DeadPage:
+        """A page of dead letters, oldest first, with the total count.
+
+        With ``keys``, those keys' dead letters (``not_dead`` lists the named keys
+        that are not dead); else every dead key, or those of ``rule`` (KeyError if
+        there is no such rule), ``limit`` from ``offset``.
+        """
+        if keys is not None:
+            return await look_up_dead(self._redis, self._config(), keys)
+        return await list_dead(self._redis, self._config(), rule=rule, limit=limit,
+                               offset=offset)
+
+    async def retry_dead(self, keys: Sequence[str] | None = None, *,
+                         rule: str | None = None) -> DeadOutcome:
+        """Re-queue dead keys, due now with fresh attempts: the named ``keys``, else
+        every dead key (of ``rule``, if given). Named keys that are not dead are left
+        alone and listed in ``not_dead``; ``done`` counts the keys re-queued."""
+        return await self._on_dead(lambda s: s.requeue_each, keys, rule)
+
+    async def purge_dead(self, keys: Sequence[str] | None = None, *,
+                         rule: str | None = None) -> DeadOutcome:
+        """Delete dead keys for good (state and dead letter): the named ``keys``, else
+        every dead key (of ``rule``, if given). Only keys still dead are purged; the
+        named others are listed in ``not_dead``. A purged key touched again starts
+        a fresh burst."""
+        return await self._on_dead(lambda s: s.purge, keys, rule)
+
+    async def _on_dead(self, action: Callable[[Scripts], Action], keys: Sequence[str] | None,
+                       rule: str | None) -> DeadOutcome:
+        redis, scripts = self._connected()
+        if keys is not None:
+            return await act_on_keys(self._config(), action(scripts), keys)
+        return await act_on_all(redis, self._config(), action(scripts), rule)

@@ -1,0 +1,162 @@
+"""A worker node's wiring: one shared context, the parts built from it, started and
+stopped together.
+
+``NodeContext`` holds what every part of a node shares (its scripts, key space,
+metrics, id and rules); ``Handlers`` what runs the handlers (an invoker per rule,
+a thread pool for sync handlers, the webhook client); ``Node`` builds the runner,
+the rules registry watch, one poller, adopter and leadership per shard, the wake
+listener and the lead log, starts their loops and stops them in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from coalescer.common.metrics import Metrics
+from coalescer.config.rules import Config, HttpHandler, Rule
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts
+from coalescer.worker.adopter import Adopter
+from coalescer.worker.invoke import Invoke, invoker_for
+from coalescer.worker.lead_log import LeadLog
+from coalescer.worker.leadership import Leadership
+from coalescer.worker.poller import Poller
+from coalescer.worker.registry import RegistryWatch
+from coalescer.worker.runner import Runner
+from coalescer.worker.summary import RefreshSummary
+from coalescer.worker.wakeups import WakeListener
+
+log = logging.getLogger(__name__)
+
+RECORD_TIMEOUT = 5.0  # seconds for the results of the last refreshes at close
+
+# Starts a named background loop; the caller owns (and at close cancels) its task.
+Spawn = Callable[[str, Coroutine[Any, Any, None]], None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeContext:
+    """What the parts of one node share."""
+
+    scripts: Scripts
+    keyspace: KeySpace
+    metrics: Metrics
+    node_id: str
+    config: Config
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(self.config.rules)
+
+    @property
+    def leader_lease(self) -> float:
+        return self.config.leader_lease
+
+    @property
+    def claim_lease(self) -> float:
+        return self.config.claim_lease
+
+
+class Handlers:
+    """Runs the handlers of a config's rules: sync ones on a thread pool of their own,
+    webhooks through one HTTP client (created only when a rule has one)."""
+
+    def __init__(self, config: Config) -> None:
+        sync_slots = sum(r.concurrency for r in config.rules if callable(r.handler))
+        self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
+                                            thread_name_prefix="coalescer-handler")
+        self._webhooks: Any = None
+        if any(isinstance(r.handler, HttpHandler) for r in config.rules):
+            from coalescer.worker.webhooks import Webhooks
+            self._webhooks = Webhooks()
+        self.invokers: dict[str, Invoke] = {
+            r.name: invoker_for(r, self._executor, self._webhooks) for r in config.rules}
+
+    async def close(self) -> None:
+        if self._webhooks is not None:
+            await self._webhooks.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Node:
+    """A worker node's parts, built from one context, run and stopped together."""
+
+    def __init__(self, ctx: NodeContext, *, invokers: dict[str, Invoke], pubsub: Any) -> None:
+        """``pubsub`` is the client whose connection the wake listener subscribes on."""
+        self.ctx = ctx
+        self.led: set[int] = set()
+        self.lead_log = LeadLog(ctx.node_id, ctx.config.shards, self.led)
+        self.summary = RefreshSummary(ctx.node_id, ctx.metrics, [r.name for r in ctx.rules])
+        self.runner = Runner(ctx, invokers=invokers, on_slot_free=self.slot_freed)
+        self.registry = RegistryWatch(ctx)
+        self.leaderships = [self._shard(ctx, shard) for shard in range(ctx.config.shards)]
+        routes = {ls_.poller_channel: ls_.on_message for ls_ in self.leaderships}
+        self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
+
+    def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
+        keys = ctx.keyspace.shard(shard)
+        poller = Poller(ctx, shard=keys, runner=self.runner)
+        adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
+        return Leadership(ctx, poller=poller, adopter=adopter, registry=self.registry,
+                          lead_log=self.lead_log)
+
+    def start(self, spawn: Spawn) -> None:
+        """Start every loop of the node through ``spawn``."""
+        spawn("wakeups", self.wakeups.run())
+        spawn("outbox", self.runner.outbox_loop())
+        spawn("renew", self.runner.renew_loop())
+        for ls_ in self.leaderships:
+            spawn(f"shard {ls_.shard}", ls_.run())
+        spawn("registry", self.registry.run())
+
+    def leads(self) -> list[int]:
+        """The shards this node leads now."""
+        return sorted(self.led)
+
+    def slot_freed(self) -> None:
+        """The runner freed handler slots: wake the pollers and starved adopters."""
+        for ls_ in self.leaderships:
+            ls_.poller.slots_freed()
+            if ls_.adopter is not None and ls_.adopter.starved:
+                ls_.adopter.poke()
+
+    def poke_all(self) -> None:
+        """Wake the poller of every shard led (the wake channel reconnected)."""
+        for ls_ in self.leaderships:
+            if ls_.leading:
+                ls_.poller.poke()
+
+    def tick(self) -> None:
+        """About once a second: the leadership line and the refresh summary, when due."""
+        self.lead_log.tick()
+        self.summary.tick()
+
+    def stop_claiming(self) -> None:
+        """Stop every shard's claims now; ``release()`` waits for the leases to go."""
+        for ls_ in self.leaderships:
+            ls_.stop()
+
+    async def release(self) -> None:
+        """Wait until every shard released its lease, then log the leadership line."""
+        try:
+            await asyncio.gather(*(ls_.stopped() for ls_ in self.leaderships))
+        finally:
+            self.lead_log.tick(final=True)
+
+    async def finish(self, grace: float) -> None:
+        """Let running refreshes end within ``grace``, record their results (within
+        ``RECORD_TIMEOUT``) and log what the summary has not reported yet."""
+        await self.runner.drain(grace)
+        try:
+            await asyncio.wait_for(self.runner.flush_outbox(), RECORD_TIMEOUT)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("shutdown: record results failed: %r", exc)
+        finally:
+            self.summary.tick(final=True)
