@@ -30,7 +30,7 @@ from cachetools import LRUCache
 from coalescer.claim import Claim, granted
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
@@ -368,22 +368,23 @@ class Runner:
 
     async def outbox_loop(self) -> None:
         """Group-commit acks and failures; survives Redis errors and retries them."""
-        backoff = Backoff()
-        while True:
-            await self._outbox_event.wait()
-            await asyncio.sleep(ACK_GATHER)  # let more results join this commit
-            self._outbox_event.clear()
-            boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
-            try:
-                await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
-                backoff.reset()
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("outbox").inc()
-                backoff.log(log, "outbox: results not recorded yet, will retry: %r", exc)
-                for shard, box in boxes.items():
-                    self._outboxes[shard].merge(box)
-                self._outbox_event.set()
-                await asyncio.sleep(backoff.next())
+        await keep_running("outbox: recording results", self._commit_next, logger=log,
+                           on_error=lambda _: self._metrics.redis_errors.labels(
+                               "outbox").inc())
+
+    async def _commit_next(self) -> None:
+        """Wait for results, then commit them; on an error they wait for the next try."""
+        await self._outbox_event.wait()
+        await asyncio.sleep(ACK_GATHER)  # let more results join this commit
+        self._outbox_event.clear()
+        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        try:
+            await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+        except Exception:
+            for shard, box in boxes.items():
+                self._outboxes[shard].merge(box)
+            self._outbox_event.set()
+            raise
 
     async def _commit(self, shard: int, box: Outbox) -> None:
         keys = self._keyspace.shard(shard)
@@ -424,19 +425,20 @@ class Runner:
 
     async def renew_loop(self) -> None:
         """Every third of the claim lease, renew what this node holds; cancel what it lost."""
-        backoff = Backoff()
-        period = delay = self._claim_lease / 3
-        while True:
-            await asyncio.sleep(delay)
+        period = self._claim_lease / 3
+
+        async def renew() -> None:
             try:
                 await self.renew_once()
-                backoff.reset()
-                delay = period
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("renew").inc()
-                backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
-                delay = min(period, backoff.next())
-            self._stop_unrenewed()
+            finally:
+                self._stop_unrenewed()
+
+        def failed(_: Exception) -> None:
+            self._metrics.redis_errors.labels("renew").inc()
+        await asyncio.sleep(period)
+        await keep_running("renew: renewing claim leases", renew, logger=log,
+                           on_error=failed, rest=lambda: asyncio.sleep(period),
+                           pause=lambda delay: asyncio.sleep(min(period, delay)))
 
     def _stop_unrenewed(self) -> None:
         """Cancel refreshes whose lease may lapse before we can renew it (G4).
