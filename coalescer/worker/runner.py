@@ -21,9 +21,8 @@ import random
 import shlex
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
@@ -33,12 +32,12 @@ from coalescer.common.plural import plural
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
+from coalescer.store.scripts import NO_HISTORY, History, Scripts
+from coalescer.worker.claims import AckItem, ClaimedKey, Failure
 from coalescer.worker.invoke import Invoke
 
 log = logging.getLogger(__name__)
 
-Answer = TypeVar("Answer")  # a claim script's answer: has ``now_ms`` and ``claims``
 
 MAX_ERROR_TEXT = 200
 # The outbox waits this long after its first result before committing, so the results
@@ -174,30 +173,6 @@ class Runner:
     def freed(self, rule: Rule) -> int:
         """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
         return self._freed[rule.name]
-
-    async def claim_into_slots(
-        self, shard: int, rules: Sequence[Rule], most: int,
-        call: Callable[[list[tuple[str, int]]], Awaitable[Answer]],
-    ) -> tuple[Answer, list[int], list[int]]:
-        """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
-        limits, start what it granted and give back the slots left unused.
-
-        Returns the batch, the limit each rule was given and how many keys it took.
-        Reserving before the call keeps pollers of several shards from filling the
-        same free slots.
-        """
-        limits = [self.reserve(r, most) for r in rules]
-        taken = [0] * len(rules)
-        try:
-            sent = time.time() * 1000
-            batch = await call([(r.name, n) for r, n in zip(rules, limits, strict=True)])
-            b: Any = batch
-            offset = b.now_ms - (sent + time.time() * 1000) / 2
-            self.start_all(shard, rules, b.claims, offset, taken)
-        finally:
-            for rule, n, t in zip(rules, limits, taken, strict=True):
-                self.unreserve(rule, n - t)
-        return batch, limits, taken
 
     def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
                   clock_offset_ms: float, taken: list[int]) -> None:
