@@ -19,9 +19,9 @@ from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config, check_file
-from coalescer.errors import ConfigError, shown_key
+from coalescer.errors import ConfigError
 from coalescer.store.embedded import ENV_REDIS_URL
-from coalescer.store.keycheck import key_problem
+from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,10 @@ def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
 def _refuse_unstorable(keys: list[str]) -> bool:
     """Print one line for the keys Redis cannot store (bytes that are not UTF-8 in
     argv, a NUL, over the length limit); True if there are any."""
-    bad = [(key, problem) for key in keys if (problem := key_problem(key)) is not None]
+    bad = unstorable_keys(keys)
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        print(f"coalescer touch: key {shown_key(bad[0][0])} cannot be stored: {bad[0][1]}"
-              f"{more}; nothing was touched", file=sys.stderr)
+        print(f"coalescer touch: {unstorable_message(bad, undone='touched', first='key')}",
+              file=sys.stderr)
     return bool(bad)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from coalescer.common.metrics import Metrics
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import UnknownKeyError, shown_key
@@ -108,22 +108,14 @@ class SourceLoop:
 
     async def run(self) -> None:
         """The loop: survives Redis errors and a lost stream or group; backs off."""
-        backoff = Backoff(base=0.05, cap=5.0)
-        while True:
-            try:
-                await self.step()
-            except Exception as exc:
-                self._own_first = True
-                if _group_gone(exc):
-                    self._group_ready = False
-                backoff.log(log, "source %s: stream %r: %r; will retry", self.source.name,
-                            self.source.stream, exc)
-                await asyncio.sleep(backoff.next())
-                continue
-            if backoff.failing:
-                log.info("source %s: reading stream %r again", self.source.name,
-                         self.source.stream)
-            backoff.reset()
+        await keep_running(f"source {self.source.name}: reading stream {self.source.stream!r}",
+                           self.step, backoff=Backoff(base=0.05, cap=5.0), logger=log,
+                           on_error=self._failed)
+
+    def _failed(self, exc: Exception) -> None:
+        self._own_first = True  # re-read what this consumer was handed before the error
+        if _group_gone(exc):
+            self._group_ready = False
 
     async def step(self) -> int:
         """One read (or claim) and its handling; returns how many entries it handled."""

@@ -31,7 +31,7 @@ from coalescer.web.requests import (
     Refusal,
     check_content_type,
     parse_keys,
-    refuse_invalid,
+    refuse_unstorable,
     unreadable,
 )
 
@@ -242,7 +242,7 @@ class HttpApi:
 
     async def _touch(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))
-        refuse_invalid(keys)
+        refuse_unstorable(keys)
         unknown = self._c.unknown_keys(keys)
         if unknown:
             verb = noun(len(unknown), "matches", "match")

@@ -31,7 +31,7 @@ from coalescer.errors import ClosedError
 from coalescer.query.dead_letters import DeadOutcome
 from coalescer.query.due import DEFAULT_SHOWN, MAX_SHOWN
 from coalescer.query.history import HistoryQuery, Refresh
-from coalescer.web.requests import Refusal, invalid_keys, parse_keys
+from coalescer.web.requests import Refusal, parse_keys, refuse_unstorable
 
 DEFAULT_HISTORY = 200
 MAX_HISTORY = 1000
@@ -149,11 +149,7 @@ class PageRoutes:
 
     async def retry(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))
-        invalid = invalid_keys(keys)
-        if invalid:
-            raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored; "
-                                "nothing was retried",
-                           invalid_keys=invalid[:SHOWN_KEYS])
+        refuse_unstorable(keys, undone="retried", first="none")
         unknown = self._node.unknown_keys(keys)
         if unknown:
             verb = noun(len(unknown), "matches", "match")

@@ -7,12 +7,12 @@ Shared by the API's routes and the status page's endpoints.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
-from coalescer.common.plural import noun, plural
-from coalescer.store.keycheck import key_problem
+from coalescer.common.plural import noun
+from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
 MAX_NUMBER_DIGITS = 100  # a longer JSON number is refused before Python converts it
@@ -101,23 +101,14 @@ def parse_keys(raw: bytes) -> list[str]:
     return [_check_key(i, key) for i, key in enumerate(keys)]
 
 
-def invalid_keys(keys: list[str]) -> list[dict[str, Any]]:
-    """The keys Redis cannot store, each with its index and what is wrong with it."""
-    out = []
-    for index, key in enumerate(keys):
-        problem = key_problem(key)
-        if problem is not None:
-            out.append({"index": index, "key": key, "error": problem})
-    return out
-
-
-def refuse_invalid(keys: list[str]) -> None:
-    invalid = invalid_keys(keys)
-    if invalid:
-        first = invalid[0]
-        raise Refusal(422, f"{plural(len(invalid), 'key')} cannot be stored "
-                           f"(keys[{first['index']}]: {first['error']}); nothing was touched",
-                      invalid_keys=invalid[:SHOWN_KEYS])
+def refuse_unstorable(keys: list[str], *, undone: str = "touched",
+                      first: Literal["index", "none"] = "index") -> None:
+    """Refuse (422) a request naming keys Redis cannot store, listing the first few."""
+    bad = unstorable_keys(keys)
+    if bad:
+        raise Refusal(422, unstorable_message(bad, undone=undone, first=first),
+                      invalid_keys=[{"index": b.index, "key": b.key, "error": b.problem}
+                                    for b in bad[:SHOWN_KEYS]])
 
 
 _CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")

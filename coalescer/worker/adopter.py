@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import AdoptBatch
-from coalescer.worker.poller import MAX_CLAIM, recover_expired
+from coalescer.worker.claims import MAX_CLAIM, AdoptBatch, claim_into_slots, recover_expired
 from coalescer.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -98,8 +97,8 @@ class Adopter:
             return self._scripts.adopt(
                 self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
                 claim_lease_ms=self._claim_lease_ms, limits=limits)
-        batch, limits, taken = await self._runner.claim_into_slots(
-            self._shard.shard, rules, MAX_CLAIM, call)
+        batch, limits, taken = await claim_into_slots(
+            self._runner, self._shard.shard, rules, MAX_CLAIM, call)
         full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
         return batch, full
 

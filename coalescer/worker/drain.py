@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coalescer.claim import Claim
+from coalescer.worker.claims import MAX_CLAIM, RECOVER_BATCH, Taken, claim_into_slots
 from coalescer.worker.invoke import Invoke
-from coalescer.worker.poller import MAX_CLAIM, RECOVER_BATCH
 from coalescer.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -105,20 +105,12 @@ class Drainer:
         return Round(pending, in_flight, taken)
 
     async def _take(self, shard: int) -> int:
-        runner, rules = self._runner, self._config.rules
-        limits = [runner.reserve(r, MAX_CLAIM, queue=False) for r in rules]
-        taken = [0] * len(rules)
-        try:
-            sent = time.time() * 1000
-            now_ms, claimed = await self._scripts.take(
+        async def call(limits: list[tuple[str, int]]) -> Taken:
+            return Taken(*await self._scripts.take(
                 self._keyspace.shard(shard), node_id=self._node_id,
-                claim_lease_ms=round(self._config.claim_lease * 1000),
-                limits=[(r.name, n) for r, n in zip(rules, limits, strict=True)])
-            offset = now_ms - (sent + time.time() * 1000) / 2
-            runner.start_all(shard, rules, claimed, offset, taken)
-        finally:
-            for rule, n, t in zip(rules, limits, taken, strict=True):
-                runner.unreserve(rule, n - t)
+                claim_lease_ms=round(self._config.claim_lease * 1000), limits=limits))
+        _, _, taken = await claim_into_slots(self._runner, shard, self._config.rules,
+                                             MAX_CLAIM, call, queue=False)
         return sum(taken)
 
     async def _left(self, timeout: float) -> str:

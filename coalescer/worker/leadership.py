@@ -20,7 +20,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import Backoff, keep_running
 from coalescer.errors import NotLeaderError
 from coalescer.store.scripts import LeaseState
 from coalescer.worker.adopter import Adopter
@@ -96,24 +96,26 @@ class Leadership:
             self._done.set()
 
     async def _loop(self) -> None:
+        # Quiet: the lead log sums up the failing shards of the node in one line.
         backoff = Backoff()
-        while not self._stopping:
-            try:
-                await self._round()
-                backoff.reset()
-            except NotLeaderError:
-                log.debug("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
-                self._lead_log.lost()
-                self._step_down(forget=True)
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("leadership").inc()
-                self._step_down(forget=False)
-                if not backoff.failing:
-                    self._lead_log.failing(exc)
-                log.debug("shard %d: leadership round failed, will retry: %r",
-                          self._shard.shard, exc)
-                await asyncio.sleep(backoff.next())
+
+        def failed(exc: Exception) -> None:
+            self._metrics.redis_errors.labels("leadership").inc()
+            self._step_down(forget=False)
+            if not backoff.failing:
+                self._lead_log.failing(exc)
+        await keep_running(f"shard {self._shard.shard}: leadership round", self._led_round,
+                           backoff=backoff, logger=log, on_error=failed,
+                           stop=lambda: self._stopping, quiet=True)
         await self.release()
+
+    async def _led_round(self) -> None:
+        try:
+            await self._round()
+        except NotLeaderError:
+            log.debug("shard %d: lost its leader lease; stopped claiming", self._shard.shard)
+            self._lead_log.lost()
+            self._step_down(forget=True)
 
     async def _round(self) -> None:
         if self._yielded:  # just handed this shard back: give the others the first go

@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import ClaimBatch, Scripts
+from coalescer.worker.claims import MAX_CLAIM, ClaimBatch, claim_into_slots, recover_expired
 from coalescer.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -36,23 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
-RECOVER_BATCH = 500
 IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
-
-
-async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Rule],
-                          now_ms: int, next_expiry_ms: int | None) -> bool:
-    """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
-    renewing); True when some were."""
-    if next_expiry_ms is None or next_expiry_ms > now_ms:
-        return False
-    n = await scripts.recover(shard, [r.name for r in rules], RECOVER_BATCH,
-                              [r.retry.attempts for r in rules])
-    if n:
-        log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
-                    shard.shard, n)
-    return n > 0
 
 
 class Poller:
@@ -111,8 +94,8 @@ class Poller:
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits)
-        batch, limits, taken = await self._runner.claim_into_slots(
-            self._shard.shard, self._rules, MAX_CLAIM, call)
+        batch, limits, taken = await claim_into_slots(
+            self._runner, self._shard.shard, self._rules, MAX_CLAIM, call)
         return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
 
     def _claim_again_now(self, batch: ClaimBatch, limited: list[int]) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import Peer
 
@@ -108,20 +108,18 @@ class RegistryWatch:
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, logs once, backs off."""
-        backoff = Backoff(base=1.0, cap=CHECK_INTERVAL)
-        delay = CHECK_INTERVAL
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), delay)
-            self._changed.clear()
-            try:
-                await self.check()
-                backoff.reset()
-                delay = CHECK_INTERVAL
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("registry").inc()
-                backoff.log(log, "rules registry read failed, will retry: %r", exc)
-                delay = backoff.next()
+        await self._wait(CHECK_INTERVAL)
+        await keep_running("rules registry read", self.check,
+                           backoff=Backoff(base=1.0, cap=CHECK_INTERVAL), logger=log,
+                           on_error=lambda _: self._metrics.redis_errors.labels(
+                               "registry").inc(),
+                           pause=self._wait, rest=lambda: self._wait(CHECK_INTERVAL))
+
+    async def _wait(self, delay: float) -> None:
+        """Wait ``delay`` seconds, or less if the count of live nodes changed."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), delay)
+        self._changed.clear()
 
     async def check(self) -> None:
         """Read the registry once; warn about new mismatches, update the gauges."""

@@ -21,17 +21,18 @@ import random
 import shlex
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
 from coalescer.claim import Claim, granted
 from coalescer.common.plural import plural
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
-from coalescer.store.scripts import AckItem, ClaimedKey, Failure, History
+from coalescer.store.scripts import History
+from coalescer.worker.claims import AckItem, ClaimedKey, Failure
 from coalescer.worker.invoke import Invoke
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Answer = TypeVar("Answer")  # a claim script's answer: has ``now_ms`` and ``claims``
 
 MAX_ERROR_TEXT = 200
 # The outbox waits this long after its first result before committing, so the results
@@ -174,30 +174,6 @@ class Runner:
     def freed(self, rule: Rule) -> int:
         """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
         return self._freed[rule.name]
-
-    async def claim_into_slots(
-        self, shard: int, rules: Sequence[Rule], most: int,
-        call: Callable[[list[tuple[str, int]]], Awaitable[Answer]],
-    ) -> tuple[Answer, list[int], list[int]]:
-        """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
-        limits, start what it granted and give back the slots left unused.
-
-        Returns the batch, the limit each rule was given and how many keys it took.
-        Reserving before the call keeps pollers of several shards from filling the
-        same free slots.
-        """
-        limits = [self.reserve(r, most) for r in rules]
-        taken = [0] * len(rules)
-        try:
-            sent = time.time() * 1000
-            batch = await call([(r.name, n) for r, n in zip(rules, limits, strict=True)])
-            b: Any = batch
-            offset = b.now_ms - (sent + time.time() * 1000) / 2
-            self.start_all(shard, rules, b.claims, offset, taken)
-        finally:
-            for rule, n, t in zip(rules, limits, taken, strict=True):
-                self.unreserve(rule, n - t)
-        return batch, limits, taken
 
     def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
                   clock_offset_ms: float, taken: list[int]) -> None:
@@ -369,22 +345,23 @@ class Runner:
 
     async def outbox_loop(self) -> None:
         """Group-commit acks and failures; survives Redis errors and retries them."""
-        backoff = Backoff()
-        while True:
-            await self._outbox_event.wait()
-            await asyncio.sleep(ACK_GATHER)  # let more results join this commit
-            self._outbox_event.clear()
-            boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
-            try:
-                await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
-                backoff.reset()
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("outbox").inc()
-                backoff.log(log, "outbox: results not recorded yet, will retry: %r", exc)
-                for shard, box in boxes.items():
-                    self._outboxes[shard].merge(box)
-                self._outbox_event.set()
-                await asyncio.sleep(backoff.next())
+        await keep_running("outbox: recording results", self._commit_next, logger=log,
+                           on_error=lambda _: self._metrics.redis_errors.labels(
+                               "outbox").inc())
+
+    async def _commit_next(self) -> None:
+        """Wait for results, then commit them; on an error they wait for the next try."""
+        await self._outbox_event.wait()
+        await asyncio.sleep(ACK_GATHER)  # let more results join this commit
+        self._outbox_event.clear()
+        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        try:
+            await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+        except Exception:
+            for shard, box in boxes.items():
+                self._outboxes[shard].merge(box)
+            self._outbox_event.set()
+            raise
 
     async def _commit(self, shard: int, box: Outbox) -> None:
         keys = self._keyspace.shard(shard)
@@ -425,19 +402,20 @@ class Runner:
 
     async def renew_loop(self) -> None:
         """Every third of the claim lease, renew what this node holds; cancel what it lost."""
-        backoff = Backoff()
-        period = delay = self._claim_lease / 3
-        while True:
-            await asyncio.sleep(delay)
+        period = self._claim_lease / 3
+
+        async def renew() -> None:
             try:
                 await self.renew_once()
-                backoff.reset()
-                delay = period
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self._metrics.redis_errors.labels("renew").inc()
-                backoff.log(log, "renew: claim leases not renewed, will retry: %r", exc)
-                delay = min(period, backoff.next())
-            self._stop_unrenewed()
+            finally:
+                self._stop_unrenewed()
+
+        def failed(_: Exception) -> None:
+            self._metrics.redis_errors.labels("renew").inc()
+        await asyncio.sleep(period)
+        await keep_running("renew: renewing claim leases", renew, logger=log,
+                           on_error=failed, rest=lambda: asyncio.sleep(period),
+                           pause=lambda delay: asyncio.sleep(min(period, delay)))
 
     def _stop_unrenewed(self) -> None:
         """Cancel refreshes whose lease may lapse before we can renew it (G4).

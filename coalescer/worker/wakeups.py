@@ -16,7 +16,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from coalescer.common.metrics import Metrics
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import keep_running
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,12 @@ class WakeListener:
         self.subscribed = asyncio.Event()
 
     async def run(self) -> None:
-        backoff = Backoff()
-        while True:
-            try:
-                await self._listen()
-            except Exception as exc:  # Redis down, or a bug: the loop goes on (logged once)
-                self.subscribed.clear()
-                self._metrics.redis_errors.labels("wakeups").inc()
-                backoff.log(log, "wake channel lost, resubscribing: %r", exc)
-                await asyncio.sleep(backoff.next())
-            else:
-                backoff.reset()
+        await keep_running("wake channel subscription", self._listen, logger=log,
+                           on_error=self._lost)
+
+    def _lost(self, exc: Exception) -> None:
+        self.subscribed.clear()
+        self._metrics.redis_errors.labels("wakeups").inc()
 
     async def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

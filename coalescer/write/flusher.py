@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
-from coalescer.common.retrying import Backoff
+from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.errors import shown_key
 from coalescer.store.keys import KeySpace
@@ -70,6 +70,18 @@ def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Rule]:
     return out
 
 
+class Unwritten(Exception):
+    """A write of the background loop failed; its keys stay buffered for the next."""
+
+    def __init__(self, keys: int, cause: BaseException) -> None:
+        super().__init__(keys, cause)
+        self.keys = keys
+        self.cause = cause
+
+    def __repr__(self) -> str:
+        return f"{plural(self.keys, 'key')} not written yet: {self.cause!r}"
+
+
 class Flusher:
     """Group-commits buffered touches; ``flush()`` waits until Redis holds them."""
 
@@ -98,9 +110,13 @@ class Flusher:
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, backs off, loses nothing."""
-        backoff = Backoff()
-        while True:
-            await self._reap(backoff)
+        await keep_running("flusher", self._write_until_one_ends, logger=log,
+                           on_error=lambda _: self._metrics.redis_errors.labels(
+                               "flusher").inc())
+
+    async def _write_until_one_ends(self) -> None:
+        """Start writes of batches as they come, until one of them ends."""
+        while not await self._reap():
             self._event.clear()
             self._absorber.idle = True
             batch = self._absorber.take()
@@ -110,23 +126,23 @@ class Flusher:
             self._absorber.idle = False
             self._running[self._start(batch)] = len(batch)
 
-    async def _reap(self, backoff: Backoff) -> None:
-        """Wait for room for another write; after a failed one, back off first."""
+    async def _reap(self) -> bool:
+        """Wait for room for another write; True if a write ended well, and raises
+        ``Unwritten`` if one failed (its keys are buffered again)."""
         if len(self._running) >= MAX_IN_FLIGHT:
             await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
-        failed: tuple[int, BaseException] | None = None
+        written = False
+        failed: Unwritten | None = None
         for task in [t for t in self._running if t.done()]:
             n = self._running.pop(task)
             exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
             if exc is None:
-                backoff.reset()
+                written = True
             else:
-                failed = (n, exc)
-        if failed is not None:  # Redis down, or a bug: the loop goes on (logged once)
-            self._metrics.redis_errors.labels("flusher").inc()
-            backoff.log(log, "flusher: %s not written yet, will retry: %r",
-                        plural(failed[0], "key"), failed[1])
-            await asyncio.sleep(backoff.next())
+                failed = Unwritten(n, exc)
+        if failed is not None:
+            raise failed
+        return written
 
     def _start(self, batch: Batch) -> asyncio.Task[None]:
         task = asyncio.ensure_future(self._send(batch))

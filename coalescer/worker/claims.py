@@ -1,0 +1,134 @@
+"""The claim protocol: how a due key becomes one exclusive run of its refresh.
+
+A key's life in Redis, per shard and rule (``due:RULE`` and ``inflight:RULE``):
+
+* **due** — pending in ``due:RULE``, scored by its due time (the window after its
+  last touch, capped by the max wait, or a retry's backoff).
+* **claimed** — moved to ``inflight:RULE`` by the ``claim_due`` function of
+  ``store/lua/_lib.lua``, which every claiming script shares: due keys only, lowest
+  first, each with a **fencing token** from the shard's counter (it grows with every
+  claim, so a stale holder can be told apart) and a **claim lease** (its score in
+  the in-flight set), with the claiming node kept in the claim. Three scripts call
+  it: ``claim.lua`` (the shard's leader, checking and renewing its leader lease in
+  the same script, so an ex-leader can never claim), ``adopt.lua`` (during a rolling
+  deploy, the one live node that knows a rule the leader lacks claims its keys) and
+  ``take.lua`` (a drain: claims for its own process, whoever leads the shard).
+* **renewed** — every third of the claim lease the holder extends the leases of
+  what it runs (``renew.lua``, only for the holder of the token); a claim it no
+  longer holds is cancelled here, and a holder cut off from Redis stops its
+  refreshes before the lease can lapse.
+* **acked** or **failed** — the result is recorded by the holder of the token only
+  (``ack.lua``, ``fail.lua``): a success finishes the claim, a failure is retried
+  after its backoff or dead-lettered after the last attempt; a key touched while
+  it ran goes back to due. A result carrying an older token is refused as stale.
+* **recovered** — a claim whose lease expired (its holder died or stopped
+  renewing) goes back to due with its attempt counted (``recover.lua``), checked
+  by the leader, an adopter and a drain whenever a claim call reports an expired
+  lease.
+
+The scripts are registered once, with typed wrappers, as methods of
+``store.scripts.Scripts``: ``claim``, ``adopt``, ``take``, ``renew``, ``ack``,
+``fail`` and ``recover``. Their result types (``ClaimedKey``, ``ClaimBatch``,
+``AdoptBatch``, ``Failure``, ``AckItem``) are built there, where the replies are
+decoded, and are named here for the worker. This module holds the rest of the
+Python side: the per-call limits, ``recover_expired`` and ``claim_into_slots``, the
+one way a claim call's grants enter a process's handler slots (the slot
+bookkeeping itself is the runner's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
+
+from coalescer.config.rules import Rule
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import (
+    AckItem,
+    AdoptBatch,
+    ClaimBatch,
+    ClaimedKey,
+    Failure,
+    Scripts,
+)
+
+__all__ = ["MAX_CLAIM", "RECOVER_BATCH", "AckItem", "AdoptBatch", "ClaimBatch", "ClaimedKey",
+           "Failure", "Taken", "claim_into_slots", "recover_expired"]
+
+log = logging.getLogger(__name__)
+
+MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
+RECOVER_BATCH = 500  # expired claims per rule re-queued by one recover call
+
+
+class Taken(NamedTuple):
+    """What a take call (a drain's claim) returned: the server's clock and the claims."""
+
+    now_ms: int
+    claims: list[ClaimedKey]
+
+
+class Granted(Protocol):
+    """A claim call's answer: the server's clock when it ran, and the claims granted."""
+
+    @property
+    def now_ms(self) -> int: ...
+
+    @property
+    def claims(self) -> Sequence[ClaimedKey]: ...
+
+
+Answer = TypeVar("Answer", bound=Granted)
+
+
+class Slots(Protocol):
+    """The handler slots claims are started in (the runner)."""
+
+    def reserve(self, rule: Rule, most: int, *, queue: bool = True) -> int: ...
+
+    def unreserve(self, rule: Rule, n: int) -> None: ...
+
+    def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
+                  clock_offset_ms: float, taken: list[int]) -> None: ...
+
+
+async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Rule],
+                          now_ms: int, next_expiry_ms: int | None) -> bool:
+    """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
+    renewing); True when some were."""
+    if next_expiry_ms is None or next_expiry_ms > now_ms:
+        return False
+    n = await scripts.recover(shard, [r.name for r in rules], RECOVER_BATCH,
+                              [r.retry.attempts for r in rules])
+    if n:
+        log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
+                    shard.shard, n)
+    return n > 0
+
+
+async def claim_into_slots(
+    slots: Slots, shard: int, rules: Sequence[Rule], most: int,
+    call: Callable[[list[tuple[str, int]]], Awaitable[Answer]], *, queue: bool = True,
+) -> tuple[Answer, list[int], list[int]]:
+    """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
+    limits, start what it granted and give back the slots left unused.
+
+    Returns the answer, the limit each rule was given and how many keys it took.
+    Reserving before the call keeps pollers of several shards from filling the
+    same free slots; ``queue=False`` reserves only slots a claim runs in at once.
+    The server's clock offset (the answer's ``now_ms`` against the middle of the
+    call) goes with each claim.
+    """
+    limits = [slots.reserve(r, most, queue=queue) for r in rules]
+    taken = [0] * len(rules)
+    try:
+        sent = time.time() * 1000
+        answer = await call([(r.name, n) for r, n in zip(rules, limits, strict=True)])
+        offset = answer.now_ms - (sent + time.time() * 1000) / 2
+        slots.start_all(shard, rules, answer.claims, offset, taken)
+    finally:
+        for rule, n, t in zip(rules, limits, taken, strict=True):
+            slots.unreserve(rule, n - t)
+    return answer, limits, taken
