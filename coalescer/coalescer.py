@@ -40,6 +40,7 @@ from coalescer.query.status import gather_status
 from coalescer.sources.streams import BLOCK_MAX, Sources
 from coalescer.store.connection import Connection, bytes_client, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import History, Scripts
 from coalescer.worker.adopter import Adopter
@@ -109,6 +110,8 @@ class Coalescer:
         self._forked_from: int | None = None
         forksafe.track(self)
         self._lead_log = LeadLog(self.node_id, config.shards, self._led)
+        self.hints = CommandHints.of(config.source, redis_url)
+        """The options a printed `coalescer` command needs to reach these rules and server."""
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -195,7 +198,8 @@ class Coalescer:
             self._drain_invokers = self._invokers()
         async with local_runner(scripts=self._scripts, keyspace=self.keyspace,
                                 metrics=self.metrics, invokers=self._drain_invokers,
-                                config=self.config, node_id=self.node_id) as runner:
+                                config=self.config, node_id=self.node_id,
+                                hints=self.hints) as runner:
             return await self._drainer(runner).run(timeout)
 
     def _drainer(self, runner: Runner) -> Drainer:
@@ -359,7 +363,8 @@ class Coalescer:
         self._runner = runner = Runner(
             scripts=scripts, keyspace=self.keyspace, metrics=self.metrics,
             invokers=self._invokers(), claim_lease=cfg.claim_lease,
-            on_slot_free=self._slot_freed, history=History(self.node_id, cfg.history))
+            on_slot_free=self._slot_freed, history=History(self.node_id, cfg.history),
+            hints=self.hints)
         registry = RegistryWatch(shard=self.keyspace.shard(0), scripts=scripts,
                                  node_id=self.node_id, rules=cfg.rules,
                                  leader_lease=cfg.leader_lease, metrics=self.metrics)

@@ -100,7 +100,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards))
+        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards,
+                            hints=c.hints))
     return 0
 
 
@@ -164,7 +165,7 @@ async def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN_KEY
     async with c:
         info = await c.explain(args.key)
-    print(json.dumps(info, indent=2) if args.json else format_explain(info))
+    print(json.dumps(info, indent=2) if args.json else format_explain(info, hints=c.hints))
     return 0
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from coalescer.claim import Claim
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import History, Scripts
 from coalescer.worker.invoke import Invoke
@@ -144,7 +145,7 @@ def _listed(keys: Sequence[Any]) -> str:
 @contextlib.asynccontextmanager
 async def local_runner(*, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
                        invokers: dict[str, Invoke], config: Config,
-                       node_id: str) -> AsyncIterator[Runner]:
+                       node_id: str, hints: CommandHints | None = None) -> AsyncIterator[Runner]:
     """A runner for a coalescer that is not a worker, living as long as one drain.
 
     Its outbox and lease renewal run meanwhile; claims still running when it ends
@@ -152,7 +153,8 @@ async def local_runner(*, scripts: Scripts, keyspace: KeySpace, metrics: Metrics
     """
     runner = Runner(scripts=scripts, keyspace=keyspace, metrics=metrics, invokers=invokers,
                     claim_lease=config.claim_lease, on_slot_free=lambda: None,
-                    history=History(node_id, config.history))
+                    history=History(node_id, config.history),
+                    hints=hints or CommandHints())
     tasks = [asyncio.create_task(runner.outbox_loop(), name="drain outbox"),
              asyncio.create_task(runner.renew_loop(), name="drain renew")]
     try:

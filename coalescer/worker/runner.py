@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import shlex
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +30,7 @@ from coalescer.claim import Claim, granted
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import Backoff
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
 from coalescer.worker.invoke import Invoke
@@ -44,6 +44,7 @@ MAX_ERROR_TEXT = 200
 # of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
 # commit per batch of 16 cost as many round trips as the claims themselves).
 ACK_GATHER = 0.002
+PLAIN = CommandHints()  # hints with no options
 TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
 MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
 
@@ -116,9 +117,12 @@ class Runner:
 
     def __init__(self, *, scripts: Scripts, keyspace: KeySpace, metrics: Metrics,
                  invokers: dict[str, Invoke], claim_lease: float,
-                 on_slot_free: Callable[[], None], history: History = NO_HISTORY) -> None:
-        """``on_slot_free`` is called soon after slots are freed (once for several)."""
+                 on_slot_free: Callable[[], None], history: History = NO_HISTORY,
+                 hints: CommandHints = PLAIN) -> None:
+        """``on_slot_free`` is called soon after slots are freed (once for several);
+        ``hints`` make the commands the log suggests reach this node's rules and server."""
         self._scripts = scripts
+        self._hints = hints
         self._history = history
         self._keyspace = keyspace
         self._metrics = metrics
@@ -325,8 +329,9 @@ class Runner:
             self._traced.pop(key, None)
             job, failure = jobs[key]
             attempts = min(job.claim.attempt, job.rule.retry.attempts)
-            log.error("%s dead-lettered after %s: %s; re-queue with `coalescer dead retry %s`",
-                      key, plural(attempts, "attempt"), failure.error, shlex.quote(key))
+            log.error("%s dead-lettered after %s: %s; re-queue with %s%s",
+                      key, plural(attempts, "attempt"), failure.error,
+                      self._hints.command("dead retry", key), self._hints.note)
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
