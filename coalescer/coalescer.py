@@ -37,8 +37,8 @@ from coalescer.query.due import DEFAULT_SHOWN, next_due
 from coalescer.query.explain import gather_explain
 from coalescer.query.history import HistoryQuery, Refresh, read_history
 from coalescer.query.status import gather_status
-from coalescer.sources.streams import BLOCK_MAX, Sources
-from coalescer.store.connection import Connection, bytes_client, connect
+from coalescer.sources.base import NodeContext, Source, start_sources, stop_sources
+from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
@@ -96,7 +96,7 @@ class Coalescer:
         self._leaderships: list[Leadership] = []
         self._runner: Runner | None = None
         self._flusher: Flusher | None = None
-        self._sources: Sources | None = None
+        self._sources: list[Source] = []
         self._executor: ThreadPoolExecutor | None = None
         self._drain_invokers: dict[str, Invoke] | None = None
         self._state = "new"
@@ -392,12 +392,9 @@ class Coalescer:
             self._start_sources(self._conn)
 
     def _start_sources(self, conn: Connection) -> None:
-        client = bytes_client(conn, connections=len(self.config.sources) + 1,
-                              read_timeout=BLOCK_MAX + 5.0)
-        self._sources = Sources(self.config, client, node_id=self.node_id,
-                                touch_many=self.touch_many, flush=self.flush,
-                                metrics=self.metrics)
-        self._sources.start()
+        self._sources = start_sources(NodeContext(
+            config=self.config, conn=conn, node_id=self.node_id, touch_many=self.touch_many,
+            flush=self.flush, metrics=self.metrics))
 
     def _slot_freed(self) -> None:
         for ls_ in self._leaderships:
@@ -462,8 +459,8 @@ class Coalescer:
         log.info("coalescer %s closed", self.node_id)
 
     async def _stop_sources(self) -> None:
-        if self._sources is not None:
-            await self._sources.stop()
+        sources, self._sources = self._sources, []
+        await stop_sources(sources)
 
     async def _final_flush(self) -> None:
         assert self._flusher is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 
@@ -46,10 +47,34 @@ class KeyRefusedError(CoalescerError, KeyError):
 
 
 class UnknownKeyError(KeyRefusedError):
-    """A touched key that matches no rule."""
+    """A touched key that matches no rule.
+
+    ``rules_file`` is the rules file the key was looked up in (None for rules not read
+    from a file). ``near`` has one ``(text, name)`` per rule: the text the key is
+    compared with to find the closest rule, and how the message names that rule.
+    """
+
+    def __init__(self, key: str, *, rules_file: str | None = None,
+                 near: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(key)
+        self.rules_file = rules_file
+        self.near = near
+
+    def closest(self) -> str | None:
+        """How the rule most like the key is named; None when none is much alike."""
+        scored = [(difflib.SequenceMatcher(None, self.key, text).ratio(), name)
+                  for text, name in self.near]
+        ratio, name = max(scored, key=lambda pair: pair[0], default=(0.0, None))
+        return name if ratio >= CLOSE_ENOUGH else None
 
     def __str__(self) -> str:
-        return f"no rule matches key {self.key!r}"
+        where = f" in {self.rules_file}" if self.rules_file else ""
+        closest = self.closest()
+        hint = f" (closest: {closest})" if closest else ""
+        return f"no rule{where} matches key {self.key!r}{hint}"
+
+
+CLOSE_ENOUGH = 0.6  # how alike (0 to 1, difflib's ratio) a rule must be to be suggested
 
 
 class InvalidKeyError(KeyRefusedError):

@@ -12,7 +12,7 @@ from coalescer.testing import Factory, assert_refreshed, refreshed_keys
 
 pytest_plugins = ["pytester"]
 
-# The README's sample test, word for word.
+# The sample test of docs/testing.md, word for word (tests/test_docs.py checks that it is there).
 SAMPLE_TEST = '''\
 import pytest
 

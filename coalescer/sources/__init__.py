@@ -1,6 +1,24 @@
-"""Sources of touches besides ``touch()``: the ``Source`` interface, and the Redis
-Streams source behind it.
+"""Sources of touches besides ``touch()``: the ``Source`` interface and the registry of
+source types (``base``), and the Redis Streams source behind it (``streams``, type
+``stream``).
+
+Adding a source type means three things:
+
+1. implement ``base.Source`` (start, stop) in a module under ``coalescer/sources/``,
+   with a function that opens it for a node's sources of the type and one that reads
+   what ``coalescer status`` shows of one of them;
+2. register it by its ``type:`` name: ``base.register(SourceType(name=..., open=...,
+   status=...))`` when the module is imported, and import the module below;
+3. add its config fields: a ``SourceConfig`` subclass and its reader in
+   ``coalescer/config/sources.py``, registered in ``SOURCE_TYPES`` there by the same
+   name (the rules file refuses a ``type:`` it does not know).
 
 May import ``coalescer.write``, ``coalescer.store``, ``coalescer.config`` and
 ``coalescer.common``.
 """
+
+from __future__ import annotations
+
+from coalescer.sources import streams  # registers the "stream" type
+
+__all__ = ["streams"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -30,8 +30,10 @@ from redis.exceptions import ResponseError
 from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import Backoff
 from coalescer.config.rules import Config
-from coalescer.config.sources import Source
+from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import UnknownKeyError, shown_key
+from coalescer.sources.base import Flush, NodeContext, Source, SourceType, TouchMany, register
+from coalescer.store.connection import bytes_client
 from coalescer.store.keycheck import key_problem
 from coalescer.store.keys import sources_rejected
 
@@ -42,8 +44,6 @@ BLOCK_MAX = 10.0  # seconds a read blocks at most when the stream is idle
 REJECTS_LOGGED = 20  # rejected entries logged one by one per batch; the rest summed up
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  # id, fields (None: no longer in the stream)
-TouchMany = Callable[[list[str]], None]
-Flush = Callable[[], Awaitable[None]]
 
 
 def block_seconds(claim_lease: float) -> float:
@@ -86,7 +86,7 @@ def _group_gone(exc: BaseException) -> bool:
 class SourceLoop:
     """Reads one source's stream and turns its entries into touches."""
 
-    def __init__(self, source: Source, client: Any, *, config: Config, node_id: str,
+    def __init__(self, source: StreamSource, client: Any, *, config: Config, node_id: str,
                  touch_many: TouchMany, flush: Flush, metrics: Metrics) -> None:
         self.source = source
         self._client = client
@@ -237,17 +237,19 @@ class SourceLoop:
                         rejected[-1][0].decode())
 
 
-class Sources:
-    """Every source's loop on one worker node, on a bytes client of their own."""
+class Sources(Source):
+    """Every stream source's loop on one worker node, on a bytes client of their own."""
 
     def __init__(self, config: Config, client: Any, *, node_id: str, touch_many: TouchMany,
-                 flush: Flush, metrics: Metrics) -> None:
+                 flush: Flush, metrics: Metrics,
+                 sources: Sequence[StreamSource] | None = None) -> None:
         client.set_response_callback("XREADGROUP", _raw)
         client.set_response_callback("XAUTOCLAIM", _raw)
         self._client = client
+        streams = _streams(config.sources) if sources is None else sources
         self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
                                  touch_many=touch_many, flush=flush, metrics=metrics)
-                      for source in config.sources]
+                      for source in streams]
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -261,3 +263,46 @@ class Sources:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self._client.aclose()
+
+
+def _streams(sources: Sequence[SourceConfig]) -> list[StreamSource]:
+    return [source for source in sources if isinstance(source, StreamSource)]
+
+
+def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sources:
+    """The loops of the stream ``sources`` on a bytes client of their own, one
+    connection each (a read blocks) and one to acknowledge with."""
+    streams = _streams(sources)
+    client = bytes_client(context.conn, connections=len(streams) + 1,
+                          read_timeout=BLOCK_MAX + 5.0)
+    return Sources(context.config, client, node_id=context.node_id,
+                   touch_many=context.touch_many, flush=context.flush,
+                   metrics=context.metrics, sources=streams)
+
+
+async def stream_status(redis: Any, source: SourceConfig) -> dict[str, Any]:
+    """The stream and group of ``source``, and its group's lag and pending entries
+    (None when the server cannot tell, or the stream or the group is missing)."""
+    assert isinstance(source, StreamSource)
+    found = await _group_info(redis, source)
+    return {"stream": source.stream, "group": source.group,
+            "lag": _int(found.get("lag")), "pending": _int(found.get("pending"))}
+
+
+async def _group_info(redis: Any, source: StreamSource) -> dict[str, Any]:
+    """The group's XINFO GROUPS entry; empty when the stream or the group is missing."""
+    try:
+        groups = await redis.xinfo_groups(source.stream)
+    except ResponseError:  # no such key, or it is not a stream
+        return {}
+    for group in groups:
+        if group.get("name") == source.group:
+            return dict(group)
+    return {}
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+register(SourceType(name=StreamSource.type, open=open_streams, status=stream_status))

@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from coalescer.claim import Claim
+from coalescer.config.rules import Rule
 
 Invoke = Callable[[Claim], Awaitable[None]]
 
@@ -38,7 +39,7 @@ def python_invoker(fn: Callable[..., object], executor: Executor) -> Invoke:
     return call_sync
 
 
-def invoker_for(rule: Any, executor: Executor, webhooks: WebhookCaller | None) -> Invoke:
+def invoker_for(rule: Rule, executor: Executor, webhooks: WebhookCaller | None) -> Invoke:
     """The invoker of ``rule``'s handler: a Python callable or an HTTP webhook."""
     handler = rule.handler
     if callable(handler):

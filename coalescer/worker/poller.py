@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
+from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
 from coalescer.store.scripts import ClaimBatch, Scripts
 from coalescer.worker.runner import Runner
@@ -37,7 +37,7 @@ RECOVER_BATCH = 500
 IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
 
 
-async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Any],
+async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Rule],
                           now_ms: int, next_expiry_ms: int | None) -> bool:
     """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
     renewing); True when some were."""
@@ -55,7 +55,7 @@ class Poller:
     """Claims due keys of one shard while this node leads it."""
 
     def __init__(self, *, shard: ShardKeys, scripts: Scripts, runner: Runner,
-                 rules: Sequence[Any], node_id: str, leader_lease: float, claim_lease: float,
+                 rules: Sequence[Rule], node_id: str, leader_lease: float, claim_lease: float,
                  wake: asyncio.Event) -> None:
         self._shard = shard
         self._scripts = scripts

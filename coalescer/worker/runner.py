@@ -30,6 +30,7 @@ from coalescer.claim import Claim, granted
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import Backoff
+from coalescer.config.rules import Rule
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import NO_HISTORY, AckItem, ClaimedKey, Failure, History, Scripts
@@ -54,7 +55,7 @@ class Job:
     """One held claim on this node."""
 
     shard: int
-    rule: Any
+    rule: Rule
     claim: Claim
     renewed: float  # when the lease last began (monotonic clock)
     clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
@@ -147,14 +148,14 @@ class Runner:
     # -- claims in -----------------------------------------------------------------
 
     @staticmethod
-    def capacity(rule: Any) -> int:
+    def capacity(rule: Rule) -> int:
         """How many claims of ``rule`` a node holds at most: running ones and queued ones."""
         return int(rule.concurrency) + min(int(rule.concurrency), MAX_QUEUED)
 
-    def free_slots(self, rule: Any) -> int:
+    def free_slots(self, rule: Rule) -> int:
         return max(0, self.capacity(rule) - self._active[rule.name])
 
-    def reserve(self, rule: Any, most: int, *, queue: bool = True) -> int:
+    def reserve(self, rule: Rule, most: int, *, queue: bool = True) -> int:
         """Take up to ``most`` free slots of ``rule`` for a claim call; returns how many.
 
         Each claimed key then ``start``s in one of them; ``unreserve`` gives back the
@@ -168,18 +169,18 @@ class Runner:
         self._active[rule.name] += n
         return n
 
-    def unreserve(self, rule: Any, n: int) -> None:
+    def unreserve(self, rule: Rule, n: int) -> None:
         """Give back ``n`` reserved slots that no claimed key took."""
         if n > 0:
             self._active[rule.name] -= n
             self._slots_freed(rule.name)
 
-    def freed(self, rule: Any) -> int:
+    def freed(self, rule: Rule) -> int:
         """How many slots of ``rule`` were ever freed: compare two readings to see if any was."""
         return self._freed[rule.name]
 
     async def claim_into_slots(
-        self, shard: int, rules: Sequence[Any], most: int,
+        self, shard: int, rules: Sequence[Rule], most: int,
         call: Callable[[list[tuple[str, int]]], Awaitable[Answer]],
     ) -> tuple[Answer, list[int], list[int]]:
         """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
@@ -202,7 +203,7 @@ class Runner:
                 self.unreserve(rule, n - t)
         return batch, limits, taken
 
-    def start_all(self, shard: int, rules: Sequence[Any], claims: Sequence[ClaimedKey],
+    def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
                   clock_offset_ms: float, taken: list[int]) -> None:
         """Start the handlers of one claim call's fresh claims, each in a slot ``reserve``
         took; ``taken[i]`` counts the claims of ``rules[i]`` started."""
@@ -213,7 +214,7 @@ class Runner:
             self.start(shard, rules[index], group, clock_offset_ms)
             taken[index] += len(group)
 
-    def start(self, shard: int, rule: Any, claims: Sequence[ClaimedKey],
+    def start(self, shard: int, rule: Rule, claims: Sequence[ClaimedKey],
               clock_offset_ms: float) -> None:
         """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took;
         those past the rule's ``concurrency`` wait in process for a running one to end."""
@@ -237,7 +238,7 @@ class Runner:
             job.queued = True
         self._queued[name].extend(fresh[now:])
 
-    def _launch(self, rule: Any, jobs: list[Job]) -> None:
+    def _launch(self, rule: Rule, jobs: list[Job]) -> None:
         """Run ``jobs`` (of ``rule``) now, as one batch with one timeout timer."""
         if not jobs:
             return
@@ -402,7 +403,7 @@ class Runner:
             self._forget(box.acks)
             box.acks = []
         if box.fails:
-            fails: dict[Any, list[Failure]] = defaultdict(list)
+            fails: dict[Rule, list[Failure]] = defaultdict(list)
             for job, failure in box.fails:
                 fails[job.rule].append(failure)
             groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]

@@ -26,16 +26,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from coalescer.config.rules import Rule
 from coalescer.errors import BackpressureError
 from coalescer.store.keycheck import check_key
 from coalescer.write.recent_writes import RecentWrites
 
-Matcher = Callable[[str], Any]  # key -> its Rule; raises UnknownKeyError
+Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError
 
 
-class Batch(dict[str, Any]):
+class Batch(dict[str, Rule]):
     """Keys taken for one write (key -> rule); ``since`` is when the oldest was touched,
     ``taken_at`` when the batch was taken, both on the ``time.monotonic()`` clock."""
 
@@ -49,7 +49,7 @@ class Absorber:
     def __init__(self, match: Matcher, *, max_keys: int) -> None:
         self._match = match
         self._max_keys = max_keys
-        self._pending: dict[str, Any] = {}
+        self._pending: dict[str, Rule] = {}
         self._taken = 0  # keys taken for a write that has not yet succeeded or failed
         self._pending_since: float | None = None  # oldest touch in ``pending``, about
         self._taken_since: Counter[float] = Counter()  # a batch's stamp -> keys unfinished
@@ -114,7 +114,7 @@ class Absorber:
             self.idle = False
             self._wake()
 
-    def _rule(self, key: str) -> Any:
+    def _rule(self, key: str) -> Rule:
         check_key(key)
         return self._match(key)
 
@@ -141,13 +141,13 @@ class Absorber:
         its keys are no longer held for being in flight. Idempotent."""
         self._writing = [b for b in self._writing if b is not batch]
 
-    def _split_ready(self, ready: Batch) -> tuple[dict[str, Any], float | None]:
+    def _split_ready(self, ready: Batch) -> tuple[dict[str, Rule], float | None]:
         """Move the keys that are not held into ``ready``; the held keys and their stamp."""
         holds = self._holds(self._pending)
         if not holds:
             ready.update(self._pending)
             return {}, None
-        held: dict[str, Any] = {}
+        held: dict[str, Rule] = {}
         for key, rule in self._pending.items():
             if key in holds:
                 held[key] = rule
@@ -158,7 +158,7 @@ class Absorber:
             since = max(since, self._pending_since)
         return held, since
 
-    def _holds(self, keys: Mapping[str, Any]) -> dict[str, float]:
+    def _holds(self, keys: Mapping[str, Rule]) -> dict[str, float]:
         """The keys of ``keys`` to hold, each with the earliest its touch can have been.
 
         A key being written was touched after its batch was taken; a key written
@@ -172,7 +172,7 @@ class Absorber:
                 holds[key] = expiry - keys[key].absorb
         return holds
 
-    def _finish(self, batch: Mapping[str, Any], since: float | None) -> None:
+    def _finish(self, batch: Mapping[str, Rule], since: float | None) -> None:
         """Account for keys of a taken batch that are no longer being written (the
         batch itself, as taken, is then finished)."""
         self._taken -= len(batch)
@@ -187,7 +187,7 @@ class Absorber:
         else:
             del self._taken_since[stamp]
 
-    def written(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+    def written(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
         """Remember keys as written: they are recent for their absorb interval.
 
         ``since`` is the stamp of the batch they were taken in (default ``batch.since``).
@@ -198,7 +198,7 @@ class Absorber:
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         self._recent.add(batch)
 
-    def give_back(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+    def give_back(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
         """Return unwritten keys to the buffer; nothing accepted is lost."""
         with self._lock:
             self._finish(batch, since)
@@ -209,7 +209,7 @@ class Absorber:
                 old = self._pending_since
                 self._pending_since = stamp if old is None else min(old, stamp)
 
-    def discard(self, batch: Mapping[str, Any], since: float | None = None) -> None:
+    def discard(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
         """Forget keys that can never be written (the flusher dropped them)."""
         with self._lock:
             self._finish(batch, since)

@@ -19,11 +19,11 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import Backoff
+from coalescer.config.rules import Rule
 from coalescer.errors import shown_key
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts, UpsertGroup
@@ -61,9 +61,9 @@ def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[
     return first, second
 
 
-def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Any]:
+def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Rule]:
     """The groups' keys with their rules (a group's keys share one rule)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Rule] = {}
     for g in groups:
         if g.keys:
             out.update(dict.fromkeys(g.keys, batch[g.keys[0]]))
@@ -221,8 +221,8 @@ class Flusher:
         m.flush_keys.observe(n)
         m.buffered.set(len(a))
 
-    def _groups(self, batch: dict[str, Any]) -> list[tuple[int, list[UpsertGroup]]]:
-        rules: dict[str, Any] = {}
+    def _groups(self, batch: dict[str, Rule]) -> list[tuple[int, list[UpsertGroup]]]:
+        rules: dict[str, Rule] = {}
         by_shard = self._by_shard(batch, rules)
         out = []
         for shard, keys_by_rule in by_shard.items():
@@ -230,8 +230,8 @@ class Flusher:
                 out.append((shard, chunk))
         return out
 
-    def _by_shard(self, batch: dict[str, Any],
-                  rules: dict[str, Any]) -> dict[int, dict[str, list[str]]]:
+    def _by_shard(self, batch: dict[str, Rule],
+                  rules: dict[str, Rule]) -> dict[int, dict[str, list[str]]]:
         """The batch's keys by shard, then by rule name; fills ``rules`` (name -> rule)."""
         if self._keyspace.shards == 1 and len(set(map(id, batch.values()))) == 1:
             rule = next(iter(batch.values()))  # one shard, one rule: no per-key step
@@ -246,7 +246,7 @@ class Flusher:
         return by_shard
 
     @staticmethod
-    def _split(rules: dict[str, Any],
+    def _split(rules: dict[str, Rule],
                keys_by_rule: dict[str, list[str]]) -> Iterable[list[UpsertGroup]]:
         """One shard's keys as calls of at most MAX_KEYS_PER_CALL keys each."""
         call: list[UpsertGroup] = []

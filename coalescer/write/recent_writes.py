@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from cachetools import TTLCache
+
+from coalescer.config.rules import Rule
 
 SLICES = 8  # slices per absorb interval: a key is recent for at least 7/8 of it
 
@@ -28,9 +29,9 @@ class RecentWrites:
     def __init__(self, *, max_keys: int) -> None:
         self._max_keys = max_keys
         # absorb interval -> slice number -> (expiry, keys written in that slice)
-        self._caches: dict[float, TTLCache[int, tuple[float, dict[str, Any]]]] = {}
+        self._caches: dict[float, TTLCache[int, tuple[float, dict[str, Rule]]]] = {}
 
-    def add(self, batch: Mapping[str, Any]) -> None:
+    def add(self, batch: Mapping[str, Rule]) -> None:
         """Remember ``batch``'s keys (key -> rule) as written now."""
         if not batch:
             return
@@ -43,7 +44,7 @@ class RecentWrites:
         for absorb in intervals:
             self._add(absorb, {k: r for k, r in batch.items() if r.absorb == absorb})
 
-    def _add(self, absorb: float, keys: Mapping[str, Any]) -> None:
+    def _add(self, absorb: float, keys: Mapping[str, Rule]) -> None:
         cache = self._caches.get(absorb)
         if cache is None:
             cache = self._caches[absorb] = TTLCache(maxsize=SLICES + 2, ttl=absorb)
@@ -63,16 +64,16 @@ class RecentWrites:
             oldest = min(self._caches.values(), key=_first_expiry)
             oldest.popitem()
 
-    def _live(self) -> list[tuple[float, dict[str, Any]]]:
+    def _live(self) -> list[tuple[float, dict[str, Rule]]]:
         """The live slices, latest expiry first."""
-        live: list[tuple[float, dict[str, Any]]] = []
+        live: list[tuple[float, dict[str, Rule]]] = []
         for cache in self._caches.values():
             cache.expire()
             live.extend(cache.values())
         live.sort(key=_expiry, reverse=True)
         return live
 
-    def expiries(self, keys: Mapping[str, Any]) -> dict[str, float]:
+    def expiries(self, keys: Mapping[str, Rule]) -> dict[str, float]:
         """When each of ``keys`` that is recent stops being so (the others are left out)."""
         out: dict[str, float] = {}
         for expiry, written in self._live():
@@ -84,9 +85,9 @@ class RecentWrites:
         return sum(len(k) for _, k in self._live())
 
 
-def _expiry(entry: tuple[float, dict[str, Any]]) -> float:
+def _expiry(entry: tuple[float, dict[str, Rule]]) -> float:
     return entry[0]
 
 
-def _first_expiry(cache: TTLCache[int, tuple[float, dict[str, Any]]]) -> float:
+def _first_expiry(cache: TTLCache[int, tuple[float, dict[str, Rule]]]) -> float:
     return min((e for e, _ in cache.values()), default=math.inf)

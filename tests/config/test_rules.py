@@ -255,6 +255,32 @@ def test_unknown_key_is_refused_with_its_name(tmp_path: Path) -> None:
     assert info.value.key == "stats:org:1"
 
 
+def test_unknown_key_names_the_rules_file_and_the_closest_rule(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+        rules:
+          - {name: orders, match: "orders:{id}", handler: "json:dumps"}
+          - {name: user-stats, match: "stats:user:{user_id}", handler: "json:dumps"}
+        """)
+    config = Config.from_yaml(path)
+    with pytest.raises(UnknownKeyError) as info:
+        config.rule_for("stat:user:1")
+    assert isinstance(info.value, KeyError)
+    assert str(info.value) == (f"no rule in {path} matches key 'stat:user:1' "
+                               "(closest: 'stats:user:{user_id}' of rule user-stats)")
+    with pytest.raises(UnknownKeyError) as info:
+        config.match("zzzzzzzzzzzzzzzzzzzz")  # like no rule: none is suggested
+    assert str(info.value) == f"no rule in {path} matches key 'zzzzzzzzzzzzzzzzzzzz'"
+
+
+def test_unknown_key_of_rules_not_from_a_file_names_no_file() -> None:
+    config = Config.from_string(
+        'rules:\n  - {name: orders, match: "orders:{id}", handler: "json:dumps"}\n')
+    with pytest.raises(UnknownKeyError) as info:
+        config.rule_for("order:1")
+    assert str(info.value) == ("no rule matches key 'order:1' "
+                               "(closest: 'orders:{id}' of rule orders)")
+
+
 def test_rule_by_name(tmp_path: Path) -> None:
     config = Config.from_yaml(write(tmp_path, MATCHING))
     assert config.rule("pair").pattern.names == ("a", "b")
@@ -385,6 +411,7 @@ def test_missing_file(tmp_path: Path) -> None:
         Config.from_yaml(path)
     assert info.value.file == str(path)
     assert "not found" in info.value.message
+    assert "--rules PATH" in info.value.message
     assert str(path) in str(info.value)
 
 

@@ -98,7 +98,7 @@ def test_a_key_that_could_never_be_touched_is_refused_at_the_call(
         c: SyncCoalescer, redis_url: str) -> None:
     with transaction.atomic():
         place(c, 1)
-        with pytest.raises(UnknownKeyError, match="no rule matches key 'orders:1'"):
+        with pytest.raises(UnknownKeyError, match=r"no rule in .* matches key 'orders:1'"):
             touch_on_commit("stats:user:2", "orders:1", coalescer=c)
         with pytest.raises(InvalidKeyError):
             touch_on_commit("stats:user:\ud800", coalescer=c)

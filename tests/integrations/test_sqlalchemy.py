@@ -146,7 +146,7 @@ async def test_a_key_that_could_never_be_touched_is_refused_at_the_call(
         engine: Engine, c: Coalescer) -> None:
     with Session(engine) as session:
         place(session, c, 1)
-        with pytest.raises(UnknownKeyError, match="no rule matches key 'orders:1'"):
+        with pytest.raises(UnknownKeyError, match=r"no rule in .* matches key 'orders:1'"):
             touch_after_commit(session, c, "stats:user:2", "orders:1")
         with pytest.raises(InvalidKeyError):
             touch_after_commit(session, c, "stats:user:\0")

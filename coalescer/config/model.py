@@ -1,0 +1,101 @@
+"""One rule of a rules file, resolved: its pattern, settings, retry policy and handler
+(a Python callable, or an ``http:`` webhook). ``coalescer.config.rules`` holds the whole
+file's ``Config``; ``coalescer.config.schema`` builds both from the YAML."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from coalescer.common.redact import redact
+from coalescer.config.durations import format_duration
+from coalescer.config.handler_import import HandlerImport
+from coalescer.config.patterns import KeyPattern
+
+URL_FIELD_RE = re.compile(r"\{([^{}]*)\}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a failing refresh is tried again (G6)."""
+
+    attempts: int
+    backoff: float
+    max_backoff: float
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based), jittered to 50-100%."""
+        exponent = min(max(attempt, 1) - 1, 1023)
+        base = min(self.max_backoff, self.backoff * 2.0**exponent)
+        jitter = rng.uniform(0.5, 1.0) if rng is not None else random.uniform(0.5, 1.0)
+        return base * jitter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HttpHandler:
+    """The ``http:`` handler form: a webhook called with the claim as its JSON body."""
+
+    url: str
+    method: str = "POST"
+    timeout: float | None = None
+    secret_env: str | None = None
+
+    def url_for(self, params: Mapping[str, str]) -> str:
+        """The url with every ``{name}`` replaced by the URL-quoted captured segment."""
+        return URL_FIELD_RE.sub(lambda m: quote(params[m.group(1)], safe=""), self.url)
+
+    def __str__(self) -> str:
+        return f"{self.method} {redact(self.url)}"
+
+
+Handler = Callable[..., object] | HttpHandler | HandlerImport
+"""A rule's handler: a Python callable, a webhook, or a Python handler not imported yet
+(a process that only writes touches never imports handler modules)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """One resolved rule: every setting filled in from the rule, ``defaults`` or built-ins."""
+
+    name: str
+    pattern: KeyPattern
+    window: float
+    max_wait: float
+    absorb: float
+    timeout: float
+    concurrency: int
+    retry: RetryPolicy
+    handler: Handler
+    handler_ref: str
+    line: int
+
+    def params(self, key: str) -> dict[str, str] | None:
+        """The captured segments when ``key`` matches this rule, else None."""
+        return self.pattern.match(key)
+
+    def describe(self) -> str:
+        """A few lines with every resolved setting."""
+        retry = self.retry
+        lines = [
+            f"{self.name}  (line {self.line})",
+            f"  match:    {self.pattern.source}",
+            f"  handler:  {self.handler_ref}",
+            f"  window: {format_duration(self.window)}  "
+            f"max_wait: {format_duration(self.max_wait)}  "
+            f"absorb: {format_duration(self.absorb)}  "
+            f"timeout: {format_duration(self.timeout)}  concurrency: {self.concurrency}",
+            f"  retry: attempts {retry.attempts}, backoff {format_duration(retry.backoff)}, "
+            f"max_backoff {format_duration(retry.max_backoff)}",
+        ]
+        if isinstance(self.handler, HttpHandler):
+            lines.append("  http: " + _describe_http(self.handler, self.timeout))
+        return "\n".join(lines)
+
+
+def _describe_http(handler: HttpHandler, rule_timeout: float) -> str:
+    timeout = handler.timeout if handler.timeout is not None else rule_timeout
+    signed = f"signed with ${handler.secret_env}" if handler.secret_env else "unsigned"
+    return f"request timeout {format_duration(timeout)}, {signed}"

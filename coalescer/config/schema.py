@@ -1,0 +1,339 @@
+"""The rules schema: builds a rules file's settings, rules and sources from its YAML
+nodes, every error with the file, line and field at fault (``coalescer.config.rules``
+turns the result into a ``Config``)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from coalescer.common.redact import redact
+from coalescer.config.durations import format_duration
+from coalescer.config.handler_import import HandlerImport, resolve, split_ref
+from coalescer.config.lint import RuleMatch, RuleSecret
+from coalescer.config.model import URL_FIELD_RE, Handler, HttpHandler, RetryPolicy, Rule
+from coalescer.config.patterns import KeyPattern
+from coalescer.config.sources import SourceConfig, load_sources
+from coalescer.config.yaml_reader import (
+    Abandon,
+    Entries,
+    YamlReader,
+    join,
+    kind,
+    line_of,
+    shown,
+)
+from coalescer.errors import ConfigError
+
+MAX_SHARDS = 16384
+HTTP_METHODS = ("POST", "PUT", "PATCH")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
+               "rules", "sources")
+_SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
+_RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
+_RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
+_HTTP_FIELDS = ("url", "method", "timeout", "secret_env")
+
+TOP_DEFAULTS: dict[str, float] = {
+    "shards": 1, "leader_lease": 3.0, "claim_lease": 5.0,
+}
+RULE_DEFAULTS: dict[str, float] = {
+    "window": 2.0, "max_wait": 30.0, "absorb": 0.05, "timeout": 30.0, "concurrency": 16,
+    "retry.attempts": 5, "retry.backoff": 1.0, "retry.max_backoff": 300.0,
+}
+DEFAULT_NAMESPACE = "coalescer"
+DEFAULT_HISTORY = 1000  # refreshes kept per shard in its history stream; 0 keeps none
+MAX_HISTORY = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Document:
+    """What a rules file says, checked: its settings, rules and sources."""
+
+    namespace: str
+    shards: int
+    leader_lease: float
+    claim_lease: float
+    history: int
+    rules: tuple[Rule, ...]
+    sources: tuple[SourceConfig, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """A resolved setting and where it was set (level 0 built-in, 1 defaults, 2 rule)."""
+
+    value: float
+    field: str | None = None
+    line: int | None = None
+    level: int = 0
+
+
+Settings = dict[str, _Setting]
+
+
+def _any_bad(settings: Settings) -> bool:
+    """Whether a setting failed to load (kept as NaN; see RulesSchema.settings)."""
+    return any(math.isnan(setting.value) for setting in settings.values())
+
+
+class RulesSchema(YamlReader):
+    """Reads a rules file's nodes into a ``Document``. It goes on past an error to find
+    the others, and skips only what depends on the bad part. ``matches`` and ``secrets``
+    collect what the lints look at, even from a file with errors."""
+
+    def __init__(self, file: str, base_dir: Path | None, import_handlers: bool) -> None:
+        super().__init__(file)
+        self.base_dir = base_dir
+        self.import_handlers = import_handlers
+        self.matches: list[RuleMatch] = []
+        self.secrets: list[RuleSecret] = []
+
+    # -- the document --
+
+    def load(self, text: str) -> Document | None:
+        """The document, or None when errors were recorded. Raises ConfigError only when
+        nothing more can be read (not YAML, not a mapping)."""
+        root = self.compose(text)
+        entries = self.mapping(root, "", _TOP_FIELDS, "the top level")
+        namespace = self.optional(entries, "", "namespace", self.namespace, DEFAULT_NAMESPACE)
+        shards = self.optional(entries, "", "shards", self.shards, int(TOP_DEFAULTS["shards"]))
+        leases = {name: self.optional(entries, "", name, self.positive_duration,
+                                      TOP_DEFAULTS[name])
+                  for name in ("leader_lease", "claim_lease")}
+        history = self.optional(entries, "", "history", self.history, DEFAULT_HISTORY)
+        defaults = self.defaults(entries)
+        node = self.attempt(self.require, entries, "rules", root, "", "the rules file")
+        rules = self.attempt(self.rules, node, defaults) if node is not None else None
+        sources: tuple[SourceConfig, ...] | None = ()
+        if rules is not None and not self.errors and "sources" in entries:
+            sources = self.attempt(load_sources, self, entries["sources"][1],
+                                   [r.pattern for r in rules])
+        if self.errors or rules is None or sources is None:
+            return None
+        return Document(namespace=namespace, shards=shards,
+                        leader_lease=leases["leader_lease"], claim_lease=leases["claim_lease"],
+                        history=history, rules=rules, sources=sources)
+
+    def namespace(self, node: Node, field: str) -> str:
+        return self.identifier(node, field, "namespace")
+
+    def shards(self, node: Node, field: str) -> int:
+        return self.positive_int(node, field, MAX_SHARDS)
+
+    def history(self, node: Node, field: str) -> int:
+        raw = self.value(node, field)
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_HISTORY:
+            raise self.error(f"must be a whole number from 0 (no history) to {MAX_HISTORY}: "
+                             f"refreshes kept per shard, got {raw!r}", node, field)
+        return raw
+
+    def defaults(self, entries: Entries) -> Settings:
+        settings = {name: _Setting(value) for name, value in RULE_DEFAULTS.items()}
+        if "defaults" not in entries:
+            return settings
+        node = entries["defaults"][1]
+        if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return settings
+        found = self.attempt(self.mapping, node, "defaults", _SETTING_FIELDS, "defaults")
+        return settings | self.settings(found or {}, "defaults", level=1)
+
+    def settings(self, entries: Entries, prefix: str, level: int) -> Settings:
+        """The settings given in ``entries``; a bad one is recorded and kept as NaN, which
+        fails every comparison, so no cross-field check blames it again."""
+        out: Settings = {}
+        for name in ("window", "max_wait", "absorb", "timeout", "concurrency"):
+            if name in entries:
+                out[name] = self.setting(entries[name][1], join(prefix, name), level,
+                                         self.setting_parser(name))
+        if "retry" in entries:
+            out |= self.attempt(self.retry, entries["retry"][1], join(prefix, "retry"),
+                                level) or {}
+        return out
+
+    def setting_parser(self, name: str) -> Callable[[Node, str], float]:
+        if name == "concurrency":
+            return self.positive_int
+        if name == "absorb":
+            return functools.partial(self.duration, positive=False)
+        return self.positive_duration
+
+    def setting(self, node: Node, field: str, level: int,
+                parse: Callable[[Node, str], float]) -> _Setting:
+        value = self.attempt(parse, node, field)
+        return _Setting(math.nan if value is None else value, field, line_of(node), level)
+
+    def retry(self, node: Node, prefix: str, level: int) -> Settings:
+        entries = self.mapping(node, prefix, _RETRY_FIELDS, "retry")
+        out: Settings = {}
+        for name, (_, value) in entries.items():
+            parse = (self.positive_int if name == "attempts"
+                     else functools.partial(self.duration, positive=False))
+            out[f"retry.{name}"] = self.setting(value, join(prefix, name), level, parse)
+        return out
+
+    def rules(self, node: Node, defaults: Settings) -> tuple[Rule, ...]:
+        if not isinstance(node, SequenceNode):
+            got = kind(self.value(node, "rules"))
+            raise self.error(f"rules must be a list of rules, got {got}", node, "rules")
+        if not node.value:
+            raise self.error("rules is empty; give at least one rule (match: \"*\" accepts "
+                             "every key)", node, "rules")
+        seen: dict[str, int] = {}
+        found = [self.attempt(self.rule, item, index, defaults, seen)
+                 for index, item in enumerate(node.value)]
+        return tuple(rule for rule in found if rule is not None)
+
+    def rule(self, node: Node, index: int, defaults: Settings, seen: dict[str, int]) -> Rule:
+        prefix, before = f"rules[{index}]", len(self.errors)
+        entries = self.mapping(node, prefix, _RULE_FIELDS, "a rule")
+        name = self.attempt(self.rule_name, entries, node, prefix, seen)
+        pattern = self.attempt(self.rule_pattern, entries, node, index, name or prefix)
+        settings = defaults | self.settings(entries, prefix, level=2)
+        self.check(settings, node)
+        handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
+                               pattern)
+        self.settle(before)
+        if name is None or pattern is None or handler is None or _any_bad(settings):
+            raise Abandon
+        retry = RetryPolicy(attempts=int(settings["retry.attempts"].value),
+                            backoff=settings["retry.backoff"].value,
+                            max_backoff=settings["retry.max_backoff"].value)
+        return Rule(name=name, pattern=pattern, window=settings["window"].value,
+                    max_wait=settings["max_wait"].value, absorb=settings["absorb"].value,
+                    timeout=settings["timeout"].value,
+                    concurrency=int(settings["concurrency"].value), retry=retry,
+                    handler=handler[0], handler_ref=handler[1], line=line_of(node))
+
+    def rule_name(self, entries: Entries, node: Node, prefix: str,
+                  seen: dict[str, int]) -> str:
+        field = f"{prefix}.name"
+        name_node = self.require(entries, "name", node, prefix, "the rule")
+        name = self.identifier(name_node, field, "rule name")
+        if name in seen:
+            raise self.error(f"duplicate rule name {shown(name)} (first used on line "
+                             f"{seen[name]}); rule names must be unique", name_node, field)
+        seen[name] = line_of(name_node)
+        return name
+
+    def rule_pattern(self, entries: Entries, node: Node, index: int, name: str) -> KeyPattern:
+        match_node = self.require(entries, "match", node, f"rules[{index}]", "the rule")
+        source = self.string(match_node, f"rules[{index}].match", "match")
+        try:
+            pattern = KeyPattern.compile(source)
+        except ValueError as exc:
+            raise self.error(str(exc), match_node, f"rules[{index}].match") from None
+        self.matches.append(RuleMatch(index, name, pattern, line_of(match_node)))
+        return pattern
+
+    # -- cross-field checks --
+
+    def check(self, settings: Settings, node: Node) -> None:
+        window, absorb = settings["window"], settings["absorb"]
+        if absorb.value >= window.value:
+            self.blame(absorb, window, node,
+                       f"absorb ({format_duration(absorb.value)}) must be shorter than "
+                       f"window ({format_duration(window.value)}); "
+                       "lengthen window or shorten absorb")
+        max_wait = settings["max_wait"]
+        if max_wait.value < window.value:
+            self.blame(max_wait, window, node,
+                       f"max_wait ({format_duration(max_wait.value)}) must be at least "
+                       f"window ({format_duration(window.value)}); "
+                       "raise max_wait or shorten window")
+        backoff, cap = settings["retry.backoff"], settings["retry.max_backoff"]
+        if backoff.value > cap.value:
+            self.blame(backoff, cap, node,
+                       f"retry backoff ({format_duration(backoff.value)}) must not exceed "
+                       f"retry max_backoff ({format_duration(cap.value)})")
+
+    def blame(self, first: _Setting, second: _Setting, node: Node, message: str) -> None:
+        """Record the error at whichever of the two settings was given most specifically."""
+        culprit = second if second.level > first.level else first
+        line = culprit.line if culprit.line is not None else line_of(node)
+        self.errors.append(ConfigError(message, file=self.file, line=line,
+                                       field=culprit.field))
+
+    # -- handlers --
+
+    def rule_handler(self, entries: Entries, node: Node, index: int, name: str,
+                     pattern: KeyPattern | None) -> tuple[Handler, str]:
+        prefix = f"rules[{index}]"
+        handler_node = self.require(entries, "handler", node, prefix, "the rule")
+        field = f"{prefix}.handler"
+        if isinstance(handler_node, MappingNode):
+            found = self.mapping(handler_node, field, ("http",), "handler")
+            if "http" not in found:
+                raise self.error("handler mapping needs an 'http' block", handler_node, field)
+            http = self.http(found["http"][1], f"{field}.http", pattern, (index, name))
+            return http, str(http)
+        ref = self.string(handler_node, field, "handler")
+        if not split_ref(ref)[0]:
+            raise self.error(f"handler {shown(ref)} must have the form 'module:function' "
+                             f"(e.g. myapp.stats:refresh_user), or be an http: block",
+                             handler_node, field)
+        spec = HandlerImport(ref=ref, file=self.file, line=line_of(handler_node), field=field,
+                             base_dir=self.base_dir)
+        return (resolve(spec) if self.import_handlers else spec), ref
+
+    def http(self, node: Node, prefix: str, pattern: KeyPattern | None,
+             rule: tuple[int, str]) -> HttpHandler:
+        """The http block; ``rule`` is the rule's index and name, for its secret."""
+        before = len(self.errors)
+        entries = self.mapping(node, prefix, _HTTP_FIELDS, "the http handler")
+        url = self.attempt(self.http_url, entries, node, prefix, pattern)
+        method = self.optional(entries, prefix, "method", self.method, "POST")
+        timeout = self.optional(entries, prefix, "timeout", self.positive_duration, None)
+        secret_env = self.optional(entries, prefix, "secret_env", self.env_name, None)
+        if secret_env is not None:
+            self.secrets.append(RuleSecret(*rule, secret_env, line_of(entries["secret_env"][1])))
+        self.settle(before)
+        if url is None:
+            raise Abandon
+        return HttpHandler(url=url, method=method, timeout=timeout, secret_env=secret_env)
+
+    def http_url(self, entries: Entries, node: Node, prefix: str,
+                 pattern: KeyPattern | None) -> str:
+        return self.url(self.require(entries, "url", node, prefix, "the http handler"),
+                        f"{prefix}.url", pattern)
+
+    def url(self, node: Node, field: str, pattern: KeyPattern | None) -> str:
+        url = self.string(node, field, "url")
+        for name in URL_FIELD_RE.findall(url):
+            if pattern is not None and name not in pattern.names:
+                known = ", ".join(f"{{{n}}}" for n in pattern.names) or "none"
+                raise self.error(f"url uses {{{name}}}, which is not a capture of the rule's "
+                                 f"pattern {pattern.source!r} (its captures: {known})",
+                                 node, field)
+        bare = URL_FIELD_RE.sub("x", url)
+        if "{" in bare or "}" in bare:
+            raise self.error(f"unbalanced brace in url {shown(redact(url))}; "
+                             "use {name} for a capture", node, field)
+        parts = urlsplit(bare)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise self.error(f"url {shown(redact(url))} must be an absolute http:// or "
+                             "https:// URL", node, field)
+        return url
+
+    def method(self, node: Node, field: str) -> str:
+        raw = self.string(node, field, "method")
+        if raw.upper() not in HTTP_METHODS:
+            raise self.error(f"method {shown(raw)} is not allowed; use one of "
+                             f"{', '.join(HTTP_METHODS)}", node, field)
+        return raw.upper()
+
+    def env_name(self, node: Node, field: str) -> str:
+        raw = self.string(node, field, "secret_env")
+        if _ENV_RE.fullmatch(raw) is None:
+            raise self.error(f"secret_env {shown(raw)} must be the name of an environment "
+                             f"variable (letters, digits and '_')", node, field)
+        return raw

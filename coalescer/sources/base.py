@@ -1,0 +1,93 @@
+"""What a worker node needs of a source type, and the registry of types by ``type:``.
+
+A type registers a ``SourceType``: how to open its running ``Source`` for the sources
+of that type in the rules file, and what ``coalescer status`` shows of each of them.
+``start_sources`` starts every configured source of a node.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coalescer.common.metrics import Metrics
+from coalescer.config.rules import Config
+from coalescer.config.sources import SourceConfig
+from coalescer.store.connection import Connection
+
+log = logging.getLogger(__name__)
+
+TouchMany = Callable[[list[str]], None]
+Flush = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeContext:
+    """What a worker node lends its sources: its config and connection, its id (a
+    source's consumer name), and how to touch keys and flush them to Redis."""
+
+    config: Config
+    conn: Connection
+    node_id: str
+    touch_many: TouchMany
+    flush: Flush
+    metrics: Metrics
+
+
+class Source(ABC):
+    """The running sources of one type on one worker node."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start reading, in tasks on the running event loop; returns at once."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Stop reading and release what it holds; nothing read may be lost."""
+
+
+OpenSources = Callable[[Sequence[SourceConfig], NodeContext], Source]
+ReadStatus = Callable[[Any, SourceConfig], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceType:
+    """One type of source: ``open`` builds the running ``Source`` of a node's sources
+    of this type; ``status`` reads, with a Redis client of ``decode_responses``, what
+    ``coalescer status`` shows of one of them (besides its rejected entries)."""
+
+    name: str
+    open: OpenSources
+    status: ReadStatus
+
+
+SOURCE_TYPES: dict[str, SourceType] = {}
+
+
+def register(source_type: SourceType) -> SourceType:
+    """Make ``source_type`` the one a source of its ``type:`` runs with."""
+    SOURCE_TYPES[source_type.name] = source_type
+    return source_type
+
+
+def start_sources(context: NodeContext) -> list[Source]:
+    """Open and start the sources of ``context.config``, one ``Source`` per type."""
+    by_type: dict[str, list[SourceConfig]] = {}
+    for source in context.config.sources:
+        by_type.setdefault(source.type, []).append(source)
+    started: list[Source] = []
+    for name, sources in by_type.items():  # each type the rules file allows registers
+        running = SOURCE_TYPES[name].open(sources, context)
+        running.start()
+        started.append(running)
+        log.debug("started %d %s source(s)", len(sources), name)
+    return started
+
+
+async def stop_sources(sources: Sequence[Source]) -> None:
+    """Stop every one of ``sources``, in order."""
+    for source in sources:
+        await source.stop()

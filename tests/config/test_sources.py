@@ -1,0 +1,103 @@
+"""The ``sources:`` block's ``type:`` field: ``stream`` by default, an unknown type
+refused where it is written, and each type's own fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from coalescer.config.rules import Config
+from coalescer.config.sources import (
+    SOURCE_TYPES,
+    SourceConfig,
+    SourceFields,
+    SourceItem,
+    StreamSource,
+)
+from coalescer.config.yaml_reader import YamlReader, line_of
+from coalescer.errors import ConfigError
+
+BASE = """\
+rules:
+  - name: customer
+    match: "stats:customer:{id}"
+    handler: builtins:repr
+sources:
+"""
+
+
+def load(sources: str) -> Config:
+    return Config.from_string(BASE + sources, source="rules.yaml")
+
+
+def test_a_source_of_type_stream_loads_as_one_without_a_type() -> None:
+    typed = load("  - {name: a, type: stream, stream: s, key: 'stats:customer:{c}'}\n")
+    plain = load("  - {name: a, stream: s, key: 'stats:customer:{c}'}\n")
+    assert typed.sources == plain.sources
+    (source,) = typed.sources
+    assert isinstance(source, StreamSource)
+    assert (source.type, source.stream, source.group) == ("stream", "s", "coalescer")
+
+
+@pytest.mark.parametrize("value", ["kafka", "[stream]", "''", "Stream"])
+def test_an_unknown_type_is_refused_with_file_line_field_and_the_known_types(
+        value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(f"  - {{name: a, type: {value}, stream: s, key: 'stats:customer:{{c}}'}}\n")
+    err = info.value
+    assert (err.file, err.line, err.field) == ("rules.yaml", 6, "sources[0].type")
+    assert "unknown source type" in err.message
+    assert err.message.endswith("known types: stream")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ListSource(SourceConfig):
+    """A source type of this test: keys named in the file."""
+
+    type: ClassVar[str] = "list"
+    keys: tuple[str, ...]
+
+
+def _read_list(reader: YamlReader, item: SourceItem) -> ListSource:
+    field = f"{item.prefix}.keys"
+    node = reader.require(item.entries, "keys", item.node, item.prefix, "the source")
+    raw = reader.value(node, field)
+    return ListSource(name=item.name, keys=tuple(map(str, raw)), line=line_of(item.node))
+
+
+@pytest.fixture
+def list_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(SOURCE_TYPES, "list", SourceFields(fields=("keys",), read=_read_list))
+
+
+@pytest.mark.usefixtures("list_type")
+def test_a_registered_type_reads_its_own_fields() -> None:
+    config = load("  - {name: a, stream: s, key: 'stats:customer:{c}'}\n"
+                  "  - {name: b, type: list, keys: [stats:customer:1]}\n")
+    stream, listed = config.sources
+    assert isinstance(stream, StreamSource)
+    assert listed == ListSource(name="b", keys=("stats:customer:1",), line=7)
+
+
+@pytest.mark.usefixtures("list_type")
+def test_a_field_of_another_type_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load("  - {name: b, type: list, keys: [x], stream: s}\n")
+    err = info.value
+    assert (err.line, err.field) == (6, "sources[0].stream")
+    assert err.message == ("field 'stream' is not a field of a list source; "
+                           "allowed: name, type, keys")
+    with pytest.raises(ConfigError) as info:
+        load("  - {name: a, stream: s, key: 'stats:customer:{c}', keys: [x]}\n")
+    assert info.value.field == "sources[0].keys"
+    assert "not a field of a stream source" in info.value.message
+
+
+@pytest.mark.usefixtures("list_type")
+def test_an_unknown_field_lists_the_fields_of_every_type() -> None:
+    with pytest.raises(ConfigError) as info:
+        load("  - {name: a, stream: s, key: 'stats:customer:{c}', shard: 1}\n")
+    assert info.value.message.endswith(
+        "allowed: name, stream, group, start, key, keys, type")
