@@ -442,8 +442,8 @@ def test_demo_runs_the_rules_given_with_rules(tmp_path: Path) -> None:
     assert "refreshes: 52 for " in done.stdout
     assert (project / ".coalescer" / "data").is_dir()  # beside the rules file, as elsewhere
     missing = cli("demo", "--rules", "nowhere.yaml", cwd=tmp_path)
-    assert (missing.returncode, missing.stderr) == (
-        1, "coalescer demo: nowhere.yaml: rules file not found\n")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("coalescer demo: nowhere.yaml: rules file not found")
 
 
 def test_commands_share_the_embedded_server_when_no_redis_is_given(
