@@ -258,12 +258,12 @@ async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str)
     try:
         await api.start()
     except OSError as exc:
-        raise UsageError(f"--http {given}: {_bind_problem(exc)}; pass another "
+        raise UsageError(f"--http {given}: {bind_problem(exc)}; pass another "
                          "--http HOST:PORT, or --http off") from None
     return api
 
 
-def _bind_problem(exc: OSError) -> str:
+def bind_problem(exc: OSError) -> str:
     if exc.errno == errno.EADDRINUSE:
         return "the address is in use (another node on this machine?)"
     if exc.errno == errno.EADDRNOTAVAIL:

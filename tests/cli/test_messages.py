@@ -5,6 +5,7 @@ succeeds, --json answers, --version, and a status that summarises its shards."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import re
 import shutil
@@ -18,6 +19,7 @@ import redis
 
 import coalescer
 from coalescer import Coalescer
+from coalescer.cli.commands import bind_problem
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
 from coalescer.web.api import is_loopback
@@ -152,6 +154,18 @@ def test_an_http_address_of_no_interface_here_is_one_line(
     assert done.stderr.splitlines()[-1] == (
         "coalescer run: --http 192.0.2.1:8470: no network interface of this machine has that "
         "address; pass another --http HOST:PORT, or --http off")
+
+
+@pytest.mark.parametrize(("error", "says"), [
+    (OSError(errno.EACCES, "Permission denied"),
+     "permission denied (ports below 1024 need privileges)"),
+    (OSError(errno.EADDRINUSE, "in use"), "the address is in use (another node on this machine?)"),
+    (socket.gaierror(-2, "Name or service not known"),
+     "cannot listen there (Name or service not known)"),
+])
+def test_each_reason_an_address_cannot_be_bound_reads_plainly(error: OSError, says: str) -> None:
+    # a privileged port cannot fail for root, nor a name lookup without a resolver: made up
+    assert bind_problem(error) == says
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
