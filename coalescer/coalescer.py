@@ -32,6 +32,7 @@ from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts
 from coalescer.worker.drain import Drainer, local_runner
@@ -139,6 +140,8 @@ class Coalescer:
         self._pid = os.getpid()
         self._forked_from: int | None = None
         forksafe.track(self)
+        self.hints = CommandHints.of(config.source, redis_url)
+        """The options a printed `coalescer` command needs to reach these rules and server."""
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **options: Any) -> Coalescer:
@@ -243,7 +246,7 @@ class Coalescer:
         run = self._run
         assert run.scripts is not None
         return NodeContext(scripts=run.scripts, keyspace=self.keyspace, metrics=run.metrics,
-                           node_id=self.node_id, config=self.config)
+                           node_id=self.node_id, config=self.config, hints=self.hints)
 
     # -- the connection and reads ----------------------------------------------------
 

@@ -13,6 +13,9 @@ off). Its fixtures, all named ``coalescer_*``:
     ``coalescer_factory(rules, **options)``: an async context manager yielding a
     started ``Coalescer`` on ``coalescer_url`` and the test's namespace (it replaces
     the rules file's). ``rules`` is a rules file's path, or the YAML text itself.
+    A relative path is the project's: it is looked up in the pytest rootdir first, so
+    ``coalescer_factory("rules.yaml")`` finds the same file whichever folder pytest
+    runs from, then in the working folder.
     ``options`` go to ``Coalescer``; ``worker`` defaults to False here, so handlers
     run only when the test calls ``await c.drain()``.
 
@@ -27,6 +30,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,11 +71,28 @@ def assert_refreshed(claims: Sequence[Claim], keys: Iterable[str], *,
         raise AssertionError(f"refreshes were {ran!r}; " + "; ".join(problems))
 
 
-def load_rules(rules: str | os.PathLike[str]) -> Config:
-    """A rules file's path, or rules as YAML text (any string holding a line break)."""
+def load_rules(rules: str | os.PathLike[str], *, rootdir: Path | None = None) -> Config:
+    """A rules file's path, or rules as YAML text (any string holding a line break).
+
+    With ``rootdir``, a relative path is looked up there first, then in the working
+    folder; a ConfigError names both when it is in neither.
+    """
     if isinstance(rules, str) and "\n" in rules:
         return Config.from_string(rules, source="<rules text>")
-    return Config.from_yaml(rules)
+    return Config.from_yaml(rules if rootdir is None else rules_path(rules, rootdir))
+
+
+def rules_path(rules: str | os.PathLike[str], rootdir: Path) -> Path:
+    """Where a relative ``rules`` path is: in ``rootdir`` (the pytest rootdir) if it is
+    there, else in the working folder; an absolute path as it is."""
+    path = Path(rules)
+    if path.is_absolute():
+        return path
+    for folder in (rootdir, Path.cwd()):
+        if (folder / path).exists():
+            return folder / path
+    raise ConfigError(f"rules file not found in the pytest rootdir ({rootdir}) or the "
+                      f"working folder ({Path.cwd()})", file=os.fspath(rules))
 
 
 @pytest.fixture(scope="session")
@@ -92,8 +113,14 @@ def coalescer_namespace() -> str:
 
 
 @pytest.fixture
-def coalescer_factory(coalescer_url: str, coalescer_namespace: str) -> Factory:
-    """``coalescer_factory(rules, **options)``: ``async with`` it for a started Coalescer."""
+def coalescer_factory(coalescer_url: str, coalescer_namespace: str,
+                      request: pytest.FixtureRequest) -> Factory:
+    """``coalescer_factory(rules, **options)``: ``async with`` it for a started Coalescer.
+
+    ``rules`` is YAML text or a rules file's path; a relative path is looked up in the
+    pytest rootdir (``request.config.rootpath``) first, then in the working folder.
+    """
+    rootdir = request.config.rootpath
     numbers = itertools.count(1)
 
     @asynccontextmanager
@@ -102,7 +129,7 @@ def coalescer_factory(coalescer_url: str, coalescer_namespace: str) -> Factory:
         if not isinstance(namespace, str) or NAME_RE.fullmatch(namespace) is None:
             raise ConfigError(f"namespace {namespace!r} may only use letters, digits, '_', "
                               "'.' and '-'", file="coalescer_factory", field="namespace")
-        config = dataclasses.replace(load_rules(rules), namespace=namespace)
+        config = dataclasses.replace(load_rules(rules, rootdir=rootdir), namespace=namespace)
         options.setdefault("redis_url", coalescer_url)
         options.setdefault("worker", False)
         options.setdefault("grace", 5.0)

@@ -1,4 +1,4 @@
-"""Example refresh handlers used by rules.yaml and `coalescer demo`.
+"""Example refresh handlers used by rules.yaml (and `coalescer demo --rules rules.yaml`).
 
 A real handler recomputes an aggregate (a SQL GROUP BY, a search document, a
 cached report) from the source of truth. These record each call so the demo

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -112,12 +113,14 @@ def test_stats_app_bulk_import_refreshes_each_customer_once_and_stats_equal_a_re
     port = free_port()
     app_url = f"http://127.0.0.1:{port}"
     procs.start("node", *node_cmd(STATS_RULES, own_server.url), STATS_DB=str(db))
-    procs.start("app", PY, "-m", "examples.stats_app.app", "--port", str(port),
-                "--redis", own_server.url, STATS_DB=str(db))
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--redis", own_server.url,
+                STATS_DB=str(db), PORT=str(port))  # the app and the import: $PORT
     wait_listening(procs, "app", port)
+    assert f"the stats app listening on {app_url} (port {port}: $PORT)" in procs.log("app")
 
-    done = subprocess.run([PY, "-m", "examples.stats_app.bulk_import", "--app", app_url,
-                           "--redis", own_server.url], cwd=REPO, env=clean_env(STATS_DB=str(db)),
+    done = subprocess.run([PY, "-m", "examples.stats_app.bulk_import",
+                           "--redis", own_server.url], cwd=REPO,
+                          env=clean_env(STATS_DB=str(db), PORT=str(port)),
                           capture_output=True, text=True, timeout=120, check=False)
 
     assert done.returncode == 0, done.stdout + done.stderr + procs.log("node")
@@ -189,10 +192,29 @@ def test_stats_app_write_with_an_older_token_changes_nothing(tmp_path: Path) -> 
         conn.close()
 
 
+def test_stats_app_says_its_port_and_takes_it_from_the_option_first(
+        own_server: ValkeyProcess, procs: Procs) -> None:
+    port = free_port()
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--port", str(port),
+                "--redis", own_server.url, PORT="1")
+    wait_listening(procs, "app", port)
+    assert f"the stats app listening on http://127.0.0.1:{port} (port {port}: --port)" in \
+        procs.log("app")
+
+
 # -- sync_app -------------------------------------------------------------------------------
 
 SYNC_RULES = REPO / "examples" / "sync_app" / "rules.yaml"
 LIKES = 120
+
+
+def test_sync_app_binds_the_port_of_the_environment_else_8000(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = REPO / "examples" / "sync_app" / "gunicorn.conf.py"
+    monkeypatch.delenv("PORT", raising=False)
+    assert runpy.run_path(str(conf))["bind"] == "127.0.0.1:8000"
+    monkeypatch.setenv("PORT", "9123")
+    assert runpy.run_path(str(conf))["bind"] == "127.0.0.1:9123"
 
 
 def test_sync_app_under_gunicorn_preload_touches_from_both_workers_and_stops_cleanly(
@@ -306,3 +328,27 @@ def test_webhook_receiver_will_not_start_without_its_secret(tmp_path: Path) -> N
     assert done.stderr.strip().splitlines() == [
         "python -m examples.webhook.receiver: set WEBHOOK_SECRET to the secret the node "
         "signs with"]
+
+
+def test_webhook_receiver_takes_its_port_from_the_environment_and_says_so(
+        procs: Procs) -> None:
+    port = free_port()
+    procs.start("receiver", PY, "-m", "examples.webhook.receiver", WEBHOOK_SECRET=HOOK_SECRET,
+                PORT=str(port))
+    wait_listening(procs, "receiver", port)
+    log = procs.log("receiver")
+    assert f"the webhook receiver listening on http://127.0.0.1:{port} (port {port}: $PORT)" \
+        in log
+    assert f"examples/webhook/rules.yaml posts to port 8090: make its url name port {port}" \
+        in log  # the rules are not changed by the port
+    assert procs.stop("receiver") == 0
+
+
+def test_a_port_variable_that_is_no_port_is_named() -> None:
+    done = subprocess.run([PY, "-m", "examples.webhook.receiver"], cwd=REPO,
+                          env=clean_env(WEBHOOK_SECRET=HOOK_SECRET, PORT="http"),
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "python -m examples.webhook.receiver: error: $PORT must be a port number "
+        "(0 to 65535), not 'http'")

@@ -99,6 +99,41 @@ def test_the_sample_test_fails_when_the_write_path_forgets_to_touch(
     result.stdout.fnmatch_lines(["*refreshes were []; not refreshed: ['stats:user:42']*"])
 
 
+def test_the_sample_test_finds_the_rules_when_pytest_runs_from_a_subfolder(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    user_project(pytester)
+    pytester.makeini("[pytest]\npythonpath = .\n")  # the project's root: the rootdir
+    tests = pytester.mkdir("tests")
+    (tests / "test_stats.py").write_text(SAMPLE_TEST)
+    monkeypatch.chdir(tests)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "ignore")
+    result.assert_outcomes(passed=1)
+
+
+FOUND_IN_CWD_TEST = '''\
+import pytest
+
+
+@pytest.mark.asyncio
+async def test_rules_of_the_working_folder(coalescer_factory):
+    async with coalescer_factory("local.yaml") as c:
+        assert [r.name for r in c.config.rules] == ["local"]
+'''
+
+
+def test_rules_missing_from_the_rootdir_are_looked_up_in_the_working_folder(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makeini("[pytest]\n")
+    here = pytester.mkdir("here")
+    (here / "local.yaml").write_text(
+        "rules:\n  - name: local\n    match: '*'\n    handler: builtins:id\n")
+    pytester.makepyfile(test_local=FOUND_IN_CWD_TEST)
+    monkeypatch.chdir(here)
+    result = pytester.runpytest_subprocess(str(pytester.path), "-p", "no:cacheprovider",
+                                           "-W", "ignore")
+    result.assert_outcomes(passed=1)
+
+
 def test_the_plugin_can_be_turned_off(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(coalescer_url):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:coalescer", "-p", "no:cacheprovider")
@@ -141,6 +176,29 @@ async def test_factory_coalescers_of_one_test_share_its_namespace(
         writer.touch("k")
         await writer.flush()
         assert refreshed_keys(await worker.drain()) == ["k"]
+
+
+async def test_a_relative_rules_path_is_the_rootdirs_before_the_working_folders(
+        coalescer_factory: Factory, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n  - name: elsewhere\n    match: '*'\n    handler: builtins:id\n")
+    monkeypatch.chdir(tmp_path)
+    async with coalescer_factory("rules.yaml") as c:  # this repository's rules.yaml
+        assert c.config.source == str(request.config.rootpath / "rules.yaml")
+        assert [r.name for r in c.config.rules] == ["user-stats", "org-stats"]
+    async with coalescer_factory(tmp_path / "rules.yaml") as c:  # absolute: as it is
+        assert [r.name for r in c.config.rules] == ["elsewhere"]
+
+
+async def test_a_rules_file_in_neither_folder_is_an_error_naming_both(
+        coalescer_factory: Factory, request: pytest.FixtureRequest) -> None:
+    with pytest.raises(ConfigError) as caught:
+        async with coalescer_factory("no-such-rules.yaml"):
+            pass
+    assert str(caught.value) == (
+        f"no-such-rules.yaml: rules file not found in the pytest rootdir "
+        f"({request.config.rootpath}) or the working folder ({Path.cwd()})")
 
 
 async def test_factory_refuses_a_bad_namespace_naming_it(coalescer_factory: Factory) -> None:

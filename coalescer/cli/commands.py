@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from coalescer.cli.errors import http_address
+from coalescer.cli.errors import UsageError, http_address
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
@@ -99,7 +100,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards))
+        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards,
+                            hints=c.hints))
     return 0
 
 
@@ -163,7 +165,7 @@ async def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN_KEY
     async with c:
         info = await c.query.explain(args.key)
-    print(json.dumps(info, indent=2) if args.json else format_explain(info))
+    print(json.dumps(info, indent=2) if args.json else format_explain(info, hints=c.hints))
     return 0
 
 
@@ -234,7 +236,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
     _refuse_unset_secrets(node.config)
     async with node as c:
-        api = await _start_http(c, address)
+        api = await _start_http(c, address, args.http)
         print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
               flush=True)
@@ -245,13 +247,29 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _start_http(c: Coalescer, address: tuple[str, int] | None) -> Any:
+async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str) -> Any:
+    """The HTTP API on ``address`` (None: off); a UsageError naming ``--http`` when it
+    cannot listen there."""
     if address is None:
         return None
     from coalescer.web.api import HttpApi
     api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"))
-    await api.start()
+    try:
+        await api.start()
+    except OSError as exc:
+        raise UsageError(f"--http {given}: {bind_problem(exc)}; pass another "
+                         "--http HOST:PORT, or --http off") from None
     return api
+
+
+def bind_problem(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "the address is in use (another node on this machine?)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "no network interface of this machine has that address"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges)"
+    return f"cannot listen there ({exc.strerror or exc})"
 
 
 def _refuse_unset_secrets(config: Config) -> None:

@@ -3,6 +3,10 @@
 Each run works in a namespace of its own (``demo-`` and random hex digits) and deletes
 its keys afterwards, so earlier runs, or other keys on the same server, never change
 what it reports: every number comes from this run alone.
+
+Without ``--rules`` it runs the rules and handlers shipped in ``demo_app/``, with the
+embedded server's folder found from the working folder (the nearest ``.coalescer/``
+in it or above, else a new ``./.coalescer/``), so it works in any folder.
 """
 
 from __future__ import annotations
@@ -13,17 +17,20 @@ import secrets
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from coalescer.coalescer import Coalescer
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
+from coalescer.store.embedded import project_root
 from coalescer.store.keys import KeySpace
 
 USERS = 50
 HOT_TOUCHES = 10_000
 DEMO_SECONDS = 1.5
 DELETE_BATCH = 1000  # keys per DEL when the demo cleans up
+SHIPPED_RULES = Path(__file__).resolve().parent / "demo_app" / "rules.yaml"
 
 
 def _records(c: Coalescer) -> list[tuple[Any, float]]:
@@ -77,14 +84,18 @@ def demo_keys(config: Config) -> list[str]:
     return found
 
 
-async def run_demo(rules: str, redis_url: str | None) -> int:
-    config = demo_config(rules)
+async def run_demo(rules: str | None, redis_url: str | None) -> int:
+    """The demo on ``rules`` (None: the shipped ones) and ``redis_url`` (None:
+    $COALESCER_REDIS_URL, else the embedded server)."""
+    config = demo_config(str(SHIPPED_RULES) if rules is None else rules)
+    root = project_root(None) if rules is None else None  # not inside the package
     # A second client holds the connection (and the embedded server) open while the
     # demo node shuts down, then deletes the namespace's keys.
-    keeper = Coalescer(config, redis_url=redis_url, worker=False, node_id="demo-keeper")
+    keeper = Coalescer(config, redis_url=redis_url, worker=False, node_id="demo-keeper",
+                       embedded_root=root)
     async with keeper:
         try:
-            await _show(config, redis_url)
+            await _show(config, redis_url, root)
         finally:
             keys = demo_keys(config)
             for start in range(0, len(keys), DELETE_BATCH):
@@ -92,8 +103,8 @@ async def run_demo(rules: str, redis_url: str | None) -> int:
     return 0
 
 
-async def _show(config: Config, redis_url: str | None) -> None:
-    async with Coalescer(config, redis_url=redis_url, node_id="demo") as c:
+async def _show(config: Config, redis_url: str | None, root: Path | None) -> None:
+    async with Coalescer(config, redis_url=redis_url, node_id="demo", embedded_root=root) as c:
         print(f"coalescer demo on {redact(c.redis_url or '')}, rules {config.source}, "
               f"namespace {config.namespace} (deleted afterwards)")
         for rule in c.config.rules:

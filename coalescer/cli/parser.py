@@ -15,9 +15,9 @@ DESCRIPTION = ("Debounce and coalesce refreshes of aggregates across processes a
                "on Redis.")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rules", default="./rules.yaml", metavar="PATH",
-                        help="rules file (default ./rules.yaml)")
+def _common(parser: argparse.ArgumentParser, *, rules_default: str | None = "./rules.yaml",
+            rules_help: str = "rules file (default ./rules.yaml)") -> None:
+    parser.add_argument("--rules", default=rules_default, metavar="PATH", help=rules_help)
     parser.add_argument("--redis", default=None, metavar="URL",
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
     _json_flag(retry)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
-    _common(demo)
+    _common(demo, rules_default=None,
+            rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
     return p
 

@@ -15,6 +15,7 @@ from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
 from coalescer.query.history import clock, format_duration_ms, parse_entry
 from coalescer.store import key_states as states
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 
 LAST_REFRESHES = 5
@@ -138,7 +139,7 @@ def _due(info: dict[str, Any]) -> str:
     return f"due {when} ({clock(due)}), by {reasons[info['due_reason']]}"
 
 
-def _state_lines(info: dict[str, Any]) -> list[str]:
+def _state_lines(info: dict[str, Any], hints: CommandHints) -> list[str]:
     state, now = info["state"], info["now_ms"]
     if state == "idle":
         return ["idle: nothing pending, running or dead (its next touch starts a burst)"]
@@ -161,7 +162,8 @@ def _state_lines(info: dict[str, Any]) -> list[str]:
     return [f"dead since {_ago(dead['since_ms'], now)} after "
             f"{plural(info['attempts'], 'attempt')}: "
             f"{dead['error']}",
-            "re-queue with `coalescer dead retry KEY`, or touch it"]
+            f"re-queue with {hints.command('dead retry', info['key'])}{hints.note}, "
+            "or touch it"]
 
 
 def _rule_lines(rule: dict[str, Any]) -> list[str]:
@@ -182,11 +184,12 @@ def _refresh_line(r: dict[str, Any]) -> str:
     return f"{line}\n      error: {r['error']}" if r["error"] else line
 
 
-def format_explain(info: dict[str, Any]) -> str:
-    """An explanation dict (``gather_explain``) as a few readable lines."""
+def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -> str:
+    """An explanation dict (``gather_explain``) as a few readable lines. ``hints``: the
+    options the command it suggests needs (see coalescer.store.hints)."""
     now = info["now_ms"]
     lines = [f"{info['key']}  (shard {info['shard']})", *_rule_lines(info["rule"])]
-    state = _state_lines(info)
+    state = _state_lines(info, hints or CommandHints())
     lines.append(f"state      {state[0]}")
     lines += [f"           {line}" for line in state[1:]]
     if info["first_touch_ms"] is not None:

@@ -11,6 +11,7 @@ from coalescer.query.history import RECENT, recent_by_rule
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace, ShardKeys
 
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
@@ -124,9 +125,11 @@ def shard_summary(shards: list[dict[str, Any]]) -> str:
             f"unled: {ranges(unled) if unled else 'none'}")
 
 
-def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = False) -> str:
+def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = False,
+                  hints: CommandHints | None = None) -> str:
     """A readable summary of a status dict: a line for the shards (a row each with
-    ``every_shard``), a row per rule, recent failures, the oldest dead letters."""
+    ``every_shard``), a row per rule, recent failures, the oldest dead letters.
+    ``hints``: the options the commands it suggests need (see coalescer.store.hints)."""
     lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
@@ -138,17 +141,25 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += format_registry(status)
     lines += _recent_lines(status)
     lines += format_sources(status)
-    if status["dead_letters"]:
-        total = sum(r["dead"] for r in status["rules"].values())
-        shown = len(status["dead_letters"])
-        count = (f"{shown} of {total} shown; every one with `coalescer dead list`"
-                 if total > shown else plural(total, "dead letter"))
-        lines += ["", f"DEAD LETTERS ({count}; re-queue with `coalescer dead retry KEY` "
-                      "or `--all`)"]
-        for d in status["dead_letters"]:
-            after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "?"
-            lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
+    lines += _dead_lines(status, hints or CommandHints())
     return "\n".join(lines)
+
+
+def _dead_lines(status: dict[str, Any], hints: CommandHints) -> list[str]:
+    """The oldest dead letters, headed by their count and the commands that list and
+    re-queue them."""
+    if not status["dead_letters"]:
+        return []
+    total = sum(r["dead"] for r in status["rules"].values())
+    shown = len(status["dead_letters"])
+    count = (f"{shown} of {total} shown; every one with {hints.command('dead list')}"
+             if total > shown else plural(total, "dead letter"))
+    lines = ["", f"DEAD LETTERS ({count}; re-queue with {hints.command('dead retry', 'KEY')} "
+                 f"or `--all`{hints.note})"]
+    for d in status["dead_letters"]:
+        after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "?"
+        lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
+    return lines
 
 
 def _recent_lines(status: dict[str, Any]) -> list[str]:

@@ -14,13 +14,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config, HttpHandler, Rule
+from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts
 from coalescer.worker.adopter import Adopter
@@ -50,6 +51,7 @@ class NodeContext:
     metrics: Metrics
     node_id: str
     config: Config
+    hints: CommandHints = field(default_factory=CommandHints)  # for commands the log suggests
 
     @property
     def rules(self) -> tuple[Rule, ...]:

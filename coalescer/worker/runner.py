@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import shlex
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
@@ -120,6 +119,7 @@ class Runner:
                  on_slot_free: Callable[[], None]) -> None:
         """``on_slot_free`` is called soon after slots are freed (once for several)."""
         self._scripts = ctx.scripts
+        self._hints = ctx.hints
         self._history = History(ctx.node_id, ctx.config.history)
         self._keyspace = ctx.keyspace
         self._metrics = ctx.metrics
@@ -303,8 +303,9 @@ class Runner:
             job, failure = jobs[key]
             attempts = min(job.claim.attempt, job.rule.retry.attempts)
             self._metrics.rule(job.rule.name).dead_lettered += 1
-            log.error("%s dead-lettered after %s: %s; re-queue with `coalescer dead retry %s`",
-                      key, plural(attempts, "attempt"), failure.error, shlex.quote(key))
+            log.error("%s dead-lettered after %s: %s; re-queue with %s%s",
+                      key, plural(attempts, "attempt"), failure.error,
+                      self._hints.command("dead retry", key), self._hints.note)
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""

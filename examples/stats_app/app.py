@@ -1,6 +1,8 @@
 """The web app: POST /orders writes orders, GET /customers/{id}/stats reads the aggregate.
 
-    python -m examples.stats_app.app [--port 8080] [--db PATH] [--redis URL]
+    python -m examples.stats_app.app [--port PORT] [--db PATH] [--redis URL]
+
+It listens on 127.0.0.1, port ``--port``, else ``$PORT``, else 8080.
 
 The write path touches ``stats:customer:{id}`` for every order it committed; a
 coalescer node (``coalescer run --rules examples/stats_app/rules.yaml``) runs the
@@ -21,8 +23,11 @@ from typing import Any
 from aiohttp import web
 
 from coalescer import Coalescer
+from examples.ports import add_port_option, announce, chosen_port
 
 from . import customer_stats as db
+
+DEFAULT_PORT = 8080
 
 RULES = Path(__file__).resolve().with_name("rules.yaml")
 COALESCER = web.AppKey("coalescer", Coalescer)
@@ -122,15 +127,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.stats_app.app",
                                      description="The statistics example's web app.")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    add_port_option(parser, DEFAULT_PORT)
     parser.add_argument("--db", type=Path, default=None,
                         help="SQLite file (default $STATS_DB, else stats.db beside this file)")
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     args = parser.parse_args(argv)
+    port, source = chosen_port(parser, args.port, DEFAULT_PORT)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = make_app(args.db or db.db_path(), args.redis)
-    web.run_app(app, host=args.host, port=args.port, access_log=None)
+    announce("the stats app", args.host, port, source)
+    web.run_app(app, host=args.host, port=port, access_log=None)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from coalescer import Coalescer
+from examples.ports import ENV_PORT
 
 from . import customer_stats as db
 from .app import RULES
@@ -106,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100, help="orders per request")
     parser.add_argument("--parallel", type=int, default=8, help="requests at a time")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--app", default="http://127.0.0.1:8080", help="the app's URL")
+    port = os.environ.get(ENV_PORT) or "8080"
+    parser.add_argument("--app", default=f"http://127.0.0.1:{port}",
+                        help=f"the app's URL (default http://127.0.0.1:${ENV_PORT}, else :8080)")
     parser.add_argument("--db", type=Path, default=None,
                         help="SQLite file (default $STATS_DB, else stats.db beside the app)")
     parser.add_argument("--rules", type=Path, default=RULES)

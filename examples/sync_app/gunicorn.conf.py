@@ -2,7 +2,8 @@
 
     gunicorn -c examples/sync_app/gunicorn.conf.py examples.sync_app.app:app
 
-(``--bind`` and ``--workers`` on the command line override these.)
+It binds 127.0.0.1, port ``$PORT``, else 8000 (gunicorn logs "Listening at: ..."; ``--bind``
+and ``--workers`` on the command line override these).
 
 No ``post_fork`` hook is needed: the SyncCoalescer the master started at import
 starts again by itself on its first touch in each worker. (To connect before a
@@ -13,9 +14,10 @@ in a forked child it leaves the master's loop and connections alone.)
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-bind = "127.0.0.1:8000"
+bind = f"127.0.0.1:{os.environ.get('PORT') or 8000}"
 workers = 2
 preload_app = True  # the app (and its SyncCoalescer) is imported once, in the master
 

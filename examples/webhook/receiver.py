@@ -1,6 +1,9 @@
 """A service refreshed by coalescer's webhook: verifies, applies, keeps the highest token.
 
-    WEBHOOK_SECRET=... python -m examples.webhook.receiver [--port 8090]
+    WEBHOOK_SECRET=... python -m examples.webhook.receiver [--port PORT]
+
+It listens on 127.0.0.1, port ``--port``, else ``$PORT``, else 8090: the port the
+webhook URL of rules.yaml beside it names (change that URL too when you change the port).
 
 ``POST /refresh/{report_id}`` with the claim as its JSON body:
 
@@ -27,7 +30,10 @@ from typing import Any
 
 from aiohttp import web
 
+from examples.ports import add_port_option, announce, chosen_port
+
 SECRET_ENV = "WEBHOOK_SECRET"
+DEFAULT_PORT = 8090  # the port of the webhook url in rules.yaml beside this file
 SIGNATURE_HEADER = "X-Coalescer-Signature"
 
 log = logging.getLogger(__name__)
@@ -97,13 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.webhook.receiver",
                                      description="The webhook example's receiver.")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8090)
+    add_port_option(parser, DEFAULT_PORT)
     args = parser.parse_args(argv)
+    port, source = chosen_port(parser, args.port, DEFAULT_PORT)
     secret = os.environ.get(SECRET_ENV)
     if not secret:
         parser.exit(2, f"{parser.prog}: set {SECRET_ENV} to the secret the node signs with\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    web.run_app(make_app(secret.encode()), host=args.host, port=args.port, access_log=None)
+    announce("the webhook receiver", args.host, port, source)
+    if port != DEFAULT_PORT:
+        print(f"examples/webhook/rules.yaml posts to port {DEFAULT_PORT}: make its url name "
+              f"port {port}", flush=True)
+    web.run_app(make_app(secret.encode()), host=args.host, port=port, access_log=None)
 
 
 if __name__ == "__main__":

@@ -420,10 +420,7 @@ async def test_retry_requeues_dead_keys(
 
 
 def test_demo_runs_on_the_embedded_server(tmp_path: Path) -> None:
-    shutil.copy(REPO / "rules.yaml", tmp_path / "rules.yaml")
-    shutil.copytree(REPO / "examples", tmp_path / "examples",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    done = cli("demo", cwd=tmp_path, timeout=90)  # ./rules.yaml
+    done = cli("demo", cwd=tmp_path, timeout=90)  # an empty folder: the demo's own rules
     assert done.returncode == 0, done.stdout + done.stderr
     assert "refreshes:" in done.stdout
     assert "touches" in done.stdout
@@ -431,6 +428,22 @@ def test_demo_runs_on_the_embedded_server(tmp_path: Path) -> None:
     assert (root / "data").is_dir()  # the embedded server ran with its data here
     assert not (root / "server.json").exists()  # and was stopped afterwards
     assert valkey_servers_under(root) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".coalescer"]
+
+
+def test_demo_runs_the_rules_given_with_rules(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "examples", project / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "rules.yaml", project / "rules.yaml")
+    done = cli("demo", "--rules", "project/rules.yaml", cwd=tmp_path, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rules project/rules.yaml, namespace demo-" in done.stdout
+    assert "refreshes: 52 for " in done.stdout
+    assert (project / ".coalescer" / "data").is_dir()  # beside the rules file, as elsewhere
+    missing = cli("demo", "--rules", "nowhere.yaml", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("coalescer demo: nowhere.yaml: rules file not found")
 
 
 def test_commands_share_the_embedded_server_when_no_redis_is_given(

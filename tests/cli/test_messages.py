@@ -5,6 +5,7 @@ succeeds, --json answers, --version, and a status that summarises its shards."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import re
 import shutil
@@ -18,6 +19,7 @@ import redis
 
 import coalescer
 from coalescer import Coalescer
+from coalescer.cli.commands import bind_problem
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
 from coalescer.web.api import is_loopback
@@ -124,12 +126,46 @@ def test_an_api_open_to_the_network_without_a_token_is_a_loud_warning(
            "network" in warnings[0]
     assert "set COALESCER_TOKEN=<secret>" in warnings[0]
     assert done.returncode == 1  # and the port was taken: one line says so
-    assert done.stderr.splitlines()[-1].startswith("coalescer run: ")
-    assert "address already in use" in done.stderr.splitlines()[-1]
+    assert done.stderr.splitlines()[-1] == (
+        f"coalescer run: --http 0.0.0.0:{taken_port}: the address is in use (another node "
+        "on this machine?); pass another --http HOST:PORT, or --http off")
 
     with_token = cli(*args, cwd=tmp_path, env={"COALESCER_TOKEN": "s3cret"})
     assert with_token.returncode == 1
     assert " WARNING " not in with_token.stderr
+
+
+def test_a_taken_http_port_is_one_line_saying_what_to_pass_instead(
+        tmp_path: Path, rules: Path, redis_url: str, taken_port: int) -> None:
+    done = cli("run", "--http", f"127.0.0.1:{taken_port}", "--rules", str(rules),
+               "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"coalescer run: --http 127.0.0.1:{taken_port}: the address is in use (another node "
+        "on this machine?); pass another --http HOST:PORT, or --http off")
+    assert "Errno" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_http_address_of_no_interface_here_is_one_line(
+        tmp_path: Path, rules: Path, redis_url: str) -> None:
+    done = cli("run", "--http", "192.0.2.1:8470", "--rules", str(rules), "--redis", redis_url,
+               cwd=tmp_path, env={"COALESCER_TOKEN": "s3cret"})  # TEST-NET-1: never local
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "coalescer run: --http 192.0.2.1:8470: no network interface of this machine has that "
+        "address; pass another --http HOST:PORT, or --http off")
+
+
+@pytest.mark.parametrize(("error", "says"), [
+    (OSError(errno.EACCES, "Permission denied"),
+     "permission denied (ports below 1024 need privileges)"),
+    (OSError(errno.EADDRINUSE, "in use"), "the address is in use (another node on this machine?)"),
+    (socket.gaierror(-2, "Name or service not known"),
+     "cannot listen there (Name or service not known)"),
+])
+def test_each_reason_an_address_cannot_be_bound_reads_plainly(error: OSError, says: str) -> None:
+    # a privileged port cannot fail for root, nor a name lookup without a resolver: made up
+    assert bind_problem(error) == says
 
 
 @pytest.mark.parametrize(("host", "loopback"), [

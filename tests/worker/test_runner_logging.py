@@ -68,11 +68,12 @@ async def test_first_failure_has_its_traceback_retries_one_line_death_one_error(
     assert fails[0].exc_info is not None and "in hook" in "".join(
         logging.Formatter().formatException(fails[0].exc_info))
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    options = f"--rules {rules} --redis {redis_url}"  # the node's own, so a paste works
     assert sorted(errors) == [
         "item:7 dead-lettered after 5 attempts: RuntimeError: db down for item:7; "
-        "re-queue with `coalescer dead retry item:7`",
+        f"re-queue with `coalescer dead retry {options} item:7`",
         "once:1 dead-lettered after 1 attempt: RuntimeError: db down for once:1; "
-        "re-queue with `coalescer dead retry once:1`"]
+        f"re-queue with `coalescer dead retry {options} once:1`"]
     [done] = runner_lines(caplog, "item:ok")
     assert done.levelno == logging.DEBUG
     token = rec.succeeded[0].token
