@@ -22,7 +22,7 @@ class KeyPattern:
     """A compiled key pattern; the whole key must match."""
 
     source: str
-    regex: re.Pattern[str]  # unnamed groups: rules.py joins the patterns of every rule
+    regex: re.Pattern[str]  # unnamed groups: config/rules.py joins the patterns of every rule
     names: tuple[str, ...]
     named: re.Pattern[str]  # the same, each capture a named group: groupdict() is the params
 

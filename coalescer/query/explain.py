@@ -1,7 +1,7 @@
 """`coalescer explain KEY` and GET /keys/{key}: where one key stands, and why.
 
 ``gather_explain`` reads everything about a key in one pipelined round trip to
-its shard: its state (the meta hash field, see lua/_lib.lua), its scores in its
+its shard: its state (the meta hash field, see store/lua/_lib.lua), its scores in its
 rule's due, in-flight and dead sets, the server clock, and the shard's history.
 ``format_explain`` turns that dict into lines a person reads at a glance.
 """

@@ -6,7 +6,7 @@
     running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
     dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
 
-Times are server-clock epoch milliseconds. lua/_lib.lua writes and reads the same forms.
+Times are server-clock epoch milliseconds. store/lua/_lib.lua writes and reads the same forms.
 """
 
 from __future__ import annotations

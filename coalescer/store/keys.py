@@ -15,7 +15,7 @@ Per shard::
                                       (FP a fingerprint of the rule's settings; an entry
                                       counts only while its node is in ``nodes``)
     NS:{NS:N}:rulenames       SET     every rule name a worker node ever registered here
-    NS:{NS:N}:meta            HASH    key -> its state (see lua/_lib.lua)
+    NS:{NS:N}:meta            HASH    key -> its state (see store/lua/_lib.lua)
     NS:{NS:N}:due:RULE        ZSET    pending key -> due time, ms
     NS:{NS:N}:inflight:RULE   ZSET    claimed key -> lease expiry, ms
     NS:{NS:N}:dead:RULE       ZSET    dead-lettered key -> when, ms

@@ -4,7 +4,7 @@ A touched key waits in ``pending`` until the flusher writes it. While it
 waits, more touches of it cost one dict lookup: they are *absorbed*, never
 dropped, because the write that follows them is what makes Redis schedule the
 refresh (the server stamps the write's own time, which is after every touch it
-carries). A key written to Redis is remembered in ``recent`` (recent.py:
+carries). A key written to Redis is remembered in ``recent`` (recent_writes.py:
 cachetools TTL caches, one per absorb interval, of the keys written in each slice
 of it) for about the rule's ``absorb`` interval; a key touched again while it is
 recent is *held* until then, so a hot key costs at most one Redis write per absorb

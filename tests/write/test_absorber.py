@@ -1,4 +1,4 @@
-"""The in-process absorber (coalescer/absorber.py): no Redis, real rules."""
+"""The in-process absorber (coalescer/write/absorber.py): no Redis, real rules."""
 
 from __future__ import annotations
 
