@@ -84,6 +84,7 @@ class SyncCoalescer:
                            "first, or use it as 'with SyncCoalescer...'")
 
     def start(self, timeout: float = 30.0) -> None:
+        forksafe.repair_after_foreign_fork()  # before starting a thread: see forksafe
         self.after_fork()
         self._started, self._restart = True, False
         loop = asyncio.new_event_loop()
