@@ -27,6 +27,12 @@ called before a coalescer starts a thread, detects such a fork by pid and runs
 also runs every ``os.register_at_fork`` hook, ours included). That is only safe
 while the calling thread is the process's only one, so with other threads
 already running it logs a warning and does nothing.
+
+What it cannot repair is a child that hangs before it gets there: if the waiting
+thread had also asked for the GIL to be handed over, the child's only thread
+gives it up at its first chance and waits for a taker that never comes, before
+any of our code runs. Only running ``PyOS_AfterFork_Child()`` right after the
+fork avoids that (``os.fork()`` does; uwsgi with ``py-call-osafterfork``).
 """
 
 from __future__ import annotations
