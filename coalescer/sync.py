@@ -29,6 +29,8 @@ class SyncCoalescer:
     starts it again there, on a loop, thread and connections of the child's own.
     The child starts with an empty buffer: touches buffered before the fork are
     the parent's, written by the parent.
+    In a child forked from C without Python's fork hooks, call ``start()`` first:
+    it repairs the interpreter's state there (see ``coalescer.common.forksafe``).
     """
 
     def __init__(self, coalescer: Coalescer) -> None:
@@ -84,6 +86,7 @@ class SyncCoalescer:
                            "first, or use it as 'with SyncCoalescer...'")
 
     def start(self, timeout: float = 30.0) -> None:
+        forksafe.repair_after_foreign_fork()  # before starting a thread: see forksafe
         self.after_fork()
         self._started, self._restart = True, False
         loop = asyncio.new_event_loop()
