@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import signal
 import sys
 import threading
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,8 @@ from coalescer import ClosedError, Coalescer, SyncCoalescer, UnknownKeyError
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import line_rules
-from tests.helpers.servers import poll_until, wait_until
+from tests.helpers.forks import LIBC_FORK, exit_code, in_child
+from tests.helpers.servers import wait_until
 
 RULES = """\
 namespace: {ns}
@@ -134,35 +132,6 @@ def refresh(claim):
 def fork_rules(tmp_path: Path, namespace: str, shards: int = 1) -> Path:
     return line_rules(tmp_path, f"fork_{namespace}",
                       FORK_RULES.format(ns=namespace, shards=shards))
-
-
-def in_child(body: Callable[[], None], fork: Callable[[], int] = os.fork) -> int:
-    """Fork; the child runs ``body`` and exits 0, or 1 with a traceback if it raised."""
-    pid = fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        body()
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def exit_code(pid: int, timeout: float = 60.0) -> int:
-    """Wait, bounded, for child ``pid``; kill it if it outlives ``timeout``."""
-    def reaped() -> tuple[int] | None:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        return (os.waitstatus_to_exitcode(status),) if done else None
-    try:
-        code: int = poll_until(reaped, timeout, message=f"child {pid} to exit")[0]
-    except AssertionError:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    return code
 
 
 def scheduled(r: redis.Redis, namespace: str, shards: int, keys: list[str]) -> list[str]:
@@ -393,8 +362,7 @@ def test_start_in_a_forked_child_like_a_post_fork_hook(
     """gunicorn's post_fork, uwsgi's @postfork and Celery's worker_process_init call
     start() in the child. uwsgi's master forks from C without running Python's fork
     hooks (unless py-call-osafterfork is set): start() sees the new pid itself."""
-    # PyDLL: the GIL stays held across the fork
-    forker = os.fork if fork == "os.fork" else ctypes.PyDLL(None).fork
+    forker = os.fork if fork == "os.fork" else LIBC_FORK
     with SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url) as sc:
         sc.touch("item:parent")
         sc.flush()

@@ -2,39 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
-import traceback
-from collections.abc import Callable
 
 import pytest
 
 from coalescer.common import forksafe
-from tests.helpers.servers import poll_until
-
-LIBC_FORK: Callable[[], int] = ctypes.PyDLL(None).fork  # PyDLL: the GIL stays held
-
-
-def child_exit_code(body: Callable[[], None], fork: Callable[[], int]) -> int:
-    """Fork; the child runs ``body`` and exits 0, or 1 with a traceback if it raised."""
-    pid = fork()
-    if pid == 0:
-        code = 1
-        try:
-            body()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-
-    def reaped() -> tuple[int] | None:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        return (os.waitstatus_to_exitcode(status),) if done else None
-    code: int = poll_until(reaped, 30.0, message=f"child {pid} to exit")[0]
-    return code
+from tests.helpers.forks import LIBC_FORK, child_exit_code
 
 
 class Records(logging.Handler):
