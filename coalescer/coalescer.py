@@ -151,7 +151,9 @@ class Coalescer:
         return cls(Config.from_yaml(path, import_handlers=worker), **options)
 
     def _new_run(self) -> Run:
-        return Run(Absorber(self.config.rule_for, max_keys=self._max_buffered))
+        run = Run(Absorber(self.config.rule_for, max_keys=self._max_buffered))
+        self._absorber = run.absorber  # the run's, held here too: touch() is the hot path
+        return run
 
     # -- the write path --------------------------------------------------------------
 
@@ -165,7 +167,7 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
-        self._run.absorber.touch(key)
+        self._absorber.touch(key)
 
     def touch_many(self, keys: Iterable[str]) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
