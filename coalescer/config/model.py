@@ -4,6 +4,7 @@ file's ``Config``; ``coalescer.config.schema`` builds both from the YAML."""
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Callable, Mapping
@@ -32,6 +33,35 @@ class RetryPolicy:
         base = min(self.max_backoff, self.backoff * 2.0**exponent)
         jitter = rng.uniform(0.5, 1.0) if rng is not None else random.uniform(0.5, 1.0)
         return base * jitter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RateLimit:
+    """A rule's ``rate:``: at most ``count`` refresh starts per ``per`` seconds, cluster-wide.
+
+    Starts are paced by a token bucket that holds ``burst`` tokens: after a quiet
+    spell, up to a tenth of a second's worth of starts (at least one) may go at once.
+    """
+
+    count: int
+    per: float  # seconds: 1 (``/s``), 60 (``/m``) or 3600 (``/h``)
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.per
+
+    @property
+    def burst(self) -> int:
+        """The bucket's size: a tenth of a second's starts, at least one."""
+        return max(1, math.ceil(self.per_second * BURST_SECONDS))
+
+    def __str__(self) -> str:
+        return f"{self.count}/{_RATE_UNIT_NAMES[self.per]}"
+
+
+BURST_SECONDS = 0.1
+_RATE_UNIT_NAMES = {1.0: "s", 60.0: "m", 3600.0: "h"}
+RATE_UNITS = {name: per for per, name in _RATE_UNIT_NAMES.items()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +101,7 @@ class Rule:
     handler: Handler
     handler_ref: str
     line: int
+    rate: RateLimit | None = None  # None: starts are not throttled
 
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
@@ -90,6 +121,9 @@ class Rule:
             f"  retry: attempts {retry.attempts}, backoff {format_duration(retry.backoff)}, "
             f"max_backoff {format_duration(retry.max_backoff)}",
         ]
+        if self.rate is not None:
+            lines.append(f"  rate: {self.rate} (refresh starts, cluster-wide; "
+                         f"bursts of up to {self.rate.burst})")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

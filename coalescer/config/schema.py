@@ -18,7 +18,15 @@ from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
 from coalescer.config.lint import RuleMatch, RuleSecret
-from coalescer.config.model import URL_FIELD_RE, Handler, HttpHandler, RetryPolicy, Rule
+from coalescer.config.model import (
+    RATE_UNITS,
+    URL_FIELD_RE,
+    Handler,
+    HttpHandler,
+    RateLimit,
+    RetryPolicy,
+    Rule,
+)
 from coalescer.config.patterns import KeyPattern
 from coalescer.config.sources import SourceConfig, load_sources
 from coalescer.config.yaml_reader import (
@@ -39,7 +47,7 @@ _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
                "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
+_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS)
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
 _HTTP_FIELDS = ("url", "method", "timeout", "secret_env")
 
@@ -53,6 +61,8 @@ RULE_DEFAULTS: dict[str, float] = {
 DEFAULT_NAMESPACE = "coalescer"
 DEFAULT_HISTORY = 1000  # refreshes kept per shard in its history stream; 0 keeps none
 MAX_HISTORY = 1_000_000
+MAX_RATE = 1_000_000  # starts per period of a rule's rate
+_RATE_RE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)\s*")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,6 +210,7 @@ class RulesSchema(YamlReader):
         pattern = self.attempt(self.rule_pattern, entries, node, index, name or prefix)
         settings = defaults | self.settings(entries, prefix, level=2)
         self.check(settings, node)
+        rate = self.optional(entries, prefix, "rate", self.rate, None)
         handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
                                pattern)
         self.settle(before)
@@ -212,7 +223,8 @@ class RulesSchema(YamlReader):
                     max_wait=settings["max_wait"].value, absorb=settings["absorb"].value,
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
-                    handler=handler[0], handler_ref=handler[1], line=line_of(node))
+                    handler=handler[0], handler_ref=handler[1], line=line_of(node),
+                    rate=rate)
 
     def rule_name(self, entries: Entries, node: Node, prefix: str,
                   seen: dict[str, int]) -> str:
@@ -234,6 +246,19 @@ class RulesSchema(YamlReader):
             raise self.error(str(exc), match_node, f"rules[{index}].match") from None
         self.matches.append(RuleMatch(index, name, pattern, line_of(match_node)))
         return pattern
+
+    def rate(self, node: Node, field: str) -> RateLimit:
+        """``N/s``, ``N/m`` or ``N/h``: refresh starts per second, minute or hour."""
+        raw = self.value(node, field)
+        found = _RATE_RE.fullmatch(raw) if isinstance(raw, str) else None
+        if found is None or found.group(2) not in RATE_UNITS:
+            raise self.error(f"rate must be starts per second, minute or hour, written "
+                             f"like 100/s, 30/m or 500/h, got {shown(raw)}", node, field)
+        count = int(found.group(1))
+        if not 1 <= count <= MAX_RATE:
+            raise self.error(f"rate must allow from 1 to {MAX_RATE} starts per period, "
+                             f"got {count}", node, field)
+        return RateLimit(count=count, per=RATE_UNITS[found.group(2)])
 
     # -- cross-field checks --
 
