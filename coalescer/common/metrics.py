@@ -118,6 +118,31 @@ class Metrics:
             "stream source entries handled, by source and outcome (accepted, rejected)",
             ["source", "outcome"], registry=r)
 
+        self.rate_held = Gauge(
+            "coalescer_rate_held_keys",
+            "due keys held back by their rule's rate on the shards this node leads "
+            "(their start lag grows while they wait)", ["rule"], registry=r)
+        self.rate_waits = Counter(
+            "coalescer_rate_waits_total",
+            "times a shard's poller found its rule's rate used up and waited", ["rule"],
+            registry=r)
+        self._held: dict[str, dict[int, int]] = {}  # rule -> shard -> keys held by its rate
+
+    def hold(self, rule: str, shard: int, keys: int) -> None:
+        """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""
+        shards = self._held.setdefault(rule, {})
+        if shards.get(shard, 0) == keys:
+            return
+        if keys:
+            shards[shard] = keys
+        else:
+            shards.pop(shard, None)
+        self.rate_held.labels(rule).set(sum(shards.values()))
+
+    def held_by_rate(self) -> int:
+        """Due keys held back by their rules' rates now, every rule and shard."""
+        return sum(sum(shards.values()) for shards in list(self._held.values()))
+
     def start_lag_buckets(self) -> dict[str, int]:
         """Start lags of every rule: cumulative counts per bucket bound ("+Inf" last)."""
         out: dict[str, int] = {}

@@ -1,5 +1,9 @@
 """`coalescer explain KEY` and GET /keys/{key}: where one key stands, and why.
 
+A key of a rule with a rate that is due and not yet claimed waits for the rate:
+the explanation says so, with how many of the rule's keys on its shard are due
+now (one more call, made only then).
+
 ``gather_explain`` reads everything about a key in one pipelined round trip to
 its shard: its state (the meta hash field, see store/lua/_lib.lua), its scores in its
 rule's due, in-flight and dead sets, the server clock, and the shard's history.
@@ -28,7 +32,8 @@ def rule_settings(rule: Rule) -> dict[str, Any]:
             "window": rule.window, "max_wait": rule.max_wait, "absorb": rule.absorb,
             "timeout": rule.timeout, "concurrency": rule.concurrency,
             "retry": {"attempts": rule.retry.attempts, "backoff": rule.retry.backoff,
-                      "max_backoff": rule.retry.max_backoff}}
+                      "max_backoff": rule.retry.max_backoff},
+            "rate": None if rule.rate is None else str(rule.rate)}
 
 
 def _num(text: str) -> int | None:
@@ -111,6 +116,10 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
     if info["state"] == "backoff":
         failed = next((r for r in mine if r.failed), None)
         info["last_error"] = failed.error if failed else None
+    if rule.rate is not None and info["state"] in ("pending", "backoff") \
+            and info["due_ms"] <= now:
+        info["rate_wait"] = {"rate": str(rule.rate), "due_now": await redis.zcount(
+            sk.due(rule.name), "-inf", now)}
     info["last_refreshes"] = [r.to_json() for r in mine[:LAST_REFRESHES]]
     return info
 
@@ -145,6 +154,11 @@ def _state_lines(info: dict[str, Any], hints: CommandHints) -> list[str]:
         return ["idle: nothing pending, running or dead (its next touch starts a burst)"]
     if state in ("pending", "backoff"):
         lines = [f"{state}: {_due(info)}"]
+        if "rate_wait" in info:
+            wait = info["rate_wait"]
+            lines.append(f"waits for the rule's rate ({wait['rate']} refresh starts, "
+                         f"cluster-wide), with {plural(wait['due_now'], 'key')} of the rule "
+                         "due on this shard")
         if state == "backoff":
             lines.append(f"last error: {info.get('last_error') or '(not in the history)'}")
         return lines
@@ -174,7 +188,8 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
             f"timeout {format_duration(rule['timeout'])}, concurrency {rule['concurrency']}",
             f"           retry {retry['attempts']} attempts, backoff "
             f"{format_duration(retry['backoff'])} doubling up to "
-            f"{format_duration(retry['max_backoff'])}"]
+            f"{format_duration(retry['max_backoff'])}"
+            + (f"; rate {rule['rate']}" if rule.get("rate") else "")]
 
 
 def _refresh_line(r: dict[str, Any]) -> str:

@@ -25,6 +25,8 @@ Per shard::
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
+    NS:{NS:rate:RULE}:bucket  HASH    a rule's rate: {tokens, at} (see lua/take_rate.lua);
+                                      one per rule, shared by every shard's poller
 
 A source's stream and its consumer group are the user's, named in the rules
 file, and not built here (in a Redis Cluster the stream lives on its own slot).
@@ -127,3 +129,9 @@ class KeySpace:
 def sources_rejected(namespace: str) -> str:
     """The hash counting each stream source's rejected entries (its own hash tag)."""
     return f"{namespace}:{{{namespace}:sources}}:rejected"
+
+
+def rate_bucket(namespace: str, rule: str) -> str:
+    """The token bucket of ``rule``'s rate: cluster-wide, so on a slot of its own (the
+    rule's keys span every shard), one per rule so that rules spread over the cluster."""
+    return f"{namespace}:{{{namespace}:rate:{rule}}}:bucket"

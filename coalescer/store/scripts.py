@@ -9,11 +9,12 @@ script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
 
 from coalescer.common.plural import plural
+from coalescer.config.model import RateLimit
 from coalescer.errors import NotLeaderError, ScriptError
 from coalescer.store.batching import ScriptBatcher
 from coalescer.store.keys import ShardKeys
@@ -23,7 +24,7 @@ KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode t
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers",
-    "purge", "hasten", "take",
+    "purge", "hasten", "take", "take_rate",
 )
 
 
@@ -76,6 +77,16 @@ class ClaimBatch:
     live_nodes: int
     claims: list[ClaimedKey]
     blocked: bool = False
+    held: dict[int, int] = field(default_factory=dict)  # blocked rule index -> keys due now
+
+
+@dataclass(frozen=True, slots=True)
+class RateGrant:
+    """What a take_rate call granted: starts, and the ms until more are there (0: none
+    are wanted beyond the grant)."""
+
+    granted: int
+    wait_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +186,11 @@ def _claims(encoded: Sequence[str]) -> list[ClaimedKey]:
     return out
 
 
+def _held(encoded: Sequence[str]) -> dict[int, int]:
+    pairs = (item.split("|", 1) for item in encoded)
+    return {int(r): int(n) for r, n in pairs}
+
+
 class Scripts:
     """The registered scripts of one Redis (or Redis Cluster) client."""
 
@@ -221,7 +237,8 @@ class Scripts:
         if int(result[0]) != 1:
             raise ScriptError(f"claim answered {result!r}")
         return ClaimBatch(int(result[1]), _optional(result[2]), _optional(result[3]),
-                          int(result[4]), _claims(result[5]), bool(int(result[6])))
+                          int(result[4]), _claims(result[5]), bool(int(result[6])),
+                          _held(result[7]) if len(result) > 7 else {})
 
     async def ack(self, shard: ShardKeys, groups: Sequence[tuple[str, Sequence[AckItem]]],
                   history: History = NO_HISTORY) -> list[str]:
@@ -333,6 +350,14 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
         now, hastened, pending, in_flight = await self._run("hasten", keys, [limit])
         return Hastened(int(now), int(hastened), int(pending), int(in_flight))
+
+    async def take_rate(self, bucket: str, rate: RateLimit, want: int,
+                        give_back: int = 0) -> RateGrant:
+        """Take up to ``want`` refresh starts from a rule's rate ``bucket``, after giving
+        back ``give_back`` taken and not used."""
+        granted, wait = await self._run("take_rate", [bucket], [
+            rate.count, round(rate.per * 1000), rate.burst, want, give_back])
+        return RateGrant(int(granted), int(wait))
 
     async def take(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
                    limits: Sequence[tuple[str, int]]) -> tuple[int, list[ClaimedKey]]:

@@ -11,6 +11,10 @@ again at once if a slot of a rule that hit its limit freed during the call, and
 otherwise sleeps noting those rules, so that the next freed slot of one of them
 wakes it. A rule whose slots are all busy never makes it spin.
 
+A rule with a rate claims only the starts its token bucket grants (see
+``worker.throttle``); its due keys left waiting make the poller sleep until the
+bucket holds more, or claim again at once when it may.
+
 A shard with nothing pending or in flight is idle: the poller then sleeps longer,
 ``idle_sleep``, three quarters of the leader lease, as each claim call renews the
 lease (an idle node costs fewer than 0.5 Redis commands a second). Its claim call
@@ -23,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import MAX_CLAIM, ClaimBatch, claim_into_slots, recover_expired
 from coalescer.worker.runner import Runner
+from coalescer.worker.throttle import RateGate
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -59,6 +64,8 @@ class Poller:
         self._wake = asyncio.Event()
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
+        self._gate = RateGate(ctx.scripts, ctx.keyspace.namespace, shard.shard, self._rules,
+                              ctx.metrics)
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -86,16 +93,21 @@ class Poller:
                     await self._sleep(self._delay(batch))
         finally:
             self._waiting = []
+            self._gate.close()
 
     async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
         """One claim call; returns it and the limits of the rules that took that many keys."""
-        def call(limits: list[tuple[str, int]]) -> Awaitable[ClaimBatch]:
-            return self._scripts.claim(
+        async def call(limits: list[tuple[str, int]]) -> ClaimBatch:
+            if self._gate:  # rated rules claim only the starts their rate grants
+                limits = await self._gate.limit(limits)
+            return await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, self._rules, MAX_CLAIM, call)
+        if self._gate:
+            await self._gate.settle(batch)
         return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
 
     def _claim_again_now(self, batch: ClaimBatch, limited: list[int]) -> bool:
@@ -108,6 +120,8 @@ class Poller:
         """
         if not batch.blocked:
             return False
+        if self._gate.retry_now:
+            return True
         full = [i for i, n in enumerate(limited) if n >= 0]
         if any(limited[i] == MAX_CLAIM for i in full):
             return True
@@ -122,6 +136,12 @@ class Poller:
 
     def _delay(self, batch: ClaimBatch) -> float:
         """Seconds to sleep: to the nearest due time or lease expiry, at most ``sleep_cap``."""
+        delay = self._due_delay(batch)
+        if self._gate.wait is not None:  # due keys wait for their rule's rate
+            delay = min(delay, self._gate.wait + 0.0005)
+        return delay
+
+    def _due_delay(self, batch: ClaimBatch) -> float:
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
         if nearest is None:

@@ -38,9 +38,10 @@ CHECK_INTERVAL = 60.0
 def fingerprint(rule: Rule) -> str:
     """12 hex digits that change with the rule's match, timing, retries, handler or rate."""
     retry = rule.retry
-    parts = (rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
-             f"{retry.attempts}/{retry.backoff!r}/{retry.max_backoff!r}",
-             rule.handler_ref if callable(rule.handler) else repr(rule.handler))
+    parts: tuple[str, ...] = (
+        rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
+        f"{retry.attempts}/{retry.backoff!r}/{retry.max_backoff!r}",
+        rule.handler_ref if callable(rule.handler) else repr(rule.handler))
     if rule.rate is not None:  # only then: a rule without one keeps its fingerprint
         parts += (f"rate {rule.rate}",)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]

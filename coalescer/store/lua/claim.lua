@@ -12,13 +12,14 @@
 -- key whose score is early (a re-touch moved its due time, kept in meta) is
 -- re-scored, not claimed.
 -- Returns {0} when the caller is not the leader, else
--- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked},
+-- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked, held},
 -- claims being a list of "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings (the
 -- key last, as it may hold '|'; one string a claim keeps the reply cheap to parse),
 -- blocked 1 when a rule claimed as many keys as its limit (0 included) and still
 -- has keys due now: they wait for a free slot, or for the next claim when the limit
 -- was the per-call cap; its due times are left out of "next due" so other rules
--- are not held up.
+-- are not held up. held lists, for each such rule, "RULE-INDEX|KEYS DUE NOW" (an upper
+-- bound: keys re-touched since they were scored count too).
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local leader_lease = tonumber(ARGV[2])
@@ -35,7 +36,7 @@ local function head(zset)
   return tonumber(h[2])
 end
 
-local blocked = 0
+local blocked, held = 0, {}
 for r = 0, (#KEYS - 5) / 2 - 1 do
   local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
   local limit = tonumber(ARGV[6 + r])
@@ -45,6 +46,7 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
   local h = head(due_key)
   if h and h <= now and claimed == limit then
     blocked = 1  -- due work waits for a free slot; it must not delay other rules
+    held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)
   else
     next_due = min(next_due, h)
   end
@@ -52,4 +54,4 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
 end
 
 redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[4]))))
-return {1, now, next_due or -1, next_expiry or -1, live, c.claims, blocked}
+return {1, now, next_due or -1, next_expiry or -1, live, c.claims, blocked, held}

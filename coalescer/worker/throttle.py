@@ -1,0 +1,128 @@
+"""A shard poller's side of the rules' rates: how many due keys of a rule may start.
+
+A rule with ``rate:`` shares one token bucket (``take_rate.lua``) among the pollers
+of every shard, on every node. Its keys span shards, so the bucket is a key of its
+own, and taking from it is a call of its own before the shard's claim call:
+
+* a rated rule is claimed only up to the starts its bucket granted. Tokens are
+  asked for only while the rule has keys due now, as the previous claim call
+  reported (``ClaimBatch.held``), and never more than the slots reserved for the
+  claim and the keys due: a shard with nothing due costs the bucket nothing;
+* a key that newly fell due was held by its first claim call (no tokens yet):
+  ``retry_now`` then asks the poller to claim again at once, with tokens (as it
+  does whenever keys are left due while the bucket may have starts and the rule
+  had slots: each such call claims or learns how long to wait, so it never spins);
+* tokens granted and not used (a due key was re-touched, another node took it)
+  go back to the bucket at once, so that two nodes share the rate;
+* while the bucket is empty the poller sleeps until it holds the starts wanted
+  (``wait``), capped as every sleep is; it never asks again before then.
+
+The keys each rule holds back are counted per shard in ``Metrics.rate_held``
+(``coalescer_rate_held_keys``); the waits in ``coalescer_rate_waits_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coalescer.common.metrics import Metrics
+from coalescer.config.model import RateLimit
+from coalescer.config.rules import Rule
+from coalescer.store.keys import rate_bucket
+from coalescer.store.scripts import ClaimBatch, RateGrant, Scripts
+
+Limits = list[tuple[str, int]]
+
+
+@dataclass(slots=True)
+class _Rated:
+    """One rated rule of the poller: its bucket, and what the last claim said of it."""
+
+    rule: Rule
+    rate: RateLimit
+    bucket: str
+    due: int = 0  # keys due now the last claim left (0: none, or not known yet)
+    ready_at: float = 0.0  # time.monotonic() before which the bucket has no starts for us
+    reserved: int = 0  # slots the last claim call had for it
+    granted: int = 0  # starts the last take granted for that call
+
+
+class RateGate:
+    """The rates of one shard poller's rules (indices as in ``rules``)."""
+
+    def __init__(self, scripts: Scripts, namespace: str, shard: int, rules: Sequence[Rule],
+                 metrics: Metrics) -> None:
+        self._scripts = scripts
+        self._shard = shard
+        self._metrics = metrics
+        self._rated = {i: _Rated(rule, rule.rate, rate_bucket(namespace, rule.name))
+                       for i, rule in enumerate(rules) if rule.rate is not None}
+        self.retry_now = False  # a rated rule's keys fell due: claim again, with tokens
+        self.wait: float | None = None  # seconds until a bucket has the starts wanted
+
+    def __bool__(self) -> bool:
+        return bool(self._rated)
+
+    async def limit(self, limits: Limits) -> Limits:
+        """``limits`` (the slots reserved per rule) with each rated rule's cut to the
+        starts its bucket grants now."""
+        now = time.monotonic()
+        wants = {i: self._want(r, limits[i][1], now) for i, r in self._rated.items()}
+        asks = {i: n for i, n in wants.items() if n > 0}
+        grants = await asyncio.gather(*(
+            self._scripts.take_rate(self._rated[i].bucket, self._rated[i].rate, n)
+            for i, n in asks.items()))
+        out = list(limits)
+        for i, r in self._rated.items():
+            r.reserved, r.granted = limits[i][1], 0
+            out[i] = (r.rule.name, 0)
+        for (i, n), grant in zip(asks.items(), grants, strict=True):
+            self._granted(i, n, grant, now)
+            out[i] = (self._rated[i].rule.name, grant.granted)
+        return out
+
+    @staticmethod
+    def _want(r: _Rated, reserved: int, now: float) -> int:
+        if r.due <= 0 or reserved <= 0 or now < r.ready_at:
+            return 0
+        return min(reserved, r.due)
+
+    def _granted(self, i: int, wanted: int, grant: RateGrant, now: float) -> None:
+        r = self._rated[i]
+        r.granted = grant.granted
+        r.ready_at = now + grant.wait_ms / 1000 if grant.granted < wanted else 0.0
+        if grant.granted < wanted:
+            self._metrics.rate_waits.labels(r.rule.name).inc()
+
+    async def settle(self, batch: ClaimBatch) -> None:
+        """After the claim call: give back unused starts, note what is still due, and
+        decide ``retry_now`` and ``wait``."""
+        taken = Counter(c.rule_index for c in batch.claims)
+        unused = {i: r.granted - taken[i] for i, r in self._rated.items()
+                  if r.granted > taken[i]}
+        if unused:
+            await asyncio.gather(*(
+                self._scripts.take_rate(self._rated[i].bucket, self._rated[i].rate, 0, n)
+                for i, n in unused.items()))
+        now = time.monotonic()
+        self.retry_now, waits = False, []
+        for i, r in self._rated.items():
+            r.due = batch.held.get(i, 0)
+            if r.due and r.ready_at > now:
+                waits.append(r.ready_at - now)
+            elif r.due and r.reserved > 0:
+                # Starts may be there (a key newly due was claimed without asking, or
+                # more fell due than were asked for): claim again at once, asking.
+                self.retry_now = True
+            self._metrics.hold(r.rule.name, self._shard, r.due)
+        self.wait = min(waits, default=None)
+
+    def close(self) -> None:
+        """This poller stopped leading its shard: it holds nothing back any more."""
+        for r in self._rated.values():
+            r.due = 0
+            self._metrics.hold(r.rule.name, self._shard, 0)

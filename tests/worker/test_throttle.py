@@ -1,0 +1,193 @@
+"""A rule's rate on a real valkey-server: starts are spread, the excess waits, nothing is
+dropped, and every shard's poller on every node shares one bucket.
+
+Each refresh records the server clock when it starts; the tests count the starts
+that fall in any one second of that clock (counts, never durations).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from coalescer import Coalescer
+from coalescer.query.explain import format_explain, gather_explain
+from coalescer.store.keys import KeySpace, rate_bucket
+from coalescer.store.scripts import Scripts
+from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
+from tests.helpers.servers import wait_until
+
+RULES = """\
+namespace: {ns}
+shards: {shards}
+defaults:
+  window: 50ms
+  absorb: 10ms
+rules:
+  - name: paced
+    match: "paced:{{id}}"
+    handler: {{mod}}:refresh
+    rate: {rate}
+  - name: free
+    match: "free:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+Start = Callable[..., Awaitable[Coalescer]]
+
+
+def most_in_one_second(starts: list[int]) -> int:
+    """The most starts (server-clock ms) inside any one second [t, t + 1000)."""
+    starts = sorted(starts)
+    best, j = 0, 0
+    for i, t in enumerate(starts):
+        while starts[j] <= t - 1000:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+@pytest_asyncio.fixture
+async def start(redis_url: str) -> AsyncIterator[Start]:
+    nodes: list[Coalescer] = []
+
+    async def make(path: Path, **options: Any) -> Coalescer:
+        c = Coalescer.from_yaml(path, redis_url=redis_url, grace=2.0, **options)
+        await c.start()
+        nodes.append(c)
+        return c
+
+    yield make
+    for c in reversed(nodes):
+        await c.close()
+
+
+def paced_rules(tmp_path: Path, namespace: str, redis: Any, *, rate: str,
+                shards: int = 1) -> tuple[Path, Recorder]:
+    path, rec = recorder_rules(tmp_path, f"rate_{namespace}",
+                               RULES.format(ns=namespace, shards=shards, rate=rate))
+
+    async def clock() -> int:
+        return await server_ms(redis)
+    rec.clock = clock
+    return path, rec
+
+
+async def make_due(start: Start, path: Path, redis: Any, keys: list[str]) -> None:
+    """Make ``keys`` pending through a write-only node, and wait until all are due."""
+    writer = await start(path, worker=False)
+    writer.touch_many(keys)
+    await writer.flush()
+    space = KeySpace(writer.config.namespace, writer.config.shards)
+    last = 0.0
+    for sk in space.all_shards():
+        for rule in ("paced", "free"):
+            top = await redis.zrange(sk.due(rule), -1, -1, withscores=True)
+            last = max([last, *(score for _, score in top)])
+
+    async def all_due() -> bool:
+        return await server_ms(redis) >= last
+    await wait_until(all_due, message="every key due")
+
+
+async def test_starts_are_spread_at_the_rate_in_due_order_and_none_is_dropped(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start) -> None:
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="10/s")
+    keys = [f"paced:{i}" for i in range(30)]
+    free = [f"free:{i}" for i in range(30)]
+    await make_due(start, path, redis_client, keys + free)
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: len(rec.succeeded) == 60, timeout=30,
+                     message="every key refreshed")
+    paced = [t for claim, t in zip(rec.calls, rec.start_ms, strict=True)
+             if claim.rule == "paced"]
+    unpaced = [t for claim, t in zip(rec.calls, rec.start_ms, strict=True)
+               if claim.rule == "free"]
+    assert sorted(x.key for x in rec.succeeded) == sorted(keys + free)
+    # 10 a second plus the bucket's one token of burst; the other rule is not held back
+    assert most_in_one_second(paced) <= 11
+    assert most_in_one_second(unpaced) == 30
+    dues = [x.due_ms for x in rec.calls if x.rule == "paced"]
+    assert dues == sorted(dues)  # the earliest due starts first
+    await wait_until(lambda: settled(redis_client, namespace), message="all acked")
+    assert c.metrics.rate_waits.labels("paced")._value.get() > 0
+    assert c.metrics.held_by_rate() == 0
+
+
+async def test_two_nodes_leading_one_shard_each_share_one_rate(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="20/s", shards=2)
+    takers: set[str] = set()
+    real = Scripts.take_rate
+
+    async def counted(self: Scripts, *args: Any, **kwargs: Any) -> Any:
+        takers.add(str(id(self)))
+        return await real(self, *args, **kwargs)
+    monkeypatch.setattr(Scripts, "take_rate", counted)
+    n1 = await start(path, node_id="n1")
+    n2 = await start(path, node_id="n2")
+    await wait_until(lambda: len(n1.leads()) == 1 and len(n2.leads()) == 1, timeout=20,
+                     message="each node leads one shard")
+    keys = [f"paced:{i}" for i in range(80)]
+    space = KeySpace(namespace, 2)
+    assert {space.shard_of(k) for k in keys} == {0, 1}
+    await make_due(start, path, redis_client, keys)
+    await wait_until(lambda: len(rec.succeeded) == 80, timeout=30,
+                     message="every key refreshed")
+    assert sorted(x.key for x in rec.succeeded) == sorted(keys)
+    assert most_in_one_second(rec.start_ms) <= 22  # 20 a second, burst 2, both nodes
+    assert len(takers) == 2  # both nodes took from the one bucket
+    assert await redis_client.exists(rate_bucket(namespace, "paced")) == 1
+
+
+async def test_explain_and_metrics_say_a_due_key_waits_for_the_rate(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start) -> None:
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="1/m")
+    keys = ["paced:1", "paced:2", "paced:3"]
+    await make_due(start, path, redis_client, keys)
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: len(rec.succeeded) == 1, message="the first key refreshed")
+    await wait_until(lambda: c.metrics.held_by_rate() == 2, message="two keys held")
+    text = c.metrics.registry.get_sample_value("coalescer_rate_held_keys",
+                                               {"rule": "paced"})
+    assert text == 2
+    waiting = sorted(set(keys) - {rec.calls[0].key})
+    last = await gather_explain(redis_client, c.config, waiting[-1])
+    assert last["state"] == "pending"
+    assert last["rule"]["rate"] == "1/m"
+    assert last["rate_wait"] == {"rate": "1/m", "due_now": 2}
+    shown = format_explain(last)
+    assert ("waits for the rule's rate (1/m refresh starts, cluster-wide), with 2 keys of "
+            "the rule due on this shard") in shown
+    assert "rate 1/m" in shown
+    assert json.loads(json.dumps(last)) == last
+    assert len(rec.calls) == 1  # the bucket refills in a minute
+    free = await gather_explain(redis_client, c.config, "free:1")
+    assert free["rule"]["rate"] is None and "rate_wait" not in free
+
+
+async def test_a_shard_with_nothing_due_takes_nothing_from_the_bucket(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="100/s")
+    calls = [0]
+    real = Scripts.take_rate
+
+    async def counted(self: Scripts, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await real(self, *args, **kwargs)
+    monkeypatch.setattr(Scripts, "take_rate", counted)
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: c.leads() == [0], message="n1 leads")
+    c.touch("free:1")
+    await wait_until(lambda: len(rec.succeeded) == 1, message="the free key refreshed")
+    c.touch("paced:1")
+    await wait_until(lambda: len(rec.succeeded) == 2, message="the paced key refreshed")
+    assert calls[0] == 1  # one take, for the one paced key
+    assert await redis_client.exists(rate_bucket(namespace, "paced")) == 1
