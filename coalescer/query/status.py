@@ -8,6 +8,7 @@ from typing import Any
 from coalescer.common.plural import plural
 from coalescer.config.rules import Config
 from coalescer.query.history import RECENT, recent_by_rule
+from coalescer.query.rate_status import add_rates, format_rates
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
@@ -76,6 +77,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
               "dead_letters": dead}
     await add_registry(redis, config, status)
     await add_sources(redis, config, status)
+    await add_rates(redis, config, status)
     return status
 
 
@@ -138,6 +140,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
                      f"{_when(r['next_due_ms'], now_ms)}")
+    lines += format_rates(status)
     lines += format_registry(status)
     lines += _recent_lines(status)
     lines += format_sources(status)

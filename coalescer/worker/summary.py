@@ -5,7 +5,9 @@ silent however much it refreshes. ``tick()`` (about once a second) logs, every
 ``EVERY`` seconds and only when something happened since the last line, e.g.
 ``coalescer NODE: 52 refreshes in the last 10s (1 failed), start lag p50 <=5 ms,
 max <=10 ms`` (with ", N dead-lettered" in the parentheses when keys died);
-``tick(final=True)`` (at close) logs what is left unreported. The counts are the
+``tick(final=True)`` (at close) logs what is left unreported. While rules' rates
+hold due keys back, the line ends with ", N keys waiting for their rule's rate"
+(their start lag grows meanwhile). The counts are the
 runner's own per-rule figures (``RuleMetrics``); the lags are the upper bounds of
 their histogram buckets.
 """
@@ -82,6 +84,7 @@ class RefreshSummary:
     def __init__(self, node_id: str, metrics: Metrics, rules: Sequence[str], *,
                  every: float = EVERY, clock: Callable[[], float] = time.monotonic) -> None:
         self._node_id = node_id
+        self._metrics = metrics
         self._rules = [metrics.rule(name) for name in rules]
         self._every = every
         self._clock = clock
@@ -102,6 +105,8 @@ class RefreshSummary:
     def _log(self, new: Counts, seconds: float) -> None:
         bounds = [b for b, _ in self._rules[0].start_lag.buckets()] if self._rules else []
         dead = f", {new.dead} dead-lettered" if new.dead else ""
-        log.info("coalescer %s: %s in the last %ds (%d failed%s)%s", self._node_id,
+        held = self._metrics.held_by_rate()
+        rate = f", {plural(held, 'key')} waiting for their rule's rate" if held else ""
+        log.info("coalescer %s: %s in the last %ds (%d failed%s)%s%s", self._node_id,
                  plural(new.refreshes, "refresh", "refreshes"), round(seconds), new.failed,
-                 dead, lag_text(new.lags, bounds))
+                 dead, lag_text(new.lags, bounds), rate)

@@ -126,3 +126,27 @@ async def test_a_worker_reports_its_refreshes_by_close(
     assert {node for node, *_ in lines} == {"n1"}
     # One line at close, or more had a period ended meanwhile: the counts add up.
     assert [sum(col) for col in list(zip(*lines, strict=True))[1:]] == [4, 1, 1]
+
+
+def test_the_line_counts_keys_waiting_for_their_rule_rate(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="coalescer")
+    metrics, clock = Metrics(), Clock()
+    summary = RefreshSummary("n1", metrics, ["item"], clock=clock)
+    metrics.hold("item", 0, 30)
+    metrics.hold("item", 3, 12)
+    refresh(metrics, "success", 0.8)
+    clock.now += 10
+    summary.tick()
+    assert caplog.records[-1].getMessage() == (
+        "coalescer n1: 1 refresh in the last 10s (0 failed), "
+        "start lag p50 <=1 s, max <=1 s, 42 keys waiting for their rule's rate")
+    assert metrics.registry.get_sample_value("coalescer_rate_held_keys",
+                                             {"rule": "item"}) == 42
+    metrics.hold("item", 0, 0)
+    metrics.hold("item", 3, 0)
+    refresh(metrics, "success", 0.003)
+    clock.now += 10
+    summary.tick()
+    assert caplog.records[-1].getMessage().endswith("max <=5 ms")
+    assert metrics.held_by_rate() == 0

@@ -17,6 +17,7 @@ import pytest_asyncio
 
 from coalescer import Coalescer
 from coalescer.query.explain import format_explain, gather_explain
+from coalescer.query.status import format_status
 from coalescer.store.keys import KeySpace, rate_bucket
 from coalescer.store.scripts import Scripts
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
@@ -168,6 +169,12 @@ async def test_explain_and_metrics_say_a_due_key_waits_for_the_rate(
     assert "rate 1/m" in shown
     assert json.loads(json.dumps(last)) == last
     assert len(rec.calls) == 1  # the bucket refills in a minute
+    status = await c.query.status()
+    assert status["rules"]["paced"] | {"rate": "1/m", "due_now": 2} == status["rules"]["paced"]
+    assert status["rules"]["free"]["rate"] is None
+    assert "due_now" not in status["rules"]["free"]
+    assert "  paced                           1/m  2 keys due now" in format_status(
+        status, await server_ms(redis_client))
     free = await gather_explain(redis_client, c.config, "free:1")
     assert free["rule"]["rate"] is None and "rate_wait" not in free
 
