@@ -40,6 +40,7 @@ from coalescer.worker.node import Handlers, Node, NodeContext
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
 from coalescer.write.flusher import Flusher
+from coalescer.write.room import DEFAULT_TIMEOUT, touch_blocking, touch_waiting
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Run:
         self.absorber = absorber
         self.metrics = Metrics()
         self.seen: tuple[int, int] = (0, 0)  # the absorber's counts last synced to metrics
+        self.waits_seen = 0  # and its waits for room
         self.conn: Connection | None = None
         self.embedded: EmbeddedServer | None = None
         self.scripts: Scripts | None = None
@@ -176,6 +178,47 @@ class Coalescer:
             raise self._not_running("touch_many()")
         self._run.absorber.touch_many(list(keys))
 
+    async def touch_wait(self, key: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """``touch(key)`` that waits while the buffer is full, for bulk writers.
+
+        Returns once the touch is buffered, as ``touch`` does; while the buffer is
+        full it waits (without blocking the event loop) until the flusher has written
+        keys to Redis, for at most ``timeout`` seconds (None: no bound), then raises
+        BackpressureError. The other errors are ``touch``'s.
+        """
+        if self._state != "running":
+            raise self._not_running(f"touch_wait({key!r})")
+        await touch_waiting(self._absorber, [key], timeout, f"touch_wait({key!r})")
+
+    async def touch_many_wait(self, keys: Iterable[str], *,
+                              timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """Touch every key, waiting while the buffer is full (see ``touch_wait``).
+
+        Every key is checked first: one that is refused (UnknownKeyError,
+        InvalidKeyError) touches nothing. Keys are buffered in order as room frees,
+        so any number of keys fit; on timeout, BackpressureError says how many were
+        buffered (those are written, the rest are not touched).
+        """
+        if self._state != "running":
+            raise self._not_running("touch_many_wait()")
+        await touch_waiting(self._run.absorber, list(keys), timeout, "touch_many_wait()")
+
+    def touch_blocking(self, keys: Iterable[str], *, timeout: float | None = DEFAULT_TIMEOUT,
+                       what: str = "touch_blocking()") -> None:
+        """``touch_many_wait`` for a thread that is not running an event loop: blocks
+        it while the buffer is full (``SyncCoalescer.touch_wait`` is this)."""
+        if self._state != "running":
+            raise self._not_running(what)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(f"{what} would block the event loop running in this "
+                               "thread (and the flusher that frees room): await "
+                               "touch_wait() or touch_many_wait() instead")
+        touch_blocking(self._run.absorber, list(keys), timeout, what)
+
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
         out = []
@@ -206,6 +249,9 @@ class Coalescer:
         run.metrics.touches.inc(touches - run.seen[0])
         run.metrics.absorbed.inc(absorbed - run.seen[1])
         run.seen = (touches, absorbed)
+        waits = run.absorber.waits
+        run.metrics.touch_waits.inc(waits - run.waits_seen)
+        run.waits_seen = waits
 
     def unwritten_age(self) -> float | None:
         """Seconds since the oldest touch not yet in Redis was made; None if there is none."""
@@ -381,6 +427,7 @@ class Coalescer:
             self._closed.set()
 
     async def _shutdown(self, run: Run) -> None:
+        run.absorber.close_waits()  # touches waiting for room end: no new ones come in
         await self._quietly("stop sources", run.stop_sources())
         if run.node is not None:
             run.node.stop_claiming()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from coalescer.coalescer import Coalescer
 from coalescer.common import forksafe
 from coalescer.errors import ClosedError
+from coalescer.write.room import DEFAULT_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,28 @@ class SyncCoalescer:
         if self._loop is None and self._revive(f"touch({key!r})") is None:
             raise self._not_started(f"touch({key!r})")
         self.coalescer.touch(key)
+
+    def touch_wait(self, key: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """``touch(key)`` that blocks this thread while the buffer is full.
+
+        For bulk writers (an import, a backfill): returns once the touch is buffered;
+        while the buffer is full it waits until keys are written to Redis, for at most
+        ``timeout`` seconds (None: no bound), then raises BackpressureError. Request
+        paths that must never block call ``touch``, which refuses at once.
+        """
+        what = f"touch_wait({key!r})"
+        if self._loop is None and self._revive(what) is None:
+            raise self._not_started(what)
+        self.coalescer.touch_blocking([key], timeout=timeout, what=what)
+
+    def touch_many_wait(self, keys: Iterable[str], *,
+                        timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """Touch every key, blocking while the buffer is full; see
+        ``Coalescer.touch_many_wait`` for what is checked first and what a timeout keeps."""
+        what = "touch_many_wait()"
+        if self._loop is None and self._revive(what) is None:
+            raise self._not_started(what)
+        self.coalescer.touch_blocking(keys, timeout=timeout, what=what)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until Redis holds every touch made before this call."""

@@ -84,6 +84,10 @@ class Metrics:
         self.absorbed = Counter(
             "coalescer_absorbed_touches_total",
             "touches absorbed in process (no Redis I/O of their own)", registry=r)
+        self.touch_waits = Counter(
+            "coalescer_touch_waits_total",
+            "times a waiting touch (touch_wait, touch_many_wait) found the buffer full "
+            "and waited for room", registry=r)
         self.flushes = Counter("coalescer_flushes_total", "batches written to Redis", registry=r)
         self.flush_keys = Histogram(
             "coalescer_flush_batch_keys", "keys per batch written to Redis",

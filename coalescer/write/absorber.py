@@ -18,21 +18,32 @@ A key is checked once, on the touch that brings it into ``pending`` (the same
 place its rule is matched): a key Redis cannot store is refused there. The age of
 the oldest unwritten touch is tracked per batch: ``pending`` has the time it last
 went from empty to non-empty, each taken batch the stamp it left with.
+
+A full buffer refuses ``touch`` (BackpressureError). Writers that would rather wait
+``offer`` keys and wait for room: a thread on a condition, a coroutine on a future,
+both woken when a write ends and its keys leave the buffer (``written``, ``discard``),
+never by polling; ``write/room.py`` bounds the wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 from coalescer.config.rules import Rule
-from coalescer.errors import BackpressureError
+from coalescer.errors import BackpressureError, ClosedError
 from coalescer.store.keycheck import check_key
 from coalescer.write.recent_writes import RecentWrites
 
 Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Batch(dict[str, Rule]):
@@ -57,13 +68,21 @@ class Absorber:
         self._writing: list[Batch] = []  # batches taken and not yet finished (see finished)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
+        self._room = threading.Condition(self._lock)  # notified when keys leave the buffer
+        self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._closing = False
         self.idle = True
         self.touches = 0
         self.absorbed = 0
+        self.waits = 0  # times a waiting touch found the buffer full
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """``wake`` tells the flusher there is something to send now."""
         self._wake = wake
+
+    @property
+    def max_keys(self) -> int:
+        return self._max_keys
 
     def __len__(self) -> int:
         """Keys accepted and not yet in Redis, the ones being written included."""
@@ -87,11 +106,86 @@ class Absorber:
             self._pending[key] = rule
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
+        self._poke()
+
+    def _poke(self) -> None:
         # Wake the flusher even for a held key: it then sleeps to the key's release
         # time, instead of its idle check, so the touch is written within ``absorb``.
         if self.idle:
             self.idle = False
             self._wake()
+
+    # -- waiting for room (see write/room.py) --
+
+    def rules_of(self, keys: list[str]) -> list[tuple[str, Rule]]:
+        """Each key with its rule; a refused key raises (KeyRefusedError) before any
+        key is buffered."""
+        return [(key, self._rule(key)) for key in keys]
+
+    def offer(self, items: list[tuple[str, Rule]], start: int) -> int:
+        """Buffer ``items[start:]`` in order while there is room; returns the index of
+        the first one left out (``len(items)``: all are in). Raises ClosedError once
+        ``close_waits`` was called."""
+        with self._lock:
+            if self._closing:
+                raise ClosedError("touch refused: the coalescer is closing")
+            i = self._offer_locked(items, start)
+        if i > start:
+            self._poke()
+        return i
+
+    def _offer_locked(self, items: list[tuple[str, Rule]], start: int) -> int:
+        pending, room = self._pending, self._max_keys - len(self._pending) - self._taken
+        i = start
+        while i < len(items):
+            key, rule = items[i]
+            if key not in pending:
+                if room <= 0:
+                    break
+                room -= 1
+                pending[key] = rule
+                if self._pending_since is None:
+                    self._pending_since = time.monotonic()
+            else:
+                self.absorbed += 1
+            self.touches += 1
+            i += 1
+        return i
+
+    def wait_room(self, timeout: float | None) -> bool:
+        """Block this thread until some room is freed (or ``close_waits``); False when
+        ``timeout`` seconds passed first. Never call it on the flusher's event loop."""
+        with self._lock:
+            if self._closing or len(self._pending) + self._taken < self._max_keys:
+                return True
+            self.waits += 1
+            return self._room.wait(timeout)
+
+    def room_future(self) -> asyncio.Future[None]:
+        """A future of the running loop, done once room is freed (at once if there is
+        some now, or once ``close_waits`` is called)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._closing or len(self._pending) + self._taken < self._max_keys:
+                future.set_result(None)
+            else:
+                self.waits += 1
+                self._room_futures.append((loop, future))
+        return future
+
+    def close_waits(self) -> None:
+        """The coalescer is closing: every waiting touch ends (with ClosedError)."""
+        with self._lock:
+            self._closing = True
+            self._freed_locked()
+
+    def _freed_locked(self) -> None:
+        """Room was freed: wake the waiting threads and coroutines (lock held)."""
+        self._room.notify_all()
+        futures, self._room_futures = self._room_futures, []
+        for loop, future in futures:
+            loop.call_soon_threadsafe(_resolve, future)
 
     def touch_many(self, keys: list[str]) -> None:
         """Buffer every key or none: a refused key (KeyRefusedError) or BackpressureError
@@ -194,6 +288,7 @@ class Absorber:
         """
         with self._lock:
             self._finish(batch, since)
+            self._freed_locked()
         # ``recent`` is only used from the event loop's thread (take, written,
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         self._recent.add(batch)
@@ -213,6 +308,7 @@ class Absorber:
         """Forget keys that can never be written (the flusher dropped them)."""
         with self._lock:
             self._finish(batch, since)
+            self._freed_locked()
 
     def oldest_unwritten(self) -> float | None:
         """When the oldest touch not yet in Redis was made (``time.monotonic()``), or None."""
