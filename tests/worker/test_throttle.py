@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis.asyncio
 
 from coalescer import Coalescer
 from coalescer.query.explain import format_explain, gather_explain
@@ -21,7 +22,7 @@ from coalescer.query.status import format_status
 from coalescer.store.keys import KeySpace, rate_bucket
 from coalescer.store.scripts import Scripts
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
-from tests.helpers.servers import wait_until
+from tests.helpers.servers import Cluster, wait_until
 
 RULES = """\
 namespace: {ns}
@@ -198,3 +199,37 @@ async def test_a_shard_with_nothing_due_takes_nothing_from_the_bucket(
     await wait_until(lambda: len(rec.succeeded) == 2, message="the paced key refreshed")
     assert calls[0] == 1  # one take, for the one paced key
     assert await redis_client.exists(rate_bucket(namespace, "paced")) == 1
+
+
+async def test_on_a_cluster_the_bucket_has_a_slot_of_its_own_and_paces_every_shard(
+        tmp_path: Path, namespace: str, cluster: Cluster) -> None:
+    clock = redis.asyncio.Redis.from_url(cluster.urls[0], decode_responses=True)
+    try:
+        path, rec = paced_rules(tmp_path, namespace, clock, rate="20/s", shards=4)
+        nodes = [Coalescer.from_yaml(path, redis_url=url, node_id=f"node-{i}", grace=2.0)
+                 for i, url in enumerate(cluster.urls[:2])]
+        for node in nodes:
+            await node.start()
+        try:
+            await wait_until(lambda: all(node.leads() for node in nodes), timeout=20,
+                             message="both nodes lead shards")
+            c = nodes[0]
+            keys = [f"paced:{i}" for i in range(60)]
+            c.touch_many(keys)
+            await c.flush()
+            await wait_until(lambda: len(rec.succeeded) == 60, timeout=30,
+                             message="every key refreshed")
+            assert sorted(x.key for x in rec.succeeded) == sorted(keys)
+            assert most_in_one_second(rec.start_ms) <= 22
+            bucket = await c.redis.cluster_keyslot(rate_bucket(namespace, "paced"))
+            shard_slots = {await c.redis.cluster_keyslot(sk.meta)
+                           for sk in KeySpace(namespace, 4).all_shards()}
+            assert bucket not in shard_slots
+            status = await c.query.status()
+            assert status["rules"]["paced"]["rate"] == "20/s"
+            assert status["rules"]["paced"]["due_now"] == 0
+        finally:
+            for node in nodes:
+                await node.close()
+    finally:
+        await clock.aclose()
