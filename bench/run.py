@@ -33,6 +33,7 @@ from typing import Any
 
 from . import figures as F
 from . import peers as P
+from . import throttle as T
 from .valkey import Server
 
 HERE = Path(__file__).resolve().parent
@@ -73,6 +74,10 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "failover": [("coalescer", F.failover_coalescer, ("TMP",)),
                  ("baseline", F.failover_baseline, ("TMP",))],
     "cluster": [("coalescer", F.cluster_coalescer, ("TMP",))],
+    "throttle": [("coalescer", T.throttle_coalescer, ("TMP",))],
+    "bulk": [("coalescer_touch", T.bulk_touch, ()), ("coalescer_wait", T.bulk_touch_wait, ()),
+             ("coalescer_touch_small", T.bulk_touch, (T.SMALL_BUFFER,)),
+             ("coalescer_wait_small", T.bulk_touch_wait, (T.SMALL_BUFFER,))],
 }
 
 
@@ -399,10 +404,41 @@ def _failover_rows(t: Rows) -> None:
              target="<= 3.5 s", ok=lambda c: c <= 3.5)
 
 
+def _throttle_rows(t: Rows) -> None:
+    low, high = T.RATE * 0.9, T.RATE * 1.1
+    t.figure(f"throttled rule at rate: {T.RATE}/s over {T.NODES} node processes, starts/s",
+             t.spread("throttle.coalescer", "per_second"), None, fmt=lambda v: _fmt(v, digits=1),
+             target=f"{T.RATE}/s +-10%", ok=lambda c: low <= c <= high)
+    t.figure("throttled rule: off the rate by, % (starts/s over the rate, minus 1)",
+             t.spread("throttle.coalescer", "off_percent"), None,
+             fmt=lambda v: _fmt(v, " %", 1))
+    t.figure("throttled rule: starts/s past the first second (the bucket's burst left out)",
+             t.spread("throttle.coalescer", "steady_per_second"), None,
+             fmt=lambda v: _fmt(v, digits=1))
+    t.lost("lost updates: throttled rule", "throttle.coalescer", "throttle.none", ".",
+           peers=False)
+    n = f"{t.sizes.bulk_keys:,}"
+    for suffix, buffer in (("", T.DEFAULT_BUFFER), ("_small", T.SMALL_BUFFER)):
+        for system, label in (("coalescer_touch", "touch (refuses)"),
+                              ("coalescer_wait", "touch_wait (waits for room)")):
+            waits = system == "coalescer_wait"
+            where = f"bulk.{system}{suffix}"
+            head = f"bulk import, {n} keys, {T.THREADS} threads, buffer {buffer:,}, {label}"
+            t.figure(f"{head}: BackpressureError raised", t.spread(where, "refused"), None,
+                     fmt=_fmt, target="0" if waits else "-",
+                     ok=(lambda c: c == 0) if waits else None)
+            t.figure(f"{head}: keys missing from Redis", t.spread(where, "missing"), None,
+                     fmt=_fmt, target="0" if waits else "-",
+                     ok=(lambda c: c == 0) if waits else None)
+            t.figure(f"{head}: keys/s into Redis", t.spread(where, "per_second"), None,
+                     fmt=_short)
+
+
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
-    for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows):
+    for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
+                 _throttle_rows):
         part(t)
     return t.out
 

@@ -26,7 +26,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
-from coalescer.errors import ClosedError, UnknownKeyError
+from coalescer.errors import BackpressureError, ClosedError, UnknownKeyError
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, start_sources, stop_sources
@@ -188,7 +188,10 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running(f"touch_wait({key!r})")
-        await touch_waiting(self._absorber, [key], timeout, f"touch_wait({key!r})")
+        try:
+            self._absorber.touch(key)  # room in the buffer: as cheap as touch
+        except BackpressureError:
+            await touch_waiting(self._absorber, [key], timeout, f"touch_wait({key!r})")
 
     async def touch_many_wait(self, keys: Iterable[str], *,
                               timeout: float | None = DEFAULT_TIMEOUT) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from coalescer.coalescer import Coalescer
 from coalescer.common import forksafe
-from coalescer.errors import ClosedError
+from coalescer.errors import BackpressureError, ClosedError
 from coalescer.write.room import DEFAULT_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,12 @@ class SyncCoalescer:
         ``timeout`` seconds (None: no bound), then raises BackpressureError. Request
         paths that must never block call ``touch``, which refuses at once.
         """
-        what = f"touch_wait({key!r})"
-        if self._loop is None and self._revive(what) is None:
-            raise self._not_started(what)
-        self.coalescer.touch_blocking([key], timeout=timeout, what=what)
+        if self._loop is None and self._revive(f"touch_wait({key!r})") is None:
+            raise self._not_started(f"touch_wait({key!r})")
+        try:
+            self.coalescer.touch(key)  # room in the buffer: as cheap as touch
+        except BackpressureError:
+            self.coalescer.touch_blocking([key], timeout=timeout, what=f"touch_wait({key!r})")
 
     def touch_many_wait(self, keys: Iterable[str], *,
                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
