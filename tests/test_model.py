@@ -1,11 +1,13 @@
 """Model-based test: random programs of touches, handler outcomes and node restarts.
 
-A seeded program drives three rules (one taking every setting from ``defaults``)
+A seeded program drives four rules (one taking every setting from ``defaults``, one
+with a rate of refresh starts)
 on a real server: touches and bursts of a few keys, per-key handler outcomes
 (ok, fail, slow, timeout), clean restarts of in-process nodes and SIGKILLs of a
 `coalescer run` child process. The handler logs every run (server clock) to a
 file; the checks in ``model_history`` then read the whole history: no lost
-update, coalescing and the max-wait cap, exclusion, retries and dead letters.
+update, coalescing and the max-wait cap, exclusion, retries and dead letters, and no
+more starts of the rated rule in any one second than its rate allows.
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
@@ -40,6 +42,7 @@ from tests.helpers.model_history import (
     check_dead_letters,
     check_exclusion,
     check_no_lost_update,
+    check_rate,
     check_retries,
     timeline,
 )
@@ -73,6 +76,10 @@ rules:
     max_wait: 400ms
     absorb: 10ms
     timeout: 500ms
+    handler: handlers:refresh
+  - name: paced
+    match: "paced:{{id}}"
+    rate: 4/s
     handler: handlers:refresh
 """
 
@@ -126,7 +133,7 @@ async def refresh(claim):
         write(ev="end", key=claim.key, token=claim.token, t=now_us(), result=result)
 """
 
-KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c")
+KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2")
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
@@ -288,7 +295,9 @@ def check_history(world: World) -> list[str]:
             *check_no_lost_update(history, runs, rules, rule_of),
             *check_coalescing(history, runs, rules, rule_of),
             *check_exclusion(runs),
-            *check_retries(history, runs, rules, rule_of)]
+            *check_retries(history, runs, rules, rule_of),
+            *(v for r in world.config.rules if r.rate is not None
+              for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst))]
 
 
 @pytest_asyncio.fixture
