@@ -151,6 +151,7 @@ class AdoptBatch:
     claims: list[ClaimedKey]
     blocked: bool
     served: int  # how many of the asked rules this node serves on the shard now
+    held: dict[int, int] = field(default_factory=dict)  # as ClaimBatch.held
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,9 +327,9 @@ class Scripts:
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, limit]
-        now, due, expiry, claims, blocked, served = await self._run("adopt", keys, args)
+        now, due, expiry, claims, blocked, served, *held = await self._run("adopt", keys, args)
         return AdoptBatch(int(now), _optional(due), _optional(expiry), _claims(claims),
-                          bool(int(blocked)), int(served))
+                          bool(int(blocked)), int(served), _held(held[0]) if held else {})
 
     async def peers(self, shard: ShardKeys, live_ms: int) -> tuple[int, list[Peer]]:
         """Server time and the shard's live worker nodes with their registered rules."""

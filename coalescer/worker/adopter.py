@@ -6,7 +6,8 @@ live node with the lowest id that knows it adopts the rule: while standing by
 it claims that rule's due keys with ``adopt.lua``, which re-checks the choice
 in the same atomic step and claims as the leader does (due keys only, one
 fencing token each), so no key is ever held twice. The leader's own rules and
-its lease are untouched: leadership never moves because rules differ.
+its lease are untouched: leadership never moves because rules differ. An adopted
+rule with a rate takes its starts from the rule's bucket, as a poller does.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import MAX_CLAIM, AdoptBatch, claim_into_slots, recover_expired
 from coalescer.worker.runner import Runner
+from coalescer.worker.throttle import RateGate
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -42,6 +44,8 @@ class Adopter:
         self._leader_lease_ms = round(ctx.leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
         self._sleep_cap = sleep_cap
+        self._namespace = ctx.keyspace.namespace
+        self._metrics = ctx.metrics
         self._wake = asyncio.Event()
         self._serving: tuple[str, ...] = ()
         self.starved = False
@@ -56,6 +60,7 @@ class Adopter:
         rules = [self._by_name[n] for n in names if n in self._by_name]
         self._note(tuple(r.name for r in rules))
         deadline = time.monotonic() + seconds
+        gate = self._gate(rules)
         try:
             while rules and not interrupt.is_set():
                 left = deadline - time.monotonic()
@@ -63,7 +68,7 @@ class Adopter:
                     return
                 self._wake.clear()
                 freed = [self._runner.freed(r) for r in rules]
-                batch, full = await self._claim(rules)
+                batch, full = await self._claim(rules, gate)
                 if batch.served == 0:
                     self._note(())
                     return
@@ -71,10 +76,15 @@ class Adopter:
                     continue
                 self.starved = batch.blocked
                 # A slot freed during the claim call found us not yet starved: go again.
-                again = full or (batch.blocked and freed != [self._runner.freed(r) for r in rules])
-                await self._sleep(min(left, 0.0 if again else self._delay(batch)))
+                again = full or gate.retry_now or (
+                    batch.blocked and freed != [self._runner.freed(r) for r in rules])
+                await self._sleep(min(left, 0.0 if again else self._delay(batch, gate)))
         finally:
             self.starved = False
+            gate.close()
+
+    def _gate(self, rules: list[Rule]) -> RateGate:
+        return RateGate(self._scripts, self._namespace, self._shard.shard, rules, self._metrics)
 
     def stop_serving(self) -> None:
         """This node leads the shard now, or no longer adopts anything there."""
@@ -92,13 +102,17 @@ class Adopter:
                      self._shard.shard, self._node_id)
         self._serving = serving
 
-    async def _claim(self, rules: list[Rule]) -> tuple[AdoptBatch, bool]:
-        def call(limits: list[tuple[str, int]]) -> Awaitable[AdoptBatch]:
-            return self._scripts.adopt(
+    async def _claim(self, rules: list[Rule], gate: RateGate) -> tuple[AdoptBatch, bool]:
+        async def call(limits: list[tuple[str, int]]) -> AdoptBatch:
+            if gate:  # rated rules claim only the starts their rate grants
+                limits = await gate.limit(limits)
+            return await self._scripts.adopt(
                 self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
                 claim_lease_ms=self._claim_lease_ms, limits=limits)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, rules, MAX_CLAIM, call)
+        if gate:
+            await gate.settle(batch)
         full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
         return batch, full
 
@@ -106,12 +120,14 @@ class Adopter:
         return await recover_expired(self._scripts, self._shard, rules, batch.now_ms,
                                      batch.next_expiry_ms)
 
-    def _delay(self, batch: AdoptBatch) -> float:
+    def _delay(self, batch: AdoptBatch, gate: RateGate) -> float:
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
-        if nearest is None:
-            return self._sleep_cap
-        return min(self._sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+        delay = self._sleep_cap if nearest is None else min(
+            self._sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+        if gate.wait is not None:  # due keys wait for their rule's rate
+            delay = min(delay, gate.wait + 0.0005)
+        return delay
 
     async def _sleep(self, delay: float) -> None:
         if delay <= 0:

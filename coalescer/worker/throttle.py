@@ -1,5 +1,8 @@
 """A shard poller's side of the rules' rates: how many due keys of a rule may start.
 
+(An adopter, serving on a shard the rules its leader lacks, paces its rules the same
+way: what is said here of a poller and its claim call holds for it and adopt calls.)
+
 A rule with ``rate:`` shares one token bucket (``take_rate.lua``) among the pollers
 of every shard, on every node. Its keys span shards, so the bucket is a key of its
 own, and taking from it is a call of its own before the shard's claim call:
@@ -33,7 +36,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.config.model import RateLimit
 from coalescer.config.rules import Rule
 from coalescer.store.keys import rate_bucket
-from coalescer.store.scripts import ClaimBatch, RateGrant, Scripts
+from coalescer.store.scripts import AdoptBatch, ClaimBatch, RateGrant, Scripts
 
 Limits = list[tuple[str, int]]
 
@@ -98,7 +101,7 @@ class RateGate:
         if grant.granted < wanted:
             self._metrics.rate_waits.labels(r.rule.name).inc()
 
-    async def settle(self, batch: ClaimBatch) -> None:
+    async def settle(self, batch: ClaimBatch | AdoptBatch) -> None:
         """After the claim call: give back unused starts, note what is still due, and
         decide ``retry_now`` and ``wait``."""
         taken = Counter(c.rule_index for c in batch.claims)

@@ -13,7 +13,9 @@
 -- Claims exactly as claim.lua does: due keys only, lowest first, each with a
 -- fencing token from the shard's counter, so a key is never claimed twice.
 -- Returns {now, next due or -1, next lease expiry or -1, claims, blocked,
--- rules served}; claims and blocked as in claim.lua, over the rules served.
+-- rules served, held}; claims and blocked as in claim.lua, over the rules served;
+-- held as in claim.lua: "RULE-INDEX|KEYS DUE NOW" of each rule served that claimed
+-- as many keys as its limit (0 included) and still has keys due now.
 
 local node, now = ARGV[1], now_ms()
 heartbeat(KEYS[4], node, now, 2 * tonumber(ARGV[2]))
@@ -22,7 +24,7 @@ if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[3]),
            node = node, claims = {}}
-local next_due, next_expiry, blocked, served = nil, nil, 0, 0
+local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
 local function head(zset)
   local h = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
@@ -34,10 +36,14 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
   local name, limit = ARGV[4 + 2 * r], tonumber(ARGV[5 + 2 * r])
   if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
     served = served + 1
+    local before = #c.claims
     if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
     local h = head(due_key)
     if h and h <= now and limit == 0 then blocked = 1 else next_due = min(next_due, h) end
+    if h and h <= now and #c.claims - before == limit then
+      held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)
+    end
     next_expiry = min(next_expiry, head(inflight_key))
   end
 end
-return {now, next_due or -1, next_expiry or -1, c.claims, blocked, served}
+return {now, next_due or -1, next_expiry or -1, c.claims, blocked, served, held}
