@@ -233,3 +233,14 @@ async def test_on_a_cluster_the_bucket_has_a_slot_of_its_own_and_paces_every_sha
                 await node.close()
     finally:
         await clock.aclose()
+
+
+async def test_a_drain_runs_every_due_key_whatever_the_rate(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start) -> None:
+    path, _ = paced_rules(tmp_path, namespace, redis_client, rate="1/m")
+    keys = [f"paced:{i}" for i in range(5)]
+    c = await start(path, worker=False)
+    c.touch_many(keys)
+    await c.flush()
+    claims = await c.drain(timeout=10)
+    assert sorted(x.key for x in claims) == keys
