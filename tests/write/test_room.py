@@ -182,3 +182,18 @@ async def test_close_ends_touches_waiting_for_room(make: Make, admin: redis.Redi
         await waiting
     await asyncio.to_thread(admin.client_unpause)
     await closing
+
+
+def test_a_timed_out_touch_many_wait_keeps_the_keys_it_buffered(
+        rules: Path, own_server: ValkeyProcess, admin: redis.Redis, namespace: str) -> None:
+    with SyncCoalescer.from_yaml(rules, redis_url=own_server.url, max_buffered=10) as c:
+        pause_writes(admin)
+        first = [f"stats:{i}" for i in range(8)]
+        c.touch_many_wait(first)
+        more = [f"stats:more{i}" for i in range(5)]
+        with pytest.raises(BackpressureError, match=r"2 of 5 keys buffered, the other 3 "
+                                                    r"refused after waiting 0.1s"):
+            c.touch_many_wait(more, timeout=0.1)
+        admin.client_unpause()
+        c.flush()
+    assert stored(admin, namespace) == {*first, *more[:2]}
