@@ -286,7 +286,7 @@ async def test_adopt_claims_only_for_the_lowest_id_live_node_knowing_a_rule_the_
 
 async def test_a_rule_with_a_rate_that_the_leader_lacks_is_paced_by_its_adopter(
         rules_file: RulesFactory, namespace: str, start: Start, redis_client: Any) -> None:
-    paced = ONLY_A.replace("    handler:", "    rate: 10/s\n    handler:")
+    paced = ONLY_A.replace("    handler:", "    rate: 5/s\n    handler:")
     node_b = Node(rules_file, text(namespace, 1, ITEM))
     node_a = Node(rules_file, text(namespace, 1, ITEM, paced))
 
@@ -297,7 +297,7 @@ async def test_a_rule_with_a_rate_that_the_leader_lacks_is_paced_by_its_adopter(
     await wait_until(lambda: b.leads() == [0], message="B leads")
     await start(node_a, "A")
     writer_a = await start(node_a, "writer-a", worker=False)
-    keys = [f"a:{i}" for i in range(25)]
+    keys = [f"a:{i}" for i in range(15)]
     writer_a.touch_many(keys)
     await writer_a.flush()
     await wait_until(lambda: all_refreshed([node_a.rec], keys), timeout=20,
@@ -305,4 +305,6 @@ async def test_a_rule_with_a_rate_that_the_leader_lacks_is_paced_by_its_adopter(
     assert b.leads() == [0]  # A served them as B's adopter
     starts = sorted(node_a.rec.start_ms)
     most = max(sum(1 for t in starts if s <= t < s + 1000) for s in starts)
-    assert most <= 11  # 10 a second plus the bucket's one token of burst
+    # 5 a second, the bucket's one token of burst, and one for the handler recording its
+    # start a moment after its claim
+    assert most <= 7

@@ -43,6 +43,11 @@ rules:
 Start = Callable[..., Awaitable[Coalescer]]
 
 
+# A handler records its start a moment after the claim that took the token; a stall of
+# the machine can bring two claims' records closer than their tokens were: one more.
+SLACK = 1
+
+
 def most_in_one_second(starts: list[int]) -> int:
     """The most starts (server-clock ms) inside any one second [t, t + 1000)."""
     starts = sorted(starts)
@@ -99,21 +104,21 @@ async def make_due(start: Start, path: Path, redis: Any, keys: list[str]) -> Non
 
 async def test_starts_are_spread_at_the_rate_in_due_order_and_none_is_dropped(
         tmp_path: Path, namespace: str, redis_client: Any, start: Start) -> None:
-    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="10/s")
-    keys = [f"paced:{i}" for i in range(30)]
-    free = [f"free:{i}" for i in range(30)]
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="5/s")
+    keys = [f"paced:{i}" for i in range(15)]
+    free = [f"free:{i}" for i in range(15)]
     await make_due(start, path, redis_client, keys + free)
     c = await start(path, node_id="n1")
-    await wait_until(lambda: len(rec.succeeded) == 60, timeout=30,
+    await wait_until(lambda: len(rec.succeeded) == 30, timeout=30,
                      message="every key refreshed")
     paced = [t for claim, t in zip(rec.calls, rec.start_ms, strict=True)
              if claim.rule == "paced"]
     unpaced = [t for claim, t in zip(rec.calls, rec.start_ms, strict=True)
                if claim.rule == "free"]
     assert sorted(x.key for x in rec.succeeded) == sorted(keys + free)
-    # 10 a second plus the bucket's one token of burst; the other rule is not held back
-    assert most_in_one_second(paced) <= 11
-    assert most_in_one_second(unpaced) == 30
+    # 5 a second plus the bucket's one token of burst; the other rule is not held back
+    assert most_in_one_second(paced) <= 5 + 1 + SLACK
+    assert most_in_one_second(unpaced) == 15
     dues = [x.due_ms for x in rec.calls if x.rule == "paced"]
     assert dues == sorted(dues)  # the earliest due starts first
     await wait_until(lambda: settled(redis_client, namespace), message="all acked")
@@ -124,7 +129,7 @@ async def test_starts_are_spread_at_the_rate_in_due_order_and_none_is_dropped(
 async def test_two_nodes_leading_one_shard_each_share_one_rate(
         tmp_path: Path, namespace: str, redis_client: Any, start: Start,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="20/s", shards=2)
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="10/s", shards=2)
     takers: set[str] = set()
     real = Scripts.take_rate
 
@@ -136,14 +141,14 @@ async def test_two_nodes_leading_one_shard_each_share_one_rate(
     n2 = await start(path, node_id="n2")
     await wait_until(lambda: len(n1.leads()) == 1 and len(n2.leads()) == 1, timeout=20,
                      message="each node leads one shard")
-    keys = [f"paced:{i}" for i in range(80)]
+    keys = [f"paced:{i}" for i in range(40)]
     space = KeySpace(namespace, 2)
     assert {space.shard_of(k) for k in keys} == {0, 1}
     await make_due(start, path, redis_client, keys)
-    await wait_until(lambda: len(rec.succeeded) == 80, timeout=30,
+    await wait_until(lambda: len(rec.succeeded) == 40, timeout=30,
                      message="every key refreshed")
     assert sorted(x.key for x in rec.succeeded) == sorted(keys)
-    assert most_in_one_second(rec.start_ms) <= 22  # 20 a second, burst 2, both nodes
+    assert most_in_one_second(rec.start_ms) <= 10 + 1 + SLACK  # both nodes together
     assert len(takers) == 2  # both nodes took from the one bucket
     assert await redis_client.exists(rate_bucket(namespace, "paced")) == 1
 
@@ -205,7 +210,7 @@ async def test_on_a_cluster_the_bucket_has_a_slot_of_its_own_and_paces_every_sha
         tmp_path: Path, namespace: str, cluster: Cluster) -> None:
     clock = redis.asyncio.Redis.from_url(cluster.urls[0], decode_responses=True)
     try:
-        path, rec = paced_rules(tmp_path, namespace, clock, rate="20/s", shards=4)
+        path, rec = paced_rules(tmp_path, namespace, clock, rate="10/s", shards=4)
         nodes = [Coalescer.from_yaml(path, redis_url=url, node_id=f"node-{i}", grace=2.0)
                  for i, url in enumerate(cluster.urls[:2])]
         for node in nodes:
@@ -214,19 +219,19 @@ async def test_on_a_cluster_the_bucket_has_a_slot_of_its_own_and_paces_every_sha
             await wait_until(lambda: all(node.leads() for node in nodes), timeout=20,
                              message="both nodes lead shards")
             c = nodes[0]
-            keys = [f"paced:{i}" for i in range(60)]
+            keys = [f"paced:{i}" for i in range(30)]
             c.touch_many(keys)
             await c.flush()
-            await wait_until(lambda: len(rec.succeeded) == 60, timeout=30,
+            await wait_until(lambda: len(rec.succeeded) == 30, timeout=30,
                              message="every key refreshed")
             assert sorted(x.key for x in rec.succeeded) == sorted(keys)
-            assert most_in_one_second(rec.start_ms) <= 22
+            assert most_in_one_second(rec.start_ms) <= 10 + 1 + SLACK
             bucket = await c.redis.cluster_keyslot(rate_bucket(namespace, "paced"))
             shard_slots = {await c.redis.cluster_keyslot(sk.meta)
                            for sk in KeySpace(namespace, 4).all_shards()}
             assert bucket not in shard_slots
             status = await c.query.status()
-            assert status["rules"]["paced"]["rate"] == "20/s"
+            assert status["rules"]["paced"]["rate"] == "10/s"
             assert status["rules"]["paced"]["due_now"] == 0
         finally:
             for node in nodes:
