@@ -44,8 +44,7 @@ class Adopter:
         self._leader_lease_ms = round(ctx.leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
         self._sleep_cap = sleep_cap
-        self._namespace = ctx.keyspace.namespace
-        self._metrics = ctx.metrics
+        self._ctx = ctx
         self._wake = asyncio.Event()
         self._serving: tuple[str, ...] = ()
         self.starved = False
@@ -84,7 +83,7 @@ class Adopter:
             gate.close()
 
     def _gate(self, rules: list[Rule]) -> RateGate:
-        return RateGate(self._scripts, self._namespace, self._shard.shard, rules, self._metrics)
+        return RateGate(self._ctx, shard=self._shard.shard, rules=rules, slots=self._runner)
 
     def stop_serving(self) -> None:
         """This node leads the shard now, or no longer adopts anything there."""

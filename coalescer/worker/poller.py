@@ -64,8 +64,7 @@ class Poller:
         self._wake = asyncio.Event()
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
-        self._gate = RateGate(ctx.scripts, ctx.keyspace.namespace, shard.shard, self._rules,
-                              ctx.metrics)
+        self._gate = RateGate(ctx, shard=shard.shard, rules=self._rules, slots=runner)
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -125,6 +124,8 @@ class Poller:
         full = [i for i, n in enumerate(limited) if n >= 0]
         if any(limited[i] == MAX_CLAIM for i in full):
             return True
+        # a rated rule with no slot to run a claim in at once waits for one too
+        full += [i for i in self._gate.slot_bound if i not in full]
         if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i] for i in full):
             return True
         self._waiting = full

@@ -9,12 +9,16 @@ own, and taking from it is a call of its own before the shard's claim call:
 
 * a rated rule is claimed only up to the starts its bucket granted. Tokens are
   asked for only while the rule has keys due now, as the previous claim call
-  reported (``ClaimBatch.held``), and never more than the slots reserved for the
-  claim and the keys due: a shard with nothing due costs the bucket nothing;
+  reported (``ClaimBatch.held``), and never more than the keys due and the slots
+  reserved that a claim *runs* in at once: a claim waiting in process for a slot
+  would start later, bunched with others, past the rate. A shard with nothing due
+  costs the bucket nothing;
 * a key that newly fell due was held by its first claim call (no tokens yet):
   ``retry_now`` then asks the poller to claim again at once, with tokens (as it
   does whenever keys are left due while the bucket may have starts and the rule
-  had slots: each such call claims or learns how long to wait, so it never spins);
+  had slots to run them: each such call claims or learns how long to wait, so it
+  never spins); a rule with keys due and no slot to run one (``slot_bound``) waits
+  for a freed slot, as an unrated rule does;
 * tokens granted and not used (a due key was re-touched, another node took it)
   go back to the bucket at once, so that two nodes share the rate;
 * while the bucket is empty the poller sleeps until it holds the starts wanted
@@ -31,12 +35,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.model import RateLimit
 from coalescer.config.rules import Rule
 from coalescer.store.keys import rate_bucket
 from coalescer.store.scripts import AdoptBatch, ClaimBatch, RateGrant, Scripts
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
 
 Limits = list[tuple[str, int]]
 
@@ -50,21 +58,33 @@ class _Rated:
     bucket: str
     due: int = 0  # keys due now the last claim left (0: none, or not known yet)
     ready_at: float = 0.0  # time.monotonic() before which the bucket has no starts for us
-    reserved: int = 0  # slots the last claim call had for it
+    runnable: int = 0  # slots the last claim call had for it that a claim runs in at once
     granted: int = 0  # starts the last take granted for that call
+
+
+class Slots(Protocol):
+    """The handler slots of the node (the runner): how many claims of a rule it holds
+    at most (running and waiting), and how many more it can take now."""
+
+    def capacity(self, rule: Rule) -> int: ...
+
+    def free_slots(self, rule: Rule) -> int: ...
 
 
 class RateGate:
     """The rates of one shard poller's rules (indices as in ``rules``)."""
 
-    def __init__(self, scripts: Scripts, namespace: str, shard: int, rules: Sequence[Rule],
-                 metrics: Metrics) -> None:
-        self._scripts = scripts
+    def __init__(self, ctx: NodeContext, *, shard: int, rules: Sequence[Rule],
+                 slots: Slots) -> None:
+        self._scripts: Scripts = ctx.scripts
+        self._slots = slots
         self._shard = shard
-        self._metrics = metrics
+        self._metrics: Metrics = ctx.metrics
+        namespace = ctx.keyspace.namespace
         self._rated = {i: _Rated(rule, rule.rate, rate_bucket(namespace, rule.name))
                        for i, rule in enumerate(rules) if rule.rate is not None}
         self.retry_now = False  # a rated rule's keys fell due: claim again, with tokens
+        self.slot_bound: list[int] = []  # rated rules with keys due and no slot to run them
         self.wait: float | None = None  # seconds until a bucket has the starts wanted
 
     def __bool__(self) -> bool:
@@ -74,25 +94,31 @@ class RateGate:
         """``limits`` (the slots reserved per rule) with each rated rule's cut to the
         starts its bucket grants now."""
         now = time.monotonic()
-        wants = {i: self._want(r, limits[i][1], now) for i, r in self._rated.items()}
+        for i, r in self._rated.items():
+            r.runnable, r.granted = self._runnable(r.rule, limits[i][1]), 0
+        wants = {i: self._want(r, now) for i, r in self._rated.items()}
         asks = {i: n for i, n in wants.items() if n > 0}
         grants = await asyncio.gather(*(
             self._scripts.take_rate(self._rated[i].bucket, self._rated[i].rate, n)
             for i, n in asks.items()))
         out = list(limits)
         for i, r in self._rated.items():
-            r.reserved, r.granted = limits[i][1], 0
             out[i] = (r.rule.name, 0)
         for (i, n), grant in zip(asks.items(), grants, strict=True):
             self._granted(i, n, grant, now)
             out[i] = (self._rated[i].rule.name, grant.granted)
         return out
 
+    def _runnable(self, rule: Rule, reserved: int) -> int:
+        """Of the ``reserved`` slots, how many a claim starts in at once."""
+        held = self._slots.capacity(rule) - self._slots.free_slots(rule) - reserved
+        return max(0, min(reserved, int(rule.concurrency) - held))
+
     @staticmethod
-    def _want(r: _Rated, reserved: int, now: float) -> int:
-        if r.due <= 0 or reserved <= 0 or now < r.ready_at:
+    def _want(r: _Rated, now: float) -> int:
+        if r.due <= 0 or r.runnable <= 0 or now < r.ready_at:
             return 0
-        return min(reserved, r.due)
+        return min(r.runnable, r.due)
 
     def _granted(self, i: int, wanted: int, grant: RateGrant, now: float) -> None:
         r = self._rated[i]
@@ -112,12 +138,14 @@ class RateGate:
                 self._scripts.take_rate(self._rated[i].bucket, self._rated[i].rate, 0, n)
                 for i, n in unused.items()))
         now = time.monotonic()
-        self.retry_now, waits = False, []
+        self.retry_now, self.slot_bound, waits = False, [], []
         for i, r in self._rated.items():
             r.due = batch.held.get(i, 0)
-            if r.due and r.ready_at > now:
+            if r.due and r.runnable == 0:
+                self.slot_bound.append(i)  # waits for a slot to run in, then for starts
+            elif r.due and r.ready_at > now:
                 waits.append(r.ready_at - now)
-            elif r.due and r.reserved > 0:
+            elif r.due:
                 # Starts may be there (a key newly due was claimed without asking, or
                 # more fell due than were asked for): claim again at once, asking.
                 self.retry_now = True

@@ -7,6 +7,7 @@ that fall in any one second of that clock (counts, never durations).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -249,3 +250,31 @@ async def test_a_drain_runs_every_due_key_whatever_the_rate(
     await c.flush()
     claims = await c.drain(timeout=10)
     assert sorted(x.key for x in claims) == keys
+
+
+async def test_a_rated_rule_claims_only_what_it_can_start_at_once(
+        tmp_path: Path, namespace: str, redis_client: Any, start: Start) -> None:
+    path, rec = paced_rules(tmp_path, namespace, redis_client, rate="5/s")
+    path.write_text(path.read_text().replace("    rate: 5/s\n", "    rate: 5/s\n"
+                                             "    concurrency: 3\n"))
+    gate = asyncio.Event()
+
+    async def held(_claim: Any) -> None:
+        await gate.wait()
+    rec.hook = held
+    keys = [f"paced:{i}" for i in range(12)]
+    await make_due(start, path, redis_client, keys)
+    c = await start(path, node_id="n1")
+    await wait_until(lambda: len(rec.calls) == 3, message="three refreshes running")
+    later = await server_ms(redis_client) + 1500  # the bucket refills 7 times meanwhile
+
+    async def passed() -> bool:
+        return await server_ms(redis_client) >= later
+    await wait_until(passed, message="1.5 s of the server clock")
+    # no claim waits in process for a slot: it would start later, bunched past the rate
+    assert c._run.node is not None and c._run.node.runner.holding == 3
+    sk = KeySpace(namespace, 1).shard(0)
+    assert await redis_client.zcard(sk.inflight("paced")) == 3
+    gate.set()
+    await wait_until(lambda: len(rec.succeeded) == 12, timeout=30, message="all refreshed")
+    assert most_in_one_second(rec.start_ms) <= 5 + 1 + SLACK
