@@ -35,6 +35,15 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class BatchPolicy:
+    """A batch rule's handler gets a list of claims: up to ``max`` due keys at once,
+    waiting at most ``wait`` seconds for a fuller list once the first key is claimed."""
+
+    max: int
+    wait: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HttpHandler:
     """The ``http:`` handler form: a webhook called with the claim as its JSON body."""
 
@@ -71,6 +80,7 @@ class Rule:
     handler: Handler
     handler_ref: str
     line: int
+    batch: BatchPolicy | None = None  # None: one handler call per key
 
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
@@ -90,6 +100,9 @@ class Rule:
             f"  retry: attempts {retry.attempts}, backoff {format_duration(retry.backoff)}, "
             f"max_backoff {format_duration(retry.max_backoff)}",
         ]
+        if self.batch is not None:
+            lines.append(f"  batch: max {self.batch.max}, wait {format_duration(self.batch.wait)}"
+                         " (concurrency counts batches)")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

@@ -18,7 +18,14 @@ from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
 from coalescer.config.lint import RuleMatch, RuleSecret
-from coalescer.config.model import URL_FIELD_RE, Handler, HttpHandler, RetryPolicy, Rule
+from coalescer.config.model import (
+    URL_FIELD_RE,
+    BatchPolicy,
+    Handler,
+    HttpHandler,
+    RetryPolicy,
+    Rule,
+)
 from coalescer.config.patterns import KeyPattern
 from coalescer.config.sources import SourceConfig, load_sources
 from coalescer.config.yaml_reader import (
@@ -39,7 +46,10 @@ _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
                "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS)
+_RULE_FIELDS = ("name", "match", "handler", "batch", *_SETTING_FIELDS)
+_BATCH_FIELDS = ("max", "wait")
+MAX_BATCH = 10_000  # keys in one batch handler call
+MAX_BATCH_WAIT = 10.0  # seconds a batch waits for more keys, at most
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
 _HTTP_FIELDS = ("url", "method", "timeout", "secret_env")
 
@@ -202,6 +212,9 @@ class RulesSchema(YamlReader):
         self.check(settings, node)
         handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
                                pattern)
+        batch = self.optional(entries, prefix, "batch", self.batch, None)
+        if batch is not None and handler is not None:
+            self.attempt(self.batch_handler, handler[0], entries, prefix)
         self.settle(before)
         if name is None or pattern is None or handler is None or _any_bad(settings):
             raise Abandon
@@ -212,7 +225,32 @@ class RulesSchema(YamlReader):
                     max_wait=settings["max_wait"].value, absorb=settings["absorb"].value,
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
-                    handler=handler[0], handler_ref=handler[1], line=line_of(node))
+                    handler=handler[0], handler_ref=handler[1], line=line_of(node),
+                    batch=batch)
+
+    def batch(self, node: Node, prefix: str) -> BatchPolicy:
+        """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""
+        entries = self.mapping(node, prefix, _BATCH_FIELDS, "batch")
+        size_node = self.require(entries, "max", node, prefix, "batch")
+        size = self.positive_int(size_node, join(prefix, "max"), MAX_BATCH)
+        wait = self.optional(entries, prefix, "wait", self.batch_wait, 0.0)
+        return BatchPolicy(max=size, wait=wait)
+
+    def batch_handler(self, handler: Handler, entries: Entries, prefix: str) -> None:
+        """A batch webhook gets one request for many keys: its url cannot name a capture."""
+        if isinstance(handler, HttpHandler) and URL_FIELD_RE.search(handler.url):
+            raise self.error("a batch rule's webhook gets one request for many keys, so its "
+                             "url cannot use a {capture}; read each key's captures from the "
+                             "claims' params in the body", entries["batch"][0],
+                             join(prefix, "batch"))
+
+    def batch_wait(self, node: Node, field: str) -> float:
+        wait = self.duration(node, field, positive=False)
+        if wait > MAX_BATCH_WAIT:
+            raise self.error(f"must be at most {format_duration(MAX_BATCH_WAIT)}, got "
+                             f"{format_duration(wait)}: a batch waits this long for more keys "
+                             "before its handler runs", node, field)
+        return wait
 
     def rule_name(self, entries: Entries, node: Node, prefix: str,
                   seen: dict[str, int]) -> str:
