@@ -1,0 +1,297 @@
+"""Batch rules: the handler gets a list of claims, each key keeps its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from coalescer import Claim, Coalescer
+from coalescer.config.rules import Config
+from coalescer.errors import ConfigError
+from tests.helpers.servers import wait_until
+
+HANDLERS = """\
+calls = []
+answers = []  # what the next calls return (popped), then None
+
+
+async def refresh(claims):
+    calls.append(list(claims))
+    if answers:
+        answer = answers.pop(0)
+        if callable(answer):
+            return await answer(claims)
+        return answer
+    return None
+"""
+
+RULES = """\
+namespace: {ns}
+rules:
+  - name: customer
+    match: "stats:customer:{{id}}"
+    handler: handlers:refresh
+    window: 100ms
+    absorb: 10ms
+    timeout: {timeout}
+    retry: {{attempts: 2, backoff: 10ms, max_backoff: 10ms}}
+    batch: {{max: {max}, wait: {wait}}}
+"""
+
+Start = Callable[..., Awaitable[tuple[Coalescer, Any]]]
+
+
+@pytest_asyncio.fixture
+async def start(tmp_path: Path, namespace: str, redis_url: str,
+                rules_file: Any) -> AsyncIterator[Start]:
+    async with AsyncExitStack() as stack:
+        async def make(*, size: int = 10, wait: str = "0s", timeout: str = "5s",
+                       worker: bool = True) -> tuple[Coalescer, Any]:
+            path = rules_file(RULES.format(ns=namespace, max=size, wait=wait,
+                                           timeout=timeout), HANDLERS)
+            config = Config.from_yaml(path)  # imports the handlers module
+            c = Coalescer(config, redis_url=redis_url, worker=worker, grace=2.0)
+            await stack.enter_async_context(c)
+            return c, sys.modules["handlers"]
+
+        yield make
+
+
+def keys(n: int) -> list[str]:
+    return [f"stats:customer:{i}" for i in range(n)]
+
+
+def called(handlers: Any) -> list[str]:
+    return [claim.key for batch in handlers.calls for claim in batch]
+
+
+async def test_a_batch_handler_gets_lists_of_at_most_max_claims_each_key_once(
+        start: Start) -> None:
+    c, handlers = await start(size=10, worker=False)
+    c.touch_many(keys(25) * 2)
+
+    claims = await c.drain(timeout=20)
+
+    assert sorted(cl.key for cl in claims) == sorted(keys(25))
+    assert [len(batch) for batch in handlers.calls] == [10, 10, 5]
+    assert sorted(called(handlers)) == sorted(keys(25))
+    assert all(isinstance(cl, Claim) and cl.params == {"id": cl.key.split(":")[2]}
+               for batch in handlers.calls for cl in batch)
+    assert len({cl.token for cl in claims}) == 25  # each key its own claim and token
+
+
+async def test_a_worker_runs_due_keys_in_batches_and_counts_their_sizes(start: Start) -> None:
+    c, handlers = await start(size=10)
+    c.touch_many(keys(30))
+    await c.flush()
+
+    await wait_until(lambda: len(called(handlers)) == 30, message="30 keys refreshed")
+
+    assert sorted(called(handlers)) == sorted(keys(30))
+    assert all(len(batch) <= 10 for batch in handlers.calls)
+    sample = c.metrics.registry.get_sample_value
+    labels = {"rule": "customer"}
+    assert sample("coalescer_batch_size_count", labels) == len(handlers.calls)
+    assert sample("coalescer_batch_size_sum", labels) == 30
+    assert sample("coalescer_refreshes_total", labels | {"outcome": "success"}) == 30
+
+
+async def test_a_batch_waits_for_more_keys_up_to_its_wait(start: Start) -> None:
+    c, handlers = await start(size=100, wait="3s")
+    c.touch("stats:customer:1")
+    await c.flush()
+    await wait_until(lambda: c.query.status(), message="status")  # the worker is up
+
+    async def claimed() -> bool:
+        status = await c.query.status()
+        return int(status["rules"]["customer"]["running"]) == 1
+
+    await wait_until(claimed, message="the first key claimed")
+    c.touch("stats:customer:2")
+    await c.flush()
+
+    await wait_until(lambda: len(called(handlers)) == 2, message="both keys refreshed")
+    # one call with both: the first key waited for the second, not a call each
+    assert [sorted(cl.key for cl in batch) for batch in handlers.calls] == [
+        ["stats:customer:1", "stats:customer:2"]]
+
+
+async def test_only_the_keys_a_batch_handler_returns_are_retried(start: Start) -> None:
+    c, handlers = await start(size=10, worker=False)
+    handlers.answers = [["stats:customer:1", "stats:customer:3"]]
+    c.touch_many(keys(5))
+
+    await c.drain(timeout=20)
+
+    assert [sorted(cl.key for cl in batch) for batch in handlers.calls] == [
+        keys(5), ["stats:customer:1", "stats:customer:3"]]
+    assert [cl.attempt for cl in handlers.calls[1]] == [2, 2]
+    assert (await c.query.status())["rules"]["customer"]["dead"] == 0
+
+
+async def test_a_key_failing_every_attempt_is_dead_lettered_alone_with_its_error(
+        start: Start) -> None:
+    c, handlers = await start(size=10, worker=False)
+    handlers.answers = [{"stats:customer:2": "no such customer"}] * 2
+    c.touch_many(keys(4))
+
+    await c.drain(timeout=20)
+
+    page = await c.query.dead_letters()
+    assert [(d.key, d.attempts) for d in page.items] == [("stats:customer:2", 2)]
+    assert "no such customer" in page.items[0].error
+    assert called(handlers).count("stats:customer:2") == 2
+    assert called(handlers).count("stats:customer:0") == 1
+
+
+async def test_a_raising_batch_handler_fails_every_key_of_the_batch(start: Start) -> None:
+    c, handlers = await start(size=10, worker=False)
+
+    async def boom(claims: list[Claim]) -> None:
+        raise RuntimeError("database down")
+    handlers.answers = [boom]
+    c.touch_many(keys(3))
+
+    await c.drain(timeout=20)
+
+    assert [sorted(cl.key for cl in batch) for batch in handlers.calls] == [keys(3), keys(3)]
+    assert {cl.attempt for cl in handlers.calls[1]} == {2}
+
+
+async def test_a_garbage_answer_is_logged_and_every_key_retried(
+        start: Start, caplog: pytest.LogCaptureFixture) -> None:
+    c, handlers = await start(size=10, worker=False)
+    handlers.answers = [42, ["stats:customer:99"]]
+    c.touch_many(keys(3))
+
+    with caplog.at_level(logging.ERROR, logger="coalescer.worker.runner"):
+        await c.drain(timeout=20)
+
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("returned 42" in e and "failing all 3 keys" in e for e in errors)
+    assert any("'stats:customer:99'" in e and "not a key of this batch" in e for e in errors)
+    # nothing lost: both bad answers failed every key, whose last attempt went to dead letters
+    page = await c.query.dead_letters()
+    assert sorted(d.key for d in page.items) == keys(3)
+
+
+async def test_a_batch_past_its_timeout_times_out_every_key(start: Start) -> None:
+    c, handlers = await start(size=10, timeout="200ms", worker=False)
+    never = asyncio.Event()
+
+    async def hang(claims: list[Claim]) -> None:
+        await never.wait()
+    handlers.answers = [hang]
+    c.touch_many(keys(3))
+
+    await c.drain(timeout=20)
+
+    assert [len(batch) for batch in handlers.calls] == [3, 3]
+    assert {cl.attempt for cl in handlers.calls[1]} == {2}
+    entries = await c.query.history(limit=20)
+    outcomes = sorted((e.key, e.outcome) for e in entries)
+    assert outcomes == sorted([(k, "timeout") for k in keys(3)] +
+                              [(k, "success") for k in keys(3)])
+
+
+async def test_a_touch_during_a_batch_rearms_that_key_only(start: Start) -> None:
+    c, handlers = await start(size=10)
+    touched = asyncio.Event()
+
+    async def touch_one(claims: list[Claim]) -> None:
+        c.touch("stats:customer:1")
+        await c.flush()
+        touched.set()
+    handlers.answers = [touch_one]
+    c.touch_many(keys(3))
+    await c.flush()
+
+    await wait_until(lambda: len(handlers.calls) == 2, message="the re-armed key ran again")
+    assert [cl.key for cl in handlers.calls[1]] == ["stats:customer:1"]
+    assert handlers.calls[1][0].token > handlers.calls[0][0].token
+
+
+async def test_a_batch_webhook_gets_one_post_and_names_its_failed_keys(
+        tmp_path: Path, namespace: str, redis_url: str, rules_file: Any) -> None:
+    bodies: list[list[dict[str, Any]]] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        failed = ["stats:customer:0"] if len(bodies) == 1 else []
+        return web.json_response({"failed": failed})
+
+    app = web.Application()
+    app.router.add_post("/batch", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        path = rules_file(f"""\
+            namespace: {namespace}
+            rules:
+              - name: customer
+                match: "stats:customer:{{id}}"
+                handler: {{http: {{url: "http://127.0.0.1:{port}/batch"}}}}
+                retry: {{attempts: 3, backoff: 10ms, max_backoff: 10ms}}
+                batch: {{max: 10}}
+            """)
+        async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as c:
+            c.touch_many(keys(3))
+            await c.drain(timeout=20)
+    finally:
+        await runner.cleanup()
+
+    assert [sorted(claim["key"] for claim in body) for body in bodies] == [
+        keys(3), ["stats:customer:0"]]
+    assert bodies[0][0]["rule"] == "customer" and "token" in bodies[0][0]
+    assert bodies[1][0]["attempt"] == 2
+
+
+@pytest.mark.parametrize(("batch", "message", "field"), [
+    ("{max: 0}", "must be a positive whole number", "rules[0].batch.max"),
+    ("{max: 100001}", "must be at most 10000", "rules[0].batch.max"),
+    ("{max: 10, wait: 1m}", "must be at most 10s", "rules[0].batch.wait"),
+    ("{max: 10, wait: soon}", "bad duration", "rules[0].batch.wait"),
+    ("{wait: 1s}", "missing the required field 'max'", "rules[0].batch.max"),
+    ("{max: 10, size: 3}", "size", "rules[0].batch.size"),
+    ("500", "batch must be a mapping", "rules[0].batch"),
+])
+def test_a_bad_batch_setting_is_refused_with_its_line_and_field(
+        batch: str, message: str, field: str) -> None:
+    text = (f"rules:\n  - name: r\n    match: \"k:*\"\n    handler: json:dumps\n"
+            f"    batch: {batch}\n")
+    with pytest.raises(ConfigError) as caught:
+        Config.from_string(text, source="rules.yaml")
+    (error,) = caught.value.errors
+    assert message in str(error)
+    assert (error.file, error.line, error.field) == ("rules.yaml", 5, field)
+
+
+def test_a_batch_webhook_url_cannot_use_a_capture() -> None:
+    text = ("rules:\n  - name: r\n    match: \"k:{id}\"\n"
+            "    handler: {http: {url: \"http://127.0.0.1:9/{id}\"}}\n"
+            "    batch: {max: 10}\n")
+    with pytest.raises(ConfigError) as caught:
+        Config.from_string(text, source="rules.yaml")
+    assert "cannot use a {capture}" in str(caught.value)
+    assert caught.value.errors[0].field == "rules[0].batch"
+
+
+def test_a_batch_rule_describes_its_batch() -> None:
+    text = ("rules:\n  - name: r\n    match: \"k:*\"\n    handler: json:dumps\n"
+            "    batch: {max: 500, wait: 50ms}\n")
+    assert "batch: max 500, wait 50ms" in Config.from_string(text).describe()
+    assert json.dumps  # the handler the rules name
