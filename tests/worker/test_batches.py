@@ -18,6 +18,7 @@ from aiohttp import web
 from coalescer import Claim, Coalescer
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
+from coalescer.query.history import HistoryQuery
 from tests.helpers.servers import wait_until
 
 HANDLERS = """\
@@ -110,11 +111,10 @@ async def test_a_batch_waits_for_more_keys_up_to_its_wait(start: Start) -> None:
     c, handlers = await start(size=100, wait="3s")
     c.touch("stats:customer:1")
     await c.flush()
-    await wait_until(lambda: c.query.status(), message="status")  # the worker is up
 
     async def claimed() -> bool:
         status = await c.query.status()
-        return int(status["rules"]["customer"]["running"]) == 1
+        return int(status["rules"]["customer"]["in_flight"]) == 1
 
     await wait_until(claimed, message="the first key claimed")
     c.touch("stats:customer:2")
@@ -148,8 +148,8 @@ async def test_a_key_failing_every_attempt_is_dead_lettered_alone_with_its_error
     await c.drain(timeout=20)
 
     page = await c.query.dead_letters()
-    assert [(d.key, d.attempts) for d in page.items] == [("stats:customer:2", 2)]
-    assert "no such customer" in page.items[0].error
+    assert [(d["key"], d["attempts"]) for d in page.entries] == [("stats:customer:2", 2)]
+    assert "no such customer" in page.entries[0]["error"]
     assert called(handlers).count("stats:customer:2") == 2
     assert called(handlers).count("stats:customer:0") == 1
 
@@ -182,7 +182,7 @@ async def test_a_garbage_answer_is_logged_and_every_key_retried(
     assert any("'stats:customer:99'" in e and "not a key of this batch" in e for e in errors)
     # nothing lost: both bad answers failed every key, whose last attempt went to dead letters
     page = await c.query.dead_letters()
-    assert sorted(d.key for d in page.items) == keys(3)
+    assert sorted(d["key"] for d in page.entries) == keys(3)
 
 
 async def test_a_batch_past_its_timeout_times_out_every_key(start: Start) -> None:
@@ -198,7 +198,7 @@ async def test_a_batch_past_its_timeout_times_out_every_key(start: Start) -> Non
 
     assert [len(batch) for batch in handlers.calls] == [3, 3]
     assert {cl.attempt for cl in handlers.calls[1]} == {2}
-    entries = await c.query.history(limit=20)
+    entries = await c.query.history(HistoryQuery(limit=20))
     outcomes = sorted((e.key, e.outcome) for e in entries)
     assert outcomes == sorted([(k, "timeout") for k in keys(3)] +
                               [(k, "success") for k in keys(3)])
