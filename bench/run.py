@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import batches as B
 from . import figures as F
 from . import peers as P
 from .valkey import Server
@@ -63,6 +64,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,)),
               ("baseline", F.drain_baseline, ()),
               ("arq", P.drain_arq, ()), ("bullmq", P.drain_bullmq, ())],
+    "batches": [("coalescer_batch", B.drain_batch, ()),
+                ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,))],
     "processes": [("coalescer", F.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
