@@ -67,6 +67,8 @@ class Job:
     held_since: float = 0.0  # when it was claimed (monotonic clock)
     clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
     batch: Batch | None = None  # the claims started with it, sharing its timeout timer
+    call: int = 0  # the batch handler call it ran in (numbered from 1; 0: run alone)
+    call_size: int = 0  # how many keys that call had
     task: asyncio.Task[None] | None = None
     queued: bool = False  # claimed, waiting in process for a free slot
     timed_out: bool = False
@@ -141,6 +143,7 @@ class Runner:
         self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
         self._calls: dict[str, int] = defaultdict(int)  # batch handler calls running, per rule
         self._batch_timers: dict[str, asyncio.TimerHandle] = {}  # a batch waiting to fill
+        self._last_call = 0  # batch handler calls numbered on this node
         self._slot_free_due = False
         self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
         self._outbox_event = asyncio.Event()
@@ -306,11 +309,12 @@ class Runner:
         metrics.batch_size.observe(len(jobs))
         batch = Batch(jobs, len(jobs))
         self._calls[rule.name] += 1
+        self._last_call += 1
         now = time.time() * 1000
         task = loop.create_task(self._run_batch(rule, batch, list(jobs)),
                                 name=f"batch of {len(jobs)} {rule.name}")
         for job in jobs:
-            job.batch = batch
+            job.batch, job.call, job.call_size = batch, self._last_call, len(jobs)
             server_now = now + job.clock_offset_ms
             job.start_ms = round(server_now)
             lag = (server_now - job.claim.due_ms) / 1000
@@ -484,12 +488,15 @@ class Runner:
         keys = self._keyspace.shard(shard)
         stale: list[str] = []
         if box.acks:
-            acks: dict[str, list[AckItem]] = defaultdict(list)
+            # per rule, and per call of a batch handler (its successes: one history entry)
+            acks: dict[tuple[str, int, int], list[AckItem]] = defaultdict(list)
             for job in box.acks:
-                acks[job.rule.name].append((job.claim.key, job.claim.token, job.start_ms,
-                                            job.duration_ms))
+                acks[job.rule.name, job.call, job.call_size].append((job.claim.key, job.claim.token,
+                                                      job.start_ms, job.duration_ms))
                 self._traced.pop(job.claim.key, None)
-            stale += await self._scripts.ack(keys, list(acks.items()), self._history)
+            stale += await self._scripts.ack(
+                keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
+                self._history)
             self._forget(box.acks)
             box.acks = []
         if box.fails:

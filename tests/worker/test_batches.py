@@ -18,7 +18,8 @@ from aiohttp import web
 from coalescer import Claim, Coalescer
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
-from coalescer.query.history import HistoryQuery
+from coalescer.query.explain import format_explain
+from coalescer.query.history import HistoryQuery, format_history
 from tests.helpers.servers import wait_until
 
 HANDLERS = """\
@@ -295,3 +296,24 @@ def test_a_batch_rule_describes_its_batch() -> None:
             "    batch: {max: 500, wait: 50ms}\n")
     assert "batch: max 500, wait 50ms" in Config.from_string(text).describe()
     assert json.dumps  # the handler the rules name
+
+
+async def test_history_and_explain_show_each_key_of_a_batch_with_its_size(
+        start: Start) -> None:
+    c, handlers = await start(size=10, worker=False)
+    handlers.answers = [["stats:customer:2"]]
+    c.touch_many(keys(4))
+
+    await c.drain(timeout=20)
+
+    mine = await c.query.history(HistoryQuery(key="stats:customer:1"))
+    assert [(r.outcome, r.batch, r.attempt) for r in mine] == [("success", 4, 1)]
+    assert mine[0].token == handlers.calls[0][1].token
+    assert "(batch of 4)" in format_history(mine)
+    everything = await c.query.history(HistoryQuery(limit=100))
+    assert sorted((r.key, r.outcome) for r in everything) == sorted(
+        [(k, "success") for k in keys(4)] + [("stats:customer:2", "failure")])
+    info = await c.query.explain("stats:customer:3")
+    assert [r["batch"] for r in info["last_refreshes"]] == [4]
+    text = format_explain(info)
+    assert "batch of 4" in text and "batch up to 10 keys a call" in text
