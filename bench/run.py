@@ -66,6 +66,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("arq", P.drain_arq, ()), ("bullmq", P.drain_bullmq, ())],
     "batches": [("coalescer_batch", B.drain_batch, ()),
                 ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,))],
+    "stats_app": [("coalescer_batch", B.stats_app, ("TMP", "batch")),
+                  ("coalescer_per_key", B.stats_app, ("TMP", "per_key"))],
     "processes": [("coalescer", F.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
