@@ -361,9 +361,28 @@ def _worker_rows(t: Rows) -> None:
                f"drain.{system}", "drain.baseline", target=f">= {target:,}",
                ok=_at_least(target), peers=system == "coalescer_default")
     _processes_rows(t)
+    _batch_rows(t)
     t.figure("Redis commands/s of an idle node", t.spread("idle.coalescer", "per_second"),
              t.spread("idle.baseline", "per_second"), fmt=lambda v: _fmt(v, digits=2),
              target="<= 0.5", ok=lambda c: c <= 0.5, peers="idle.per_second")
+
+
+def _batch_rows(t: Rows) -> None:
+    """Batch handlers beside the per-key figures of the same run (the baseline column)."""
+    t.figure(f"drain, no-op batch handler (batch {B.BATCH}, default concurrency), keys/s "
+             "(beside: per-key handler)", t.spread("batches.coalescer_batch", "per_second"),
+             t.spread("batches.coalescer_default", "per_second"), fmt=_short,
+             target=">= 100,000", ok=_at_least(100_000))
+    t.figure("drain, no-op batch handler: Redis work a key, us (beside: per-key handler)",
+             t.spread("batches.coalescer_batch", "redis_us_per_key"),
+             t.spread("batches.coalescer_default", "cpu.redis_command_us_per_item"),
+             fmt=lambda v: _fmt(v, digits=1), target="<= 8", ok=lambda c: c <= 8)
+    per_key = t.spread("stats_app.coalescer_per_key", "per_second")
+    floor = 10 * per_key.median if per_key else math.inf
+    t.figure(f"stats app after a bulk import ({B.STATS_CUSTOMERS:,} customers, quick: a fifth)"
+             ", batch handler keys/s (beside: per-key handler)",
+             t.spread("stats_app.coalescer_batch", "per_second"), per_key, fmt=_short,
+             target=">= 10x per-key", ok=_at_least(floor))
 
 
 def _processes_rows(t: Rows) -> None:
