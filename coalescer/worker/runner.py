@@ -166,10 +166,9 @@ class Runner:
     @classmethod
     def capacity(cls, rule: Rule) -> int:
         """How many claims of ``rule`` a node holds at most: running ones and queued ones
-        (a batch rule queues at least one full batch)."""
+        (a batch rule queues one full batch: each held claim's lease is renewed)."""
         run = cls.run_capacity(rule)
-        queued = MAX_QUEUED if rule.batch is None else max(MAX_QUEUED, rule.batch.max)
-        return run + min(run, queued)
+        return run + (min(run, MAX_QUEUED) if rule.batch is None else rule.batch.max)
 
     def free_slots(self, rule: Rule) -> int:
         return max(0, self.capacity(rule) - self._active[rule.name])
