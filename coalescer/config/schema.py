@@ -46,7 +46,7 @@ _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
                "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", "batch", *_SETTING_FIELDS)
+_RULE_FIELDS = ("name", "match", "handler", *_SETTING_FIELDS, "batch")
 _BATCH_FIELDS = ("max", "wait")
 MAX_BATCH = 10_000  # keys in one batch handler call
 MAX_BATCH_WAIT = 10.0  # seconds a batch waits for more keys, at most
