@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.stats_app import customer_stats as stats_db
-
 from coalescer import Claim, Coalescer, Config
+from examples.stats_app import customer_stats as stats_db
 
 from . import figures as F
 from .valkey import Server
