@@ -5,8 +5,8 @@ A batch handler (a rule with ``batch:``) gets the list of its claims and answers
 * ``None`` (or nothing): every key succeeded;
 * an iterable of failed claims or keys (``[claim, "stats:customer:7"]``): those are
   retried (or dead-lettered), the rest succeeded;
-* a mapping from a claim or key to an exception or a message: as above, each failed
-  key recorded with its own error;
+* a mapping from a key to an exception or a message (``{claim.key: "no such row"}``): as
+  above, each failed key recorded with its own error;
 * raising: every key of the batch failed with that error.
 
 Anything else (a number, a key that is not in the batch) is the handler's bug: every

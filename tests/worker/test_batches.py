@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -17,9 +18,11 @@ from aiohttp import web
 
 from coalescer import Claim, Coalescer
 from coalescer.config.rules import Config
-from coalescer.errors import ConfigError
+from coalescer.errors import ConfigError, WebhookError
 from coalescer.query.explain import format_explain
 from coalescer.query.history import HistoryQuery, format_history
+from coalescer.worker.batches import BatchAnswerError, failed_keys
+from coalescer.worker.webhooks import failed_of_answer
 from tests.helpers.servers import wait_until
 
 HANDLERS = """\
@@ -317,3 +320,55 @@ async def test_history_and_explain_show_each_key_of_a_batch_with_its_size(
     assert [r["batch"] for r in info["last_refreshes"]] == [4]
     text = format_explain(info)
     assert "batch of 4" in text and "batch up to 10 keys a call" in text
+
+
+# -- what a batch handler's answer means ---------------------------------------------------
+
+BATCH = [Claim(key=f"k:{i}", rule="r", token=i) for i in range(3)]
+
+
+@pytest.mark.parametrize(("answer", "failed"), [
+    (None, {}),
+    ([], {}),
+    (["k:1"], {"k:1": "reported failed by the batch handler"}),
+    ((c for c in BATCH[:2]), {"k:0": "reported failed by the batch handler",
+                              "k:1": "reported failed by the batch handler"}),
+    ({"k:2": "no such row"}, {"k:2": "no such row"}),
+    ({"k:0": ValueError("bad total")}, {"k:0": "bad total"}),
+    ({"k:1": None}, {"k:1": "reported failed by the batch handler"}),
+])
+def test_a_batch_answer_names_the_failed_keys_with_their_errors(
+        answer: object, failed: dict[str, str]) -> None:
+    found = failed_keys(answer, BATCH)
+    assert {key: str(exc) for key, exc in found.items()} == failed
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (42, "batch handler returned 42; expected None (all succeeded)"),
+    ("k:1", "batch handler returned 'k:1'; expected None"),
+    ([7], "returned 7 among its failed keys; expected a Claim or a key (str)"),
+    (["k:9"], "returned 'k:9' as failed, which is not a key of this batch"),
+    ({"k:1": 3.5}, "returned 3.5 as the error of 'k:1'"),
+])
+def test_a_batch_answer_that_names_no_failed_keys_is_refused_saying_why(
+        answer: object, message: str) -> None:
+    with pytest.raises(BatchAnswerError, match=re.escape(message)):
+        failed_keys(answer, BATCH)
+
+
+@pytest.mark.parametrize(("body", "failed"), [
+    (b"", None),
+    (b"ok", None),
+    (b'{"refreshed": 3}', None),
+    (b'{"failed": null}', None),
+    (b'{"failed": ["k:1"]}', ["k:1"]),
+    (b'{"failed": {"k:1": "gone"}}', {"k:1": "gone"}),
+])
+def test_a_batch_webhook_answer_gives_its_failed_field(body: bytes, failed: object) -> None:
+    assert failed_of_answer(body, "POST", "http://127.0.0.1:9/b") == failed
+
+
+def test_a_batch_webhook_answer_with_a_bad_failed_field_is_an_error() -> None:
+    with pytest.raises(WebhookError, match=r"POST http://127\.0\.0\.1:9/b answered with a "
+                                           r"'failed' field that is neither"):
+        failed_of_answer(b'{"failed": 3}', "POST", "http://127.0.0.1:9/b")
