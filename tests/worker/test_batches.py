@@ -42,6 +42,7 @@ async def refresh(claims):
 
 RULES = """\
 namespace: {ns}
+shards: {shards}
 rules:
   - name: customer
     match: "stats:customer:{{id}}"
@@ -61,9 +62,9 @@ async def start(tmp_path: Path, namespace: str, redis_url: str,
                 rules_file: Any) -> AsyncIterator[Start]:
     async with AsyncExitStack() as stack:
         async def make(*, size: int = 10, wait: str = "0s", timeout: str = "5s",
-                       worker: bool = True) -> tuple[Coalescer, Any]:
+                       worker: bool = True, shards: int = 1) -> tuple[Coalescer, Any]:
             path = rules_file(RULES.format(ns=namespace, max=size, wait=wait,
-                                           timeout=timeout), HANDLERS)
+                                           timeout=timeout, shards=shards), HANDLERS)
             config = Config.from_yaml(path)  # imports the handlers module
             c = Coalescer(config, redis_url=redis_url, worker=worker, grace=2.0)
             await stack.enter_async_context(c)
@@ -80,19 +81,28 @@ def called(handlers: Any) -> list[str]:
     return [claim.key for batch in handlers.calls for claim in batch]
 
 
+@pytest.mark.parametrize(("worker", "shards"), [(False, 1), (True, 1), (False, 4)],
+                         ids=["write-only-1-shard", "worker-1-shard", "write-only-4-shards"])
 async def test_a_batch_handler_gets_lists_of_at_most_max_claims_each_key_once(
-        start: Start) -> None:
-    c, handlers = await start(size=10, worker=False)
+        start: Start, worker: bool, shards: int) -> None:
+    c, handlers = await start(size=10, worker=worker, shards=shards)
     c.touch_many(keys(25) * 2)
 
     claims = await c.drain(timeout=20)
 
     assert sorted(cl.key for cl in claims) == sorted(keys(25))
-    assert [len(batch) for batch in handlers.calls] == [10, 10, 5]
+    assert all(len(batch) <= 10 for batch in handlers.calls)
+    if shards == 1:
+        assert [len(batch) for batch in handlers.calls] == [10, 10, 5]
     assert sorted(called(handlers)) == sorted(keys(25))
     assert all(isinstance(cl, Claim) and cl.params == {"id": cl.key.split(":")[2]}
                for batch in handlers.calls for cl in batch)
-    assert len({cl.token for cl in claims}) == 25  # each key its own claim and token
+    assert len({(cl.key, cl.token) for cl in claims}) == 25  # each key its own claim
+    done = await c.query.history(HistoryQuery(limit=100))
+    assert sorted(r.key for r in done if r.outcome == "success") == sorted(keys(25))
+    status = await c.query.status()
+    assert (status["rules"]["customer"]["pending"], status["rules"]["customer"]["in_flight"]) \
+        == (0, 0)
 
 
 async def test_a_worker_runs_due_keys_in_batches_and_counts_their_sizes(start: Start) -> None:
