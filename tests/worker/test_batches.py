@@ -382,3 +382,13 @@ def test_a_batch_webhook_answer_with_a_bad_failed_field_is_an_error() -> None:
     with pytest.raises(WebhookError, match=r"POST http://127\.0\.0\.1:9/b answered with a "
                                            r"'failed' field that is neither"):
         failed_of_answer(b'{"failed": 3}', "POST", "http://127.0.0.1:9/b")
+
+
+async def test_a_drain_skips_a_batch_wait(start: Start) -> None:
+    c, handlers = await start(size=100, wait="10s", worker=False)
+    c.touch_many(keys(3))
+
+    claims = await c.drain(timeout=5)  # would time out waiting 10s for a fuller batch
+
+    assert sorted(cl.key for cl in claims) == keys(3)
+    assert [len(batch) for batch in handlers.calls] == [3]
