@@ -36,11 +36,15 @@ CHECK_INTERVAL = 60.0
 
 
 def fingerprint(rule: Rule) -> str:
-    """12 hex digits that change with the rule's match, timing, retries or handler."""
+    """12 hex digits that change with the rule's match, timing, retries, handler or batch
+    (a rule without ``batch:`` keeps the fingerprint it had before batches existed)."""
     retry = rule.retry
-    parts = (rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
-             f"{retry.attempts}/{retry.backoff!r}/{retry.max_backoff!r}",
-             rule.handler_ref if callable(rule.handler) else repr(rule.handler))
+    parts: tuple[str, ...] = (
+        rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
+        f"{retry.attempts}/{retry.backoff!r}/{retry.max_backoff!r}",
+        rule.handler_ref if callable(rule.handler) else repr(rule.handler))
+    if rule.batch is not None:
+        parts += (f"batch {rule.batch.max}/{rule.batch.wait!r}",)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 

@@ -22,6 +22,7 @@ from coalescer.errors import ConfigError, WebhookError
 from coalescer.query.explain import format_explain
 from coalescer.query.history import HistoryQuery, format_history
 from coalescer.worker.batches import BatchAnswerError, failed_keys
+from coalescer.worker.registry import fingerprint
 from coalescer.worker.webhooks import failed_of_answer
 from tests.helpers.servers import wait_until
 
@@ -392,3 +393,11 @@ async def test_a_drain_skips_a_batch_wait(start: Start) -> None:
 
     assert sorted(cl.key for cl in claims) == keys(3)
     assert [len(batch) for batch in handlers.calls] == [3]
+
+
+def test_nodes_with_and_without_a_rules_batch_see_the_rule_differ() -> None:
+    text = "rules:\n  - name: r\n    match: \"k:*\"\n    handler: json:dumps\n"
+    plain = Config.from_string(text).rules[0]
+    batched = Config.from_string(text + "    batch: {max: 50}\n").rules[0]
+    bigger = Config.from_string(text + "    batch: {max: 60}\n").rules[0]
+    assert len({fingerprint(plain), fingerprint(batched), fingerprint(bigger)}) == 3
