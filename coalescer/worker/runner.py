@@ -491,9 +491,10 @@ class Runner:
             # per rule, and per call of a batch handler (its successes: one history entry)
             acks: dict[tuple[str, int, int], list[AckItem]] = defaultdict(list)
             for job in box.acks:
-                acks[job.rule.name, job.call, job.call_size].append((job.claim.key, job.claim.token,
-                                                      job.start_ms, job.duration_ms))
-                self._traced.pop(job.claim.key, None)
+                claim = job.claim
+                acks[job.rule.name, job.call, job.call_size].append(
+                    (claim.key, claim.token, job.start_ms, job.duration_ms))
+                self._traced.pop(claim.key, None)
             stale += await self._scripts.ack(
                 keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
                 self._history)
