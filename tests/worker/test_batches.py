@@ -51,6 +51,7 @@ rules:
     window: 100ms
     absorb: 10ms
     timeout: {timeout}
+    concurrency: {concurrency}
     retry: {{attempts: 2, backoff: 10ms, max_backoff: 10ms}}
     batch: {{max: {max}, wait: {wait}}}
 """
@@ -63,9 +64,10 @@ async def start(tmp_path: Path, namespace: str, redis_url: str,
                 rules_file: Any) -> AsyncIterator[Start]:
     async with AsyncExitStack() as stack:
         async def make(*, size: int = 10, wait: str = "0s", timeout: str = "5s",
-                       worker: bool = True, shards: int = 1) -> tuple[Coalescer, Any]:
-            path = rules_file(RULES.format(ns=namespace, max=size, wait=wait,
-                                           timeout=timeout, shards=shards), HANDLERS)
+                       worker: bool = True, shards: int = 1,
+                       concurrency: int = 16) -> tuple[Coalescer, Any]:
+            path = rules_file(RULES.format(ns=namespace, max=size, wait=wait, timeout=timeout,
+                                           shards=shards, concurrency=concurrency), HANDLERS)
             config = Config.from_yaml(path)  # imports the handlers module
             c = Coalescer(config, redis_url=redis_url, worker=worker, grace=2.0)
             await stack.enter_async_context(c)
@@ -401,3 +403,27 @@ def test_nodes_with_and_without_a_rules_batch_see_the_rule_differ() -> None:
     batched = Config.from_string(text + "    batch: {max: 50}\n").rules[0]
     bigger = Config.from_string(text + "    batch: {max: 60}\n").rules[0]
     assert len({fingerprint(plain), fingerprint(batched), fingerprint(bigger)}) == 3
+
+
+async def test_concurrency_counts_batch_calls_not_keys(start: Start) -> None:
+    c, handlers = await start(size=2, concurrency=2, worker=False)
+    active, most = [0], [0]
+    both = asyncio.Event()
+
+    async def together(claims: list[Claim]) -> None:
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        if active[0] == 2:
+            both.set()
+        try:
+            await asyncio.wait_for(both.wait(), 10)  # two calls of two keys run at once
+        finally:
+            active[0] -= 1
+    handlers.answers = [together] * 3
+    c.touch_many(keys(6))
+
+    await c.drain(timeout=20)
+
+    assert [len(batch) for batch in handlers.calls] == [2, 2, 2]
+    assert most[0] == 2  # never a third call beside them
+    assert (await c.query.status())["rules"]["customer"]["dead"] == 0
