@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import batches as B
 from . import figures as F
 from . import peers as P
 from . import throttle as T
@@ -64,6 +65,10 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,)),
               ("baseline", F.drain_baseline, ()),
               ("arq", P.drain_arq, ()), ("bullmq", P.drain_bullmq, ())],
+    "batches": [("coalescer_batch", B.drain_batch, ()),
+                ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,))],
+    "stats_app": [("coalescer_batch", B.stats_app, ("TMP", "batch")),
+                  ("coalescer_per_key", B.stats_app, ("TMP", "per_key"))],
     "processes": [("coalescer", F.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
@@ -361,9 +366,28 @@ def _worker_rows(t: Rows) -> None:
                f"drain.{system}", "drain.baseline", target=f">= {target:,}",
                ok=_at_least(target), peers=system == "coalescer_default")
     _processes_rows(t)
+    _batch_rows(t)
     t.figure("Redis commands/s of an idle node", t.spread("idle.coalescer", "per_second"),
              t.spread("idle.baseline", "per_second"), fmt=lambda v: _fmt(v, digits=2),
              target="<= 0.5", ok=lambda c: c <= 0.5, peers="idle.per_second")
+
+
+def _batch_rows(t: Rows) -> None:
+    """Batch handlers beside the per-key figures of the same run (the baseline column)."""
+    t.figure(f"drain, no-op batch handler (batch {B.BATCH}, default concurrency), keys/s "
+             "(beside: per-key handler)", t.spread("batches.coalescer_batch", "per_second"),
+             t.spread("batches.coalescer_default", "per_second"), fmt=_short,
+             target=">= 100,000", ok=_at_least(100_000))
+    t.figure("drain, no-op batch handler: Redis work a key, us (beside: per-key handler)",
+             t.spread("batches.coalescer_batch", "redis_us_per_key"),
+             t.spread("batches.coalescer_default", "cpu.redis_command_us_per_item"),
+             fmt=lambda v: _fmt(v, digits=1), target="<= 8", ok=lambda c: c <= 8)
+    per_key = t.spread("stats_app.coalescer_per_key", "per_second")
+    floor = 10 * per_key.median if per_key else math.inf
+    t.figure(f"stats app after a bulk import ({B.STATS_CUSTOMERS:,} customers, quick: a fifth)"
+             ", batch handler keys/s (beside: per-key handler)",
+             t.spread("stats_app.coalescer_batch", "per_second"), per_key, fmt=_short,
+             target=">= 10x per-key", ok=_at_least(floor))
 
 
 def _processes_rows(t: Rows) -> None:

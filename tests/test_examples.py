@@ -15,11 +15,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coalescer import Coalescer, Config
 from coalescer.store.embedded import free_port
 from examples.stats_app import customer_stats as stats_db
 from tests.helpers.e2e import REPO, clean_env
@@ -140,6 +142,32 @@ def test_stats_app_bulk_import_refreshes_each_customer_once_and_stats_equal_a_re
     assert 100 <= ran < 200, done.stdout
     assert procs.stop("app") == 0
     assert procs.stop("node") == 0
+
+
+async def test_stats_app_batch_handler_refreshes_many_customers_a_call_and_stats_match(
+        tmp_path: Path, namespace: str, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "stats.db"
+    monkeypatch.setenv(stats_db.DB_ENV, str(db))
+    stats_db.init_db(db)
+    conn = stats_db.connect(db)
+    try:
+        stats_db.add_orders(conn, [(cid % 700, 100 + cid) for cid in range(2_000)])
+        config = replace(Config.from_yaml(STATS_RULES.with_name("rules_batch.yaml")),
+                         namespace=namespace)
+        assert config.rules[0].batch is not None and config.rules[0].batch.max == 500
+        async with Coalescer(config, redis_url=redis_url, worker=False) as c:
+            c.touch_many(stats_db.KEY_FORMAT.format(cid) for cid in range(701))  # 700: none
+            claims = await c.drain(timeout=60)
+        assert len(claims) == 701
+        assert stats_db.mismatches(conn) == {}
+        assert stats_db.stored(conn)[700] == stats_db.Stats(0, 0, 0.0, None)
+        assert stats_db.refreshes_since(conn, 0) == 701
+        # one transaction a batch: the rows of a call share one refresh_log time
+        calls = conn.execute("SELECT COUNT(DISTINCT at) FROM refresh_log").fetchone()[0]
+        assert calls <= 3
+    finally:
+        conn.close()
 
 
 def test_stats_app_refuses_a_bad_order_and_inserts_nothing(

@@ -1,7 +1,7 @@
 """Model-based test: random programs of touches, handler outcomes and node restarts.
 
-A seeded program drives four rules (one taking every setting from ``defaults``, one
-with a rate of refresh starts)
+A seeded program drives five rules (one taking every setting from ``defaults``, one
+with a rate of refresh starts, a batch rule whose handler gets up to two claims a call)
 on a real server: touches and bursts of a few keys, per-key handler outcomes
 (ok, fail, slow, timeout), clean restarts of in-process nodes and SIGKILLs of a
 `coalescer run` child process. The handler logs every run (server clock) to a
@@ -81,6 +81,10 @@ rules:
     match: "paced:{{id}}"
     rate: 4/s
     handler: handlers:refresh
+  - name: bunch
+    match: "bunch:{{id}}"
+    batch: {{max: 2, wait: 30ms}}
+    handler: handlers:refresh_batch
 """
 
 # The handler's outcome comes from a per-key plan file the test rewrites; every run
@@ -131,9 +135,34 @@ async def refresh(claim):
         result = "ok"
     finally:
         write(ev="end", key=claim.key, token=claim.token, t=now_us(), result=result)
+
+
+async def refresh_batch(claims):
+    # a batch sleeps if one of its keys is planned slow (or timeout: the call times out);
+    # keys planned to fail are returned as failed, the others succeed
+    plans = {{claim.key: plan(claim.key) for claim in claims}}
+    results = dict.fromkeys(plans, "cancelled")
+    for claim in claims:
+        write(ev="start", key=claim.key, token=claim.token, attempt=claim.attempt,
+              t=now_us(), pid=os.getpid(), last=claim.last_touch_ms, due=claim.due_ms,
+              plan=plans[claim.key], batch=len(claims))
+    try:
+        if "timeout" in plans.values():
+            await asyncio.sleep(30)
+        elif "slow" in plans.values():
+            await asyncio.sleep(0.25)
+        failed = [claim for claim in claims if plans[claim.key] == "fail"]
+        for key in results:
+            results[key] = "fail" if plans[key] == "fail" else "ok"
+        return failed
+    finally:
+        for claim in claims:
+            write(ev="end", key=claim.key, token=claim.token, t=now_us(),
+                  result=results[claim.key])
 """
 
-KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2")
+KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2",
+        "bunch:1", "bunch:2", "bunch:3")
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
@@ -336,9 +365,11 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
     runs = world.history.runs(world.log)
     during = sum(1 for t in world.history.touches for r in runs.get(t.key, [])
                  if r.end is not None and r.start < t.t0 and t.t1 < r.end)
+    batched = sum(1 for line in world.log.read_text().splitlines()
+                  if '"batch": 2' in line and '"start"' in line)
     print(f"\nmodel seed {seed}: {len(world.history.touches)} touches ({during} during a "
-          f"run of their key), {sum(map(len, runs.values()))} runs, "
-          f"{len(world.history.kills)} kills")
+          f"run of their key), {sum(map(len, runs.values()))} runs ({batched} in batches of "
+          f"2), {len(world.history.kills)} kills")
     assert not violations, (
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)

@@ -12,6 +12,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 OUTCOMES = ("success", "failure", "timeout")
 _BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000)
+_BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
+                                          5000, 10000)
 
 
 @dataclass(slots=True)
@@ -20,17 +22,22 @@ class Tally:
     (a prometheus_client Histogram takes a lock per bucket and per sum, which cost
     more than a no-op refresh itself). Read only when /metrics is scraped."""
 
-    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    bounds: tuple[float, ...] = _LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)
     total: float = 0.0
 
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(_LATENCY_BUCKETS, value)] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
     def buckets(self) -> list[tuple[str, int]]:
         """Cumulative counts per upper bound, as the exposition format lists them."""
         out, running = [], 0
-        for bound, n in zip([*map(str, _LATENCY_BUCKETS), "+Inf"], self.counts, strict=True):
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
             running += n
             out.append((bound, running))
         return out
@@ -42,6 +49,8 @@ class RuleMetrics:
 
     start_lag: Tally = field(default_factory=Tally)
     duration: Tally = field(default_factory=Tally)
+    # Keys per handler call of a batch rule (empty for the others).
+    batch_size: Tally = field(default_factory=lambda: Tally(_BATCH_SIZE_BUCKETS))
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     dead_lettered: int = 0  # keys whose last attempt failed (for the worker's summary line)
 
@@ -67,12 +76,16 @@ class RefreshCollector:
                                          "handler run time", labels=["rule"])
         lag = HistogramMetricFamily("coalescer_refresh_start_lag_seconds",
                                     "refresh start minus due time", labels=["rule"])
+        sizes = HistogramMetricFamily("coalescer_batch_size",
+                                      "keys per handler call of a batch rule", labels=["rule"])
         for name, m in list(self._rules.items()):
             for outcome, n in m.outcomes.items():
                 done.add_metric([name, outcome], n)
             duration.add_metric([name], m.duration.buckets(), m.duration.total)
             lag.add_metric([name], m.start_lag.buckets(), m.start_lag.total)
-        return [done, duration, lag]
+            if m.batch_size.total:
+                sizes.add_metric([name], m.batch_size.buckets(), m.batch_size.total)
+        return [done, duration, lag, sizes]
 
 
 class Metrics:

@@ -65,6 +65,15 @@ RATE_UNITS = {name: per for per, name in _RATE_UNIT_NAMES.items()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class BatchPolicy:
+    """A batch rule's handler gets a list of claims: up to ``max`` due keys at once,
+    waiting at most ``wait`` seconds for a fuller list once the first key is claimed."""
+
+    max: int
+    wait: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HttpHandler:
     """The ``http:`` handler form: a webhook called with the claim as its JSON body."""
 
@@ -102,6 +111,7 @@ class Rule:
     handler_ref: str
     line: int
     rate: RateLimit | None = None  # None: starts are not throttled
+    batch: BatchPolicy | None = None  # None: one handler call per key
 
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
@@ -124,6 +134,9 @@ class Rule:
         if self.rate is not None:
             lines.append(f"  rate: {self.rate} (refresh starts, cluster-wide; "
                          f"bursts of up to {self.rate.burst})")
+        if self.batch is not None:
+            lines.append(f"  batch: max {self.batch.max}, wait {format_duration(self.batch.wait)}"
+                         " (concurrency counts batches)")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

@@ -21,6 +21,7 @@ from coalescer.config.lint import RuleMatch, RuleSecret
 from coalescer.config.model import (
     RATE_UNITS,
     URL_FIELD_RE,
+    BatchPolicy,
     Handler,
     HttpHandler,
     RateLimit,
@@ -47,7 +48,10 @@ _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
                "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS)
+_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch")
+_BATCH_FIELDS = ("max", "wait")
+MAX_BATCH = 10_000  # keys in one batch handler call
+MAX_BATCH_WAIT = 10.0  # seconds a batch waits for more keys, at most
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
 _HTTP_FIELDS = ("url", "method", "timeout", "secret_env")
 
@@ -213,6 +217,9 @@ class RulesSchema(YamlReader):
         rate = self.optional(entries, prefix, "rate", self.rate, None)
         handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
                                pattern)
+        batch = self.optional(entries, prefix, "batch", self.batch, None)
+        if batch is not None and handler is not None:
+            self.attempt(self.batch_handler, handler[0], entries, prefix)
         self.settle(before)
         if name is None or pattern is None or handler is None or _any_bad(settings):
             raise Abandon
@@ -224,7 +231,31 @@ class RulesSchema(YamlReader):
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
                     handler=handler[0], handler_ref=handler[1], line=line_of(node),
-                    rate=rate)
+                    rate=rate, batch=batch)
+
+    def batch(self, node: Node, prefix: str) -> BatchPolicy:
+        """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""
+        entries = self.mapping(node, prefix, _BATCH_FIELDS, "batch")
+        size_node = self.require(entries, "max", node, prefix, "batch")
+        size = self.positive_int(size_node, join(prefix, "max"), MAX_BATCH)
+        wait = self.optional(entries, prefix, "wait", self.batch_wait, 0.0)
+        return BatchPolicy(max=size, wait=wait)
+
+    def batch_handler(self, handler: Handler, entries: Entries, prefix: str) -> None:
+        """A batch webhook gets one request for many keys: its url cannot name a capture."""
+        if isinstance(handler, HttpHandler) and URL_FIELD_RE.search(handler.url):
+            raise self.error("a batch rule's webhook gets one request for many keys, so its "
+                             "url cannot use a {capture}; read each key's captures from the "
+                             "claims' params in the body", entries["batch"][0],
+                             join(prefix, "batch"))
+
+    def batch_wait(self, node: Node, field: str) -> float:
+        wait = self.duration(node, field, positive=False)
+        if wait > MAX_BATCH_WAIT:
+            raise self.error(f"must be at most {format_duration(MAX_BATCH_WAIT)}, got "
+                             f"{format_duration(wait)}: a batch waits this long for more keys "
+                             "before its handler runs", node, field)
+        return wait
 
     def rule_name(self, entries: Entries, node: Node, prefix: str,
                   seen: dict[str, int]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from coalescer.common.plural import plural
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
-from coalescer.query.history import clock, format_duration_ms, parse_entry
+from coalescer.query.history import clock, format_duration_ms, parse_entries
 from coalescer.store import key_states as states
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
@@ -33,7 +33,9 @@ def rule_settings(rule: Rule) -> dict[str, Any]:
             "timeout": rule.timeout, "concurrency": rule.concurrency,
             "retry": {"attempts": rule.retry.attempts, "backoff": rule.retry.backoff,
                       "max_backoff": rule.retry.max_backoff},
-            "rate": None if rule.rate is None else str(rule.rate)}
+            "rate": None if rule.rate is None else str(rule.rate),
+            "batch": ({"max": rule.batch.max, "wait": rule.batch.wait}
+                      if rule.batch is not None else None)}
 
 
 def _num(text: str) -> int | None:
@@ -109,7 +111,7 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
     pipe.xrevrange(sk.history, "+", "-")
     (sec, usec), value, inflight, dead, entries = await pipe.execute()
     now = int(sec) * 1000 + int(usec) // 1000
-    mine = [r for r in (parse_entry(i, f) for i, f in entries) if r.key == key]
+    mine = [r for i, f in entries for r in parse_entries(i, f) if r.key == key]
     info: dict[str, Any] = {"key": key, "shard": sk.shard, "now_ms": now,
                             "rule": rule_settings(rule)}
     info |= describe_state(value, rule, {"inflight": inflight, "dead": dead}, now)
@@ -189,13 +191,18 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
             f"           retry {retry['attempts']} attempts, backoff "
             f"{format_duration(retry['backoff'])} doubling up to "
             f"{format_duration(retry['max_backoff'])}"
-            + (f"; rate {rule['rate']}" if rule.get("rate") else "")]
+            + (f"; rate {rule['rate']}" if rule.get("rate") else "")] + (
+                [f"           batch up to {rule['batch']['max']} keys a call, waiting up to "
+                 f"{format_duration(rule['batch']['wait'])} for more"] if rule.get("batch")
+                else [])
 
 
 def _refresh_line(r: dict[str, Any]) -> str:
     line = (f"  {clock(r['start_ms'])}  {r['outcome']:<8} {format_duration_ms(r['duration_ms'])}"
             f"  attempt {r['attempt'] if r['attempt'] is not None else '-'}, "
             f"token {r['token']}, node {r['node']}")
+    if r.get("batch"):
+        line += f", batch of {r['batch']}"
     return f"{line}\n      error: {r['error']}" if r["error"] else line
 
 

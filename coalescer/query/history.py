@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from coalescer.config.rules import Config
@@ -38,6 +38,7 @@ class Refresh:
     outcome: str  # success, failure, timeout, or lost (its claim had been taken over)
     error: str
     due_ms: int | None = None  # the due time it was claimed at (not recorded for lost ones)
+    batch: int = 0  # keys in the batch handler call it ran in (0: a refresh of its own)
 
     @property
     def failed(self) -> bool:
@@ -75,6 +76,22 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> Refresh:
                    due_ms=_optional_int(fields.get("due")))
 
 
+def parse_entries(entry_id: str, fields: dict[str, str]) -> list[Refresh]:
+    """A stream entry as its refreshes: one, or each key of a batch entry (which records
+    the successes of one batch handler call)."""
+    if "keys" not in fields:
+        return [parse_entry(entry_id, fields)]
+    keys = fields["keys"].split("\0")
+    columns = [fields.get(name, "").split(",") for name in ("tokens", "attempts", "dues")]
+    size = _int(fields.get("batch"), len(keys))
+    out = []
+    for i, key in enumerate(keys):
+        token, attempt, due = (column[i] if i < len(column) else "" for column in columns)
+        one = fields | {"key": key, "token": token, "attempt": attempt, "due": due}
+        out.append(replace(parse_entry(entry_id, one), batch=size))
+    return out
+
+
 async def read_streams(redis: Any, shards: Sequence[ShardKeys],
                        count: int | None) -> list[Refresh]:
     """The newest ``count`` entries (all when None) of each shard's stream, pipelined."""
@@ -83,7 +100,8 @@ async def read_streams(redis: Any, shards: Sequence[ShardKeys],
         pipe.xrevrange(sk.history, "+", "-", count=count)
     out: list[Refresh] = []
     for entries in await pipe.execute():
-        out += (parse_entry(entry_id, fields) for entry_id, fields in entries)
+        for entry_id, fields in entries:
+            out += parse_entries(entry_id, fields)
     return out
 
 
@@ -156,6 +174,8 @@ def _row(r: Refresh) -> str:
     attempt = str(r.attempt) if r.attempt is not None else "-"
     line = (f"{clock(r.start_ms):<23}  {format_duration_ms(r.duration_ms):>9}  "
             f"{r.outcome:<8} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
+    if r.batch:
+        line += f"  (batch of {r.batch})"
     return f"{line}\n{'':<25}error: {r.error}" if r.error else line
 
 

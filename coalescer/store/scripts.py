@@ -109,6 +109,9 @@ class Failure:
 # A successful claim to ack: (key, token), or (key, token, start ms, duration ms)
 # to give its history entry the refresh's start (server clock) and duration.
 AckItem = tuple[str, int] | tuple[str, int, int, int]
+# The acks of one rule: (rule, items), or (rule, items, size) for one batch handler call
+# of ``size`` keys.
+AckGroup = tuple[str, Sequence[AckItem]] | tuple[str, Sequence[AckItem], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,15 +244,19 @@ class Scripts:
                           int(result[4]), _claims(result[5]), bool(int(result[6])),
                           _held(result[7]) if len(result) > 7 else {})
 
-    async def ack(self, shard: ShardKeys, groups: Sequence[tuple[str, Sequence[AckItem]]],
+    async def ack(self, shard: ShardKeys, groups: Sequence[AckGroup],
                   history: History = NO_HISTORY) -> list[str]:
-        """Finish successful claims (and record them); returns the keys whose token was stale."""
+        """Finish successful claims (and record them); returns the keys whose token was stale.
+
+        A group is ``(rule, items)``, or ``(rule, items, size)`` for the claims of one
+        batch handler call of ``size`` keys: their successes share one history entry."""
         keys, args = history.args(shard)
-        for rule, items in groups:
+        for rule, items, *batched in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, len(items), KEY_SEPARATOR.join([
                 f"{item[1]}|{item[2]}|{item[3]}|{item[0]}" if len(item) == 4
-                else f"{item[1]}|0|0|{item[0]}" for item in items])]
+                else f"{item[1]}|0|0|{item[0]}" for item in items]),
+                batched[0] if batched and batched[0] else ""]
         result = await self._run("ack", keys, args)
         return [str(k) for k in result[2:]]
 

@@ -1,4 +1,5 @@
-"""Turns a rule's handler into one coroutine function: ``await invoke(claim)``."""
+"""Turns a rule's handler into one coroutine function: ``await invoke(claim)``, or for a
+batch rule ``await invoke(claims)`` (a list), whose result says which keys failed."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from typing import Any, Protocol
 from coalescer.claim import Claim
 from coalescer.config.rules import Rule
 
-Invoke = Callable[[Claim], Awaitable[None]]
+# Called with a Claim, or with a list of them for a batch rule; returns the handler's
+# answer (what a batch handler returns says which of its keys failed).
+Invoke = Callable[[Any], Awaitable[object]]
 
 
 class WebhookCaller(Protocol):
     async def call(self, spec: Any, claim: Claim, timeout: float) -> None: ...
+
+    async def call_batch(self, spec: Any, claims: list[Claim], timeout: float) -> object: ...
 
 
 def _is_async(fn: Callable[..., object]) -> bool:
@@ -28,14 +33,15 @@ def _is_async(fn: Callable[..., object]) -> bool:
 def python_invoker(fn: Callable[..., object], executor: Executor) -> Invoke:
     """``async def`` handlers are awaited; plain functions run in ``executor``."""
     if _is_async(fn):
-        async def call_async(claim: Claim) -> None:
-            await fn(claim)  # type: ignore[misc]
+        async def call_async(claim: Any) -> object:
+            return await fn(claim)  # type: ignore[misc]
         return call_async
 
-    async def call_sync(claim: Claim) -> None:
+    async def call_sync(claim: Any) -> object:
         result = await asyncio.get_running_loop().run_in_executor(executor, fn, claim)
         if inspect.isawaitable(result):
-            await result
+            return await result
+        return result
     return call_sync
 
 
@@ -47,6 +53,12 @@ def invoker_for(rule: Rule, executor: Executor, webhooks: WebhookCaller | None) 
     if webhooks is None:
         raise RuntimeError(f"rule {rule.name!r}: webhook handlers need a webhook caller")
 
-    async def call_webhook(claim: Claim) -> None:
+    if rule.batch is not None:
+        async def call_batch_webhook(claims: list[Claim]) -> object:
+            return await webhooks.call_batch(handler, claims, rule.timeout)
+        return call_batch_webhook
+
+    async def call_webhook(claim: Any) -> object:
         await webhooks.call(handler, claim, rule.timeout)
+        return None
     return call_webhook

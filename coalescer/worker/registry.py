@@ -36,7 +36,9 @@ CHECK_INTERVAL = 60.0
 
 
 def fingerprint(rule: Rule) -> str:
-    """12 hex digits that change with the rule's match, timing, retries, handler or rate."""
+    """12 hex digits that change with the rule's match, timing, retries, handler, rate or
+    batch (a rule without ``rate:`` or ``batch:`` keeps the fingerprint it had before they
+    existed)."""
     retry = rule.retry
     parts: tuple[str, ...] = (
         rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
@@ -44,6 +46,8 @@ def fingerprint(rule: Rule) -> str:
         rule.handler_ref if callable(rule.handler) else repr(rule.handler))
     if rule.rate is not None:  # only then: a rule without one keeps its fingerprint
         parts += (f"rate {rule.rate}",)
+    if rule.batch is not None:
+        parts += (f"batch {rule.batch.max}/{rule.batch.wait!r}",)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 

@@ -10,6 +10,12 @@ once on a node. A claim's outcome goes to an outbox that is
 group-committed to Redis (one ack and one fail call per shard). While a claim
 is held (running, or finished but not yet acked) its lease is renewed every
 third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
+
+A batch rule (``batch: {max, wait}``) runs its claims as handler calls of up to
+``max`` claims each; ``concurrency`` then counts calls. Claimed keys wait in
+process until ``max`` of them are there or the oldest has waited ``wait``; each
+key keeps its own outcome (the handler's answer says which failed, see
+``worker.batches``), and the call's timeout and cancellation apply to all of them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from coalescer.common.plural import plural
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
+from coalescer.worker.batches import BatchAnswerError, failed_keys
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure
 from coalescer.worker.invoke import Invoke
 
@@ -57,8 +64,11 @@ class Job:
     rule: Rule
     claim: Claim
     renewed: float  # when the lease last began (monotonic clock)
+    held_since: float = 0.0  # when it was claimed (monotonic clock)
     clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
     batch: Batch | None = None  # the claims started with it, sharing its timeout timer
+    call: int = 0  # the batch handler call it ran in (numbered from 1; 0: run alone)
+    call_size: int = 0  # how many keys that call had
     task: asyncio.Task[None] | None = None
     queued: bool = False  # claimed, waiting in process for a free slot
     timed_out: bool = False
@@ -131,6 +141,9 @@ class Runner:
         self._running: dict[str, int] = defaultdict(int)  # refreshes running, per rule
         self._queued: dict[str, deque[Job]] = defaultdict(deque)  # claimed, waiting for a slot
         self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
+        self._calls: dict[str, int] = defaultdict(int)  # batch handler calls running, per rule
+        self._batch_timers: dict[str, asyncio.TimerHandle] = {}  # a batch waiting to fill
+        self._last_call = 0  # batch handler calls numbered on this node
         self._slot_free_due = False
         self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
         self._outbox_event = asyncio.Event()
@@ -144,9 +157,18 @@ class Runner:
     # -- claims in -----------------------------------------------------------------
 
     @staticmethod
-    def capacity(rule: Rule) -> int:
-        """How many claims of ``rule`` a node holds at most: running ones and queued ones."""
-        return int(rule.concurrency) + min(int(rule.concurrency), MAX_QUEUED)
+    def run_capacity(rule: Rule) -> int:
+        """How many claims of ``rule`` run at once: ``concurrency``, times ``max`` for a
+        batch rule."""
+        size = rule.batch.max if rule.batch is not None else 1
+        return int(rule.concurrency) * size
+
+    @classmethod
+    def capacity(cls, rule: Rule) -> int:
+        """How many claims of ``rule`` a node holds at most: running ones and queued ones
+        (a batch rule queues one full batch: each held claim's lease is renewed)."""
+        run = cls.run_capacity(rule)
+        return run + (min(run, MAX_QUEUED) if rule.batch is None else rule.batch.max)
 
     def free_slots(self, rule: Rule) -> int:
         return max(0, self.capacity(rule) - self._active[rule.name])
@@ -160,7 +182,7 @@ class Runner:
         only slots a claim can run in at once (none to wait in process).
         """
         free = self.free_slots(rule) if queue else max(
-            0, int(rule.concurrency) - self._active[rule.name])
+            0, self.run_capacity(rule) - self._active[rule.name])
         n = min(most, free)
         self._active[rule.name] += n
         return n
@@ -198,12 +220,18 @@ class Runner:
         fresh = []
         for c in claims:
             claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
-            job = Job(shard, rule, claim, renewed, clock_offset_ms)
+            job = Job(shard, rule, claim, renewed, renewed, clock_offset_ms)
             jobs[claim.key] = job
             fresh.append(job)
             for recorder in self.recorders:
                 recorder.append(claim)
         self._idle_event.clear()
+        if rule.batch is not None:
+            for job in fresh:
+                job.queued = True
+            self._queued[name].extend(fresh)
+            self._fill(rule)
+            return
         now = max(0, min(len(fresh), int(rule.concurrency) - self._running[name]))
         self._launch(rule, fresh[:now])
         for job in fresh[now:]:
@@ -236,12 +264,104 @@ class Runner:
             if not queue:
                 continue
             rule = queue[0].rule
+            if rule.batch is not None:
+                self._fill(rule)
+                continue
             jobs: list[Job] = []
             while queue and self._running[name] + len(jobs) < int(rule.concurrency):
                 job = queue.popleft()
                 job.queued = False
                 jobs.append(job)
             self._launch(rule, jobs)
+
+    # -- batch rules ---------------------------------------------------------------------
+
+    def _fill(self, rule: Rule) -> None:
+        """Start the batches of ``rule`` that are ready, while calls are free: a full one,
+        or the keys there once the oldest has waited ``batch.wait`` (not waited while a
+        drain records what runs: a drain skips every wait)."""
+        assert rule.batch is not None
+        size, wait = rule.batch.max, 0.0 if self.recorders else rule.batch.wait
+        queue, name = self._queued[rule.name], rule.name
+        while queue and self._calls[name] < int(rule.concurrency):
+            waited = time.monotonic() - queue[0].held_since
+            if len(queue) < size and waited < wait:
+                self._fill_later(rule, wait - waited)
+                return
+            jobs = [queue.popleft() for _ in range(min(size, len(queue)))]
+            for job in jobs:
+                job.queued = False
+            self._launch_batch(rule, jobs)
+
+    def _fill_later(self, rule: Rule, delay: float) -> None:
+        if rule.name in self._batch_timers:
+            return
+
+        def again() -> None:
+            del self._batch_timers[rule.name]
+            self._fill(rule)
+        self._batch_timers[rule.name] = asyncio.get_running_loop().call_later(delay, again)
+
+    def _launch_batch(self, rule: Rule, jobs: list[Job]) -> None:
+        """Run ``jobs`` as one call of ``rule``'s batch handler, with one timeout timer."""
+        loop = asyncio.get_running_loop()
+        metrics = self._metrics.rule(rule.name)
+        metrics.batch_size.observe(len(jobs))
+        batch = Batch(jobs, len(jobs))
+        self._calls[rule.name] += 1
+        self._last_call += 1
+        now = time.time() * 1000
+        task = loop.create_task(self._run_batch(rule, batch, list(jobs)),
+                                name=f"batch of {len(jobs)} {rule.name}")
+        for job in jobs:
+            job.batch, job.call, job.call_size = batch, self._last_call, len(jobs)
+            server_now = now + job.clock_offset_ms
+            job.start_ms = round(server_now)
+            lag = (server_now - job.claim.due_ms) / 1000
+            metrics.start_lag.observe(lag if lag > 0.0 else 0.0)
+            job.task = task
+        batch.timer = loop.call_later(rule.timeout, batch.time_out)
+
+    async def _run_batch(self, rule: Rule, batch: Batch, jobs: list[Job]) -> None:
+        """One call of a batch handler; each key's outcome goes to the outbox."""
+        spent = [j for j in jobs if j.claim.attempt > rule.retry.attempts]
+        for job in spent:
+            self._finish(job, TimeoutError("claim lease expired on every attempt"))
+        jobs = [j for j in jobs if j.claim.attempt <= rule.retry.attempts]
+        started = time.monotonic()
+        try:
+            errors = await self._call_batch(rule, jobs)
+        except asyncio.CancelledError:
+            if not any(job.timed_out for job in jobs):
+                self._calls[rule.name] -= 1
+                for job in jobs:
+                    if job.batch is batch:
+                        self._drop(job)
+                raise
+            timeout = TimeoutError(f"batch handler ran past its timeout of {rule.timeout:g}s")
+            errors = dict.fromkeys((job.claim.key for job in jobs), timeout)
+        took = time.monotonic() - started
+        self._metrics.rule(rule.name).duration.observe(took)
+        self._calls[rule.name] -= 1
+        for job in jobs:
+            job.took_ms = took * 1000
+            job.duration_ms = round(job.took_ms)
+            self._finish(job, errors.get(job.claim.key))
+
+    async def _call_batch(self, rule: Rule, jobs: list[Job]) -> dict[str, BaseException]:
+        """The failed keys of one batch handler call, each with its error."""
+        if not jobs:
+            return {}
+        claims = [job.claim for job in jobs]
+        try:
+            answer = await self._invokers[rule.name](claims)
+            return dict(failed_keys(answer, claims))
+        except BatchAnswerError as exc:
+            log.error("rule %s: %s; failing all %d keys of the batch (they are retried)",
+                      rule.name, exc, len(claims))
+            return dict.fromkeys((c.key for c in claims), exc)
+        except Exception as exc:  # a handler's failure is data, not a crash
+            return dict.fromkeys((c.key for c in claims), exc)
 
     async def _run(self, job: Job, invoke: Invoke) -> None:
         rule, claim = job.rule, job.claim
@@ -320,7 +440,7 @@ class Runner:
         if job.queued:  # never started
             job.queued = False
             self._queued[job.rule.name].remove(job)
-        else:
+        elif job.rule.batch is None:  # a batch rule counts its calls (_calls)
             self._running[job.rule.name] -= 1
         self._active[job.rule.name] -= 1
         self._slots_freed(job.rule.name)
@@ -368,12 +488,16 @@ class Runner:
         keys = self._keyspace.shard(shard)
         stale: list[str] = []
         if box.acks:
-            acks: dict[str, list[AckItem]] = defaultdict(list)
+            # per rule, and per call of a batch handler (its successes: one history entry)
+            acks: dict[tuple[str, int, int], list[AckItem]] = defaultdict(list)
             for job in box.acks:
-                acks[job.rule.name].append((job.claim.key, job.claim.token, job.start_ms,
-                                            job.duration_ms))
-                self._traced.pop(job.claim.key, None)
-            stale += await self._scripts.ack(keys, list(acks.items()), self._history)
+                claim = job.claim
+                acks[job.rule.name, job.call, job.call_size].append(
+                    (claim.key, claim.token, job.start_ms, job.duration_ms))
+                self._traced.pop(claim.key, None)
+            stale += await self._scripts.ack(
+                keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
+                self._history)
             self._forget(box.acks)
             box.acks = []
         if box.fails:

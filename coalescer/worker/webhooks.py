@@ -3,6 +3,11 @@
 One pooled ``aiohttp.ClientSession`` per node, created on first use. Every non-2xx
 answer, connection error or timeout raises, so the runner's retries and dead letter
 (G6) apply. Redirects are not followed: a 3xx is a failure like any other non-2xx.
+
+A batch rule's webhook gets one request per batch: a JSON list of the claims. A 2xx
+answer with no body (or any body without a ``failed`` field) means every key
+succeeded; ``{"failed": ["key", ...]}`` or ``{"failed": {"key": "error", ...}}``
+names the keys that failed (retried, then dead-lettered, on their own).
 """
 
 from __future__ import annotations
@@ -72,10 +77,34 @@ async def _excerpt(response: aiohttp.ClientResponse) -> str:
     return " ".join(text.split())
 
 
-async def _check(response: aiohttp.ClientResponse, method: str, url: str) -> None:
+def encode_batch(claims: list[Claim]) -> bytes:
+    """The exact bytes a batch webhook is sent (and signed): a JSON list of claims."""
+    return json.dumps([c.to_json() for c in claims], separators=(",", ":")).encode()
+
+
+def failed_of_answer(raw: bytes, method: str, url: str) -> object:
+    """The ``failed`` field of a batch webhook's 2xx answer (None: all succeeded)."""
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return None  # a plain "ok" body: every key succeeded
+    if not isinstance(answer, dict) or answer.get("failed") is None:
+        return None
+    failed = answer["failed"]
+    if not isinstance(failed, list | dict):
+        raise WebhookError(f"webhook {method} {url} answered with a 'failed' field that is "
+                           f"neither a list of keys nor a mapping of key to error: "
+                           f"{json.dumps(failed)[:EXCERPT_BYTES]}")
+    return failed
+
+
+async def _check(response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
+    """The answer's body (up to DRAIN_BYTES) when it is a 2xx; else WebhookError."""
     if 200 <= response.status < 300:
-        await response.content.read(DRAIN_BYTES)  # lets the connection be reused
-        return
+        return await response.content.read(DRAIN_BYTES)  # lets the connection be reused
     status = f"{response.status} {response.reason or ''}".rstrip()
     location = response.headers.get("Location")
     where = f" (redirect to {location}, not followed)" if location else ""
@@ -104,24 +133,32 @@ class Webhooks:
         when no full answer came within ``spec.timeout`` (else ``timeout``).
         """
         http: HttpHandler = spec
-        body = encode_body(claim)
+        await self._send(http, http.url_for(claim.params), encode_body(claim), timeout)
+        log.debug("webhook %s %s: %s attempt %d ok", http.method, safe_url(http.url),
+                  claim.key, claim.attempt)
+
+    async def call_batch(self, spec: Any, claims: list[Claim], timeout: float) -> object:
+        """POST the batch (a JSON list of claims) to ``spec.url``; returns the answer's
+        ``failed`` field (None when every key succeeded). Raises as ``call`` does."""
+        http: HttpHandler = spec
+        raw = await self._send(http, http.url, encode_batch(claims), timeout)
+        return failed_of_answer(raw, http.method, safe_url(http.url))
+
+    async def _send(self, http: HttpHandler, url: str, body: bytes, timeout: float) -> bytes:
         headers = _headers(http, body)
-        url = http.url_for(claim.params)
         limit = http.timeout if http.timeout is not None else timeout
         shown = safe_url(url)
         try:
             async with self._get_session().request(
                     http.method, url, data=body, headers=headers, allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=limit)) as response:
-                await _check(response, http.method, shown)
+                return await _check(response, http.method, shown)
         except TimeoutError:
             raise TimeoutError(f"webhook {http.method} {shown} did not answer within "
                                f"{limit:g}s") from None
         except aiohttp.ClientError as exc:
             raise WebhookError(f"webhook {http.method} {shown} failed: "
                                f"{type(exc).__name__}: {exc}") from None
-        log.debug("webhook %s %s: %s attempt %d ok", http.method, shown, claim.key,
-                  claim.attempt)
 
     async def close(self) -> None:
         """Close the pooled session (a later call opens a new one)."""

@@ -46,6 +46,11 @@ rules:
     concurrency: 1
     retry: {{attempts: 1}}
     handler: {module}:flaky
+  - name: bulk
+    match: "bulk:{{id}}"
+    window: 100ms
+    batch: {{max: 10, wait: 1s}}
+    handler: {module}:bulk
 """
 
 HANDLERS = """\
@@ -59,6 +64,9 @@ async def flaky(claim):
     if failing:
         raise RuntimeError("upstream is down for " + claim.key)
     succeeded.append(claim.key)
+
+async def bulk(claims):
+    pass
 """
 
 
@@ -131,12 +139,15 @@ async def populated(make_node: NodeFactory, **options: Any) -> PageNode:
     node = await make_node(**options)
     await wait_until(lambda: node.c.leads() == list(range(node.c.config.shards)),
                      timeout=20, message="the node to lead every shard")
-    node.c.touch_many(["later:1", "later:2", "later:3", "agg:1", "agg:2", HOSTILE])
+    node.c.touch_many(["later:1", "later:2", "later:3", "agg:1", "agg:2", HOSTILE,
+                       "bulk:1", "bulk:2", "bulk:3", "bulk:4"])
     await node.c.flush()
     await wait_until(lambda: node.dead(HOSTILE), timeout=20, message="the dead letter")
 
     async def two_refreshes() -> bool:
-        return len([r for r in await node.c.query.history() if r.rule == "agg"]) == 2
+        found = await node.c.query.history()
+        return (len([r for r in found if r.rule == "agg"]) == 2
+                and len([r for r in found if r.rule == "bulk"]) == 4)
 
     await wait_until(two_refreshes, timeout=20, message="both agg refreshes")
     return node
@@ -164,6 +175,10 @@ async def test_the_page_shows_the_cluster_and_its_retry_button_requeues_a_dead_k
         assert await browser.evaluate(cell("rules", "tr[data-rule='later']", 1)) == "3"
         assert await browser.evaluate(cell("rules", "tr[data-rule='flaky']", 3)) == "1"
         assert await browser.evaluate(cell("rules", "tr[data-rule='agg']", 4)) == "2"
+        assert await browser.evaluate(
+            "document.querySelector(\"tr[data-rule='bulk'] .batches\").textContent") == (
+            "batches of 4 keys on average")
+        assert await browser.evaluate("document.querySelectorAll('.batches').length") == 1
         due = await browser.evaluate(
             "[...document.querySelectorAll('#due table[data-due-rule=later] tr')]"
             ".map(tr => tr.dataset.key)")

@@ -3,16 +3,19 @@
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history
 -- KEYS[4+2g], KEYS[5+2g]   due:RULE and inflight:RULE of group g (g = 0, 1, ...)
 -- ARGV[1] wake channel   ARGV[2] node id   ARGV[3] history length (0: none)
--- then per group g: RULE, N, and its N claims in one argument: "TOKEN|START|MS|KEY"
+-- then per group g: RULE, N, its N claims in one argument: "TOKEN|START|MS|KEY"
 -- each (start and duration of the refresh in ms), joined by NUL characters (one
--- argument is far cheaper for the client to encode than four a claim)
+-- argument is far cheaper for the client to encode than four a claim), and BATCH:
+-- the number of keys of the batch handler call whose claims the group holds, or ""
 --
 -- A claim is finished only by the holder of its fencing token: an ack that
 -- carries an older token (the lease expired and the key was claimed again) is
 -- refused and reported, so a paused holder can never ack over a newer claim.
 -- A key touched while it ran goes back to pending with its re-armed due time.
 -- Each refresh is appended to the history: outcome "success", or "lost" for a
--- refused (stale) ack.
+-- refused (stale) ack. A batch group's successes share one entry: its fields
+-- "keys" (NUL-joined), "tokens", "attempts" and "dues" (comma-joined, in the same
+-- order) and "batch" (how many keys the handler call had) stand for one each.
 -- Returns {acked, re-armed, stale keys...}.
 
 local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
@@ -46,10 +49,23 @@ local function held_by(v, token)
   return true, attempt, due, rdue ~= '' and decode(v) or nil
 end
 
+-- One history entry for the successes of a batch handler call.
+local function record_batch(rule, done, n, start, ms)
+  if maxlen <= 0 or #done.keys == 0 then return end
+  redis.call('XADD', history, 'MAXLEN', '~', maxlen, '*', 'keys',
+             table.concat(done.keys, '\0'), 'rule', rule, 'node', node, 'tokens',
+             table.concat(done.tokens, ','), 'attempts', table.concat(done.attempts, ','),
+             'dues', table.concat(done.dues, ','), 'start', start, 'ms', ms, 'batch', n,
+             'outcome', 'success')
+end
+
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
 for g = 0, (#KEYS - 3) / 2 - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
+  local size = tonumber(ARGV[pos + 3]) or 0
+  local batched = size > 0
+  local done = {keys = {}, tokens = {}, attempts = {}, dues = {}}
   local finished, forgotten = {}, {}
   local keys, tokens, starts, took = claims_of(ARGV[pos + 2], n)
   local states = n > 0 and read_fields(meta, keys) or {}
@@ -68,17 +84,23 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
         forgotten[#forgotten + 1] = key
       end
       acked = acked + 1
-      record(history, maxlen, key, rule, node, token, attempt, due, starts[j], took[j],
-             'success')
+      if batched then
+        local d = #done.keys + 1
+        done.keys[d], done.tokens[d], done.attempts[d], done.dues[d] = key, token, attempt, due
+      else
+        record(history, maxlen, key, rule, node, token, attempt, due, starts[j], took[j],
+               'success')
+      end
     else
       stale[#stale + 1] = key
       record(history, maxlen, key, rule, node, token, '', '', starts[j], took[j], 'lost',
              'succeeded, but its claim had been taken over (lease expired)')
     end
   end
+  if batched and n > 0 then record_batch(rule, done, size, starts[1], took[1]) end
   each_chunk('ZREM', inflight_key, finished)
   each_chunk('HDEL', meta, forgotten)
-  pos = pos + 3
+  pos = pos + 4
 end
 wake(next_key, ARGV[1], earliest)
 return {acked, rearmed, unpack(stale)}
