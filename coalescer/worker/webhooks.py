@@ -12,12 +12,17 @@ import hmac
 import json
 import logging
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
+from yarl import URL
 
 from coalescer.claim import Claim
 from coalescer.common.redact import redact
+from coalescer.config.model import quote_capture
 from coalescer.config.rules import HttpHandler
 from coalescer.errors import WebhookError
 
@@ -43,6 +48,19 @@ def encode_body(claim: Claim) -> bytes:
 def safe_url(url: str) -> str:
     """``url`` with its password hidden, fit for logs and error messages."""
     return redact(url)
+
+
+_PLACEHOLDER_RE = re.compile(r"%7B([^%]*)%7D")
+
+
+def request_url(spec: HttpHandler, params: Mapping[str, str]) -> URL:
+    """The URL a claim is sent to, built as already encoded so that nothing (dot
+    segments, percent-encoded or not) is normalised away: the template's literal
+    text is encoded once, each capture is inserted by ``quote_capture``."""
+    template = str(URL(spec.url))  # placeholders come out as %7Bname%7D
+    filled = _PLACEHOLDER_RE.sub(
+        lambda m: quote_capture(params[unquote(m.group(1))]), template)
+    return URL(filled, encoded=True)
 
 
 def _secret(spec: HttpHandler) -> str | None:
@@ -106,9 +124,9 @@ class Webhooks:
         http: HttpHandler = spec
         body = encode_body(claim)
         headers = _headers(http, body)
-        url = http.url_for(claim.params)
+        url = request_url(http, claim.params)
         limit = http.timeout if http.timeout is not None else timeout
-        shown = safe_url(url)
+        shown = safe_url(str(url))
         try:
             async with self._get_session().request(
                     http.method, url, data=body, headers=headers, allow_redirects=False,

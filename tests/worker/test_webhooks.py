@@ -167,6 +167,25 @@ async def test_call_uses_the_method_and_quotes_captures(
     assert (receiver.hits[0].method, receiver.hits[0].path) == ("PUT", "/r/a%20b%2Fc%3Fd")
 
 
+@pytest.mark.parametrize(("capture", "sent"), [
+    ("..", "%2E%2E"), (".", "%2E"), ("...", "%2E%2E%2E"), ("%2E%2E", "%252E%252E"),
+    ("../admin", "%2E%2E%2Fadmin"), ("..\\x", "%2E%2E%5Cx"), ("%2e.", "%252e%2E"),
+    ("v1.2", "v1%2E2"),
+])
+async def test_a_capture_never_leaves_its_path_segment(
+        receiver: Receiver, webhooks: Webhooks, capture: str, sent: str) -> None:
+    spec = HttpHandler(url=receiver.url("/tenants/{id}/refresh"))
+    await webhooks.call(spec, claim(params={"id": capture}), 5.0)
+    assert [hit.path for hit in receiver.hits] == [f"/tenants/{sent}/refresh"]
+
+
+async def test_the_url_template_literal_text_is_encoded_once(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=receiver.url("/a b/%41/{id}?q=1"))
+    await webhooks.call(spec, claim(params={"id": "x"}), 5.0)
+    assert receiver.hits[0].path == "/a%20b/A/x?q=1"  # %41 is "A", an unreserved letter
+
+
 async def test_call_signs_the_exact_body_and_never_logs_the_secret(
         receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -327,6 +346,17 @@ async def test_a_500_is_retried_and_the_body_is_signed(
     assert two["token"] > one["token"]  # fencing tokens grow per claim
     assert refreshes(node, "failure") == 1
     assert (await settled(node))["dead"] == 0
+
+
+async def test_a_dot_dot_key_reaches_its_own_path_not_the_parent(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    node = await make_node()
+    node.touch("stats:org:..")
+    node.touch("stats:org:.")
+    await wait_until(lambda: refreshes(node, "success") == 2, timeout=5,
+                     message="both refreshes to succeed")
+    assert sorted(hit.path for hit in receiver.hits) == ["/refresh/%2E", "/refresh/%2E%2E"]
 
 
 async def test_a_hanging_receiver_trips_the_timeout_and_the_retry(
