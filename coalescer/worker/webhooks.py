@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -34,10 +35,15 @@ EXCERPT_BYTES = 200
 DRAIN_BYTES = 64 * 1024
 
 
-def signature(secret: str | bytes, body: bytes) -> str:
-    """The ``X-Coalescer-Signature`` value of ``body``: ``sha256=<hex hmac-sha256>``."""
+def signature(secret: str | bytes, *, timestamp: int, method: str, path: str,
+              body: bytes) -> str:
+    """The ``X-Coalescer-Signature`` value: ``t=<unix seconds>,v1=<hex>``, where hex is
+    the HMAC-SHA256, keyed with ``secret``, of ``<t>.<METHOD>.<path>.<body>``
+    (``path`` as sent: percent-encoded, with the query string if any)."""
     key = secret.encode() if isinstance(secret, str) else secret
-    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+    mac = hmac.new(key, f"{timestamp}.{method.upper()}.{path}.".encode(), hashlib.sha256)
+    mac.update(body)
+    return f"t={timestamp},v1={mac.hexdigest()}"
 
 
 def encode_body(claim: Claim) -> bytes:
@@ -73,11 +79,13 @@ def _secret(spec: HttpHandler) -> str | None:
     return value
 
 
-def _headers(spec: HttpHandler, body: bytes) -> dict[str, str]:
+def _headers(spec: HttpHandler, url: URL, body: bytes) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     secret = _secret(spec)
     if secret is not None:
-        headers[SIGNATURE_HEADER] = signature(secret, body)
+        headers[SIGNATURE_HEADER] = signature(
+            secret, timestamp=int(time.time()), method=spec.method, path=url.raw_path_qs,
+            body=body)
     return headers
 
 
@@ -123,8 +131,8 @@ class Webhooks:
         """
         http: HttpHandler = spec
         body = encode_body(claim)
-        headers = _headers(http, body)
         url = request_url(http, claim.params)
+        headers = _headers(http, url, body)
         limit = http.timeout if http.timeout is not None else timeout
         shown = safe_url(str(url))
         try:

@@ -128,17 +128,34 @@ def claim(**fields: Any) -> Claim:
     return Claim(**values)
 
 
-def expected_signature(body: bytes) -> str:
-    return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+def expected_signature(hit: Hit) -> str:
+    """The signature the receiver expects of ``hit``: its header's timestamp, within
+    a minute of now, and the HMAC of timestamp, method, raw path and body."""
+    stamp = int(hit.headers[SIGNATURE_HEADER].split(",")[0].removeprefix("t="))
+    assert abs(stamp - time.time()) < 60
+    signed = f"{stamp}.{hit.method}.{hit.path}.".encode() + hit.body
+    return f"t={stamp},v1=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
 
 
 # --- Webhooks on its own --------------------------------------------------------------
 
 
-def test_signature_is_hex_hmac_sha256_of_the_body() -> None:
+def test_signature_covers_timestamp_method_path_and_body() -> None:
     body = b'{"key":"k"}'
-    assert signature(SECRET, body) == expected_signature(body)
-    assert signature(SECRET.encode(), body) == expected_signature(body)
+    mac = hmac.new(SECRET.encode(), b'1700000000.POST./r/7?x=1.{"key":"k"}', hashlib.sha256)
+    wanted = f"t=1700000000,v1={mac.hexdigest()}"
+    for secret in (SECRET, SECRET.encode()):
+        assert signature(secret, timestamp=1700000000, method="POST", path="/r/7?x=1",
+                         body=body) == wanted
+    others = {signature(SECRET, timestamp=1700000001, method="POST", path="/r/7?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="PUT", path="/r/7?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="POST", path="/r/8?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="POST", path="/r/7?x=1",
+                        body=body + b" ")}
+    assert len(others) == 4 and wanted not in others
 
 
 def test_safe_url_hides_credentials() -> None:
@@ -194,12 +211,23 @@ async def test_call_signs_the_exact_body_and_never_logs_the_secret(
     spec = HttpHandler(url=receiver.url("/hook"), secret_env=SECRET_ENV)
     await webhooks.call(spec, claim(), 5.0)
     hit = receiver.hits[0]
-    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     receiver.answers = [Receiver.status(500)]
     with pytest.raises(WebhookError) as failed:
         await webhooks.call(spec, claim(), 5.0)
     assert SECRET not in str(failed.value)
     assert SECRET not in caplog.text
+
+
+async def test_the_signature_covers_the_method_and_the_encoded_path_as_sent(
+        receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    spec = HttpHandler(url=receiver.url("/r/{org_id}?v=1"), method="PUT",
+                       secret_env=SECRET_ENV)
+    await webhooks.call(spec, claim(params={"org_id": "../x y"}), 5.0)
+    hit = receiver.hits[0]
+    assert (hit.method, hit.path) == ("PUT", "/r/%2E%2E%2Fx%20y?v=1")
+    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
 
 
 async def test_a_missing_secret_names_the_variable(
@@ -332,7 +360,7 @@ async def test_a_500_is_retried_and_the_body_is_signed(
     for hit in (first, second):
         assert hit.path == "/refresh/acme%201"
         assert hit.headers["Content-Type"] == "application/json"
-        assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+        assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     one, two = first.json(), second.json()
     assert set(one) == {"key", "rule", "params", "attempt", "first_touch_ms",
                         "last_touch_ms", "due_ms", "token"}
