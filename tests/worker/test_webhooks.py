@@ -435,3 +435,36 @@ async def _dead(node: Coalescer) -> dict[str, Any] | None:
     entry: dict[str, Any] = (await node.query.status())["rules"]["org-stats"]
     return entry if entry["dead"] and not entry["in_flight"] and not entry["pending"] else None
 
+
+
+# --- The receiver snippet of docs/http.md ----------------------------------------------
+
+
+def docs_verified(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
+    text = (Path(__file__).parents[2] / "docs" / "http.md").read_text()
+    start = text.index("```python", text.index("A receiver verifies the signature"))
+    code = text[start + len("```python"):text.index("```", start + 3)]
+    monkeypatch.setenv("ORG_HOOK_SECRET", SECRET)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/http.md", "exec"), scope)
+    verify: Callable[..., bool] = scope["verified"]
+    return verify
+
+
+def test_the_docs_receiver_snippet_accepts_signed_and_refuses_forged_requests(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    verified = docs_verified(monkeypatch)
+    body, now = b'{"key":"k"}', int(time.time())
+    good = signature(SECRET, timestamp=now, method="POST", path="/r/%2E%2E", body=body)
+    hexed = good.split(",v1=")[1]
+    assert verified("POST", "/r/%2E%2E", body, good)
+    refused = [None, "", hexed, "sha256=" + hexed, good[:-1] + "g", good[:-1] + "\u00e9",
+               good + "\n", good.split(",")[0], good + ",v1=" + hexed, "t=\u0661,v1=" + hexed,
+               signature(SECRET, timestamp=now - 301, method="POST", path="/r/%2E%2E",
+                         body=body),
+               signature("other", timestamp=now, method="POST", path="/r/%2E%2E", body=body)]
+    for header in refused:
+        assert not verified("POST", "/r/%2E%2E", body, header), header
+    assert not verified("POST", "/r", body, good)
+    assert not verified("PUT", "/r/%2E%2E", body, good)
+    assert not verified("POST", "/r/%2E%2E", body + b" ", good)
