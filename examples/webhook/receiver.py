@@ -7,9 +7,11 @@ webhook URL of rules.yaml beside it names (change that URL too when you change t
 
 ``POST /refresh/{report_id}`` with the claim as its JSON body:
 
-* the ``X-Coalescer-Signature: sha256=<hex>`` header must be the HMAC-SHA256 of the
-  exact body bytes keyed with ``$WEBHOOK_SECRET``, checked before the body is parsed;
-  a missing or wrong one is answered 401 and nothing is applied;
+* the ``X-Coalescer-Signature: t=<unix seconds>,v1=<hex>`` header must carry a
+  timestamp within 5 minutes of this machine's clock and the HMAC-SHA256, keyed with
+  ``$WEBHOOK_SECRET``, of ``<t>.<METHOD>.<raw path>.<exact body bytes>``, checked
+  before the body is parsed; a missing, malformed, old or wrong one is answered 401
+  and nothing is applied;
 * a claim whose token is not larger than the highest already applied for its key is
   a late or repeated delivery (delivery is at least once): acknowledged with 200 and
   ``"applied": false``, never applied over newer work. (A 4xx would make coalescer
@@ -26,6 +28,8 @@ import hmac
 import json
 import logging
 import os
+import re
+import time
 from typing import Any
 
 from aiohttp import web
@@ -39,10 +43,19 @@ SIGNATURE_HEADER = "X-Coalescer-Signature"
 log = logging.getLogger(__name__)
 
 
-def verified(secret: bytes, body: bytes, header: str | None) -> bool:
-    """True if ``header`` is the signature of ``body`` (compared in constant time)."""
-    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-    return header is not None and hmac.compare_digest(expected.encode(), header.encode())
+MAX_SKEW = 300  # seconds a signature's timestamp may differ from this machine's clock
+_SIGNATURE_RE = re.compile(r"t=([0-9]{1,12}),v1=([0-9a-f]{64})")
+
+
+def verified(secret: bytes, method: str, path: str, body: bytes, header: str | None) -> bool:
+    """True if ``header`` signs this request, with a timestamp within ``MAX_SKEW`` of
+    now; False for anything else (missing, malformed, non-ASCII, old, wrong)."""
+    found = _SIGNATURE_RE.fullmatch(header) if header is not None else None
+    if found is None or abs(int(found.group(1)) - time.time()) > MAX_SKEW:
+        return False
+    signed = f"{found.group(1)}.{method}.{path}.".encode() + body
+    expected = hmac.new(secret, signed, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, found.group(2))
 
 
 class Reports:
@@ -78,7 +91,8 @@ def make_app(secret: bytes) -> web.Application:
 
     async def refresh(request: web.Request) -> web.Response:
         body = await request.read()  # the raw bytes: the signature covers exactly these
-        if not verified(secret, body, request.headers.get(SIGNATURE_HEADER)):
+        if not verified(secret, request.method, request.raw_path, body,
+                        request.headers.get(SIGNATURE_HEADER)):
             log.warning("refused %s: missing or wrong %s", request.path, SIGNATURE_HEADER)
             return web.json_response({"error": "missing or wrong signature"}, status=401)
         try:

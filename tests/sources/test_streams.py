@@ -241,23 +241,27 @@ async def test_bad_entries_are_acknowledged_counted_and_never_block(
         caplog.set_level(logging.WARNING, logger="coalescer.sources.streams")
         bad = [
             await raw.xadd(stream, {b"order": b"1"}),  # no customer_id
-            await raw.xadd(stream, {b"customer_id": b"a:b"}),  # a key no rule matches
+            await raw.xadd(stream, {b"customer_id": b""}),  # a key no rule matches
+            await raw.xadd(stream, {b"customer_id": b"7:admin"}),  # would span segments
             await raw.xadd(stream, {b"customer_id": b"\xff\xfe"}),  # not UTF-8
             await raw.xadd(stream, {b"customer_id": b"x\x00y"}),  # unstorable: a NUL
-            await raw.xadd(stream, {b"customer_id": b"9" * 2000}),  # unstorable: too long
+            await raw.xadd(stream, {b"customer_id": b"9" * 2000}),  # too long for a key
+            await raw.xadd(stream, {b"customer_id": b"\xff" * (20 << 20)}),  # never decoded
         ]
         await raw.xadd(stream, {b"customer_id": b"7"})
     finally:
         await raw.aclose()
     await wait_until(lambda: refreshed(rec, "stats:customer:7"))
-    await wait_until(lambda: entries_counted(c, "rejected") == 5)
+    await wait_until(lambda: entries_counted(c, "rejected") == 7)
     assert entries_counted(c, "accepted") == 1
     assert [call.key for call in rec.calls] == ["stats:customer:7"]
     assert await source_status(c) == {"stream": stream, "group": "coalescer", "lag": 0,
-                                      "pending": 0, "rejected": 5}
+                                      "pending": 0, "rejected": 7}
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for entry_id, why in zip(bad, ["no field 'customer_id'", "no rule matches key",
-                                   "not UTF-8", "NUL character", "over the limit"],
+                                   "holds ':' (at index 1)", "not UTF-8", "NUL character",
+                                   "2000 bytes long, over the limit",
+                                   f"{20 << 20} bytes long, over the limit"],
                              strict=True):
         assert f"entry {entry_id.decode()} of stream {stream!r} rejected" in logged
         assert why in logged

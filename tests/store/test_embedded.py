@@ -305,3 +305,28 @@ def test_project_root_is_found_from_the_rules_file(tmp_path: Path,
     assert project_root("<string>") == elsewhere / ".coalescer"
     monkeypatch.chdir(config)
     assert project_root(None) == project / ".coalescer"
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_folders_and_the_servers_files_are_readable_by_their_owner_only(
+        root: Path) -> None:
+    root.mkdir(mode=0o755)  # as an older version left it
+    root.chmod(0o755)
+    server = EmbeddedServer(root)
+    url = server.acquire()
+    try:
+        client = sync_client(_port(url))
+        client.set("k", "v")
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        client.close()
+        for folder in (root, root / "data", root / "users"):
+            assert _mode(folder) == 0o700, folder
+        files = [path for path in (root / "data").rglob("*") if path.is_file()]
+        assert any("appendonly" in str(path) for path in files)
+        for path in [*files, root / "server.log"]:
+            assert _mode(path) & 0o077 == 0, (path, oct(_mode(path)))
+    finally:
+        server.release()

@@ -128,17 +128,34 @@ def claim(**fields: Any) -> Claim:
     return Claim(**values)
 
 
-def expected_signature(body: bytes) -> str:
-    return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+def expected_signature(hit: Hit) -> str:
+    """The signature the receiver expects of ``hit``: its header's timestamp, within
+    a minute of now, and the HMAC of timestamp, method, raw path and body."""
+    stamp = int(hit.headers[SIGNATURE_HEADER].split(",")[0].removeprefix("t="))
+    assert abs(stamp - time.time()) < 60
+    signed = f"{stamp}.{hit.method}.{hit.path}.".encode() + hit.body
+    return f"t={stamp},v1=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
 
 
 # --- Webhooks on its own --------------------------------------------------------------
 
 
-def test_signature_is_hex_hmac_sha256_of_the_body() -> None:
+def test_signature_covers_timestamp_method_path_and_body() -> None:
     body = b'{"key":"k"}'
-    assert signature(SECRET, body) == expected_signature(body)
-    assert signature(SECRET.encode(), body) == expected_signature(body)
+    mac = hmac.new(SECRET.encode(), b'1700000000.POST./r/7?x=1.{"key":"k"}', hashlib.sha256)
+    wanted = f"t=1700000000,v1={mac.hexdigest()}"
+    for secret in (SECRET, SECRET.encode()):
+        assert signature(secret, timestamp=1700000000, method="POST", path="/r/7?x=1",
+                         body=body) == wanted
+    others = {signature(SECRET, timestamp=1700000001, method="POST", path="/r/7?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="PUT", path="/r/7?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="POST", path="/r/8?x=1",
+                        body=body),
+              signature(SECRET, timestamp=1700000000, method="POST", path="/r/7?x=1",
+                        body=body + b" ")}
+    assert len(others) == 4 and wanted not in others
 
 
 def test_safe_url_hides_credentials() -> None:
@@ -167,6 +184,25 @@ async def test_call_uses_the_method_and_quotes_captures(
     assert (receiver.hits[0].method, receiver.hits[0].path) == ("PUT", "/r/a%20b%2Fc%3Fd")
 
 
+@pytest.mark.parametrize(("capture", "sent"), [
+    ("..", "%2E%2E"), (".", "%2E"), ("...", "%2E%2E%2E"), ("%2E%2E", "%252E%252E"),
+    ("../admin", "%2E%2E%2Fadmin"), ("..\\x", "%2E%2E%5Cx"), ("%2e.", "%252e%2E"),
+    ("v1.2", "v1%2E2"),
+])
+async def test_a_capture_never_leaves_its_path_segment(
+        receiver: Receiver, webhooks: Webhooks, capture: str, sent: str) -> None:
+    spec = HttpHandler(url=receiver.url("/tenants/{id}/refresh"))
+    await webhooks.call(spec, claim(params={"id": capture}), 5.0)
+    assert [hit.path for hit in receiver.hits] == [f"/tenants/{sent}/refresh"]
+
+
+async def test_the_url_template_literal_text_is_encoded_once(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    spec = HttpHandler(url=receiver.url("/a b/%41/{id}?q=1"))
+    await webhooks.call(spec, claim(params={"id": "x"}), 5.0)
+    assert receiver.hits[0].path == "/a%20b/A/x?q=1"  # %41 is "A", an unreserved letter
+
+
 async def test_call_signs_the_exact_body_and_never_logs_the_secret(
         receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -175,12 +211,23 @@ async def test_call_signs_the_exact_body_and_never_logs_the_secret(
     spec = HttpHandler(url=receiver.url("/hook"), secret_env=SECRET_ENV)
     await webhooks.call(spec, claim(), 5.0)
     hit = receiver.hits[0]
-    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     receiver.answers = [Receiver.status(500)]
     with pytest.raises(WebhookError) as failed:
         await webhooks.call(spec, claim(), 5.0)
     assert SECRET not in str(failed.value)
     assert SECRET not in caplog.text
+
+
+async def test_the_signature_covers_the_method_and_the_encoded_path_as_sent(
+        receiver: Receiver, webhooks: Webhooks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    spec = HttpHandler(url=receiver.url("/r/{org_id}?v=1"), method="PUT",
+                       secret_env=SECRET_ENV)
+    await webhooks.call(spec, claim(params={"org_id": "../x y"}), 5.0)
+    hit = receiver.hits[0]
+    assert (hit.method, hit.path) == ("PUT", "/r/%2E%2E%2Fx%20y?v=1")
+    assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
 
 
 async def test_a_missing_secret_names_the_variable(
@@ -313,7 +360,7 @@ async def test_a_500_is_retried_and_the_body_is_signed(
     for hit in (first, second):
         assert hit.path == "/refresh/acme%201"
         assert hit.headers["Content-Type"] == "application/json"
-        assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit.body)
+        assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     one, two = first.json(), second.json()
     assert set(one) == {"key", "rule", "params", "attempt", "first_touch_ms",
                         "last_touch_ms", "due_ms", "token"}
@@ -327,6 +374,17 @@ async def test_a_500_is_retried_and_the_body_is_signed(
     assert two["token"] > one["token"]  # fencing tokens grow per claim
     assert refreshes(node, "failure") == 1
     assert (await settled(node))["dead"] == 0
+
+
+async def test_a_dot_dot_key_reaches_its_own_path_not_the_parent(
+        make_node: NodeFactory, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    node = await make_node()
+    node.touch("stats:org:..")
+    node.touch("stats:org:.")
+    await wait_until(lambda: refreshes(node, "success") == 2, timeout=5,
+                     message="both refreshes to succeed")
+    assert sorted(hit.path for hit in receiver.hits) == ["/refresh/%2E", "/refresh/%2E%2E"]
 
 
 async def test_a_hanging_receiver_trips_the_timeout_and_the_retry(
@@ -377,3 +435,36 @@ async def _dead(node: Coalescer) -> dict[str, Any] | None:
     entry: dict[str, Any] = (await node.query.status())["rules"]["org-stats"]
     return entry if entry["dead"] and not entry["in_flight"] and not entry["pending"] else None
 
+
+
+# --- The receiver snippet of docs/http.md ----------------------------------------------
+
+
+def docs_verified(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
+    text = (Path(__file__).parents[2] / "docs" / "http.md").read_text()
+    start = text.index("```python", text.index("A receiver verifies the signature"))
+    code = text[start + len("```python"):text.index("```", start + 3)]
+    monkeypatch.setenv("ORG_HOOK_SECRET", SECRET)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/http.md", "exec"), scope)
+    verify: Callable[..., bool] = scope["verified"]
+    return verify
+
+
+def test_the_docs_receiver_snippet_accepts_signed_and_refuses_forged_requests(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    verified = docs_verified(monkeypatch)
+    body, now = b'{"key":"k"}', int(time.time())
+    good = signature(SECRET, timestamp=now, method="POST", path="/r/%2E%2E", body=body)
+    hexed = good.split(",v1=")[1]
+    assert verified("POST", "/r/%2E%2E", body, good)
+    refused = [None, "", hexed, "sha256=" + hexed, good[:-1] + "g", good[:-1] + "\u00e9",
+               good + "\n", good.split(",")[0], good + ",v1=" + hexed, "t=\u0661,v1=" + hexed,
+               signature(SECRET, timestamp=now - 301, method="POST", path="/r/%2E%2E",
+                         body=body),
+               signature("other", timestamp=now, method="POST", path="/r/%2E%2E", body=body)]
+    for header in refused:
+        assert not verified("POST", "/r/%2E%2E", body, header), header
+    assert not verified("POST", "/r", body, good)
+    assert not verified("PUT", "/r/%2E%2E", body, good)
+    assert not verified("POST", "/r/%2E%2E", body + b" ", good)
