@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import check as CK
 from . import figures as F
 from . import peers as P
 from .valkey import Server
@@ -73,6 +74,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "failover": [("coalescer", F.failover_coalescer, ("TMP",)),
                  ("baseline", F.failover_baseline, ("TMP",))],
     "cluster": [("coalescer", F.cluster_coalescer, ("TMP",))],
+    "check": [("coalescer", CK.check_indexed, (10_000,)),
+              ("baseline", CK.check_pairwise, (300,))],
 }
 
 
