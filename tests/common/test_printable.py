@@ -22,3 +22,16 @@ def test_control_characters_are_shown_escaped(raw: str, shown: str) -> None:
 @pytest.mark.parametrize("text", ["orders:42", "", "naïve:日本:ü", "spaces are fine"])
 def test_printable_text_is_unchanged(text: str) -> None:
     assert printable(text) == text
+
+
+def test_a_log_line_with_a_forged_key_stays_one_line() -> None:
+    import logging
+
+    from coalescer.cli.main import LOG_FORMAT, RedactingFormatter
+
+    record = logging.LogRecord("coalescer.worker", logging.WARNING, __file__, 1,
+                               "refresh of %s failed: %s", ("any:line1\nFAKE LOG LINE",
+                                                            "boom\x1b[2J"), None)
+    line = RedactingFormatter(LOG_FORMAT).format(record)
+    assert "\n" not in line and "\x1b" not in line
+    assert "any:line1\\x0aFAKE LOG LINE" in line and "boom\\x1b[2J" in line
