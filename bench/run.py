@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import batches as B
+from . import check as CK
 from . import figures as F
 from . import peers as P
 from . import throttle as T
@@ -83,6 +84,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "bulk": [("coalescer_touch", T.bulk_touch, ()), ("coalescer_wait", T.bulk_touch_wait, ()),
              ("coalescer_touch_small", T.bulk_touch, (T.SMALL_BUFFER,)),
              ("coalescer_wait_small", T.bulk_touch_wait, (T.SMALL_BUFFER,))],
+    "check": [("coalescer", CK.check_indexed, (10_000,)),
+              ("baseline", CK.check_pairwise, (300,))],
 }
 
 

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 from coalescer.cli.commands import COMMANDS, EXIT_ERROR, cmd_check
 from coalescer.cli.errors import check_redis_url, redis_failure
 from coalescer.cli.parser import build_parser
+from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError, ConfigError
 
@@ -23,10 +24,15 @@ SERVICES = ("run", "demo")  # they log at INFO by default; one-shot commands at 
 
 
 class RedactingFormatter(logging.Formatter):
-    """Log lines with the password of every URL in them hidden."""
+    """Log lines with the password of every URL in them hidden, and control characters
+    in the message (a key, an error text) escaped so that no line can be forged."""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

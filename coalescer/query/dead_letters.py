@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coalescer.common.plural import plural
+from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace, ShardKeys
 
@@ -145,7 +146,7 @@ def format_dead_page(page: DeadPage) -> str:
     lines = [f"showing {len(page.entries)} of {plural(page.total, 'dead letter')}"
              + (f" ({first}-{page.offset + len(page.entries)}, oldest first)"
                 if page.entries else "")]
-    for d in page.entries:
+    for d in printable_values(page.entries):
         after = plural(d["attempts"], "attempt") if d["attempts"] is not None else "? attempts"
         lines.append(f"  {d['key']}  [{d['rule']}] after {after}: {d['error']}")
     shown = page.offset + len(page.entries)

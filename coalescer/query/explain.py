@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from coalescer.common.plural import plural
+from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
 from coalescer.query.history import clock, format_duration_ms, parse_entries
@@ -208,7 +209,9 @@ def _refresh_line(r: dict[str, Any]) -> str:
 
 def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -> str:
     """An explanation dict (``gather_explain``) as a few readable lines. ``hints``: the
-    options the command it suggests needs (see coalescer.store.hints)."""
+    options the command it suggests needs (see coalescer.store.hints). Keys, names and
+    errors are shown with their control characters escaped."""
+    info = printable_values(info)
     now = info["now_ms"]
     lines = [f"{info['key']}  (shard {info['shard']})", *_rule_lines(info["rule"])]
     state = _state_lines(info, hints or CommandHints())

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from coalescer.common.printable import printable
 from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace, ShardKeys
 
@@ -179,9 +180,15 @@ def _row(r: Refresh) -> str:
     return f"{line}\n{'':<25}error: {r.error}" if r.error else line
 
 
+def _shown(r: Refresh) -> Refresh:
+    """``r`` with its texts escaped for a terminal (control characters as ``\\x1b``)."""
+    return replace(r, key=printable(r.key), rule=printable(r.rule), node=printable(r.node),
+                   error=printable(r.error))
+
+
 def format_history(refreshes: Iterable[Refresh]) -> str:
     """A readable table, newest first; each error on its own line below its refresh."""
-    rows = [_row(r) for r in refreshes]
+    rows = [_row(_shown(r)) for r in refreshes]
     if not rows:
         return "no refreshes recorded (yet) that match"
     head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<8} {'RULE':<16} {'TRY':>3} "

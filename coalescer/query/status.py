@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from coalescer.common.plural import plural
+from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
 from coalescer.query.history import RECENT, recent_by_rule
 from coalescer.query.rate_status import add_rates, format_rates
@@ -131,7 +132,9 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
                   hints: CommandHints | None = None) -> str:
     """A readable summary of a status dict: a line for the shards (a row each with
     ``every_shard``), a row per rule, recent failures, the oldest dead letters.
-    ``hints``: the options the commands it suggests need (see coalescer.store.hints)."""
+    ``hints``: the options the commands it suggests need (see coalescer.store.hints).
+    Keys, names and errors are shown with their control characters escaped."""
+    status = printable_values(status)
     lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
     if every_shard:
         lines += ["", "SHARD  LEADER"]

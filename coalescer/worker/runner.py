@@ -25,6 +25,7 @@ import contextlib
 import logging
 import random
 import time
+import traceback
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from cachetools import LRUCache
 
 from coalescer.claim import Claim, granted
 from coalescer.common.plural import plural
+from coalescer.common.printable import printable
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
@@ -413,9 +415,15 @@ class Runner:
         then = f"; retry in {delay_ms / 1000:g}s" if claim.attempt < attempts else ""
         first = claim.key not in self._traced
         self._traced[claim.key] = True
-        log.warning("refresh of %s failed (attempt %d of %d): %s%s", claim.key,
-                    min(claim.attempt, attempts), attempts, _error_text(exc), then,
-                    exc_info=exc if first and exc.__traceback__ is not None else None)
+        trace = first and exc.__traceback__ is not None
+        key, text = printable(claim.key), printable(_error_text(exc))
+        if trace and (key != claim.key or text != _error_text(exc)):
+            # a forged key or message: the traceback goes escaped, as part of the line
+            then += "; " + printable("".join(traceback.format_exception(exc)))
+            trace = False
+        log.warning("refresh of %s failed (attempt %d of %d): %s%s", key,
+                    min(claim.attempt, attempts), attempts, text, then,
+                    exc_info=exc if trace else None)
 
     def _log_dead(self, jobs: dict[str, tuple[Job, Failure]], dead: list[str]) -> None:
         for key in dead:
@@ -424,8 +432,8 @@ class Runner:
             attempts = min(job.claim.attempt, job.rule.retry.attempts)
             self._metrics.rule(job.rule.name).dead_lettered += 1
             log.error("%s dead-lettered after %s: %s; re-queue with %s%s",
-                      key, plural(attempts, "attempt"), failure.error,
-                      self._hints.command("dead retry", key), self._hints.note)
+                      printable(key), plural(attempts, "attempt"), printable(failure.error),
+                      printable(self._hints.command("dead retry", key)), self._hints.note)
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""

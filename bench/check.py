@@ -1,0 +1,76 @@
+"""Time the unreachable-rule lint of ``coalescer check`` on many rules: the indexed lint
+against the pairwise one it replaced (every rule compared with every earlier rule).
+
+    .venv/bin/python -m bench.check [--sizes 100,1000,10000] [--old-up-to 1000]
+
+Prints seconds (median of 3) per size and the ratio old / new. The pairwise lint is
+quadratic, so it only runs up to ``--old-up-to`` rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coalescer.config.lint import ConfigWarning, RuleMatch, unreachable
+from coalescer.config.patterns import KeyPattern, covers
+
+Lint = Callable[[str, Sequence[RuleMatch]], list[ConfigWarning]]
+
+
+def pairwise(file: str, matches: Sequence[RuleMatch]) -> list[ConfigWarning]:
+    """The lint before the index: which rules are shadowed, by every earlier rule."""
+    found: list[ConfigWarning] = []
+    for position, rule in enumerate(matches):
+        earlier = matches[:position]
+        if any(covers([e.pattern], rule.pattern) for e in earlier) or (
+                len(earlier) > 1 and covers([e.pattern for e in earlier], rule.pattern)):
+            found.append(ConfigWarning(rule.name, file, rule.line))
+    return found
+
+
+def rules(count: int) -> list[RuleMatch]:
+    """Rules as a large file has them: one per tenant and kind, a few wildcards."""
+    shapes = ["t{n}:orders:{{id}}", "t{n}:user:{{id}}:daily", "t{n}:stats:*", "t{n}:{{x}}"]
+    return [RuleMatch(index=i, name=f"r{i}", line=3 * i + 3,
+                      pattern=KeyPattern.compile(shapes[i % 4].format(n=i // 4)))
+            for i in range(count)]
+
+
+def seconds(lint: Lint, count: int, repeats: int = 3) -> float:
+    matches = rules(count)
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        lint("rules.yaml", matches)
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+async def check_indexed(server: Any, sizes: Any, count: int) -> dict[str, Any]:
+    """A bench/run.py measurement (the server is not used)."""
+    return {"rules": count, "seconds": seconds(unreachable, count, 1)}
+
+
+async def check_pairwise(server: Any, sizes: Any, count: int) -> dict[str, Any]:
+    return {"rules": count, "seconds": seconds(pairwise, count, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--old-up-to", type=int, default=1000)
+    args = parser.parse_args()
+    print("rules | indexed s | pairwise s | ratio pairwise/indexed")
+    for count in (int(s) for s in args.sizes.split(",")):
+        new = seconds(unreachable, count)
+        old = seconds(pairwise, count) if count <= args.old_up_to else None
+        ratio = f"{old / new:.1f}" if old is not None and new else "-"
+        print(f"{count} | {new:.3f} | {'skipped' if old is None else f'{old:.3f}'} | {ratio}")
+
+
+if __name__ == "__main__":
+    main()
