@@ -51,7 +51,7 @@ class WakeListener:
                 if message is not None:
                     self._dispatch(message)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         route = self._routes.get(message["channel"])
