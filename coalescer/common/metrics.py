@@ -144,6 +144,15 @@ class Metrics:
             "times a shard's poller found its rule's rate used up and waited", ["rule"],
             registry=r)
         self._held: dict[str, dict[int, int]] = {}  # rule -> shard -> keys held by its rate
+        self.http_connections = Gauge(
+            "coalescer_http_connections", "connections open on the HTTP API", registry=r)
+        self.http_cut_off = Counter(
+            "coalescer_http_connections_closed_total",
+            "HTTP API connections closed or turned away by its limits, by reason: "
+            "evicted (idle or unfinished, closed to make room at the cap), refused (over "
+            "the cap, every slot busy), header_timeout, body_timeout, busy (503: too many "
+            "requests running), accept_failed (accept() out of file descriptors)",
+            ["reason"], registry=r)
 
     def hold(self, rule: str, shard: int, keys: int) -> None:
         """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""

@@ -25,6 +25,14 @@ from redis.exceptions import RedisError
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
 from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from coalescer.web.connections import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedSite,
+)
 from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
@@ -145,18 +153,25 @@ class HttpApi:
 
     def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE) -> None:
+                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE,
+                 max_connections: int | None = None,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         if max_body < 1:
             raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
         if not max_unwritten_age > 0:
             raise ValueError(f"max_unwritten_age must be over 0 seconds, got {max_unwritten_age}")
         self._max_unwritten_age = max_unwritten_age
+        self._limits = ConnectionLimits(max_connections, header_timeout, body_timeout,
+                                        idle_timeout)  # see connections.py
         self._c = coalescer
         self._host = host
         self._port = port
         self._token = token or None
         self._max_body = max_body
         self._runner: web.AppRunner | None = None
+        self._guard: ConnectionGuard | None = None
         self._bound: int | None = None
 
     @property
@@ -195,9 +210,11 @@ class HttpApi:
                         "anyone who reaches it can touch keys and read status; set "
                         "COALESCER_TOKEN=<secret> (clients send 'Authorization: Bearer "
                         "<secret>') or bind it to 127.0.0.1", self.url)
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0,
+                               keepalive_timeout=self._limits.idle_timeout)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        self._guard = ConnectionGuard(self._limits, metrics=self._c.metrics)
+        site = GuardedSite(runner, self._host, self._port, self._guard)
         try:
             await site.start()
         except BaseException:
@@ -230,7 +247,10 @@ class HttpApi:
             raise too_big
         check_content_type(request)
         try:
-            return await request.read()
+            async with asyncio.timeout(self._limits.body_timeout):
+                return await request.read()
+        except TimeoutError:
+            raise self._body_late() from None
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         except RequestPayloadError as exc:
@@ -239,6 +259,13 @@ class HttpApi:
             log.info("POST %s: the client %s left before the body ended", request.path,
                      request.remote)
             raise Refusal(400, "the connection was lost before the body ended") from None
+
+    def _body_late(self) -> Refusal:
+        if self._guard is not None:
+            self._guard.note("body_timeout")
+        late = Refusal(408, f"the body did not arrive within {self._limits.body_timeout:g} s")
+        late.close = True
+        return late
 
     async def _touch(self, request: web.Request) -> web.Response:
         keys = parse_keys(await self._read_body(request))

@@ -1,0 +1,135 @@
+"""A real connection flood against a real node started with a low file limit: the
+node keeps answering /healthz and authorised touches, closes the excess where
+sockets are accepted, and logs the flood in a few lines, not a traceback a socket."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.helpers.e2e import clean_env, coalescer_cmd, line_rules, read_lines
+from tests.helpers.servers import free_port, poll_until, wait_until
+
+NOFILE = 256  # the node's file limit (soft and hard)
+FLOOD = 400  # sockets held open with half a request header: over the limit
+TOKEN = "fl00d-test-token"
+HALF_HEADER = b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+RULES = """\
+namespace: {ns}
+defaults:
+  window: 100ms
+  max_wait: 1s
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+@dataclass
+class NodeProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    stderr: Path
+    refreshes: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_lines(self) -> list[str]:
+        return self.stderr.read_text(errors="replace").splitlines()
+
+
+def with_file_limit(limit: int, command: list[str]) -> list[str]:
+    """``command`` run with a file limit of ``limit`` (set, then exec: no preexec_fn)."""
+    setup = ("import os, resource, sys; "
+             f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+             "os.execv(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", setup, *command]
+
+
+@pytest.fixture
+def node(tmp_path: Path, redis_url: str, namespace: str) -> Iterator[NodeProcess]:
+    """`coalescer run` with a token and a file limit of 256, its HTTP API on loopback."""
+    rules = line_rules(tmp_path, f"lines_{namespace}", RULES.format(ns=namespace))
+    port, refreshes, stderr = free_port(), tmp_path / "refreshes.log", tmp_path / "node.err"
+    env = clean_env(COALESCER_TOKEN=TOKEN, E2E_NODE="n1", E2E_LOG=str(refreshes))
+    with stderr.open("wb") as err:
+        command = [*coalescer_cmd(), "run", "--redis", redis_url, "--rules", str(rules),
+                   "--http", f"127.0.0.1:{port}"]
+        proc = subprocess.Popen(with_file_limit(NOFILE, command), cwd=tmp_path, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+    running = NodeProcess(proc, port, stderr, refreshes)
+    try:
+        poll_until(lambda: "HTTP API listening" in stderr.read_text() or proc.poll() is not None,
+                   timeout=30, message="the node's HTTP API to listen")
+        assert proc.poll() is None, stderr.read_text()
+        yield running
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _stalled_socket(port: int) -> asyncio.StreamWriter | None:
+    """A connection that sent half a request header and stalls (None: not connected)."""
+    try:
+        async with asyncio.timeout(5):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(HALF_HEADER)
+            await writer.drain()
+            return writer
+    except (OSError, TimeoutError):
+        return None
+
+
+async def _close_all(writers: list[asyncio.StreamWriter | None]) -> None:
+    for writer in writers:
+        if writer is not None:
+            writer.transport.abort()
+
+
+async def _get(http: aiohttp.ClientSession, url: str, **kwargs: object) -> tuple[int, str]:
+    async with http.get(url, timeout=aiohttp.ClientTimeout(total=5), **kwargs) as response:
+        return response.status, await response.text()
+
+
+async def test_a_flood_of_stalled_connections_leaves_healthz_and_touches_answering(
+        node: NodeProcess) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    writers = await asyncio.gather(*(_stalled_socket(node.port) for _ in range(FLOOD)))
+    try:
+        assert sum(w is not None for w in writers) > NOFILE  # a flood over the file limit
+        async with aiohttp.ClientSession() as http:
+            assert await _get(http, node.url + "/healthz") == (200, '{"ok": true}')
+            async with http.post(node.url + "/touch", json={"keys": ["item:1"]}, headers=auth,
+                                 timeout=aiohttp.ClientTimeout(total=5)) as response:
+                assert (response.status, await response.json()) == (202, {"accepted": 1})
+            await wait_until(lambda: any(line[0] == "done" and line[2] == "item:1"
+                                         for line in read_lines(node.refreshes)),
+                             timeout=10, message="the touched key to be refreshed")
+            status, metrics = await _get(http, node.url + "/metrics", headers=auth)
+            assert status == 200
+            assert "coalescer_http_connections_closed_total" in metrics
+    finally:
+        await _close_all(writers)
+    summary = poll_until(lambda: [line for line in node.log_lines()
+                                  if "HTTP API, last 10 s: " in line and "over the cap" in line],
+                         timeout=15, message="the flood's summary line")
+    lines = node.log_lines()
+    assert not [line for line in lines if "Traceback" in line], "\n".join(lines[:40])
+    assert len(lines) < 20, "\n".join(lines[:40])
+    assert all(" WARNING " in line for line in summary)
