@@ -74,6 +74,16 @@ def fitting_connections(limit: int | None) -> int:
     return max(MIN_DERIVED_CONNECTIONS, min(MAX_CONNECTIONS_CEILING, limit // 2 - BACKLOG))
 
 
+def _warn_over_file_limit(max_connections: int | None) -> None:
+    limit = file_limit()
+    if max_connections is None or max_connections <= fitting_connections(limit):
+        return
+    log.warning("HTTP API: max_connections=%d is more than a file limit of %d leaves room "
+                "for (%d): a flood can run the node out of file descriptors; raise the "
+                "limit (ulimit -n) or lower max_connections", max_connections, limit,
+                fitting_connections(limit))
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{name} must be over 0 seconds, got {value!r}")
@@ -252,6 +262,7 @@ class ConnectionGuard:
         self._accept_error = ""
         self.pressure = PressureLog(self._describe, period)
         self._unwatch: Callable[[], None] | None = None
+        _warn_over_file_limit(limits.max_connections)
 
     @property
     def open(self) -> int:

@@ -5,6 +5,7 @@ sockets are accepted, and logs the flood in a few lines, not a traceback a socke
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers.e2e import clean_env, coalescer_cmd, line_rules, read_lines
+from tests.helpers.e2e import REPO, clean_env, coalescer_cmd, line_rules, read_lines
 from tests.helpers.servers import free_port, poll_until, wait_until
 
 NOFILE = 256  # the node's file limit (soft and hard)
@@ -57,31 +58,45 @@ def with_file_limit(limit: int, command: list[str]) -> list[str]:
     return [sys.executable, "-c", setup, *command]
 
 
+def start(command: list[str], cwd: Path, env: dict[str, str],
+          stderr: Path) -> subprocess.Popen[bytes]:
+    """``command`` with a file limit of 256, once its HTTP API listens."""
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen(with_file_limit(NOFILE, command), cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+    try:
+        poll_until(lambda: "HTTP API listening" in stderr.read_text() or proc.poll() is not None,
+                   timeout=30, message="the HTTP API to listen")
+        assert proc.poll() is None, stderr.read_text()
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def node(tmp_path: Path, redis_url: str, namespace: str) -> Iterator[NodeProcess]:
     """`coalescer run` with a token and a file limit of 256, its HTTP API on loopback."""
     rules = line_rules(tmp_path, f"lines_{namespace}", RULES.format(ns=namespace))
     port, refreshes, stderr = free_port(), tmp_path / "refreshes.log", tmp_path / "node.err"
     env = clean_env(COALESCER_TOKEN=TOKEN, E2E_NODE="n1", E2E_LOG=str(refreshes))
-    with stderr.open("wb") as err:
-        command = [*coalescer_cmd(), "run", "--redis", redis_url, "--rules", str(rules),
-                   "--http", f"127.0.0.1:{port}"]
-        proc = subprocess.Popen(with_file_limit(NOFILE, command), cwd=tmp_path, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err)
-    running = NodeProcess(proc, port, stderr, refreshes)
+    command = [*coalescer_cmd(), "run", "--redis", redis_url, "--rules", str(rules),
+               "--http", f"127.0.0.1:{port}"]
+    proc = start(command, tmp_path, env, stderr)
     try:
-        poll_until(lambda: "HTTP API listening" in stderr.read_text() or proc.poll() is not None,
-                   timeout=30, message="the node's HTTP API to listen")
-        assert proc.poll() is None, stderr.read_text()
-        yield running
+        yield NodeProcess(proc, port, stderr, refreshes)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 async def _stalled_socket(port: int) -> asyncio.StreamWriter | None:
@@ -133,3 +148,31 @@ async def test_a_flood_of_stalled_connections_leaves_healthz_and_touches_answeri
     assert not [line for line in lines if "Traceback" in line], "\n".join(lines[:40])
     assert len(lines) < 20, "\n".join(lines[:40])
     assert all(" WARNING " in line for line in summary)
+
+
+async def test_accepts_failing_for_want_of_file_descriptors_are_summarised_not_a_traceback_each(
+        tmp_path: Path) -> None:
+    """A cap set over what the file limit allows: accept() fails (EMFILE), and asyncio
+    would log a traceback for every failure, hundreds a second."""
+    port, stderr = free_port(), tmp_path / "api.err"
+    options = json.dumps({"max_connections": 1000})
+    proc = start([sys.executable, "-m", "tests.helpers.http_node", str(port), options],
+                 REPO, clean_env(), stderr)
+    try:
+        writers = await asyncio.gather(*(_stalled_socket(port) for _ in range(FLOOD)))
+        try:
+            assert sum(w is not None for w in writers) > NOFILE
+            summary = poll_until(
+                lambda: [line for line in stderr.read_text().splitlines()
+                         if "HTTP API, last 10 s: " in line and "accepts failed" in line],
+                timeout=15, message="the summary of failed accepts")
+        finally:
+            await _close_all(writers)
+    finally:
+        stop(proc)
+    lines = stderr.read_text().splitlines()
+    assert "Too many open files: raise the file limit (ulimit -n)" in summary[0]
+    assert [line for line in lines if "max_connections=1000 is more than a file limit of "
+            f"{NOFILE} leaves room for (64)" in line]
+    assert not [line for line in lines if "Traceback" in line], "\n".join(lines[:40])
+    assert len(lines) < 10, "\n".join(lines[:40])
