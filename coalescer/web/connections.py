@@ -38,6 +38,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
 from coalescer.common.metrics import Metrics
+from coalescer.common.plural import plural
 from coalescer.web.requests import Refusal
 
 log = logging.getLogger(__name__)
@@ -278,15 +279,12 @@ class ConnectionGuard:
 
         async def guarded(request: BaseRequest) -> StreamResponse:
             connection = self._by_inner.get(request.protocol)
-            if connection is None:
+            if connection is None:  # closed meanwhile
                 return await handler(request)
-            if self._too_busy(request.path):
-                return self._busy_answer()
-            self._waiting.pop(connection, None)
-            self._active.add(connection)
-            connection.request_started()
+            busy = self._too_busy(request.path)
+            self._request_started(connection)
             try:
-                return await handler(request)
+                return self._busy_answer() if busy else await handler(request)
             finally:
                 self._request_ended(connection)
 
@@ -324,6 +322,12 @@ class ConnectionGuard:
             self._by_inner.pop(inner, None)
         self._gauge()
 
+    def _request_started(self, connection: GuardedConnection) -> None:
+        connection.request_started()
+        if connection.phase == _Phase.ACTIVE.value:  # not closed meanwhile
+            self._waiting.pop(connection, None)
+            self._active.add(connection)
+
     def _request_ended(self, connection: GuardedConnection) -> None:
         connection.request_ended()
         if connection in self._active:
@@ -358,19 +362,19 @@ class ConnectionGuard:
 
     def _describe(self, counts: dict[str, int]) -> str:
         limits = self.limits
-        phrases = {
-            "evicted": f"connections over the cap of {self.cap}: the oldest idle or "
-                       "unfinished closed to make room",
-            "refused": f"connections over the cap of {self.cap} refused (every one busy)",
-            "header_timeout": "connections closed with request headers unfinished after "
-                              f"{limits.header_timeout:g} s",
-            "body_timeout": f"requests answered 408: body unfinished after "
-                            f"{limits.body_timeout:g} s",
-            "busy": "requests answered 503: too many running",
-            "accept_failed": f"accepts failed ({self._accept_error or 'out of resources'})",
+        phrases = {  # reason: (noun, what happened)
+            "evicted": ("connection", f"over the cap of {self.cap}: the oldest idle or "
+                                      "unfinished closed to make room"),
+            "refused": ("connection", f"over the cap of {self.cap} refused (every one busy)"),
+            "header_timeout": ("connection", "closed with request headers unfinished after "
+                                             f"{limits.header_timeout:g} s"),
+            "body_timeout": ("request", f"answered 408: body unfinished after "
+                                        f"{limits.body_timeout:g} s"),
+            "busy": ("request", "answered 503: too many running"),
+            "accept_failed": ("accept", f"failed ({self._accept_error or 'out of resources'})"),
         }
-        return "; ".join(f"{counts[reason]} {phrase}" for reason, phrase in phrases.items()
-                         if counts.get(reason))
+        return "; ".join(f"{plural(counts[reason], word)} {what}"
+                         for reason, (word, what) in phrases.items() if counts.get(reason))
 
     # -- accept errors --
 

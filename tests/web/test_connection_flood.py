@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd, line_rules, read_lines
 from tests.helpers.servers import free_port, poll_until, wait_until
+from tests.web.test_connections import SLOW_HEADER, server_closed
 
 NOFILE = 256  # the node's file limit (soft and hard)
 FLOOD = 400  # sockets held open with half a request header: over the limit
@@ -176,3 +177,28 @@ async def test_accepts_failing_for_want_of_file_descriptors_are_summarised_not_a
             f"{NOFILE} leaves room for (64)" in line]
     assert not [line for line in lines if "Traceback" in line], "\n".join(lines[:40])
     assert len(lines) < 10, "\n".join(lines[:40])
+
+
+async def test_a_slowloris_header_is_closed_by_a_node_process_at_its_deadline(
+        tmp_path: Path) -> None:
+    port, stderr = free_port(), tmp_path / "api.err"
+    options = json.dumps({"header_timeout": 1})
+    proc = start([sys.executable, "-m", "tests.helpers.http_node", str(port), options],
+                 REPO, clean_env(), stderr)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent = 0
+        try:
+            while sent < len(SLOW_HEADER) and not await server_closed(reader, within=0.5):
+                writer.write(SLOW_HEADER[sent:sent + 1])  # a byte every 0.5 s
+                sent += 1
+        finally:
+            writer.transport.abort()
+        assert 2 <= sent < len(SLOW_HEADER) // 2  # about 1 s of bytes, then EOF
+        async with aiohttp.ClientSession() as http:
+            assert await _get(http, f"http://127.0.0.1:{port}/healthz") == (200, '{"ok": true}')
+    finally:
+        stop(proc)
+    lines = stderr.read_text().splitlines()
+    assert [line for line in lines if "HTTP API, last 10 s: 1 connection closed with request "
+            "headers unfinished after 1 s" in line]

@@ -5,12 +5,17 @@ and the summary line that stands for a flood."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from coalescer.web.api import HttpApi
+from coalescer.web.connections import ACCEPT_OUT_OF_RESOURCE, ConnectionGuard, ConnectionLimits
 from tests.helpers.servers import wait_until
 from tests.web.test_api import TOKEN, NodeFactory, make_node  # noqa: F401 (make_node: a fixture)
 
@@ -207,3 +212,89 @@ def test_a_limit_out_of_range_is_a_value_error_naming_the_option(
     with pytest.raises(ValueError) as caught:
         HttpApi(object(), **{option: value})  # type: ignore[arg-type]
     assert str(caught.value) == says
+
+
+# --- the guard on its own --------------------------------------------------------------
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = self.closed = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.aborted or self.closed
+
+
+class Inner(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+
+async def test_over_the_cap_a_connection_is_refused_at_once_when_every_one_runs_a_request(
+        ) -> None:
+    guard = ConnectionGuard(ConnectionLimits(max_connections=2))
+    inners: list[Inner] = []
+
+    def make_inner() -> Inner:
+        inners.append(Inner())
+        return inners[-1]
+
+    gate, started = asyncio.Event(), []
+
+    async def hold(request: Any) -> web.StreamResponse:
+        started.append(request.path)
+        await gate.wait()
+        return web.Response()
+
+    factory, handler = guard.protocol_factory(make_inner), guard.wrap(hold)
+    transports = [FakeTransport() for _ in range(3)]
+    for transport in transports[:2]:
+        factory().connection_made(transport)
+    running = [asyncio.create_task(handler(SimpleNamespace(protocol=inner, path=path)))
+               for inner, path in zip(inners, ["/touch", "/healthz"], strict=True)]
+    await wait_until(lambda: len(started) == 2, timeout=5)
+
+    factory().connection_made(transports[2])
+    assert transports[2].aborted and len(inners) == 2  # aiohttp never saw it
+    assert not transports[0].aborted and not transports[1].aborted
+    gate.set()
+    await asyncio.gather(*running)
+    factory().connection_made(FakeTransport())  # room again: an idle one is closed for it
+    assert transports[0].aborted and len(inners) == 3
+    guard.close()
+
+
+async def test_accept_errors_of_its_socket_are_counted_and_other_errors_passed_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    guard = ConnectionGuard(ConnectionLimits(max_connections=4))
+    with socket.socket() as listening, socket.socket() as other:
+        guard.watch_accept_errors(loop, [listening])
+        emfile = OSError(errno.EMFILE, "Too many open files")
+        for _ in range(100):
+            loop.call_exception_handler({"message": ACCEPT_OUT_OF_RESOURCE,
+                                         "exception": emfile, "socket": listening})
+        loop.call_exception_handler({"message": ACCEPT_OUT_OF_RESOURCE, "exception": emfile,
+                                     "socket": other})
+        loop.call_exception_handler({"message": "something else"})
+        assert [c["message"] for c in seen] == [ACCEPT_OUT_OF_RESOURCE, "something else"]
+        assert seen[0]["socket"] is other
+        guard.close()
+    loop.call_exception_handler({"message": "after close"})
+    assert seen[-1]["message"] == "after close"  # the handler in place before is back
+    loop.set_exception_handler(None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "HTTP API, last 10 s: 100 accepts failed (Too many open files: raise the file limit "
+        "(ulimit -n))"]
