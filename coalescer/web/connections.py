@@ -27,11 +27,9 @@ import asyncio
 import enum
 import errno
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
@@ -39,6 +37,7 @@ from aiohttp.web_response import StreamResponse
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
+from coalescer.web.listener import Listener, bind
 from coalescer.web.requests import Refusal
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,6 @@ BACKLOG = 64  # the listen queue, and the most sockets asyncio accepts in one go
 MAX_CONNECTIONS_CEILING = 1024  # the default cap, however high the file limit
 MIN_DERIVED_CONNECTIONS = 8
 SUMMARY_PERIOD = 10.0  # seconds between two summary lines of a flood
-ACCEPT_OUT_OF_RESOURCE = "socket.accept() out of system resource"
 
 RequestHandler = Callable[[BaseRequest], Awaitable[StreamResponse]]
 ProtocolFactory = Callable[[], asyncio.Protocol]
@@ -262,7 +260,6 @@ class ConnectionGuard:
         self._by_inner: dict[asyncio.BaseProtocol, GuardedConnection] = {}
         self._accept_error = ""
         self.pressure = PressureLog(self._describe, period)
-        self._unwatch: Callable[[], None] | None = None
         _warn_over_file_limit(limits.max_connections)
 
     @property
@@ -376,56 +373,21 @@ class ConnectionGuard:
         return "; ".join(f"{plural(counts[reason], word)} {what}"
                          for reason, (word, what) in phrases.items() if counts.get(reason))
 
-    # -- accept errors --
-
-    def watch_accept_errors(self, loop: asyncio.AbstractEventLoop,
-                            listening: Iterable[Any]) -> None:
-        """Count asyncio's "socket.accept() out of system resource" errors of the
-        ``listening`` sockets instead of logging a traceback for each; every other
-        error goes to the handler that was in place."""
-        fds = {sock.fileno() for sock in listening}
-        previous = loop.get_exception_handler()
-
-        def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-            if self._our_accept_error(context, fds):
-                return
-            if previous is not None:
-                previous(loop, context)
-            else:
-                loop.default_exception_handler(context)
-
-        loop.set_exception_handler(handle)
-
-        def unwatch() -> None:
-            if loop.get_exception_handler() is handle:
-                loop.set_exception_handler(previous)
-
-        self._unwatch = unwatch
-
-    def _our_accept_error(self, context: dict[str, Any], fds: set[int]) -> bool:
-        sock = context.get("socket")
-        if context.get("message") != ACCEPT_OUT_OF_RESOURCE or sock is None:
-            return False
-        if sock.fileno() not in fds:
-            return False
-        exc = context.get("exception")
-        if isinstance(exc, OSError) and exc.errno is not None:
-            self._accept_error = os.strerror(exc.errno)
-            if exc.errno == errno.EMFILE:
-                self._accept_error += ": raise the file limit (ulimit -n)"
+    def accept_failed(self, exc: OSError) -> None:
+        """accept() failed (out of file descriptors, mostly): counted, not logged each."""
+        self._accept_error = exc.strerror or str(exc)
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            self._accept_error += ": raise the file limit (ulimit -n)"
         self.note("accept_failed")
-        return True
 
     def close(self) -> None:
-        """Stop watching accept errors; log what is counted and not yet logged."""
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        """Log what is counted and not yet logged."""
         self.pressure.flush()
 
 
 class GuardedSite(web.BaseSite):
-    """aiohttp's TCP site, its sockets accepted through a ``ConnectionGuard``."""
+    """aiohttp's TCP site, its sockets accepted by a ``Listener`` and admitted by a
+    ``ConnectionGuard`` before aiohttp sees them."""
 
     __slots__ = ("_guard", "_host", "_port")
 
@@ -448,11 +410,9 @@ class GuardedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        loop = asyncio.get_running_loop()
-        self._server = listening = await loop.create_server(
-            self._guard.protocol_factory(server), self._host, self._port,
-            backlog=self._backlog)
-        self._guard.watch_accept_errors(loop, listening.sockets)
+        sockets = await bind(self._host, self._port, self._backlog)
+        self._server = Listener(sockets, self._guard.protocol_factory(server),
+                                self._guard.accept_failed)
 
     async def stop(self) -> None:
         await super().stop()

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from coalescer.web.api import HttpApi
-from coalescer.web.connections import ACCEPT_OUT_OF_RESOURCE, ConnectionGuard, ConnectionLimits
+from coalescer.web.connections import ConnectionGuard, ConnectionLimits
 from tests.helpers.servers import wait_until
 from tests.web.test_api import TOKEN, NodeFactory, make_node  # noqa: F401 (make_node: a fixture)
 
@@ -49,6 +51,11 @@ async def server_closed(reader: asyncio.StreamReader, within: float) -> bool:
     except ConnectionResetError:
         return True
     return True
+
+
+async def healthz_on_a_new_connection(node: Any) -> int:
+    async with aiohttp.ClientSession() as http, http.get(node.url + "/healthz") as response:
+        return response.status
 
 
 async def answer(reader: asyncio.StreamReader) -> bytes:
@@ -274,27 +281,24 @@ async def test_over_the_cap_a_connection_is_refused_at_once_when_every_one_runs_
     guard.close()
 
 
-async def test_accept_errors_of_its_socket_are_counted_and_other_errors_passed_on(
+async def test_a_failing_accept_is_counted_for_the_summary_and_accepting_goes_on(
+        make_node: NodeFactory, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
         caplog: pytest.LogCaptureFixture) -> None:
+    node = await make_node(worker=False)
+    assert (await node.request("GET", "/healthz"))[0] == 200  # the accept already waiting
     loop = asyncio.get_running_loop()
-    seen: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    guard = ConnectionGuard(ConnectionLimits(max_connections=4))
-    with socket.socket() as listening, socket.socket() as other:
-        guard.watch_accept_errors(loop, [listening])
-        emfile = OSError(errno.EMFILE, "Too many open files")
-        for _ in range(100):
-            loop.call_exception_handler({"message": ACCEPT_OUT_OF_RESOURCE,
-                                         "exception": emfile, "socket": listening})
-        loop.call_exception_handler({"message": ACCEPT_OUT_OF_RESOURCE, "exception": emfile,
-                                     "socket": other})
-        loop.call_exception_handler({"message": "something else"})
-        assert [c["message"] for c in seen] == [ACCEPT_OUT_OF_RESOURCE, "something else"]
-        assert seen[0]["socket"] is other
-        guard.close()
-    loop.call_exception_handler({"message": "after close"})
-    assert seen[-1]["message"] == "after close"  # the handler in place before is back
-    loop.set_exception_handler(None)
-    assert [r.getMessage() for r in caplog.records] == [
-        "HTTP API, last 10 s: 100 accepts failed (Too many open files: raise the file limit "
+    real, failures = loop.sock_accept, [OSError(errno.EMFILE, os.strerror(errno.EMFILE))] * 3
+
+    async def out_of_files(sock: socket.socket) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(sock)
+
+    monkeypatch.setattr(loop, "sock_accept", out_of_files)
+    assert await healthz_on_a_new_connection(node) == 200  # taken by the waiting accept
+    await wait_until(lambda: closed_count(node, "accept_failed") == 3, timeout=5)
+    assert await healthz_on_a_new_connection(node) == 200  # accepting went on
+    await node.api.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "HTTP API, last 10 s: 3 accepts failed (Too many open files: raise the file limit "
         "(ulimit -n))"]
