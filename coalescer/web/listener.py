@@ -81,6 +81,7 @@ class Listener(asyncio.AbstractServer):
             task = self._loop.create_task(self._connect(conn))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
+            await asyncio.sleep(0)  # one a turn: a full backlog must not starve the others
 
     async def _connect(self, conn: socket.socket) -> None:
         try:

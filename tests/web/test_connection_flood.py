@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd, line_rules, read_lines
 from tests.helpers.servers import free_port, poll_until, wait_until
+from tests.web.test_api import metric
 from tests.web.test_connections import SLOW_HEADER, server_closed
 
 NOFILE = 256  # the node's file limit (soft and hard)
@@ -202,3 +203,38 @@ async def test_a_slowloris_header_is_closed_by_a_node_process_at_its_deadline(
     lines = stderr.read_text().splitlines()
     assert [line for line in lines if "HTTP API, last 10 s: 1 connection closed with request "
             "headers unfinished after 1 s" in line]
+
+
+def _evicted(metrics: str) -> float:
+    return metric(metrics, "coalescer_http_connections_closed_total", reason="evicted")
+
+
+async def test_a_flood_that_reconnects_as_soon_as_it_is_closed_leaves_healthz_answering(
+        node: NodeProcess) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    flood = subprocess.Popen([sys.executable, "-m", "tests.helpers.flood", str(node.port),
+                              "300", "60"], cwd=REPO, stdout=subprocess.PIPE)
+    connector = aiohttp.TCPConnector(force_close=True)  # a new connection each probe
+    try:
+        async with aiohttp.ClientSession(connector=connector) as http:
+            async def evicted() -> float:
+                status, text = await _get(http, node.url + "/metrics", headers=auth)
+                assert status == 200
+                return _evicted(text)
+
+            async def evicted_over(n: float) -> bool:
+                return await evicted() > n
+
+            await wait_until(lambda: evicted_over(FLOOD), timeout=30, message="the flood")
+            for _ in range(10):
+                before = await evicted()
+                assert await _get(http, node.url + "/healthz") == (200, '{"ok": true}')
+                await wait_until(lambda before=before: evicted_over(before + 50), timeout=30,
+                                 message="the flood to go on")
+    finally:
+        flood.terminate()
+        out, _ = flood.communicate(timeout=30)
+    assert int(out) > 1000  # connections the flood opened
+    lines = node.log_lines()
+    assert not [line for line in lines if "Traceback" in line], "\n".join(lines[:40])
+    assert len(lines) < 20, "\n".join(lines[:40])
