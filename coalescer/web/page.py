@@ -119,7 +119,7 @@ class PageRoutes:
         self._node = node
         self._rules = [r.name for r in node.config.rules]
         self._read_body = read_body
-        self._html = page_html()
+        self.html = page_html()
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/", self.page)
@@ -128,7 +128,7 @@ class PageRoutes:
         app.router.add_post("/dead/retry", self.retry)
 
     async def page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._html, content_type="text/html", charset="utf-8",
+        return web.Response(body=self.html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})
 
     async def history(self, request: web.Request) -> web.Response:
