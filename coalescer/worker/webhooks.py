@@ -196,7 +196,7 @@ class Webhooks:
                                f"{limit:g}s") from None
         except aiohttp.ClientError as exc:
             raise WebhookError(f"webhook {http.method} {shown} failed: "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{type(exc).__name__}: {_shown(str(exc))}") from None
 
     async def close(self) -> None:
         """Close the pooled session (a later call opens a new one)."""
