@@ -148,11 +148,16 @@ def _origin(value: str) -> tuple[str, int] | None:
 
 
 def _same_origin(origin: str, host: str) -> bool:
+    """True if ``origin`` names the host and port of ``host``; the scheme is not compared
+    (behind a TLS proxy the node itself speaks plain HTTP), a ``Host`` without a port
+    stands for the default port of the origin's scheme."""
     source = _origin(origin)
     target = split_host(host)
     if source is None or target is None:
         return False
-    return target[0] == source[0] and (target[1] is None or target[1] == source[1])
+    scheme = origin.partition("://")[0].lower()
+    port = DEFAULT_PORTS[scheme] if target[1] is None else target[1]
+    return (target[0], port) == source
 
 
 def cross_site_problem(headers: CIMultiDictProxy[str]) -> str | None:
