@@ -313,7 +313,8 @@ class HttpApi:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
-        touch has waited over ``max_unwritten_age`` to be written."""
+        touch has waited over ``max_unwritten_age`` to be written. Served without the
+        token: it shows counts (``dropped_keys: N``), never key names or Redis errors."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
         age = self._c.unwritten_age()

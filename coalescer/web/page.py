@@ -8,7 +8,12 @@
 - ``GET /due?n=N``: the earliest ``n`` pending keys of each rule (1 to 100, default 5)
   and the server clock.
 - ``POST /dead/retry`` ``{"keys": [...]}``: re-queue those dead-lettered keys, due
-  now with fresh attempts; answers ``{"retried": N, "not_dead": [...]}``.
+  now with fresh attempts; answers ``{"retried": N, "not_dead": [...]}``. Like every
+  state change, only from the page's own origin and as ``application/json``
+  (``coalescer.web.guards``).
+
+The page is served with a Content-Security-Policy that allows its inline script and
+style by hash (``coalescer.web.guards.page_csp``), so it loads nothing else.
 
 Every error is JSON with an ``error`` field: 400 for a bad query or body, 422 for
 keys no rule matches (or an unknown rule), 503 when Redis cannot be read.
