@@ -145,8 +145,8 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
                                  headers={k: v for k, v in exc.headers.items()
                                           if k.lower() == "allow"})
     except Exception as exc:  # a bug: logged once with its cause; the client learns nothing
-        log.error("HTTP %s %s failed: %s", request.method, printable(request.path),
-                  printable(repr(exc)), exc_info=exc)
+        log.error("HTTP %s %s failed: %r", request.method, printable(request.path), exc,
+                  exc_info=exc)
         return web.json_response({"error": "internal error"}, status=500)
 
 

@@ -243,6 +243,21 @@ async def test_an_undecodable_authorization_is_401(make_node: NodeFactory,  # no
     assert headers["www-authenticate"] == 'Bearer realm="coalescer"'
 
 
+@pytest.mark.parametrize(("header", "expected"), [
+    (b"Host: local\xffhost", 421), (b"Origin: http://127.0.0.1\xff", 403),
+    (b"Sec-Fetch-Site: cross\xff", 202), (b"Content-Type: application/js\xffon", 415),
+    (b"Content-Type: application/json; charset=\xff", 415)])
+async def test_undecodable_bytes_in_a_checked_header_are_refused_not_a_500(
+        make_node: NodeFactory, header: bytes, expected: int) -> None:  # noqa: F811
+    node = await make_node(worker=False)
+    host = b"" if header.startswith(b"Host") else b"Host: 127.0.0.1\r\n"
+    ctype = b"" if header.startswith(b"Content-Type") else b"Content-Type: application/json\r\n"
+    status, _, body = await raw_http(node.api.port, "POST /touch HTTP/1.1\r\n", TOUCH,
+                                     extra=host + ctype + header + b"\r\n")
+    assert status == expected, body
+    assert await node.pending() == (1 if expected == 202 else 0)
+
+
 async def test_a_bug_answers_500_without_its_text_and_is_logged_once(
         make_node: NodeFactory, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
     node = await make_node(worker=False)
