@@ -65,8 +65,6 @@ OPEN_PATHS = ("/healthz", "/")  # served without the token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-__all__ = ["HttpApi", "OpenApiError", "is_loopback", "refuse_open"]
-
 
 class Reads(PageReads, Protocol):
     """What the HTTP API reads through a coalescer's ``query``."""

@@ -22,7 +22,7 @@ from coalescer import Coalescer
 from coalescer.cli.commands import bind_problem
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
-from coalescer.web.api import is_loopback
+from coalescer.web.guards import is_loopback
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd
 from tests.helpers.inspection import fast_rules, node, write
 from tests.helpers.servers import wait_until
