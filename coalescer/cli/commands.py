@@ -226,6 +226,9 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     address = http_address(args.http)
+    if address is not None and not args.open_http:
+        from coalescer.web.api import refuse_open
+        refuse_open(*address, os.environ.get("COALESCER_TOKEN"), allowed="--insecure-no-token")
     if args.processes > 1:
         from coalescer.cli.supervisor import plan_from_args, supervise
         return await supervise(plan_from_args(args, address))
@@ -236,7 +239,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
     _refuse_unset_secrets(node.config)
     async with node as c:
-        api = await _start_http(c, address, args.http)
+        api = await _start_http(c, address, args.http, allow_open=args.open_http)
         print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
               flush=True)
@@ -247,13 +250,15 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str) -> Any:
+async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str, *,
+                      allow_open: bool) -> Any:
     """The HTTP API on ``address`` (None: off); a UsageError naming ``--http`` when it
     cannot listen there."""
     if address is None:
         return None
     from coalescer.web.api import HttpApi
-    api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"))
+    api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"),
+                  allow_open=allow_open)
     try:
         await api.start()
     except OSError as exc:

@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
                      help=f"HTTP API address (default {DEFAULT_HTTP}; 'off' disables it)")
+    run.add_argument("--insecure-no-token", action="store_true", dest="open_http",
+                     help="serve the HTTP API on an address that is not loopback without "
+                          "COALESCER_TOKEN (refused otherwise); anyone who reaches it can "
+                          "touch keys and read status")
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
     run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")

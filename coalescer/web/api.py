@@ -3,6 +3,10 @@ and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
 /healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
+Without one, a node answers only requests sent to a loopback name or its own address,
+and refuses to bind elsewhere unless told ``allow_open``. State-changing requests from
+another origin, or with a body that is not ``application/json``, are refused (see
+``coalescer.web.guards``).
 Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
 A refused /touch applies nothing: the whole body is validated, unknown keys included,
 before the first key is touched.
@@ -12,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,7 +27,22 @@ from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
-from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from coalescer.common.printable import printable
+from coalescer.errors import (
+    BackpressureError,
+    ClosedError,
+    CoalescerError,
+    InvalidKeyError,
+    UnknownKeyError,
+)
+from coalescer.web.guards import (
+    cross_site_guard,
+    host_guard,
+    is_loopback,
+    json_body_guard,
+    page_csp,
+    security_headers,
+)
 from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
@@ -82,10 +100,15 @@ class Node(PageNode, Protocol):
 
 
 def _bearer(request: web.Request) -> bytes | None:
+    """The bearer token sent, or None: absent, another scheme, or bytes that are not
+    UTF-8 (aiohttp keeps those as surrogates, which do not encode)."""
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
-    return value.strip().encode()
+    try:
+        return value.strip().encode()
+    except UnicodeEncodeError:
+        return None
 
 
 def _auth_middleware(token: str) -> Any:
@@ -119,25 +142,29 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response({"error": exc.reason}, status=exc.status,
                                  headers={k: v for k, v in exc.headers.items()
                                           if k.lower() == "allow"})
-    except Exception as exc:  # a bug: still a JSON answer, and one log line with the cause
-        log.error("HTTP %s %s failed: %r", request.method, request.path, exc, exc_info=exc)
-        return web.json_response({"error": f"internal error: {exc!r}"}, status=500)
+    except Exception as exc:  # a bug: logged once with its cause; the client learns nothing
+        log.error("HTTP %s %s failed: %r", request.method, printable(request.path), exc,
+                  exc_info=exc)
+        return web.json_response({"error": "internal error"}, status=500)
 
 
 # --- the server ------------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """True if ``host`` (an address or "localhost") only listens on this machine."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False  # a host name: it may resolve to an outside address
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+class OpenApiError(CoalescerError):
+    """The HTTP API would be open to the network without a token."""
+
+
+def refuse_open(host: str, port: int, token: str | None, *, allowed: str) -> None:
+    """Raise OpenApiError when ``host`` is not loopback and there is no token; the
+    message names the address and the fixes (``allowed``: how to say it is meant)."""
+    if token or is_loopback(host):
+        return
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise OpenApiError(f"refusing to serve the HTTP API on {shown} without a token: anyone "
+                       "who reaches it could touch keys and read status; set "
+                       "COALESCER_TOKEN=<secret>, or bind it to 127.0.0.1 "
+                       f"({allowed} serves it open anyway)")
 
 
 class HttpApi:
@@ -145,7 +172,10 @@ class HttpApi:
 
     def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE) -> None:
+                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE,
+                 allow_open: bool = False) -> None:
+        """``allow_open``: serve without a token on an address that is not loopback
+        (else OpenApiError, here)."""
         if max_body < 1:
             raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
         if not max_unwritten_age > 0:
@@ -155,6 +185,8 @@ class HttpApi:
         self._host = host
         self._port = port
         self._token = token or None
+        if not allow_open:
+            refuse_open(host, port, self._token, allowed="allow_open=True")
         self._max_body = max_body
         self._runner: web.AppRunner | None = None
         self._bound: int | None = None
@@ -174,7 +206,11 @@ class HttpApi:
         return f"http://{host}:{self.port}"
 
     def make_app(self) -> web.Application:
-        middlewares = [_error_middleware]
+        page = PageRoutes(self._c, self._read_body)
+        middlewares = [security_headers(page_csp(page.html)), _error_middleware]
+        if self._token is None:
+            middlewares.append(host_guard(self._host))  # with a token, the token guards
+        middlewares += [cross_site_guard, json_body_guard]
         if self._token is not None:
             middlewares.append(_auth_middleware(self._token))
         app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
@@ -183,7 +219,7 @@ class HttpApi:
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
-        PageRoutes(self._c, self._read_body).register(app)
+        page.register(app)
         return app
 
     async def start(self) -> None:
@@ -275,7 +311,8 @@ class HttpApi:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
-        touch has waited over ``max_unwritten_age`` to be written."""
+        touch has waited over ``max_unwritten_age`` to be written. Served without the
+        token: it shows counts (``dropped_keys: N``), never key names or Redis errors."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
         age = self._c.unwritten_age()
@@ -285,8 +322,8 @@ class HttpApi:
                 errors.append(f"the oldest unwritten touch is {age:.1f} s old "
                               f"(bound {self._max_unwritten_age:g} s)")
         dropped = self._c.dropped_keys()
-        if dropped:
-            body["dropped_keys"] = dropped
+        if dropped:  # a count: this route is open, key names and Redis errors are not
+            body["dropped_keys"] = len(dropped)
         if not errors:
             return web.json_response(body)
         body.update(ok=False, error="; ".join(errors))

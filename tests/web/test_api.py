@@ -76,7 +76,9 @@ class Node:
 
     async def touch(self, body: Any, **kwargs: Any) -> tuple[int, Any]:
         if not isinstance(body, dict):  # raw bytes, or an async iterator of chunks
-            status, data, _ = await self.request("POST", "/touch", data=body, **kwargs)
+            headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
+            status, data, _ = await self.request("POST", "/touch", data=body, headers=headers,
+                                                 **kwargs)
         else:
             status, data, _ = await self.request("POST", "/touch", json=body, **kwargs)
         return status, data
