@@ -21,6 +21,7 @@ from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace, ShardKeys
 
 FAILED_OUTCOMES = ("failure", "timeout", "lost")
+CANCELLED = "cancelled"  # a cancel's entry (cancel.lua): no refresh ran
 RECENT = 200  # refreshes per shard that `status` counts failures over
 
 
@@ -36,7 +37,8 @@ class Refresh:
     attempt: int | None
     start_ms: int
     duration_ms: int
-    outcome: str  # success, failure, timeout, or lost (its claim had been taken over)
+    outcome: str  # success, failure, timeout, lost (its claim had been taken over), or
+    # cancelled (no refresh: a cancel dropped the key's pending refresh, due at due_ms)
     error: str
     due_ms: int | None = None  # the due time it was claimed at (not recorded for lost ones)
     batch: int = 0  # keys in the batch handler call it ran in (0: a refresh of its own)
@@ -152,7 +154,7 @@ async def recent_by_rule(redis: Any, config: Config,
     space = KeySpace(config.namespace, config.shards)
     for r in await read_streams(redis, space.all_shards(), per_shard):
         counts = out.get(r.rule)
-        if counts is not None:
+        if counts is not None and r.outcome != CANCELLED:
             counts["refreshes"] += 1
             counts["failed"] += int(r.failed)
     return out
