@@ -175,8 +175,9 @@ def format_duration_ms(ms: int) -> str:
 
 def _row(r: Refresh) -> str:
     attempt = str(r.attempt) if r.attempt is not None else "-"
-    line = (f"{clock(r.start_ms):<23}  {format_duration_ms(r.duration_ms):>9}  "
-            f"{r.outcome:<8} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
+    took = "-" if r.outcome == CANCELLED else format_duration_ms(r.duration_ms)
+    line = (f"{clock(r.start_ms):<23}  {took:>9}  "
+            f"{r.outcome:<9} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
     if r.batch:
         line += f"  (batch of {r.batch})"
     return f"{line}\n{'':<25}error: {r.error}" if r.error else line
@@ -193,6 +194,6 @@ def format_history(refreshes: Iterable[Refresh]) -> str:
     rows = [_row(_shown(r)) for r in refreshes]
     if not rows:
         return "no refreshes recorded (yet) that match"
-    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<8} {'RULE':<16} {'TRY':>3} "
+    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<9} {'RULE':<16} {'TRY':>3} "
             f"{'TOKEN':>8}  {'NODE':<20} KEY")
     return "\n".join([head, *rows])
