@@ -175,9 +175,11 @@ def format_duration_ms(ms: int) -> str:
 
 def _row(r: Refresh) -> str:
     attempt = str(r.attempt) if r.attempt is not None else "-"
-    took = "-" if r.outcome == CANCELLED else format_duration_ms(r.duration_ms)
+    cancelled = r.outcome == CANCELLED  # no refresh ran: no duration, no token
+    took = "-" if cancelled else format_duration_ms(r.duration_ms)
+    token = "-" if cancelled else str(r.token)
     line = (f"{clock(r.start_ms):<23}  {took:>9}  "
-            f"{r.outcome:<9} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
+            f"{r.outcome:<9} {r.rule:<16} {attempt:>3} {token:>8}  {r.node:<20} {r.key}")
     if r.batch:
         line += f"  (batch of {r.batch})"
     return f"{line}\n{'':<25}error: {r.error}" if r.error else line
