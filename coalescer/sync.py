@@ -134,11 +134,12 @@ class SyncCoalescer:
             raise self._not_started(what)
         self.coalescer.touch_blocking(keys, timeout=timeout, what=what)
 
-    def cancel(self, key: str, timeout: float | None = 30.0) -> CancelOutcome:
+    def cancel(self, key: str, *, timeout: float | None = 30.0) -> CancelOutcome:
         """Drop ``key``'s pending refresh; see ``Coalescer.cancel_many``."""
-        return self.cancel_many([key], timeout)
+        return self.cancel_many([key], timeout=timeout)
 
-    def cancel_many(self, keys: Iterable[str], timeout: float | None = 30.0) -> CancelOutcome:
+    def cancel_many(self, keys: Iterable[str], *,
+                    timeout: float | None = 30.0) -> CancelOutcome:
         """Drop the keys' pending refreshes; see ``Coalescer.cancel_many``."""
         self.after_fork()
         outcome: CancelOutcome = self._call("cancel()", self.coalescer.cancel_many(list(keys)),

@@ -287,6 +287,23 @@ async def test_touches_being_written_when_the_cancel_comes_are_cancelled_too(
     assert rec.calls == []
 
 
+async def test_more_keys_than_one_script_call_takes_of_two_rules_are_all_cancelled(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, _ = setup(tmp_path, namespace, shards=2)
+    c = await start(path, redis_url=redis_url, worker=False)
+    keys = [f"{rule}:{n}" for n in range(700) for rule in ("item", "other")]
+    c.touch_many(keys)
+    await c.flush()
+
+    outcome = await c.cancel_many([*keys, "item:0"])  # a key named twice counts once
+
+    assert outcome.cancelled == keys
+    rules = (await c.query.status())["rules"]
+    assert (rules["item"]["pending"], rules["other"]["pending"]) == (0, 0)
+    assert await c.drain(timeout=10) == []
+
+
 # -- keys that are not pending, refused keys --------------------------------------------------
 
 

@@ -51,17 +51,20 @@ class CancelOutcome:
                 "states": self.states}
 
 
-def _groups(keyspace: KeySpace,
-            rules: Mapping[str, str]) -> list[tuple[int, list[CancelGroup]]]:
-    """The keys by shard, then by rule, at most BATCH keys per shard call."""
-    by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for key, rule in rules.items():
-        by_shard[keyspace.shard_of(key)][rule].append(key)
+def _calls(keyspace: KeySpace,
+           rules: Mapping[str, str]) -> list[tuple[int, list[CancelGroup]]]:
+    """One script call per shard and BATCH keys (a Redis Cluster runs each on the node of
+    its shard's slot), its keys grouped by rule."""
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for key in rules:
+        by_shard[keyspace.shard_of(key)].append(key)
     calls = []
-    for shard, by_rule in by_shard.items():
-        for rule, group in by_rule.items():
-            calls += [(shard, [CancelGroup(rule, group[i:i + BATCH])])
-                      for i in range(0, len(group), BATCH)]
+    for shard, keys in by_shard.items():
+        for i in range(0, len(keys), BATCH):
+            by_rule: dict[str, list[str]] = defaultdict(list)
+            for key in keys[i:i + BATCH]:
+                by_rule[rules[key]].append(key)
+            calls.append((shard, [CancelGroup(rule, group) for rule, group in by_rule.items()]))
     return calls
 
 
@@ -70,7 +73,7 @@ async def cancel_keys(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, 
                       buffered: set[str] | frozenset[str] = frozenset()) -> CancelOutcome:
     """Cancel the keys of ``rules`` (key -> its rule's name; see the module), in its
     order; ``buffered`` are the keys whose buffered touches were dropped already."""
-    calls = _groups(keyspace, rules)
+    calls = _calls(keyspace, rules)
     answers = await asyncio.gather(*(scripts.cancel(keyspace.shard(shard), groups, history)
                                       for shard, groups in calls))
     found = {key: state for answer in answers for key, state in answer.items()}
