@@ -248,10 +248,11 @@ class Coalescer:
         process are dropped too. Returns a CancelOutcome: ``cancelled`` (the keys
         whose refresh was dropped) and ``not_pending`` (idle, dead-lettered, or
         running with nothing queued after it), with each key's state in ``states``.
-        Each cancelled key gets a history entry (outcome "cancelled").
+        Each key cancelled in Redis gets a history entry (outcome "cancelled").
 
         Every key is checked first: UnknownKeyError or InvalidKeyError cancels nothing.
-        ClosedError when the coalescer is not running.
+        ClosedError when the coalescer is not running. A Redis error is raised as is;
+        the keys' buffered touches may be dropped by then: cancel again.
         """
         keys = list(dict.fromkeys(keys))
         if self._state != "running":
