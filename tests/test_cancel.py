@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from redis.exceptions import RedisError
 
 from coalescer import (
     CancelOutcome,
@@ -29,7 +30,7 @@ from coalescer import (
 from coalescer.query.history import HistoryQuery
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
-from tests.helpers.servers import wait_until
+from tests.helpers.servers import ValkeyProcess, wait_until
 
 RULES = """\
 namespace: {ns}
@@ -302,6 +303,28 @@ async def test_more_keys_than_one_script_call_takes_of_two_rules_are_all_cancell
     rules = (await c.query.status())["rules"]
     assert (rules["item"]["pending"], rules["other"]["pending"]) == (0, 0)
     assert await c.drain(timeout=10) == []
+
+
+async def test_a_cancel_while_redis_is_down_raises_and_drops_the_touches_a_failed_write_gave_back(
+        own_server: ValkeyProcess, tmp_path: Path, namespace: str, start: Start) -> None:
+    server = own_server  # requested first: it outlives the coalescer
+    try:
+        path, _ = setup(tmp_path, namespace)
+        c = await start(path, redis_url=server.url, worker=False)
+        server.kill()
+        c.touch("item:1")
+        errors = c.metrics.redis_errors.labels("flusher")
+        await wait_until(lambda: errors._value.get() > 0, message="a write of item:1 failed")
+
+        with pytest.raises((RedisError, OSError)):
+            await c.cancel("item:1")
+
+        server.start()
+        await wait_until(c.ping, timeout=10, message="reconnected")
+        await c.flush()
+        assert (await c.query.explain("item:1"))["state"] == "idle"  # never written
+    finally:
+        server.start()
 
 
 # -- keys that are not pending, refused keys --------------------------------------------------
