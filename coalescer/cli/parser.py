@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("keys", nargs="*", metavar="KEY")
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
     _json_flag(retry)
+    cancel = sub.add_parser("cancel", help="drop keys' pending refreshes")
+    _common(cancel)
+    cancel.add_argument("keys", nargs="+", metavar="KEY")
+    _json_flag(cancel)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo, rules_default=None,
             rules_help="rules file (default: the demo's own, shipped with coalescer)")

@@ -1,4 +1,5 @@
 """The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
+GET and DELETE /keys/{key} (explain, cancel),
 and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
@@ -52,6 +53,7 @@ from coalescer.web.requests import (
     refuse_unstorable,
     unreadable,
 )
+from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ class Node(PageNode, Protocol):
     def sync_metrics(self) -> None: ...
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
+
+    async def cancel(self, key: str) -> CancelOutcome: ...
 
     async def ping(self) -> bool: ...
 
@@ -219,6 +223,7 @@ class HttpApi:
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
+        app.router.add_delete("/keys/{key:.+}", self._cancel)
         page.register(app)
         return app
 
@@ -349,6 +354,28 @@ class HttpApi:
             raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        """DELETE /keys/{key}: drop the key's pending refresh (`coalescer cancel KEY`);
+        404 when it was not pending (or no rule matches it)."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                outcome = await self._c.cancel(key)
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), key=key, invalid_keys=[
+                {"key": exc.key, "error": exc.reason}]) from None
+        except ClosedError as exc:
+            raise Refusal(503, f"the node is not running: {exc}") from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot cancel key {key!r} in Redis: {exc!r}") from None
+        state = outcome.states[key]
+        if outcome.not_pending:
+            raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
+                          key=key, cancelled=False, state=state)
+        return web.json_response({"cancelled": True, "key": key, "state": state})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()
