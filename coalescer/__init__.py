@@ -19,6 +19,7 @@ from coalescer.errors import (
     WebhookError,
 )
 from coalescer.sync import SyncCoalescer
+from coalescer.write.cancel import CancelOutcome
 
 try:
     __version__ = _version("coalescer")
@@ -27,6 +28,7 @@ except PackageNotFoundError:  # a source tree that is not installed
 
 __all__ = [
     "BackpressureError",
+    "CancelOutcome",
     "Claim",
     "ClosedError",
     "Coalescer",

@@ -33,12 +33,14 @@ from coalescer.sources.base import Source, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.hints import CommandHints
+from coalescer.store.keycheck import check_key
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import Scripts
+from coalescer.store.scripts import History, Scripts
 from coalescer.worker.drain import Drainer, local_runner
 from coalescer.worker.node import Handlers, Node, NodeContext
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
+from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
 from coalescer.write.room import DEFAULT_TIMEOUT, touch_blocking, touch_waiting
 
@@ -231,6 +233,45 @@ class Coalescer:
             except UnknownKeyError:
                 out.append(key)
         return out
+
+    async def cancel(self, key: str) -> CancelOutcome:
+        """Drop ``key``'s pending refresh; see ``cancel_many``."""
+        return await self.cancel_many([key])
+
+    async def cancel_many(self, keys: Iterable[str]) -> CancelOutcome:
+        """Drop the keys' pending refreshes: touches made before this call are not
+        refreshed, a touch after it arms its key again as usual.
+
+        A pending key (in retry backoff too) leaves its due set, attempts and all. A
+        running key's refresh finishes as usual, but the re-run its touches during
+        the run had queued is dropped. Touches of the keys still buffered in this
+        process are dropped too. Returns a CancelOutcome: ``cancelled`` (the keys
+        whose refresh was dropped) and ``not_pending`` (idle, dead-lettered, or
+        running with nothing queued after it), with each key's state in ``states``.
+        Each key cancelled in Redis gets a history entry (outcome "cancelled").
+
+        Every key is checked first: UnknownKeyError or InvalidKeyError cancels nothing.
+        ClosedError when the coalescer is not running. A Redis error is raised as is;
+        the keys' buffered touches may be dropped by then: cancel again.
+        """
+        keys = list(dict.fromkeys(keys))
+        if self._state != "running":
+            raise self._not_running("cancel()")
+        rules: dict[str, str] = {}
+        for key in keys:
+            check_key(key)
+            rules[key] = self.config.rule_for(key).name
+        run = self._run
+        assert run.flusher is not None and run.scripts is not None
+        buffered = await run.flusher.forget(keys)
+        outcome = await cancel_keys(run.scripts, self.keyspace, rules,
+                                    history=History(self.node_id, self.config.history),
+                                    buffered=buffered)
+        for key in outcome.cancelled:
+            run.metrics.cancels.labels(rules[key]).inc()
+        log.info("cancel: %d of %s dropped (%d not pending)", outcome.done,
+                 plural(len(keys), "key"), len(outcome.not_pending))
+        return outcome
 
     async def flush(self) -> None:
         """Return once Redis holds the due time of every touch made before this call."""

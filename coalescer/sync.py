@@ -14,6 +14,7 @@ from typing import Any
 from coalescer.coalescer import Coalescer
 from coalescer.common import forksafe
 from coalescer.errors import BackpressureError, ClosedError
+from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,18 @@ class SyncCoalescer:
         if self._loop is None and self._revive(what) is None:
             raise self._not_started(what)
         self.coalescer.touch_blocking(keys, timeout=timeout, what=what)
+
+    def cancel(self, key: str, *, timeout: float | None = 30.0) -> CancelOutcome:
+        """Drop ``key``'s pending refresh; see ``Coalescer.cancel_many``."""
+        return self.cancel_many([key], timeout=timeout)
+
+    def cancel_many(self, keys: Iterable[str], *,
+                    timeout: float | None = 30.0) -> CancelOutcome:
+        """Drop the keys' pending refreshes; see ``Coalescer.cancel_many``."""
+        self.after_fork()
+        outcome: CancelOutcome = self._call("cancel()", self.coalescer.cancel_many(list(keys)),
+                                            timeout)
+        return outcome
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until Redis holds every touch made before this call."""

@@ -2,12 +2,15 @@
 
 A seeded program drives five rules (one taking every setting from ``defaults``, one
 with a rate of refresh starts, a batch rule whose handler gets up to two claims a call)
-on a real server: touches and bursts of a few keys, per-key handler outcomes
+on a real server: touches and bursts of a few keys, cancels of a few keys (some
+right after a touch still in the toucher's buffer), per-key handler outcomes
 (ok, fail, slow, timeout), clean restarts of in-process nodes and SIGKILLs of a
 `coalescer run` child process. The handler logs every run (server clock) to a
 file; the checks in ``model_history`` then read the whole history: no lost
-update, coalescing and the max-wait cap, exclusion, retries and dead letters, and no
-more starts of the rated rule in any one second than its rate allows.
+update (for every touch after its key's last cancel), coalescing and the max-wait
+cap, exclusion, retries and dead letters, no refresh of a key cancelled while pending
+without a touch after the cancel, and no more starts of the rated rule in any one
+second than its rate allows.
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
@@ -16,12 +19,14 @@ program again (timings differ from run to run, the program does not).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +40,11 @@ from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
 from tests.helpers.model_history import (
+    Cancel,
     History,
     Rule,
     Touch,
+    check_cancels,
     check_coalescing,
     check_dead_letters,
     check_exclusion,
@@ -165,6 +172,9 @@ KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced
         "bunch:1", "bunch:2", "bunch:3")
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
+# How a cancel step goes: at once; right after a touch still in the toucher's buffer; or
+# while a key runs, after a touch during its run (which queued a re-run)
+CANCELS = ("now", "buffered", "during", "during")
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
 
 Step = tuple[Any, ...]
@@ -173,7 +183,7 @@ Step = tuple[Any, ...]
 def program(seed: int, steps: int = STEPS) -> list[Step]:
     """A random program; the same seed gives the same steps."""
     rng = random.Random(seed)
-    kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3
+    kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3 + ["cancel"] * 4
              + ["settle", "restart", "kill"])
     out: list[Step] = [("plan", key, rng.choice(OUTCOMES)) for key in KEYS]
     for _ in range(steps):
@@ -188,6 +198,8 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
             out.append(("burst", rng.choice(KEYS), rng.randint(200, 1200)))
         elif kind == "restart":
             out.append(("restart", rng.randint(0, 1)))
+        elif kind == "cancel":
+            out.append(("cancel", rng.sample(KEYS, rng.randint(1, 2)), rng.choice(CANCELS)))
         else:
             out.append((kind,))
     return out
@@ -239,6 +251,31 @@ class World:
         await self.toucher.flush()
         t1 = await self.now_us()
         self.history.touches.extend(_touches(keys, t0, t1))
+
+    async def cancel(self, keys: list[str], how: str) -> None:
+        if how == "during":
+            await self.touch(keys)
+            await self.one_running(keys)
+            await self.touch(keys)
+        t0 = await self.now_us()
+        if how == "buffered":
+            self.toucher.touch_many(keys)
+        outcome = await self.toucher.cancel_many(keys)
+        t1 = await self.now_us()
+        if how == "buffered":  # reached Redis before the cancel, or never
+            self.history.touches.extend(_touches(keys, t0, t1))
+        self.history.cancels += [Cancel(key, t0, t1, outcome.states[key]) for key in keys]
+
+    async def one_running(self, keys: list[str]) -> None:
+        """Wait (a second at most: a key's node may be down) until one of ``keys`` runs."""
+        async def running() -> bool:
+            for key in keys:
+                if (await self.toucher.query.explain(key))["state"] == "running":
+                    return True
+            return False
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(running, timeout=1.0)
 
     async def burst(self, key: str, duration_ms: int) -> None:
         gap = self.config.rule_for(key).window * 0.4
@@ -324,6 +361,7 @@ def check_history(world: World) -> list[str]:
             *check_no_lost_update(history, runs, rules, rule_of),
             *check_coalescing(history, runs, rules, rule_of),
             *check_exclusion(runs),
+            *check_cancels(history, runs),
             *check_retries(history, runs, rules, rule_of),
             *(v for r in world.config.rules if r.rate is not None
               for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst))]
@@ -367,9 +405,10 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
                  if r.end is not None and r.start < t.t0 and t.t1 < r.end)
     batched = sum(1 for line in world.log.read_text().splitlines()
                   if '"batch": 2' in line and '"start"' in line)
+    cancels = Counter(c.state for c in world.history.cancels)
     print(f"\nmodel seed {seed}: {len(world.history.touches)} touches ({during} during a "
           f"run of their key), {sum(map(len, runs.values()))} runs ({batched} in batches of "
-          f"2), {len(world.history.kills)} kills")
+          f"2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}")
     assert not violations, (
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)
@@ -378,7 +417,8 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
 
 def _timelines(world: World, violations: list[str]) -> str:
     runs = world.history.runs(world.log)
-    keys = dict.fromkeys(k for k in KEYS for v in violations if f" {k} " in v or f" {k}:" in v)
+    keys = dict.fromkeys(k for k in KEYS for v in violations
+                         if f" {k} " in v or f" {k}:" in v or f" {k}," in v)
     return "\n".join(f"{key}:\n{timeline(world.history, runs, key)}" for key in list(keys)[:3])
 
 

@@ -130,6 +130,10 @@ class Metrics:
             "coalescer_dropped_keys_total",
             "touched keys dropped because Redis refused them for good, by reason",
             ["reason"], registry=r)
+        self.cancels = Counter(
+            "coalescer_cancels_total",
+            "keys whose pending refresh (or re-arm) a cancel dropped, by rule", ["rule"],
+            registry=r)
         self.source_entries = Counter(
             "coalescer_source_entries_total",
             "stream source entries handled, by source and outcome (accepted, rejected)",

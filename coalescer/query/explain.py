@@ -18,7 +18,7 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
-from coalescer.query.history import clock, format_duration_ms, parse_entries
+from coalescer.query.history import CANCELLED, clock, format_duration_ms, parse_entries
 from coalescer.store import key_states as states
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
@@ -199,6 +199,9 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
 
 
 def _refresh_line(r: dict[str, Any]) -> str:
+    if r["outcome"] == CANCELLED:
+        due = f" (due {clock(r['due_ms'])})" if r["due_ms"] is not None else ""
+        return f"  {clock(r['start_ms'])}  cancelled by node {r['node']}: its refresh{due} dropped"
     line = (f"  {clock(r['start_ms'])}  {r['outcome']:<8} {format_duration_ms(r['duration_ms'])}"
             f"  attempt {r['attempt'] if r['attempt'] is not None else '-'}, "
             f"token {r['token']}, node {r['node']}")

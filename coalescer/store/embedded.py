@@ -9,10 +9,17 @@ command of one project reaches one server, whatever folder it runs in::
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
         server.json   {"port", "pid", "run_id"} of the live server
+        password      the server's password, generated at the first start (0600)
         server.log    the server's log
         server.pid    pidfile written by the daemonized server
         users/        one file per acquirer: "<pid>.<token>", holding the start time
         data/         the server's directory (AOF on, in data/appendonlydir/)
+
+The server asks for a password: other users of the machine can reach its loopback
+port but cannot read the folder. The password is generated once, kept in
+``password`` and given to the server on its standard input, never on its command
+line (which every user can read in /proc). The URLs handed out carry it; they are
+shown with ``redact()``.
 
 The first ``acquire()`` starts the server (daemonized, so it outlives the process that
 started it); later ones reuse it after checking it answers PING as the recorded
@@ -29,6 +36,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,11 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +66,8 @@ _LOG_TAIL_LINES = 20
 
 
 PRIVATE_DIR = 0o700  # the folders; the server runs with umask 077, so its files are 0600
+PRIVATE_FILE = 0o600
+_PASSWORD_BYTES = 32
 
 
 def server_binary() -> Path:
@@ -82,10 +94,11 @@ class _Record:
     port: int
     pid: int
     run_id: str
+    password: str
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
 
 
 # -- processes ---------------------------------------------------------------------
@@ -176,9 +189,10 @@ def project_root(rules_file: str | os.PathLike[str] | None) -> Path:
     return start / ROOT_NAME
 
 
-def _server_identity(port: int) -> tuple[int, str] | None:
-    """(process_id, run_id) of the server answering PING on ``port``, or None."""
-    client = sync_client(port)
+def _server_identity(port: int, password: str) -> tuple[int, str] | None:
+    """(process_id, run_id) of the server answering PING on ``port`` to ``password``,
+    or None (a server that refuses the password is not ours)."""
+    client = sync_client(port, password=password)
     try:
         if not client.ping():
             return None
@@ -208,6 +222,7 @@ class EmbeddedServer:
         self.state_file = self.root / "server.json"
         self.log_file = self.root / "server.log"
         self.pid_file = self.root / "server.pid"
+        self.password_file = self.root / "password"
         self.lock_file = self.root / "lock"
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -236,7 +251,7 @@ class EmbeddedServer:
                 record = self._start()
             self._user_file = self._register_user()
         self._url, self._owner = record.url, os.getpid()
-        logger.debug("acquired embedded server %s (pid %d)", record.url, record.pid)
+        logger.debug("acquired embedded server %s (pid %d)", redact(record.url), record.pid)
         return record.url
 
     def release(self) -> None:
@@ -320,25 +335,42 @@ class EmbeddedServer:
         try:
             raw = json.loads(self.state_file.read_text())
             return _Record(port=int(raw["port"]), pid=int(raw["pid"]),
-                           run_id=str(raw["run_id"]))
+                           run_id=str(raw["run_id"]), password=self._password())
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _write_record(self, record: _Record) -> None:
         tmp = self.state_file.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"port": record.port, "pid": record.pid,
-                                   "run_id": record.run_id, "url": record.url}))
+                                   "run_id": record.run_id, "url": redact(record.url)}))
         tmp.replace(self.state_file)
+
+    def _password(self) -> str:
+        """The server's password: read from its 0600 file, made there the first time."""
+        try:
+            password = self.password_file.read_text().strip()
+        except FileNotFoundError:
+            password = ""
+        if password:
+            self.password_file.chmod(PRIVATE_FILE)
+            return password
+        password = secrets.token_urlsafe(_PASSWORD_BYTES)
+        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(password + "\n")
+        self.password_file.chmod(PRIVATE_FILE)
+        return password
 
     def _live_record(self) -> _Record | None:
         """The recorded server if it is really alive; a stale record is cleared."""
         record = self._read_record()
         if record is None:
             return None
-        if _server_identity(record.port) == (record.pid, record.run_id):
+        if _server_identity(record.port, record.password) == (record.pid, record.run_id):
             return record
-        logger.warning("embedded server recorded in %s (pid %d, port %d) is gone; "
-                       "replacing it", self.state_file, record.pid, record.port)
+        logger.warning("embedded server recorded in %s (pid %d, port %d) is gone or does "
+                       "not take its password; replacing it",
+                       self.state_file, record.pid, record.port)
         if _pid_alive(record.pid) and _is_valkey(record.pid):
             _terminate(record.pid, self.stop_timeout)
         self.state_file.unlink(missing_ok=True)
@@ -359,13 +391,14 @@ class EmbeddedServer:
                 continue
             self._write_record(record)
             logger.info("started embedded valkey-server on %s (pid %d, data in %s)",
-                        record.url, record.pid, self.data_dir)
+                        redact(record.url), record.pid, self.data_dir)
             return record
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _command(self, binary: Path, port: int) -> list[str]:
         return [
             str(binary),
+            "-",  # the rest of the configuration (the password) from standard input
             "--port", str(port),
             "--bind", HOST,
             "--dir", str(self.data_dir),
@@ -379,27 +412,29 @@ class EmbeddedServer:
 
     def _spawn(self, binary: Path, port: int) -> _Record:
         self.pid_file.unlink(missing_ok=True)
-        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        password = self._password()
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
         with os.fdopen(fd, "ab") as log:
             # The direct child forks the daemon and exits; close_fds keeps our lock fd
             # out of the daemon.
-            proc = subprocess.run(self._command(binary, port), stdin=subprocess.DEVNULL,
+            proc = subprocess.run(self._command(binary, port),
+                                  input=f"requirepass {password}\n".encode(),
                                   stdout=log, stderr=log, close_fds=True, umask=0o077,
                                   timeout=self.start_timeout, check=False)
         if proc.returncode != 0:
             self._fail(f"valkey-server exited with status {proc.returncode}")
-        return self._wait_ready(port)
+        return self._wait_ready(port, password)
 
-    def _wait_ready(self, port: int) -> _Record:
+    def _wait_ready(self, port: int, password: str) -> _Record:
         """Poll until the daemon we started answers PING on ``port``."""
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             pid = self._pidfile_pid()
             if pid is not None and not _pid_alive(pid):
                 self._fail(f"valkey-server (pid {pid}) exited during startup")
-            identity = _server_identity(port) if pid is not None else None
+            identity = _server_identity(port, password) if pid is not None else None
             if identity is not None and identity[0] == pid:
-                return _Record(port=port, pid=pid, run_id=identity[1])
+                return _Record(port=port, pid=pid, run_id=identity[1], password=password)
             time.sleep(0.01)
         pid = self._pidfile_pid()
         if pid is not None and _pid_alive(pid):
@@ -417,8 +452,9 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return
-        if _server_identity(record.port) == (record.pid, record.run_id):
-            client = sync_client(record.port, timeout=self.stop_timeout)
+        if _server_identity(record.port, record.password) == (record.pid, record.run_id):
+            client = sync_client(record.port, timeout=self.stop_timeout,
+                                 password=record.password)
             try:
                 client.shutdown()
             except (redis.RedisError, OSError) as exc:
@@ -428,7 +464,7 @@ class EmbeddedServer:
             if not _wait_exit(record.pid, self.stop_timeout):
                 logger.warning("embedded server pid %d ignored SHUTDOWN", record.pid)
                 _terminate(record.pid, self.stop_timeout)
-            logger.info("stopped embedded valkey-server on %s", record.url)
+            logger.info("stopped embedded valkey-server on %s", redact(record.url))
         self.state_file.unlink(missing_ok=True)
         self.pid_file.unlink(missing_ok=True)
 

@@ -24,8 +24,11 @@ KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode t
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers",
-    "purge", "hasten", "take", "take_rate",
+    "purge", "hasten", "take", "take_rate", "cancel",
 )
+
+# What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
+CANCEL_STATES = ("pending", "rearm", "running", "dead", "idle")
 
 
 def script_source(name: str) -> str:
@@ -65,6 +68,14 @@ class ClaimedKey(NamedTuple):
     last_ms: int
     attempt: int
     due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelGroup:
+    """Keys of one rule whose pending refreshes to drop."""
+
+    rule: str
+    keys: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +327,22 @@ class Scripts:
         """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
         result = await self._run("purge", [shard.meta, shard.dead(rule)], list(dead_keys))
         return int(result[0]), [str(k) for k in result[1:]]
+
+    async def cancel(self, shard: ShardKeys, groups: Sequence[CancelGroup],
+                     history: History = NO_HISTORY) -> dict[str, str]:
+        """Drop the groups' keys' pending refreshes (and the re-arms of running ones):
+        each key with the state it was found in, one of CANCEL_STATES."""
+        keys = [shard.meta, shard.history]
+        args: list[Any] = [history.node_id, history.length]
+        for g in groups:
+            keys.append(shard.due(g.rule))
+            args += [g.rule, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+        _, found = await self._run("cancel", keys, args)
+        names = [k for g in groups for k in g.keys]
+        states = [str(s) for s in found]
+        if len(states) != len(names) or not set(states) <= set(CANCEL_STATES):
+            raise ScriptError(f"cancel answered {found!r} for {plural(len(names), 'key')}")
+        return dict(zip(names, states, strict=True))
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
                       mine: str, rules: str = "") -> LeaseState:

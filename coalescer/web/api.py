@@ -1,8 +1,13 @@
 """The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
+GET and DELETE /keys/{key} (explain, cancel),
 and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
 /healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
+Without one, a node answers only requests sent to a loopback name or its own address,
+and refuses to bind elsewhere unless told ``allow_open``. State-changing requests from
+another origin, or with a body that is not ``application/json``, are refused (see
+``coalescer.web.guards``).
 Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
 A refused /touch applies nothing: the whole body is validated, unknown keys included,
 before the first key is touched.
@@ -12,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,7 +28,14 @@ from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
-from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from coalescer.common.printable import printable
+from coalescer.errors import (
+    BackpressureError,
+    ClosedError,
+    CoalescerError,
+    InvalidKeyError,
+    UnknownKeyError,
+)
 from coalescer.web.connections import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -32,6 +43,14 @@ from coalescer.web.connections import (
     ConnectionGuard,
     ConnectionLimits,
     GuardedSite,
+)
+from coalescer.web.guards import (
+    cross_site_guard,
+    host_guard,
+    is_loopback,
+    json_body_guard,
+    page_csp,
+    security_headers,
 )
 from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
@@ -42,6 +61,7 @@ from coalescer.web.requests import (
     refuse_unstorable,
     unreadable,
 )
+from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +103,8 @@ class Node(PageNode, Protocol):
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
 
+    async def cancel(self, key: str) -> CancelOutcome: ...
+
     async def ping(self) -> bool: ...
 
 
@@ -90,10 +112,15 @@ class Node(PageNode, Protocol):
 
 
 def _bearer(request: web.Request) -> bytes | None:
+    """The bearer token sent, or None: absent, another scheme, or bytes that are not
+    UTF-8 (aiohttp keeps those as surrogates, which do not encode)."""
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
-    return value.strip().encode()
+    try:
+        return value.strip().encode()
+    except UnicodeEncodeError:
+        return None
 
 
 def _auth_middleware(token: str) -> Any:
@@ -127,25 +154,29 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response({"error": exc.reason}, status=exc.status,
                                  headers={k: v for k, v in exc.headers.items()
                                           if k.lower() == "allow"})
-    except Exception as exc:  # a bug: still a JSON answer, and one log line with the cause
-        log.error("HTTP %s %s failed: %r", request.method, request.path, exc, exc_info=exc)
-        return web.json_response({"error": f"internal error: {exc!r}"}, status=500)
+    except Exception as exc:  # a bug: logged once with its cause; the client learns nothing
+        log.error("HTTP %s %s failed: %r", request.method, printable(request.path), exc,
+                  exc_info=exc)
+        return web.json_response({"error": "internal error"}, status=500)
 
 
 # --- the server ------------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """True if ``host`` (an address or "localhost") only listens on this machine."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False  # a host name: it may resolve to an outside address
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+class OpenApiError(CoalescerError):
+    """The HTTP API would be open to the network without a token."""
+
+
+def refuse_open(host: str, port: int, token: str | None, *, allowed: str) -> None:
+    """Raise OpenApiError when ``host`` is not loopback and there is no token; the
+    message names the address and the fixes (``allowed``: how to say it is meant)."""
+    if token or is_loopback(host):
+        return
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise OpenApiError(f"refusing to serve the HTTP API on {shown} without a token: anyone "
+                       "who reaches it could touch keys and read status; set "
+                       "COALESCER_TOKEN=<secret>, or bind it to 127.0.0.1 "
+                       f"({allowed} serves it open anyway)")
 
 
 class HttpApi:
@@ -154,10 +185,15 @@ class HttpApi:
     def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
                  max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE,
+                 allow_open: bool = False,
                  max_connections: int | None = None,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT,
                  body_timeout: float = DEFAULT_BODY_TIMEOUT,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        """``allow_open``: serve without a token on an address that is not loopback
+        (else OpenApiError, here). The connection limits (``max_connections``, None:
+        from the file limit; ``header_timeout``, ``body_timeout``, ``idle_timeout`` in
+        seconds) are described in ``coalescer.web.connections``."""
         if max_body < 1:
             raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
         if not max_unwritten_age > 0:
@@ -169,6 +205,8 @@ class HttpApi:
         self._host = host
         self._port = port
         self._token = token or None
+        if not allow_open:
+            refuse_open(host, port, self._token, allowed="allow_open=True")
         self._max_body = max_body
         self._runner: web.AppRunner | None = None
         self._guard: ConnectionGuard | None = None
@@ -189,7 +227,11 @@ class HttpApi:
         return f"http://{host}:{self.port}"
 
     def make_app(self) -> web.Application:
-        middlewares = [_error_middleware]
+        page = PageRoutes(self._c, self._read_body)
+        middlewares = [security_headers(page_csp(page.html)), _error_middleware]
+        if self._token is None:
+            middlewares.append(host_guard(self._host))  # with a token, the token guards
+        middlewares += [cross_site_guard, json_body_guard]
         if self._token is not None:
             middlewares.append(_auth_middleware(self._token))
         app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
@@ -198,7 +240,8 @@ class HttpApi:
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
-        PageRoutes(self._c, self._read_body).register(app)
+        app.router.add_delete("/keys/{key:.+}", self._cancel)
+        page.register(app)
         return app
 
     async def start(self) -> None:
@@ -302,7 +345,8 @@ class HttpApi:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
-        touch has waited over ``max_unwritten_age`` to be written."""
+        touch has waited over ``max_unwritten_age`` to be written. Served without the
+        token: it shows counts (``dropped_keys: N``), never key names or Redis errors."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
         age = self._c.unwritten_age()
@@ -312,8 +356,8 @@ class HttpApi:
                 errors.append(f"the oldest unwritten touch is {age:.1f} s old "
                               f"(bound {self._max_unwritten_age:g} s)")
         dropped = self._c.dropped_keys()
-        if dropped:
-            body["dropped_keys"] = dropped
+        if dropped:  # a count: this route is open, key names and Redis errors are not
+            body["dropped_keys"] = len(dropped)
         if not errors:
             return web.json_response(body)
         body.update(ok=False, error="; ".join(errors))
@@ -339,6 +383,28 @@ class HttpApi:
             raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        """DELETE /keys/{key}: drop the key's pending refresh (`coalescer cancel KEY`);
+        404 when it was not pending (or no rule matches it)."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                outcome = await self._c.cancel(key)
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), key=key, invalid_keys=[
+                {"key": exc.key, "error": exc.reason}]) from None
+        except ClosedError as exc:
+            raise Refusal(503, f"the node is not running: {exc}") from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot cancel key {key!r} in Redis: {exc!r}") from None
+        state = outcome.states[key]
+        if outcome.not_pending:
+            raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
+                          key=key, cancelled=False, state=state)
+        return web.json_response({"cancelled": True, "key": key, "state": state})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()

@@ -115,10 +115,8 @@ _CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
 
 
 def check_content_type(request: web.Request) -> None:
-    """Refuse (415) a body declared as a form upload or as text in another charset."""
-    if request.content_type.startswith("multipart/"):
-        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
-                           "sent as application/json")
+    """Refuse (415) a JSON body declared in another charset than UTF-8 (its type,
+    application/json, is checked before: ``coalescer.web.guards.json_body_guard``)."""
     charset = request.charset
     if charset is not None and charset.lower() not in _CHARSETS:
         raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")

@@ -31,7 +31,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from coalescer.config.rules import Rule
 from coalescer.errors import BackpressureError, ClosedError
@@ -207,6 +207,17 @@ class Absorber:
         if fresh and self.idle:
             self.idle = False
             self._wake()
+
+    def drop(self, keys: Iterable[str]) -> set[str]:
+        """Forget the buffered touches of ``keys`` that no write has taken yet (a cancel
+        drops them); returns the keys that had some."""
+        with self._lock:
+            gone = {key for key in keys if self._pending.pop(key, None) is not None}
+            if not self._pending:
+                self._pending_since = None
+            if gone:
+                self._freed_locked()
+        return gone
 
     def _rule(self, key: str) -> Rule:
         check_key(key)

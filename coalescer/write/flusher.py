@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 
 from coalescer.common.metrics import Metrics
@@ -36,6 +36,7 @@ MAX_IN_FLIGHT = 2  # writes of the background loop in flight at once
 MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis time)
 IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
+FORGET_ROUNDS = 5  # a cancel waits for this many writes of its keys at most (see forget)
 
 
 def _ms(seconds: float) -> int:
@@ -92,7 +93,7 @@ class Flusher:
         self._keyspace = keyspace
         self._metrics = metrics
         self._event = asyncio.Event()
-        self._writes: set[asyncio.Task[None]] = set()  # every write not yet finished
+        self._writes: dict[asyncio.Task[None], Batch] = {}  # every write not yet finished
         self._running: dict[asyncio.Task[None], int] = {}  # the loop's writes -> their keys
         self._loop = asyncio.get_running_loop()
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
@@ -146,12 +147,12 @@ class Flusher:
 
     def _start(self, batch: Batch) -> asyncio.Task[None]:
         task = asyncio.ensure_future(self._send(batch))
-        self._writes.add(task)
+        self._writes[task] = batch
         task.add_done_callback(self._ended)
         return task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        self._writes.discard(task)
+        self._writes.pop(task, None)
         self._event.set()  # keys held while it was in flight may be ready; room for a write
 
     async def _sleep(self) -> None:
@@ -168,6 +169,22 @@ class Flusher:
             await self._write(batch)
         if earlier:
             await asyncio.gather(*earlier)
+
+    async def forget(self, keys: Collection[str]) -> set[str]:
+        """Drop the buffered touches of ``keys`` (a cancel); returns the keys that had
+        some. Returns once no write in flight carries one of them: every touch of them
+        made before this call is then in Redis or dropped. A write that failed gives its
+        keys back to the buffer, where they are dropped in turn; a touch made while this
+        runs may go either way."""
+        dropped: set[str] = set()
+        for _ in range(FORGET_ROUNDS):
+            dropped |= self._absorber.drop(keys)
+            writes = [task for task, batch in self._writes.items()
+                      if not task.done() and not batch.keys().isdisjoint(keys)]
+            if not writes:
+                break
+            await asyncio.wait(writes)
+        return dropped
 
     async def _write(self, batch: Batch) -> None:
         await asyncio.shield(self._start(batch))

@@ -416,6 +416,69 @@ async def test_retry_requeues_dead_keys(
     assert cli("retry", *args, cwd=tmp_path).returncode == 1  # neither KEYs nor --all
 
 
+# -- cancel -----------------------------------------------------------------------------------
+
+
+async def test_cancel_drops_pending_keys_and_names_those_that_were_not(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    sk = KeySpace(namespace, 1).shard(0)
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
+        c.touch_many(["item:1", "item:2", "item:3", "other:a"])
+        await c.flush()
+    args = ("--rules", str(rules), "--redis", redis_url)
+
+    done = cli("cancel", "item:1", "other:a", "--json", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"cancelled": ["item:1", "other:a"], "not_pending": [],
+                                       "states": {"item:1": "pending", "other:a": "pending"}}
+    assert r.zrange(sk.due("item"), 0, -1) == ["item:2", "item:3"]
+
+    done = cli("cancel", "item:1", "item:2", "item:9", *args, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.strip() == "cancelled 1 key"
+    assert [line.split(" is not pending")[0] for line in done.stderr.splitlines()] == [
+        "coalescer cancel: 'item:1'", "coalescer cancel: 'item:9'"]
+    assert "idle" in done.stderr
+    assert r.zrange(sk.due("item"), 0, -1) == ["item:3"]
+
+    done = cli("history", "--key", "item:2", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split()[3:5] == ["cancelled", "item"]
+    done = cli("explain", "item:2", *args, cwd=tmp_path)
+    assert "cancelled by node" in done.stdout
+
+
+def test_cancel_of_a_key_no_rule_matches_exits_2_and_cancels_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    args = ("--rules", str(rules), "--redis", redis_url)
+    assert cli("touch", "item:1", *args, cwd=tmp_path).returncode == 0
+
+    done = cli("cancel", "item:1", "nope:1", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "no rule" in done.stderr
+    assert "'nope:1'" in done.stderr
+    assert "nothing was cancelled" in done.stderr
+    too_long = cli("cancel", "item:" + "x" * 1100, *args, cwd=tmp_path)
+    assert too_long.returncode == 2  # a key Redis cannot store
+    assert "cannot be stored" in too_long.stderr
+    sk = KeySpace(namespace, 1).shard(0)
+    assert r.zscore(sk.due("item"), "item:1") is not None
+
+
+def test_cancel_of_a_running_key_with_nothing_queued_says_so(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    sk = KeySpace(namespace, 1).shard(0)
+    r.hset(sk.meta, "item:1", "R|7|1000|1000|1|1100||||elsewhere")  # claimed by a node
+    r.zadd(sk.inflight("item"), {"item:1": 2**40})
+    done = cli("cancel", "item:1", "--rules", str(rules), "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "running with nothing queued after it" in done.stderr
+    assert r.hget(sk.meta, "item:1") == "R|7|1000|1000|1|1100||||elsewhere"
+
+
 # -- the embedded server ----------------------------------------------------------------------
 
 
@@ -500,7 +563,7 @@ def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
     try:
         banner = poll_until(lambda: "running" in out.read_text() and out.read_text(),
                             timeout=30, message="the node's banner")
-        assert "using the embedded server at ./.coalescer (redis://127.0.0.1:" in banner
+        assert "using the embedded server at ./.coalescer (redis://:***@127.0.0.1:" in banner
         port = json.loads((tmp_path / ".coalescer" / "server.json").read_text())["port"]
         sub = tmp_path / "sub" / "deeper"
         sub.mkdir(parents=True)
@@ -509,7 +572,7 @@ def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
         assert done.returncode == 0, done.stderr
         assert done.stdout == "touched 1 key\n"
         assert done.stderr == ("coalescer touch: using the embedded server at ../../.coalescer "
-                               f"(redis://127.0.0.1:{port}/0)\n")
+                               f"(redis://:***@127.0.0.1:{port}/0)\n")
         poll_until(lambda: refreshed(log, "item:1"), timeout=20,
                    message=f"the node refreshing item:1; its output:\n{out.read_text()}")
         assert not (sub / ".coalescer").exists()

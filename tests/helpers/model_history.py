@@ -4,7 +4,9 @@ Every time here is the Redis server clock (``TIME``), in microseconds, so record
 written by several processes compare. A touch is known to have reached Redis
 between ``t0`` (TIME read before ``touch()``) and ``t1`` (TIME read after
 ``flush()`` returned). A run is one call of the handler: ``start`` is TIME read
-as it began, ``end`` as it ended (or when its node was SIGKILLed).
+as it began, ``end`` as it ended (or when its node was SIGKILLed). A cancel took
+effect between its ``t0`` and ``t1``; a touch it may have followed may go unrefreshed
+(the guarantees hold for the touches after a key's last cancel).
 
 Each check returns a list of violations (empty when the history is correct),
 each a one-line sentence naming the key.
@@ -29,6 +31,14 @@ class Touch:
     key: str
     t0: int
     t1: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    key: str
+    t0: int
+    t1: int
+    state: str  # what the cancel found the key in (CancelOutcome.states)
 
 
 @dataclass
@@ -60,6 +70,7 @@ class Rule:
 class History:
     touches: list[Touch] = field(default_factory=list)
     kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, TIME after the kill)
+    cancels: list[Cancel] = field(default_factory=list)
 
     def runs(self, log: Path) -> dict[str, list[Run]]:
         """The runs in the handlers' log, per key in start order, kills applied."""
@@ -92,6 +103,13 @@ class History:
     def killed_between(self, a: int, b: int) -> bool:
         return any(a < when <= b for _, when in self.kills)
 
+    def cancelled_between(self, key: str, a: int, b: float = math.inf,
+                          states: tuple[str, ...] | None = None) -> bool:
+        """Can a cancel of ``key`` (found in one of ``states``) have taken effect
+        after ``a`` and before ``b``?"""
+        return any(c.key == key and c.t1 > a and c.t0 < b
+                   and (states is None or c.state in states) for c in self.cancels)
+
 
 # -- G1: every touch is followed by a refresh that starts after it ------------------------
 
@@ -109,13 +127,16 @@ def _covers(run: Run, touch: Touch) -> bool:
 
 def check_no_lost_update(history: History, runs: dict[str, list[Run]],
                          rules: dict[str, Rule], rule_of: Any) -> list[str]:
-    """G1: a touch is followed by a successful refresh, or by its last failed try."""
+    """G1: a touch is followed by a successful refresh, or by its last failed try,
+    unless a cancel of its key came after it (every touch after a key's last cancel is)."""
     out = []
     for touch in history.touches:
         rule = rules[rule_of(touch.key)]
         after = [r for r in runs.get(touch.key, []) if _covers(r, touch)]
         if any(r.result == "ok" or (r.failed and r.attempt >= rule.attempts) for r in after):
             continue
+        if history.cancelled_between(touch.key, touch.t0):
+            continue  # a cancel after it dropped it (or may have)
         seen = [(r.attempt, r.result) for r in after]
         out.append(f"G1: {touch.key} touched at {touch.t0}..{touch.t1} us: no refresh that "
                    f"started after it succeeded or was dead-lettered (after it: {seen})")
@@ -123,6 +144,18 @@ def check_no_lost_update(history: History, runs: dict[str, list[Run]],
 
 
 # -- G2: one refresh per burst, never early, the max-wait cap ------------------------------
+
+
+def _allowed(history: History, chain: list[Touch], max_wait_ms: int) -> int:
+    """The most first tries a chain of touches may get: ceil(T / M) + 1, for each of the
+    bursts the cancels among its touches cut it into (a cancel ends a burst)."""
+    parts, start = [], 0
+    for i in range(1, len(chain)):
+        if history.cancelled_between(chain[i].key, chain[i - 1].t0, chain[i].t1):
+            parts.append(chain[start:i])
+            start = i
+    parts.append(chain[start:])
+    return sum(math.ceil((p[-1].t1 - p[0].t0) / (max_wait_ms * MS)) + 1 for p in parts)
 
 
 def _chains(touches: list[Touch], window_ms: int) -> list[list[Touch]]:
@@ -147,7 +180,7 @@ def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[s
             a, b = chain[0].t0, chain[-1].t1
             horizon = b + rule.window_ms * MS * 3 // 2
             n = sum(1 for r in firsts if a < r.start <= horizon)
-            allowed = math.ceil((b - a) / (rule.max_wait_ms * MS)) + 1
+            allowed = _allowed(history, chain, rule.max_wait_ms)
             if n > allowed:
                 out.append(f"G2: {key}: a burst of {len(chain)} touches over "
                            f"{(b - a) / MS:.0f} ms got {n} refreshes (at most {allowed})")
@@ -172,7 +205,8 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
         # after the last touch this claim says it covers (a touch that reached Redis
         # between the claim and the handler's start belongs to the next burst)
         certain = [t for t in burst if t.t1 < run.start and t.t0 <= run.last_touch_ms * MS
-                   and (not i or t.t0 > runs[i - 1].start)]
+                   and (not i or t.t0 > runs[i - 1].start)
+                   and not history.cancelled_between(key, t.t0, run.start)]
         if i and history.killed_between(runs[i - 1].start, run.start):
             certain = []  # a claim that no handler saw (its node was killed) may lie between
         out += _due_bounds(key, run, burst, certain, rule)
@@ -231,6 +265,8 @@ def _successor(key: str, prev: Run, run: Run | None, limit: int,
                history: History) -> list[str]:
     if prev.killed_after or (run is not None and history.killed_between(prev.start, run.start)):
         return []  # a SIGKILL may cost an attempt that no handler saw
+    if history.cancelled_between(key, prev.start, run.start if run else math.inf, ("pending",)):
+        return []  # a cancel dropped its retry, attempts and all
     if prev.failed and prev.attempt < limit:
         if run is None or run.attempt != prev.attempt + 1:
             nxt = run.attempt if run else "none"
@@ -248,6 +284,9 @@ def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str,
     for key, rs in runs.items():
         last = rs[-1]
         later = [t for t in history.touches_of(key) if t.t1 > last.start]
+        if any(history.cancelled_between(key, t.t0) for t in later):
+            unsure.add(key)  # a cancel may have dropped the re-arm of those touches
+            continue
         if later and all(t.t0 > last.start for t in later):
             continue  # touched after its last try began: re-armed, not dead
         if later or (last.killed_after and last.result != "killed"):
@@ -285,9 +324,44 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
         if r.end is not None:
             events.append((r.end, f"end token {r.token}: {r.result}"))
     events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    events += [(c.t0, f"cancel (found {c.state}, done by +{(c.t1 - c.t0) / MS:.1f})")
+               for c in history.cancels if c.key == key]
     events.sort()
     origin = events[0][0] if events else 0
     return "\n".join(f"  {(t - origin) / MS:9.1f} ms  {what}" for t, what in events)
+
+
+# -- cancels: a cancelled pending key runs again only after a new touch ------------------------
+
+
+def check_cancels(history: History, runs: dict[str, list[Run]]) -> list[str]:
+    """What a cancel dropped stays dropped.
+
+    A key that a cancel found pending (its refresh, or retry, dropped) is refreshed again
+    only for a touch that came after that cancel began. After any cancel, a first try
+    that covers only touches made before it starts only if it is the refresh that was
+    running then (which finishes as usual, and logs its start a moment after its claim):
+    one at most, and only when the key was running (with a re-arm dropped or not).
+    """
+    out = []
+    for c in history.cancels:
+        if c.state == "pending":
+            out += _refreshed_without_touch(c, history.touches_of(c.key), runs.get(c.key, []))
+        stale = [r for r in runs.get(c.key, []) if r.start > c.t1 and r.attempt == 1
+                 and r.last_touch_ms * MS < c.t0 - MS]
+        allowed = 1 if c.state in ("running", "rearm", "buffered") else 0
+        if len(stale) > allowed:
+            out.append(f"cancel: {c.key} was cancelled at {c.t0}..{c.t1} us (found "
+                       f"{c.state}), yet tokens {[r.token for r in stale]} started after it "
+                       f"for touches made before it")
+    return out
+
+
+def _refreshed_without_touch(c: Cancel, touches: list[Touch], runs: list[Run]) -> list[str]:
+    return [f"cancel: {c.key} was cancelled while pending at {c.t0}..{c.t1} us, yet token "
+            f"{run.token} (attempt {run.attempt}) started at {run.start} with no touch since"
+            for run in runs
+            if run.start > c.t1 and not any(t.t1 > c.t0 and t.t0 < run.start for t in touches)]
 
 
 # -- rates: no more refresh starts than a rule's rate allows --------------------------------

@@ -66,8 +66,12 @@ def _ready_lines(root: Path) -> int:
     return (root / "server.log").read_text().count("Ready to accept connections")
 
 
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=1.0)
+
+
 def _pings(url: str) -> bool:
-    client = sync_client(_port(url))
+    client = _client(url)
     try:
         return bool(client.ping())
     except (redis.RedisError, OSError):
@@ -93,12 +97,12 @@ def test_acquire_starts_a_server(root: Path) -> None:
     server = EmbeddedServer(root)
     url = server.acquire()
     try:
-        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+        assert url.startswith("redis://:") and "@127.0.0.1:" in url and url.endswith("/0")
         assert _pings(url)
         record = _record(root)
         assert record["port"] == _port(url)
         assert _alive(int(record["pid"]))
-        client = sync_client(_port(url))
+        client = _client(url)
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert Path(str(client.config_get("dir")["dir"])) == (root / "data").resolve()
         client.close()
@@ -137,13 +141,13 @@ def test_context_manager(root: Path) -> None:
 
 def test_data_survives_stop_and_start(root: Path) -> None:
     with EmbeddedServer(root) as url:
-        client = sync_client(_port(url))
+        client = _client(url)
         client.set("kept", "yes")
         client.close()
         first_pid = _pid(root)
     assert not _alive(first_pid)
     with EmbeddedServer(root) as url:
-        client = sync_client(_port(url))
+        client = _client(url)
         assert client.get("kept") == "yes"
         client.close()
         assert int(_record(root)["pid"]) != first_pid
@@ -232,7 +236,7 @@ def test_two_processes_acquiring_at_once_share_one_server(root: Path) -> None:
         for proc in procs:  # both go at the same moment
             _say(proc, "go")
         urls = [_hear(p) for p in procs]
-        assert urls[0] == urls[1] and urls[0].startswith("redis://127.0.0.1:")
+        assert urls[0] == urls[1] and "@127.0.0.1:" in urls[0]
         pid = _pid(root)
         assert _ready_lines(root) == 1, "exactly one server was started"
         if HAS_PROC:
@@ -318,7 +322,7 @@ def test_the_folders_and_the_servers_files_are_readable_by_their_owner_only(
     server = EmbeddedServer(root)
     url = server.acquire()
     try:
-        client = sync_client(_port(url))
+        client = _client(url)
         client.set("k", "v")
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         client.close()
@@ -330,3 +334,40 @@ def test_the_folders_and_the_servers_files_are_readable_by_their_owner_only(
             assert _mode(path) & 0o077 == 0, (path, oct(_mode(path)))
     finally:
         server.release()
+
+
+def test_the_server_asks_for_a_password_kept_in_a_private_file(root: Path) -> None:
+    server = EmbeddedServer(root)
+    url = server.acquire()
+    try:
+        password = (root / "password").read_text().strip()
+        assert len(password) >= 32 and _mode(root / "password") == 0o600
+        assert f":{password}@" in url
+        anonymous = sync_client(_port(url))
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
+        assert _pings(url)
+        assert password not in (root / "server.json").read_text()
+        if HAS_PROC:
+            cmdline = Path(f"/proc/{_pid(root)}/cmdline").read_bytes()
+            assert password.encode() not in cmdline, "the password must not be in ps"
+    finally:
+        server.release()
+    with EmbeddedServer(root) as again:
+        assert again == url.replace(str(_port(url)), str(_port(again))), \
+            "a restart keeps the password"
+
+
+def test_a_server_that_refuses_the_password_is_replaced(root: Path) -> None:
+    holder = EmbeddedServer(root)
+    url = holder.acquire()
+    pid = _pid(root)
+    (root / "password").write_text("not-the-servers-password\n")
+    try:
+        with EmbeddedServer(root) as other:
+            assert _pings(other) and other != url
+            assert _pid(root) != pid
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -76,7 +76,9 @@ class Node:
 
     async def touch(self, body: Any, **kwargs: Any) -> tuple[int, Any]:
         if not isinstance(body, dict):  # raw bytes, or an async iterator of chunks
-            status, data, _ = await self.request("POST", "/touch", data=body, **kwargs)
+            headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
+            status, data, _ = await self.request("POST", "/touch", data=body, headers=headers,
+                                                 **kwargs)
         else:
             status, data, _ = await self.request("POST", "/touch", json=body, **kwargs)
         return status, data
@@ -376,6 +378,76 @@ async def test_metrics_pending_gauge_comes_from_redis(make_node: NodeFactory) ->
     await node.c.flush()
     _, text, _ = await node.request("GET", "/metrics")
     assert metric(text, "coalescer_pending_keys", rule="user-stats") == 2
+
+
+# --- DELETE /keys/{key} ----------------------------------------------------------------
+# Sent body-less and without an Origin header, as a script or curl sends it.
+
+
+async def test_delete_cancels_a_pending_key_then_answers_404(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    assert (await node.touch({"keys": ["stats:user:1", "stats:user:2"]}))[0] == 202
+    await node.c.flush()
+
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert (status, body) == (200, {"cancelled": True, "key": "stats:user:1",
+                                    "state": "pending"})
+    assert await node.pending() == 1
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 404
+    assert body | {"error": ""} == {"error": "", "key": "stats:user:1", "cancelled": False,
+                                    "state": "idle"}
+    assert "not pending" in body["error"]
+
+    _, explained, _ = await node.request("GET", "/keys/stats:user:1")
+    assert explained["state"] == "idle"
+    assert [r["outcome"] for r in explained["last_refreshes"]] == ["cancelled"]
+    _, text, _ = await node.request("GET", "/metrics")
+    assert metric(text, "coalescer_cancels_total", rule="user-stats") == 1
+
+
+async def test_delete_drops_touches_the_node_still_buffers(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    node.c.touch("stats:user:1")  # buffered: the route runs before the flusher writes it
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 200
+    assert body["state"] in ("buffered", "pending")  # in Redis already, or not yet
+    assert await node.pending() == 0
+
+
+async def test_delete_of_a_key_no_rule_matches_is_404_and_of_an_unstorable_one_422(
+        make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    status, body, _ = await node.request("DELETE", "/keys/nomatch:1")
+    assert (status, body) == (404, {"error": "no rule matches key 'nomatch:1'",
+                                    "key": "nomatch:1"})
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:%00")
+    assert status == 422
+    assert body["invalid_keys"][0]["key"] == "stats:user:\0"
+
+
+async def test_delete_needs_the_token_and_a_running_node(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False, token=TOKEN)
+    assert (await node.touch({"keys": ["stats:user:1"]}, token=TOKEN))[0] == 202
+    status, _, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 401
+    await node.c.close()
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1", token=TOKEN)
+    assert status == 503
+    assert "not running" in body["error"]
+
+
+async def test_delete_while_redis_is_down_is_503(own_server: ValkeyProcess,
+                                                 make_node: NodeFactory) -> None:
+    server = own_server
+    try:
+        node = await make_node(worker=False, url=server.url)
+        server.kill()
+        status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+        assert status == 503
+        assert "cannot cancel" in body["error"]
+    finally:
+        server.start()
 
 
 # --- lifecycle ------------------------------------------------------------------------

@@ -162,8 +162,8 @@ async def test_at_the_cap_a_new_connection_closes_the_oldest_unfinished_one(
 async def _stalled_touch(node: Any) -> Stream:
     """A POST /touch whose body stops after 10 of 100 bytes: a request running."""
     reader, writer = await connect(node)
-    writer.write(b"POST /touch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
-                 b'{"keys": [')
+    writer.write(b"POST /touch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                 b'\r\nContent-Length: 100\r\n\r\n{"keys": [')
     return reader, writer
 
 
