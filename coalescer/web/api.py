@@ -8,6 +8,8 @@ Without one, a node answers only requests sent to a loopback name or its own add
 and refuses to bind elsewhere unless told ``allow_open``. State-changing requests from
 another origin, or with a body that is not ``application/json``, are refused (see
 ``coalescer.web.guards``).
+Before any of this, connections are capped and request headers, bodies and idle
+connections have deadlines (see ``coalescer.web.connections``).
 Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
 A refused /touch applies nothing: the whole body is validated, unknown keys included,
 before the first key is touched.

@@ -2,9 +2,11 @@
 sockets are accepted, deadlines on request headers, and a flood summarised in one
 log line a period.
 
-aiohttp closes idle keep-alive connections itself (``keepalive_timeout``) but has no
-deadline on reading request headers and no cap on connections, so every accepted
-socket is wrapped in a ``GuardedConnection`` before aiohttp sees it:
+aiohttp closes idle keep-alive connections itself (``keepalive_timeout``, given
+``idle_timeout``) but has no deadline on reading request headers and no cap on
+connections, so every socket accepted (by the ``Listener`` of ``listener.py``, which
+also keeps asyncio from logging a traceback for each failed accept) is wrapped in a
+``GuardedConnection`` before aiohttp sees it:
 
 - at the cap, a new connection closes the oldest connection that is *idle* (no
   request started) or *unfinished* (headers still arriving) to make room; only when
@@ -18,7 +20,8 @@ socket is wrapped in a ``GuardedConnection`` before aiohttp sees it:
 
 A flood of stalled sockets therefore costs the node at most ``max_connections`` file
 descriptors, and the connections it keeps are the youngest: a client that sends its
-request promptly is served while the flood runs.
+request promptly (before ``max_connections`` newer connections arrive) is served while
+the flood runs. A body's deadline (``body_timeout``) is applied where the API reads it.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ class ConnectionLimits:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.max_connections is not None and self.max_connections < 2:
-            raise ValueError("max_connections must be at least 2 (one is kept for "
-                             f"/healthz), got {self.max_connections!r}")
+        cap = self.max_connections
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 2):
+            raise ValueError("max_connections must be a whole number of at least 2 (one is "
+                             f"kept for /healthz), got {cap!r}")
         _positive("header_timeout", self.header_timeout)
         _positive("body_timeout", self.body_timeout)
         _positive("idle_timeout", self.idle_timeout)

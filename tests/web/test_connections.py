@@ -208,8 +208,10 @@ async def test_the_flood_summary_is_one_warning_line_with_the_counts(
 
 
 @pytest.mark.parametrize(("option", "value", "says"), [
-    ("max_connections", 1, "max_connections must be at least 2 (one is kept for /healthz), "
-                           "got 1"),
+    ("max_connections", 1, "max_connections must be a whole number of at least 2 (one is "
+                           "kept for /healthz), got 1"),
+    ("max_connections", 64.5, "max_connections must be a whole number of at least 2 (one is "
+                              "kept for /healthz), got 64.5"),
     ("header_timeout", 0, "header_timeout must be over 0 seconds, got 0"),
     ("body_timeout", -1.0, "body_timeout must be over 0 seconds, got -1.0"),
     ("idle_timeout", float("nan"), "idle_timeout must be over 0 seconds, got nan"),
