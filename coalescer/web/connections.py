@@ -231,21 +231,26 @@ class PressureLog:
         self._period = period
         self._counts: dict[str, int] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._since = 0.0
 
     def note(self, reason: str) -> None:
         self._counts[reason] = self._counts.get(reason, 0) + 1
         if self._handle is None:
             loop = asyncio.get_running_loop()
+            self._since = loop.time()
             self._handle = loop.call_later(self._period, self.flush)
 
     def flush(self) -> None:
-        """Log what was counted since the last line (nothing when nothing was)."""
+        """Log what was counted since the last line (nothing when nothing was); the line
+        says how long that was: the period, or less when the API closes."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
         counts, self._counts = self._counts, {}
         if counts:
-            log.warning("HTTP API, last %s: %s", f"{self._period:g} s", self._describe(counts))
+            elapsed = asyncio.get_running_loop().time() - self._since
+            log.warning("HTTP API, last %s s: %s", max(1, round(min(elapsed, self._period))),
+                        self._describe(counts))
 
 
 class ConnectionGuard:
