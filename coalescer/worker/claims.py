@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from coalescer.config.rules import Rule
@@ -55,12 +55,18 @@ from coalescer.store.scripts import (
 )
 
 __all__ = ["MAX_CLAIM", "RECOVER_BATCH", "AckItem", "AdoptBatch", "ClaimBatch", "ClaimedKey",
-           "Failure", "Taken", "claim_into_slots", "recover_expired"]
+           "Failure", "Taken", "claim_into_slots", "item_rules", "recover_expired"]
 
 log = logging.getLogger(__name__)
 
 MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
 RECOVER_BATCH = 500  # expired claims per rule re-queued by one recover call
+
+
+def item_rules(rules: Iterable[Rule]) -> dict[str, int]:
+    """The rules with ``items:``, each with its items max: what the claiming scripts and
+    ack need to move and drop their items (rules without items cost nothing there)."""
+    return {rule.name: rule.items.max for rule in rules if rule.items is not None}
 
 
 class Taken(NamedTuple):

@@ -1,0 +1,300 @@
+"""Items: a touch may carry an item; a refresh gets the distinct items touched since its
+key's previous claim (``claim.items``), or is told they overflowed."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from coalescer import Claim, Coalescer, InvalidItemError, InvalidKeyError
+from coalescer.config.rules import Config
+from coalescer.errors import ConfigError
+from coalescer.store.keycheck import MAX_ITEM_BYTES
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts, UpsertGroup
+from tests.helpers.servers import wait_until
+
+HANDLERS = """\
+import asyncio
+
+calls = []
+fail = set()  # keys whose refresh raises
+gate = asyncio.Event()  # keys in `held` wait on it
+held = set()
+
+
+async def refresh(claim):
+    calls.append(claim)
+    if claim.key in held:
+        await gate.wait()
+    if claim.key in fail:
+        raise RuntimeError("planned failure of " + claim.key)
+
+
+async def refresh_batch(claims):
+    calls.append(list(claims))
+    return [c for c in claims if c.key in fail]
+"""
+
+RULES = """\
+namespace: {ns}
+shards: {shards}
+claim_lease: {lease}
+defaults:
+  window: 50ms
+  max_wait: 1s
+  absorb: 10ms
+  retry: {{attempts: {attempts}, backoff: 10ms, max_backoff: 10ms}}
+rules:
+  - name: customer
+    match: "stats:customer:{{id}}"
+    handler: handlers:refresh
+    items: {{max: {max}}}
+  - name: plain
+    match: "plain:{{id}}"
+    handler: handlers:refresh
+  - name: bunch
+    match: "bunch:{{id}}"
+    handler: handlers:refresh_batch
+    batch: {{max: 10, wait: 0s}}
+    items: {{max: {max}}}
+"""
+
+Start = Callable[..., Awaitable[tuple[Coalescer, Any]]]
+
+
+@pytest_asyncio.fixture
+async def start(namespace: str, redis_url: str, rules_file: Any) -> AsyncIterator[Start]:
+    async with AsyncExitStack() as stack:
+        async def make(*, worker: bool = False, most: int = 5, attempts: int = 3,
+                       shards: int = 1, lease: str = "5s",
+                       url: str | None = None) -> tuple[Coalescer, Any]:
+            path = rules_file(RULES.format(ns=namespace, max=most, attempts=attempts,
+                                           shards=shards, lease=lease), HANDLERS)
+            config = Config.from_yaml(path)  # imports the handlers module
+            c = Coalescer(config, redis_url=url or redis_url, worker=worker, grace=1.0)
+            await stack.enter_async_context(c)
+            return c, sys.modules["handlers"]
+
+        yield make
+
+
+def runs(handlers: Any) -> list[Claim]:
+    out: list[Claim] = []
+    for call in handlers.calls:
+        out += call if isinstance(call, list) else [call]
+    return out
+
+
+async def test_a_refresh_gets_the_distinct_items_touched_since_the_last_claim_once(
+        start: Start) -> None:
+    c, _ = await start()
+    c.touch("stats:customer:1", "order:2")
+    c.touch("stats:customer:1", "order:1")
+    c.touch("stats:customer:1", "order:2")
+    c.touch("stats:customer:1")  # a plain touch of the same key adds nothing
+    c.touch_items([("stats:customer:2", "order:9"), ("stats:customer:1", "order:3")])
+    done = await c.drain()
+    got = {claim.key: (claim.items, claim.items_overflowed) for claim in done}
+    assert got == {"stats:customer:1": (("order:1", "order:2", "order:3"), False),
+                   "stats:customer:2": (("order:9",), False)}
+    c.touch("stats:customer:1", "order:4")
+    again = await c.drain()
+    assert [(x.key, x.items) for x in again] == [("stats:customer:1", ("order:4",))]
+    c.touch("stats:customer:1")
+    assert [x.items for x in await c.drain()] == [()]  # delivered once: never again
+    shard = c.keyspace.shard(0)
+    assert not await c.redis.exists(shard.items("stats:customer:1"),
+                                    shard.claimed_items("stats:customer:1"))
+
+
+async def test_a_rule_without_items_gets_empty_items_and_refuses_an_item(
+        start: Start) -> None:
+    c, _ = await start()
+    c.touch("plain:1")
+    with pytest.raises(InvalidItemError, match="rule 'plain' takes no items"):
+        c.touch("plain:2", "x")
+    with pytest.raises(InvalidItemError, match="rule 'plain' takes no items"):
+        c.touch_items([("stats:customer:1", "a"), ("plain:2", "x")])
+    [claim] = await c.drain()
+    assert (claim.key, claim.items, claim.items_overflowed) == ("plain:1", (), False)
+    c.touch("stats:customer:1")
+    assert [x.key for x in await c.drain()] == ["stats:customer:1"]  # touch_items: none
+
+
+@pytest.mark.parametrize(("item", "why"), [
+    ("", "must not be empty"),
+    (7, "must be a str, not int"),
+    ("a\0b", "NUL character"),
+    ("x" * (MAX_ITEM_BYTES + 1), f"over the limit of {MAX_ITEM_BYTES}"),
+    ("\ud800", "lone surrogate"),
+])
+async def test_a_bad_item_is_refused_like_a_bad_key_and_nothing_is_touched(
+        start: Start, item: Any, why: str) -> None:
+    c, _ = await start()
+    with pytest.raises(InvalidItemError, match=why) as caught:
+        c.touch("stats:customer:1", item)
+    assert caught.value.key == "stats:customer:1"
+    with pytest.raises(InvalidItemError, match=why):
+        c.touch_items([("stats:customer:2", "fine"), ("stats:customer:3", item)])
+    with pytest.raises(InvalidKeyError):
+        c.touch("stats:customer:\0", "fine")
+    assert await c.drain() == []
+
+
+async def test_items_past_max_overflow_and_are_counted(start: Start) -> None:
+    c, _ = await start(most=3, worker=True)
+    for i in range(5):  # five in process: three kept, then the overflow mark
+        c.touch("stats:customer:1", f"o{i}")
+    await c.flush()
+    for i in range(5, 8):  # and in Redis, past what is there
+        c.touch("stats:customer:2", f"o{i}")
+        await c.flush()
+    c.touch("stats:customer:2", "o9")
+    done = {x.key: x for x in await c.drain()}
+    one, two = done["stats:customer:1"], done["stats:customer:2"]
+    assert one.items_overflowed and len(one.items) == 3
+    assert set(one.items) < {f"o{i}" for i in range(5)}
+    assert two.items_overflowed and two.items == ("o5", "o6", "o7")
+    counted = c.metrics.registry.get_sample_value(
+        "coalescer_item_overflows_total", {"rule": "customer"})
+    assert counted == 2
+    c.touch("stats:customer:1", "o1")
+    [after] = await c.drain()
+    assert (after.items, after.items_overflowed) == (("o1",), False)  # a fresh start
+
+
+async def test_items_touched_during_a_run_go_to_the_next_run(start: Start) -> None:
+    c, h = await start(worker=True)
+    h.held.add("stats:customer:1")
+    c.touch("stats:customer:1", "before")
+    await c.flush()
+    await wait_until(lambda: len(h.calls) == 1, message="the first run")
+    c.touch("stats:customer:1", "during")
+    await c.flush()
+    h.gate.set()
+    await wait_until(lambda: len(h.calls) == 2, message="the re-armed run")
+    assert [x.items for x in h.calls] == [("before",), ("during",)]
+
+
+async def test_a_failed_try_gives_its_items_again_to_the_retry_and_the_dead_letters_retry(
+        start: Start) -> None:
+    c, h = await start(attempts=2)
+    h.fail.add("stats:customer:1")
+    c.touch("stats:customer:1", "a")
+    first = await c.drain()
+    assert [(x.attempt, x.items) for x in first] == [(1, ("a",)), (2, ("a",))]
+    assert [d["key"] for d in (await c.query.status())["dead_letters"]] == ["stats:customer:1"]
+    c.touch("stats:customer:1", "b")  # a new touch re-queues the dead key
+    h.fail.clear()
+    assert [(x.attempt, x.items) for x in await c.drain()] == [(1, ("a", "b"))]
+    h.fail.add("stats:customer:2")
+    c.touch("stats:customer:2", "c")
+    await c.drain()
+    h.fail.clear()
+    assert await c.query.retry_dead(["stats:customer:2"]) is not None
+    assert [(x.key, x.items) for x in await c.drain()] == [("stats:customer:2", ("c",))]
+
+
+async def test_a_purged_dead_key_loses_its_items(start: Start) -> None:
+    c, h = await start(attempts=1)
+    h.fail.add("stats:customer:1")
+    c.touch("stats:customer:1", "a")
+    await c.drain()
+    shard = c.keyspace.shard(0)
+    assert await c.redis.exists(shard.claimed_items("stats:customer:1")) == 1
+    await c.query.purge_dead(["stats:customer:1"])
+    assert await c.redis.exists(shard.claimed_items("stats:customer:1")) == 0
+    h.fail.clear()
+    c.touch("stats:customer:1", "b")
+    assert [x.items for x in await c.drain()] == [("b",)]
+
+
+async def test_a_batch_handler_gets_each_claim_with_its_own_items(start: Start) -> None:
+    c, h = await start()
+    c.touch_items([("bunch:1", "a"), ("bunch:2", "b"), ("bunch:1", "c")])
+    c.touch("bunch:3")
+    done = await c.drain()
+    assert {x.key: x.items for x in done} == {"bunch:1": ("a", "c"), "bunch:2": ("b",),
+                                               "bunch:3": ()}
+    assert len(h.calls) == 1 and len(h.calls[0]) == 3
+
+
+async def test_items_reach_refreshes_on_every_shard(start: Start) -> None:
+    c, _ = await start(shards=4)
+    pairs = [(f"stats:customer:{i}", f"o{i}") for i in range(20)]
+    c.touch_items(pairs)
+    done = await c.drain()
+    assert sorted((x.key, x.items) for x in done) == sorted((k, (i,)) for k, i in pairs)
+
+
+async def test_a_stale_ack_leaves_the_new_holders_items(redis_client: Any,
+                                                        namespace: str) -> None:
+    """A holder whose lease expired acks after the key was claimed again: its ack is
+    refused, and the items of the new claim stay until that claim is acked."""
+    scripts, space = Scripts(redis_client), KeySpace(namespace, 1)
+    shard, rules = space.shard(0), {"r": 10}
+    group = UpsertGroup("r", 0, 1000, ["k"], {"k": ["a"]}, 10)
+    await scripts.upsert(shard, [group])
+    _, [old] = await scripts.take(shard, node_id="n1", claim_lease_ms=1,
+                                  limits=[("r", 10)], item_rules=rules)
+    assert old.items == ("a",)
+    await asyncio.sleep(0.005)  # the 1 ms lease is over
+    assert await scripts.recover(shard, ["r"], 10) == 1
+    await scripts.upsert(shard, [UpsertGroup("r", 0, 1000, ["k"], {"k": ["b"]}, 10)])
+    _, [new] = await scripts.take(shard, node_id="n2", claim_lease_ms=5000,
+                                  limits=[("r", 10)], item_rules=rules)
+    assert new.items == ("a", "b")  # the lost claim's items, and the new ones
+    assert await scripts.ack(shard, [("r", [("k", old.token)])], item_rules=rules) == ["k"]
+    assert await redis_client.smembers(shard.claimed_items("k")) == {"a", "b"}
+    assert await scripts.ack(shard, [("r", [("k", new.token)])], item_rules=rules) == []
+    assert await redis_client.exists(shard.claimed_items("k")) == 0
+
+
+async def test_an_expired_lease_gives_its_items_to_the_next_claim(start: Start) -> None:
+    c, _ = await start()
+    c.touch("stats:customer:1", "a")
+    await c.flush()
+    shard = c.keyspace.shard(0)
+    scripts = Scripts(c.redis)
+    await scripts.hasten(shard, ["customer"], 10)  # due now
+    _, [lost] = await scripts.take(shard, node_id="dead", claim_lease_ms=1,
+                                   limits=[("customer", 10)], item_rules={"customer": 5})
+    assert lost.items == ("a",)
+    c.touch("stats:customer:1", "b")
+    done = await c.drain()  # recovers the expired claim, then runs it
+    assert [(x.attempt, x.items) for x in done] == [(2, ("a", "b"))]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("items: {max: 0}", "rules[0].items.max: must be a positive whole number"),
+    ("items: {max: 100001}", "rules[0].items.max: must be at most 100000"),
+    ("items: {size: 3}", "rules[0].items"),
+    ("items: {}", "items is missing the required field 'max'"),
+    ("items: 5", "rules[0].items"),
+])
+def test_a_bad_items_field_is_refused_at_load_with_file_line_and_field(
+        tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - name: r\n    match: \"r:*\"\n    handler: builtins:print\n"
+                    f"    {text}\n")
+    with pytest.raises(ConfigError) as caught:
+        Config.from_yaml(path)
+    assert message in str(caught.value)
+    assert f"{path}:5" in str(caught.value)
+
+
+def test_items_max_is_read_and_described(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - name: r\n    match: \"r:*\"\n    handler: builtins:print\n"
+                    "    items: {max: 1000}\n")
+    rule = Config.from_yaml(path).rule("r")
+    assert rule.items is not None and rule.items.max == 1000
+    assert "items: max 1000" in rule.describe()
