@@ -12,14 +12,17 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis.asyncio
 
 from coalescer import Claim, Coalescer, InvalidItemError, InvalidKeyError
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
+from coalescer.query.explain import format_explain
 from coalescer.store.keycheck import MAX_ITEM_BYTES
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts, UpsertGroup
 from tests.helpers.servers import wait_until
+from tests.worker.test_webhooks import Receiver, receiver  # noqa: F401 (a fixture)
 
 HANDLERS = """\
 import asyncio
@@ -273,6 +276,29 @@ async def test_an_expired_lease_gives_its_items_to_the_next_claim(start: Start) 
     assert [(x.attempt, x.items) for x in done] == [(2, ("a", "b"))]
 
 
+async def test_explain_counts_a_keys_pending_and_claimed_items(start: Start) -> None:
+    c, h = await start(attempts=2)
+    idle = await c.query.explain("stats:customer:1")
+    assert idle["rule"]["items"] == {"max": 5}
+    assert idle["items"]["pending"] == 0 and "0 items pending" in format_explain(idle)
+    c.touch_items([("stats:customer:1", "secret-1"), ("stats:customer:1", "secret-2")])
+    await c.flush()
+    info = await c.query.explain("stats:customer:1")
+    assert info["items"] == {"pending": 2, "pending_overflowed": False, "claimed": 0,
+                             "claimed_overflowed": False,
+                             "pending_items": ["secret-1", "secret-2"], "claimed_items": []}
+    text = format_explain(info)
+    assert "2 items pending" in text and "items: up to 5 a refresh" in text
+    assert "secret-1" not in text  # the items themselves only in the JSON
+    h.fail.add("stats:customer:1")
+    await c.drain()  # both attempts fail: dead, its items held for a retry
+    dead = await c.query.explain("stats:customer:1")
+    assert dead["items"]["claimed_items"] == ["secret-1", "secret-2"]
+    assert "2 items held by the current claim" in format_explain(dead)
+    plain = await c.query.explain("plain:1")
+    assert plain["items"] is None and "items " not in format_explain(plain)
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("items: {max: 0}", "rules[0].items.max: must be a positive whole number"),
     ("items: {max: 100001}", "rules[0].items.max: must be at most 100000"),
@@ -298,3 +324,56 @@ def test_items_max_is_read_and_described(tmp_path: Path) -> None:
     rule = Config.from_yaml(path).rule("r")
     assert rule.items is not None and rule.items.max == 1000
     assert "items: max 1000" in rule.describe()
+
+
+async def test_claims_and_acks_of_a_rule_without_items_run_no_set_command(
+        own_server: Any, namespace: str) -> None:
+    """A rule without items pays nothing for items existing: its claim and ack calls
+    carry no items section, and Redis runs no command on an items set for them, even
+    in a call beside a rule that has items."""
+    client = redis.asyncio.Redis.from_url(own_server.url, decode_responses=True)
+    try:
+        scripts, shard = Scripts(client), KeySpace(namespace, 1).shard(0)
+        await scripts.upsert(shard, [UpsertGroup("plain", 0, 1000, ["p1", "p2"])])
+        await scripts.take(shard, node_id="n", claim_lease_ms=5000, limits=[("plain", 0)],
+                           item_rules={"items": 5})  # loads the scripts
+        before = await command_calls(client)
+        _, claims = await scripts.take(shard, node_id="n", claim_lease_ms=5000,
+                                       limits=[("plain", 10), ("items", 10)],
+                                       item_rules={"items": 5})
+        await scripts.ack(shard, [("plain", [(x.key, x.token) for x in claims])],
+                          item_rules={"items"})
+        after = await command_calls(client)
+    finally:
+        await client.aclose()
+    assert sorted(x.key for x in claims) == ["p1", "p2"]
+    ran = {name for name in after if after[name] != before.get(name, 0)}
+    assert not ran & {"exists", "smembers", "rename", "sunionstore", "sadd", "scard", "del"}
+
+
+async def command_calls(client: Any) -> dict[str, int]:
+    stats = await client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+
+
+async def test_a_webhook_body_carries_the_items_and_the_overflow_flag(
+        namespace: str, redis_url: str, rules_file: Any, receiver: Receiver) -> None:  # noqa: F811
+    path = rules_file(f"""
+        namespace: {namespace}
+        defaults: {{window: 50ms, max_wait: 1s, absorb: 10ms}}
+        rules:
+          - name: customer
+            match: "stats:customer:{{id}}"
+            items: {{max: 2}}
+            handler:
+              http: {{url: "{receiver.url('/hook')}"}}
+        """)
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as c:
+        c.touch("stats:customer:1", "b")
+        c.touch("stats:customer:1", "a")
+        c.touch_items([("stats:customer:2", x) for x in "xyz"])
+        await c.drain()
+    bodies = [hit.json() for hit in receiver.hits]
+    got = {b["key"]: (b["items"], b["items_overflowed"]) for b in bodies}
+    assert got["stats:customer:1"] == (["a", "b"], False)
+    assert got["stats:customer:2"][1] is True and len(got["stats:customer:2"][0]) == 2
