@@ -26,13 +26,14 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
-from coalescer.errors import BackpressureError, ClosedError, UnknownKeyError
+from coalescer.errors import BackpressureError, ClosedError, InvalidItemError, UnknownKeyError
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.hints import CommandHints
+from coalescer.store.keycheck import check_item, key_problem
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts
 from coalescer.worker.drain import Drainer, local_runner
@@ -177,13 +178,13 @@ class Coalescer:
         else:
             self._absorber.touch_item(key, item)
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Touch each key of the ``(key, item)`` pairs with its item, every one or none
-        (UnknownKeyError, InvalidKeyError, InvalidItemError, BackpressureError,
-        ClosedError)."""
+    def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = ()) -> None:
+        """Touch each key of the ``(key, item)`` pairs with its item, and each of ``keys``
+        plainly: every one or none (UnknownKeyError, InvalidKeyError, InvalidItemError,
+        BackpressureError, ClosedError)."""
         if self._state != "running":
             raise self._not_running("touch_items()")
-        self._run.absorber.touch_items(pairs)
+        self._run.absorber.touch_items(pairs, keys)
 
     def touch_many(self, keys: Iterable[str]) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
@@ -256,6 +257,28 @@ class Coalescer:
                 self.config.rule_for(key)
             except UnknownKeyError:
                 out.append(key)
+        return out
+
+    def refused_items(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The (key, item) touches of ``pairs`` that would be refused for their item or
+        key (not UTF-8, NUL, too long, empty, a rule without items), each as ``{"index",
+        "key", "item", "error"}`` (a key no rule matches is ``unknown_keys``'s)."""
+        out = []
+        for index, (key, item) in enumerate(pairs):
+            problem = key_problem(key)
+            if problem is None:
+                try:
+                    rule = self.config.rule_for(key)
+                except UnknownKeyError:
+                    continue
+                try:
+                    check_item(key, item, rule.name, rule.items is not None)
+                except InvalidItemError as exc:
+                    problem = exc.reason
+            else:
+                problem = f"key cannot be stored: {problem}"
+            if problem is not None:
+                out.append({"index": index, "key": key, "item": item, "error": problem})
         return out
 
     async def flush(self) -> None:

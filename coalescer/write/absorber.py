@@ -153,12 +153,14 @@ class Absorber:
             self._item_locked(key, rule, item)
         self._poke()
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Buffer every (key, item) touch or none: a refused one (KeyRefusedError) or
-        BackpressureError applies nothing."""
+    def touch_items(self, pairs: Iterable[tuple[str, str]], keys: Iterable[str] = ()) -> None:
+        """Buffer every (key, item) touch, and every plain touch of ``keys``, or none: a
+        refused one (KeyRefusedError) or BackpressureError applies nothing."""
         checked = [(key, self._item_rule(key, item), item) for key, item in pairs]
+        plain = {key: self._rule(key) for key in keys}
         with self._lock:
             new_keys = {key for key, _, _ in checked if key not in self._pending}
+            new_keys.update(key for key in plain if key not in self._pending)
             if len(self._pending) + self._taken + len(new_keys) > self._max_keys:
                 raise BackpressureError(
                     f"{len(new_keys)} new keys refused: {len(self._pending)} keys are "
@@ -168,8 +170,19 @@ class Absorber:
                 raise self._items_full(f"{len(checked)} items")
             for key, rule, item in checked:
                 self._item_locked(key, rule, item)
-        if checked:
+            if plain:
+                self._plain_locked(plain)
+        if checked or plain:
             self._poke()
+
+    def _plain_locked(self, rules: dict[str, Rule]) -> None:
+        """Buffer checked plain touches (lock held, room checked)."""
+        new = [key for key in rules if key not in self._pending]
+        self._pending.update(rules)
+        if new and self._pending_since is None:
+            self._pending_since = time.monotonic()
+        self.touches += len(rules)
+        self.absorbed += len(rules) - len(new)
 
     def _item_rule(self, key: str, item: str) -> Rule:
         rule = self._pending.get(key) or self._rule(key)
