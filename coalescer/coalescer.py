@@ -449,7 +449,7 @@ class Coalescer:
         assert run.conn is not None
         run.sources = start_sources(SourceContext(
             config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
-            flush=self.flush, metrics=run.metrics))
+            flush=self.flush, metrics=run.metrics, touch_items=self.touch_items))
 
     async def _metrics_loop(self, run: Run) -> None:
         while True:

@@ -134,7 +134,8 @@ class RulesSchema(YamlReader):
         sources: tuple[SourceConfig, ...] | None = ()
         if rules is not None and not self.errors and "sources" in entries:
             sources = self.attempt(load_sources, self, entries["sources"][1],
-                                   [r.pattern for r in rules])
+                                   [r.pattern for r in rules],
+                                   [r.pattern for r in rules if r.items is not None])
         if self.errors or rules is None or sources is None:
             return None
         return Document(namespace=namespace, shards=shards,
