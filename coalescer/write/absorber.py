@@ -456,7 +456,7 @@ class Absorber:
         most = rule.items.max if rule.items is not None else len(items)
         merged = set(bag)
         bag.clear()
-        for item in (*merged, *items):
+        for item in (*items, *merged):  # the older ones first
             _add_item(bag, item, most)
         self._item_count += len(bag)
 

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis
 import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from coalescer import Claim, Coalescer, InvalidItemError, InvalidKeyError
+from coalescer import Claim, Coalescer, InvalidItemError, InvalidKeyError, SyncCoalescer
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 from coalescer.query.explain import format_explain
@@ -377,3 +379,71 @@ async def test_a_webhook_body_carries_the_items_and_the_overflow_flag(
     got = {b["key"]: (b["items"], b["items_overflowed"]) for b in bodies}
     assert got["stats:customer:1"] == (["a", "b"], False)
     assert got["stats:customer:2"][1] is True and len(got["stats:customer:2"][0]) == 2
+
+
+async def test_a_transient_write_error_keeps_the_items_for_the_next_write(
+        start: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, _ = await start()
+    scripts = c._run.scripts
+    assert scripts is not None
+    real = scripts.upsert_keys
+    failures = [RedisConnectionError("injected")]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(scripts, "upsert_keys", flaky)
+    c.touch("stats:customer:1", "a")
+    with pytest.raises(RedisConnectionError):
+        await c.flush()
+    c.touch("stats:customer:1", "b")
+    assert [x.items for x in await c.drain()] == [("a", "b")]
+    assert c._run.absorber._item_count == 0
+
+
+async def test_a_key_redis_cannot_touch_is_dropped_with_its_items_and_the_others_kept(
+        start: Start) -> None:
+    c, _ = await start()
+    shard = c.keyspace.shard(0)
+    await c.redis.hset(shard.meta, "stats:customer:1", "R|not a state")  # corrupted by hand
+    c.touch_items([("stats:customer:1", "a"), ("stats:customer:2", "b")])
+    await c.flush()
+    assert [d["key"] for d in c.dropped_keys()] == ["stats:customer:1"]
+    assert not await c.redis.exists(shard.items("stats:customer:1"))
+    assert c._run.absorber._item_count == 0
+    await c.redis.hdel(shard.meta, "stats:customer:1")
+    assert [(x.key, x.items) for x in await c.drain()] == [("stats:customer:2", ("b",))]
+
+
+async def test_the_waiting_touches_carry_items(start: Start) -> None:
+    c, _ = await start()
+    await c.touch_wait("stats:customer:1", "a")
+    await c.touch_items_wait([("stats:customer:1", "b"), ("stats:customer:2", "c")])
+    with pytest.raises(InvalidItemError):
+        await c.touch_items_wait([("stats:customer:3", "d"), ("plain:1", "e")])
+    done = await c.drain()
+    assert sorted((x.key, x.items) for x in done) == [
+        ("stats:customer:1", ("a", "b")), ("stats:customer:2", ("c",))]
+
+
+def test_a_sync_coalescer_touches_with_items(namespace: str, redis_url: str,
+                                             rules_file: Any) -> None:
+    path = rules_file(RULES.format(ns=namespace, max=5, attempts=1, shards=1, lease="5s"),
+                      HANDLERS)
+    with SyncCoalescer.from_yaml(path, redis_url=redis_url) as s:
+        s.touch("stats:customer:1", "a")
+        s.touch_items([("stats:customer:1", "b")])
+        s.touch_wait("stats:customer:2", "c")
+        s.touch_items_wait([("stats:customer:2", "d")])
+        with pytest.raises(InvalidItemError):
+            s.touch("plain:1", "x")
+        s.flush()
+        shard = KeySpace(namespace, 1).shard(0)
+        r = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert r.smembers(shard.items("stats:customer:1")) == {"a", "b"}
+            assert r.smembers(shard.items("stats:customer:2")) == {"c", "d"}
+        finally:
+            r.close()
