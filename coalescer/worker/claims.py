@@ -21,6 +21,11 @@ A key's life in Redis, per shard and rule (``due:RULE`` and ``inflight:RULE``):
   (``ack.lua``, ``fail.lua``): a success finishes the claim, a failure is retried
   after its backoff or dead-lettered after the last attempt; a key touched while
   it ran goes back to due. A result carrying an older token is refused as stale.
+* **items** — for a rule with ``items:`` each claiming script also moves the key's
+  pending items into its claimed set and returns them with the claim (``ClaimedKey.items``,
+  ``overflowed``); a success ack deletes that set, a failure and a recovery keep it for
+  the next claim. The scripts get an items section only when a rule of the call has
+  items (``item_rules``): other rules pay nothing.
 * **recovered** — a claim whose lease expired (its holder died or stopped
   renewing) goes back to due with its attempt counted (``recover.lua``), checked
   by the leader, an adopter and a drain whenever a claim call reports an expired

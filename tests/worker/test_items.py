@@ -3,7 +3,6 @@ key's previous claim (``claim.items``), or is told they overflowed."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -251,8 +250,8 @@ async def test_a_stale_ack_leaves_the_new_holders_items(redis_client: Any,
     _, [old] = await scripts.take(shard, node_id="n1", claim_lease_ms=1,
                                   limits=[("r", 10)], item_rules=rules)
     assert old.items == ("a",)
-    await asyncio.sleep(0.005)  # the 1 ms lease is over
-    assert await scripts.recover(shard, ["r"], 10) == 1
+    assert await wait_until(lambda: scripts.recover(shard, ["r"], 10),
+                            message="the 1 ms lease recovered") == 1
     await scripts.upsert(shard, [UpsertGroup("r", 0, 1000, ["k"], {"k": ["b"]}, 10)])
     _, [new] = await scripts.take(shard, node_id="n2", claim_lease_ms=5000,
                                   limits=[("r", 10)], item_rules=rules)
@@ -447,3 +446,37 @@ def test_a_sync_coalescer_touches_with_items(namespace: str, redis_url: str,
             assert r.smembers(shard.items("stats:customer:2")) == {"c", "d"}
         finally:
             r.close()
+
+
+async def test_a_retry_whose_items_grew_past_max_is_capped_and_told_so(
+        redis_client: Any, namespace: str) -> None:
+    scripts, shard = Scripts(redis_client), KeySpace(namespace, 1).shard(0)
+    rules = {"r": 3}
+
+    async def touch(*items: str) -> None:
+        await scripts.upsert(shard, [UpsertGroup("r", 0, 1000, ["k"], {"k": list(items)}, 3)])
+
+    await touch("a", "b", "c")
+    _, [first] = await scripts.take(shard, node_id="n", claim_lease_ms=1, limits=[("r", 5)],
+                                    item_rules=rules)
+    assert (first.items, first.overflowed) == (("a", "b", "c"), False)
+    await wait_until(lambda: scripts.recover(shard, ["r"], 10),
+                     message="the 1 ms lease recovered")  # the holder died
+    await touch("d", "e")
+    _, [again] = await scripts.take(shard, node_id="n", claim_lease_ms=5000,
+                                    limits=[("r", 5)], item_rules=rules)
+    assert again.overflowed and len(again.items) == 3
+    assert set(again.items) < {"a", "b", "c", "d", "e"}
+    assert await redis_client.scard(shard.claimed_items("k")) == 4  # three and the mark
+
+
+async def test_an_adopted_rule_hands_its_claims_their_items(redis_client: Any,
+                                                            namespace: str) -> None:
+    """A rule the shard's leader lacks is claimed by adopt.lua: with its items too."""
+    scripts, shard = Scripts(redis_client), KeySpace(namespace, 1).shard(0)
+    await scripts.acquire(shard, node_id="L", lease_ms=60_000, mine="", rules="|other=f1|")
+    await scripts.acquire(shard, node_id="C", lease_ms=60_000, mine="", rules="|r=f2|")
+    await scripts.upsert(shard, [UpsertGroup("r", 0, 1000, ["k1", "k2"], {"k1": ["a"]}, 5)])
+    batch = await scripts.adopt(shard, node_id="C", leader_lease_ms=60_000,
+                                claim_lease_ms=5_000, limits=[("r", 10)], item_rules={"r": 5})
+    assert sorted((c.key, c.items) for c in batch.claims) == [("k1", ("a",)), ("k2", ())]
