@@ -470,3 +470,35 @@ async def test_entries_with_an_item_deliver_it_and_bad_items_are_rejected(
     assert entries_counted(c, "accepted") == 3
     assert [(call.key, call.items) for call in rec.calls] == [
         ("stats:customer:7", ("order:1", "order:2"))]
+
+
+def test_an_entrys_item_is_refused_with_the_reason() -> None:
+    from coalescer.common.metrics import Metrics
+    from coalescer.config.sources import StreamSource
+    from coalescer.sources.streams import SourceLoop
+
+    config = Config.from_string(ITEM_BASE + """\
+sources:
+  - {name: a, stream: s, key: "stats:{kind}:{id}", item: "order:{order}"}
+""", source="rules.yaml")
+    (source,) = config.sources
+    assert isinstance(source, StreamSource)
+
+    def nothing(*_: Any) -> None:
+        return None
+
+    loop = SourceLoop(source, None, config=config, node_id="n", touch_many=nothing,
+                      flush=nothing, metrics=Metrics(), touch_items=nothing)
+    key = "stats:customer:7"
+    assert loop.item_of({b"order": b"1"}, key) == ("order:1", "")
+    assert loop.item_of({b"order": b"a:b"}, key) == ("order:a:b", "")  # ':' is fine here
+    cases = [({}, "no field 'order' (for its item)"),
+             (None, "no field 'order'"),
+             ({b"order": b"\xff"}, "field 'order' is not UTF-8 text"),
+             ({b"order": b"9" * 300}, "300 bytes long, over the limit of 256 for an item"),
+             ({b"order": b"x\x00y"}, "NUL character")]
+    for fields, why in cases:
+        item, reason = loop.item_of(fields, key)
+        assert item is None and why in reason, (fields, reason)
+    item, reason = loop.item_of({b"order": b"1"}, "stats:org:7")
+    assert item is None and "the rule of key 'stats:org:7' takes no items" in reason

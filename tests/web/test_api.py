@@ -466,3 +466,17 @@ async def test_port_zero_binds_a_real_port_and_close_is_idempotent(
 def test_max_body_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_body"):
         HttpApi(object(), max_body=0)  # type: ignore[arg-type]
+
+
+async def test_an_item_refused_only_when_touched_is_still_a_422(
+        make_node: NodeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body's items are checked before anything is touched; should a check be
+    missed there, the touch itself refuses the item, and the answer is the same 422."""
+    node = await make_node(worker=False)
+    monkeypatch.setattr(node.c, "refused_items", lambda pairs: [])
+    status, answer = await node.touch({"items": [["stats:user:1", "o1"]]})
+    assert status == 422
+    assert answer["invalid_items"] == [{"key": "stats:user:1", "item": "o1",
+                                        "error": answer["invalid_items"][0]["error"]}]
+    assert "takes no items" in answer["error"]
+    assert await node.pending() == 0
