@@ -107,8 +107,8 @@ class Absorber:
         self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closing = False
         self.idle = True
-        self.touches = 0
-        self.absorbed = 0
+        self.fresh = 0  # touches that buffered a key not buffered yet
+        self.absorbed = 0  # touches of a key already buffered
         self.waits = 0  # times a waiting touch found the buffer full
 
     def set_waker(self, wake: Callable[[], None]) -> None:
@@ -119,6 +119,11 @@ class Absorber:
     def max_keys(self) -> int:
         return self._max_keys
 
+    @property
+    def touches(self) -> int:
+        """Touches accepted (counted apart, so that an absorbed touch adds to one count)."""
+        return self.fresh + self.absorbed
+
     def __len__(self) -> int:
         """Keys accepted and not yet in Redis, the ones being written included."""
         return len(self._pending) + self._taken
@@ -126,18 +131,16 @@ class Absorber:
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
         if key in self._pending:
-            self.touches += 1
             self.absorbed += 1
             return
         check_key(key)  # a key Redis cannot store is refused here: not counted
         rule = self._match(key)  # so is an unknown key
-        self.touches += 1
         with self._lock:
             if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
-                self.touches -= 1
                 raise BackpressureError(
                     f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
                     "and not yet written to Redis (is Redis reachable?)")
+            self.fresh += 1
             self._pending[key] = rule
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
@@ -181,7 +184,7 @@ class Absorber:
         self._pending.update(rules)
         if new and self._pending_since is None:
             self._pending_since = time.monotonic()
-        self.touches += len(rules)
+        self.fresh += len(new)
         self.absorbed += len(rules) - len(new)
 
     def _item_rule(self, key: str, item: str) -> Rule:
@@ -206,10 +209,10 @@ class Absorber:
     def _item_locked(self, key: str, rule: Rule, item: str) -> None:
         """Buffer a checked touch of ``key`` with ``item`` (lock held, room checked)."""
         assert rule.items is not None
-        self.touches += 1
         if key in self._pending:
             self.absorbed += 1
         else:
+            self.fresh += 1
             self._pending[key] = rule
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
@@ -266,11 +269,11 @@ class Absorber:
                     break
                 room -= 1
                 pending[key] = rule
+                self.fresh += 1
                 if self._pending_since is None:
                     self._pending_since = time.monotonic()
             else:
                 self.absorbed += 1
-            self.touches += 1
             i += 1
         return i
 
@@ -328,7 +331,7 @@ class Absorber:
             if new and self._pending_since is None:
                 self._pending_since = time.monotonic()
             fresh = bool(new)  # held keys too (see touch)
-            self.touches += len(keys)
+            self.fresh += len(new)
             self.absorbed += len(keys) - len(new)
         if fresh and self.idle:
             self.idle = False
