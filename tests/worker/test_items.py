@@ -22,6 +22,7 @@ from coalescer.query.explain import format_explain
 from coalescer.store.keycheck import MAX_ITEM_BYTES
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.worker.registry import fingerprint
 from tests.helpers.servers import wait_until
 from tests.worker.test_webhooks import Receiver, receiver  # noqa: F401 (a fixture)
 
@@ -298,6 +299,22 @@ async def test_explain_counts_a_keys_pending_and_claimed_items(start: Start) -> 
     assert "2 items held by the current claim" in format_explain(dead)
     plain = await c.query.explain("plain:1")
     assert plain["items"] is None and "items " not in format_explain(plain)
+    c.touch_items([("stats:customer:2", f"o{i}") for i in range(6)])  # one past max
+    await c.flush()
+    over = await c.query.explain("stats:customer:2")
+    assert over["items"]["pending"] == 5 and over["items"]["pending_overflowed"]
+    assert "5 items pending (overflowed: the next refresh is told so)" in format_explain(over)
+
+
+def test_a_rules_fingerprint_changes_with_items_and_not_without(tmp_path: Path) -> None:
+    def rule(extra: str) -> Any:
+        path = tmp_path / "rules.yaml"
+        path.write_text("rules:\n  - name: r\n    match: \"r:*\"\n"
+                        f"    handler: builtins:print\n{extra}")
+        return Config.from_yaml(path).rule("r")
+    plain, items, more = rule(""), rule("    items: {max: 10}\n"), rule("    items: {max: 11}\n")
+    assert len({fingerprint(plain), fingerprint(items), fingerprint(more)}) == 3
+    assert fingerprint(plain) == fingerprint(rule(""))
 
 
 @pytest.mark.parametrize(("text", "message"), [
