@@ -197,11 +197,11 @@ async def test_a_route_added_later_is_guarded_and_may_take_no_body(
         return web.json_response({"deleted": True})
 
     app = HttpApi(node.c, port=0).make_app()
-    app.router.add_delete("/keys/{key:.+}", delete)
+    app.router.add_delete("/later/{key:.+}", delete)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/keys/stats:user:1"
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/later/stats:user:1"
     try:
         async with node.http.delete(url, headers={"Origin": "http://evil.example"}) as answer:
             assert answer.status == 403
