@@ -50,6 +50,10 @@ rules:
   - name: other
     match: "other:{{id}}"
     handler: {{mod}}:refresh
+  - name: bag
+    match: "bag:{{id}}"
+    items: {{max: 10}}
+    handler: {{mod}}:refresh
 """
 
 Start = Callable[..., Awaitable[Coalescer]]
@@ -114,6 +118,27 @@ async def test_a_cancelled_pending_key_is_never_refreshed_and_the_history_says_s
     assert status["rules"]["item"]["recent"] == {"refreshes": 1, "failed": 0}  # not the cancel
     assert c.metrics.cancels.labels("item")._value.get() == 1
     assert c.metrics.cancels.labels("other")._value.get() == 1
+
+
+async def test_a_cancel_drops_the_items_touched_before_it(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, _ = setup(tmp_path, namespace)
+    c = await start(path, redis_url=redis_url, worker=False)
+    shard = KeySpace(namespace, 1).shard(0)
+    c.touch("bag:1", "row-1")
+    c.touch("bag:1", "row-2")
+    await c.flush()
+    assert await redis_client.scard(shard.items("bag:1")) == 2
+
+    outcome = await c.cancel("bag:1")
+
+    assert outcome.states == {"bag:1": "pending"}
+    assert await redis_client.exists(shard.items("bag:1"), shard.claimed_items("bag:1")) == 0
+    c.touch("bag:1", "row-3")
+    await c.flush()
+    [claim] = await c.drain(timeout=10)
+    assert (claim.key, claim.items, claim.items_overflowed) == ("bag:1", ("row-3",), False)
 
 
 async def test_a_touch_after_a_cancel_arms_the_key_again(

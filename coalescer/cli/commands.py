@@ -84,14 +84,36 @@ async def cmd_touch(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
+    pairs = [(key, item) for key in args.keys for item in args.items]
+    if _refuse_items(c, pairs):
+        return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
-        for key in args.keys:
-            c.touch(key)
+        if pairs:
+            c.touch_items(pairs)
+        else:
+            c.touch_many(args.keys)
         await c.flush()
-    print(json.dumps({"touched": len(args.keys)}) if args.json
-          else f"touched {plural(len(args.keys), 'key')}")
+    print(_touched(args.json, len(args.keys), len(args.items)))
     return 0
+
+
+def _refuse_items(c: Coalescer, pairs: list[tuple[str, str]]) -> bool:
+    """Print one line for each item that cannot go with its key; True if there are any."""
+    bad = c.refused_items(pairs)
+    for entry in bad:
+        print(f"coalescer touch: item {entry['item']!r} of key {entry['key']!r} cannot be "
+              f"touched: {entry['error']}", file=sys.stderr)
+    if bad:
+        print("coalescer touch: nothing was touched", file=sys.stderr)
+    return bool(bad)
+
+
+def _touched(as_json: bool, keys: int, items: int) -> str:
+    if as_json:
+        return json.dumps({"touched": keys, "items": items} if items else {"touched": keys})
+    with_items = f" with {plural(items, 'item')} each" if items else ""
+    return f"touched {plural(keys, 'key')}{with_items}"
 
 
 async def cmd_status(args: argparse.Namespace) -> int:

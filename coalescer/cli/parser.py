@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
+    touch.add_argument("--item", action="append", default=[], dest="items", metavar="ITEM",
+                       help="touch every KEY with this item (repeatable; the keys' rules "
+                            "need items:), delivered in claim.items")
     _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file")
     check.add_argument("path", nargs="?", default=None, metavar="PATH")

@@ -139,6 +139,11 @@ class Metrics:
             "stream source entries handled, by source and outcome (accepted, rejected)",
             ["source", "outcome"], registry=r)
 
+        self.item_overflows = Counter(
+            "coalescer_item_overflows_total",
+            "claims handed to a handler with items_overflowed (more distinct items were "
+            "touched than the rule's items max; every try counts), by rule", ["rule"],
+            registry=r)
         self.rate_held = Gauge(
             "coalescer_rate_held_keys",
             "due keys held back by their rule's rate on the shards this node leads "

@@ -35,6 +35,7 @@ from coalescer.errors import (
     BackpressureError,
     ClosedError,
     CoalescerError,
+    InvalidItemError,
     InvalidKeyError,
     UnknownKeyError,
 )
@@ -59,7 +60,8 @@ from coalescer.web.requests import (
     SHOWN_KEYS,
     Refusal,
     check_content_type,
-    parse_keys,
+    parse_touch,
+    refuse_bad_items,
     refuse_unstorable,
     unreadable,
 )
@@ -96,6 +98,10 @@ class Node(PageNode, Protocol):
     def query(self) -> Reads: ...
 
     def touch_many(self, keys: list[str]) -> None: ...
+
+    def touch_items(self, pairs: list[tuple[str, str]], *, keys: list[str]) -> None: ...
+
+    def refused_items(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]: ...
 
     def unwritten_age(self) -> float | None: ...
 
@@ -313,26 +319,33 @@ class HttpApi:
         return late
 
     async def _touch(self, request: web.Request) -> web.Response:
-        keys = parse_keys(await self._read_body(request))
+        keys, pairs = parse_touch(await self._read_body(request))
         refuse_unstorable(keys)
-        unknown = self._c.unknown_keys(keys)
+        refuse_bad_items(self._c.refused_items(pairs))
+        unknown = self._c.unknown_keys([*keys, *dict.fromkeys(key for key, _ in pairs)])
         if unknown:
             verb = noun(len(unknown), "matches", "match")
             raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
                                "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
-        self._apply(keys)
-        return web.json_response({"accepted": len(keys)}, status=202)
+        self._apply(keys, pairs)
+        return web.json_response({"accepted": len(keys) + len(pairs)}, status=202)
 
-    def _apply(self, keys: list[str]) -> None:
+    def _apply(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
         try:
-            self._c.touch_many(keys)  # all or nothing, under back-pressure too
+            if pairs:
+                self._c.touch_items(pairs, keys=keys)  # all or nothing, as touch_many
+            else:
+                self._c.touch_many(keys)  # all or nothing, under back-pressure too
         except BackpressureError as exc:
             raise Refusal(503, str(exc)) from None
         except ClosedError as exc:
             raise Refusal(503, f"the node is not running: {exc}") from None
         except UnknownKeyError as exc:
             raise Refusal(422, str(exc), unknown_keys=[exc.key]) from None
+        except InvalidItemError as exc:
+            raise Refusal(422, str(exc), invalid_items=[
+                {"key": exc.key, "item": exc.item, "error": exc.reason}]) from None
         except InvalidKeyError as exc:
             raise Refusal(422, str(exc), invalid_keys=[{"key": exc.key, "error": exc.reason}]
                           ) from None

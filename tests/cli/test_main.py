@@ -671,3 +671,45 @@ def test_a_wrong_password_is_one_clear_line_without_it(
     assert done.returncode == 1
     assert done.stderr == (f"coalescer status: redis://127.0.0.1:{port}/0: the server requires "
                            "a password; give it in the URL: redis://:PASSWORD@HOST:PORT/0\n")
+
+
+ITEM_RULES = """\
+namespace: {ns}
+rules:
+  - name: customer
+    match: "stats:customer:{{id}}"
+    items: {{max: 10}}
+    handler: {{mod}}:refresh
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+def test_touch_with_items_stores_them_for_the_keys_next_refresh(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = line_rules(tmp_path, f"cli_{namespace}", ITEM_RULES.format(ns=namespace))
+    done = cli("touch", "stats:customer:1", "stats:customer:2", "--item", "order:7",
+               "--item", "order:8", "--rules", str(rules), "--redis", redis_url, "--json",
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"touched": 2, "items": 2}
+    sk = KeySpace(namespace, 1).shard(0)
+    for key in ("stats:customer:1", "stats:customer:2"):
+        assert r.zscore(sk.due("customer"), key) is not None
+        assert r.smembers(sk.items(key)) == {"order:7", "order:8"}
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("stats:customer:1", "--item", ""), "an item must not be empty"),
+    (("stats:customer:1", "item:1", "--item", "o1"), "its rule 'item' takes no items"),
+    (("stats:customer:1", "--item", "x" * 300), "over the limit of 256"),
+])
+def test_touch_with_an_item_that_cannot_be_touched_exits_2_and_touches_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis,
+        *, args: tuple[str, ...], says: str) -> None:
+    rules = line_rules(tmp_path, f"cli_{namespace}", ITEM_RULES.format(ns=namespace))
+    done = cli("touch", *args, "--rules", str(rules), "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 2
+    assert says in done.stderr and "nothing was touched" in done.stderr
+    assert r.keys(f"{namespace}:*") == []

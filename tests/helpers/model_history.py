@@ -41,6 +41,21 @@ class Cancel:
     state: str  # what the cancel found the key in (CancelOutcome.states)
 
 
+@dataclass(frozen=True)
+class ItemTouch:
+    """A touch of ``key`` carrying ``item`` (each item is touched once in a run), made
+    between ``t0`` and ``t1``; ``seq0`` and ``seq1`` are the fencing-token counter of
+    the key's shard read with them: a claim with a token up to ``seq0`` was made before
+    the touch, one above ``seq1`` after it reached Redis."""
+
+    key: str
+    item: str
+    t0: int
+    t1: int
+    seq0: int
+    seq1: int
+
+
 @dataclass
 class Run:
     key: str
@@ -53,6 +68,8 @@ class Run:
     end: int | None = None
     result: str | None = None
     killed_after: bool = False  # its process was SIGKILLed after it began
+    items: tuple[str, ...] = ()
+    overflowed: bool = False
 
     @property
     def failed(self) -> bool:
@@ -71,6 +88,7 @@ class History:
     touches: list[Touch] = field(default_factory=list)
     kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, TIME after the kill)
     cancels: list[Cancel] = field(default_factory=list)
+    item_touches: list[ItemTouch] = field(default_factory=list)
 
     def runs(self, log: Path) -> dict[str, list[Run]]:
         """The runs in the handlers' log, per key in start order, kills applied."""
@@ -80,7 +98,9 @@ class History:
             ident = (rec["key"], rec["token"])
             if rec["ev"] == "start":
                 runs[ident] = Run(rec["key"], rec["token"], rec["attempt"], rec["t"],
-                                  rec["pid"], rec["last"], rec["due"])
+                                  rec["pid"], rec["last"], rec["due"],
+                                  items=tuple(rec.get("items", ())),
+                                  overflowed=rec.get("over", False))
             else:
                 runs[ident].end, runs[ident].result = rec["t"], rec["result"]
         for run in runs.values():
@@ -318,9 +338,13 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
     """One key's touches, runs and kills in time order, in ms from its first event."""
     events: list[tuple[int, str]] = [(t.t0, f"touch (reached Redis by +{(t.t1 - t.t0) / MS:.1f})")
                                      for t in history.touches_of(key)]
+    events += [(t.t0, f"touch with item {t.item!r} (by +{(t.t1 - t.t0) / MS:.1f}, tokens "
+                      f"{t.seq0}..{t.seq1})") for t in history.item_touches if t.key == key]
     for r in runs.get(key, []):
+        got = f", items {list(r.items)}{' overflowed' if r.overflowed else ''}" if (
+            r.items or r.overflowed) else ""
         events.append((r.start, f"start token {r.token} attempt {r.attempt} pid {r.pid} "
-                                f"(due {r.due_ms}, last touch {r.last_touch_ms})"))
+                                f"(due {r.due_ms}, last touch {r.last_touch_ms}{got})"))
         if r.end is not None:
             events.append((r.end, f"end token {r.token}: {r.result}"))
     events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
@@ -384,3 +408,87 @@ def check_rate(runs: dict[str, list[Run]], rule_of: Any, rule: str, per_second: 
         return [f"rate: rule {rule} started {most} refreshes within one second "
                 f"(at most {allowed})"]
     return []
+
+
+# -- items: each reaches the first refresh claimed after its touch --------------------------
+
+
+def check_items(history: History, runs: dict[str, list[Run]]) -> list[str]:
+    """Every item touched reaches exactly the first refresh claimed after its touch (or
+    that refresh is told the items overflowed), and again each try after a failed one
+    until one succeeds; never a refresh claimed before its touch; a refresh gets only
+    items touched with its key, each once."""
+    out = []
+    for touch in history.item_touches:
+        key_runs = runs.get(touch.key, [])
+        if _cancelled_after(history, touch):  # dropped with the cancel, or not: only
+            out += _early(touch, key_runs)      # a refresh claimed before it is wrong
+        else:
+            out += _item_path(touch, key_runs)
+    touched = {(t.key, t.item) for t in history.item_touches}
+    for key, rs in runs.items():
+        for run in rs:
+            if len(set(run.items)) != len(run.items):
+                out.append(f"items: {key}: token {run.token} got an item twice: {run.items}")
+            out += [f"items: {key}: token {run.token} got {item!r}, never touched with it"
+                    for item in run.items if (key, item) not in touched]
+    return out
+
+
+def _cancelled_after(history: History, touch: ItemTouch) -> bool:
+    """Whether a cancel that dropped something in Redis may have come after ``touch``
+    (a cancel drops the items touched before it, with the refresh they were for)."""
+    return any(c.key == touch.key and c.t1 >= touch.t0 and c.state in ("pending", "rearm")
+               for c in history.cancels)
+
+
+def _name(touch: ItemTouch) -> str:
+    return f"items: {touch.key} item {touch.item!r} (touched {touch.t0}..{touch.t1} us)"
+
+
+def _early(touch: ItemTouch, runs: list[Run]) -> list[str]:
+    early = [r.token for r in runs if r.token <= touch.seq0 and touch.item in r.items]
+    if early:
+        return [f"{_name(touch)} reached token {early[0]}, claimed before it was touched"]
+    return []
+
+
+def _item_path(touch: ItemTouch, runs: list[Run]) -> list[str]:
+    name = _name(touch)
+    early = _early(touch, runs)
+    if early:
+        return early
+    holder: Run | None = None  # the last run it reached (or whose overflow stood for it)
+    certain = True  # whether it surely was pending until ``holder``'s claim
+    for run in (r for r in runs if r.token > touch.seq0):
+        has = touch.item in run.items
+        if holder is None:
+            if has or run.overflowed:
+                holder, certain = run, has or run.token > touch.seq1
+            elif run.token > touch.seq1:
+                return [f"{name}: the first refresh claimed after it (token {run.token}) "
+                        "neither got it nor was told items overflowed"]
+            continue
+        problem, holder = _next_try(name, holder, run, has, certain)
+        if problem or holder is None:
+            return problem
+        certain = True
+    return [] if holder is not None else [f"{name}: no refresh ever got it"]
+
+
+def _next_try(name: str, holder: Run, run: Run, has: bool,
+              certain: bool) -> tuple[list[str], Run | None]:
+    """After ``holder`` got the item, what ``run`` (the next claim) must get: nothing once
+    ``holder`` surely succeeded, the item (or an overflow) again after a failed try."""
+    done = holder.result == "ok" and not holder.killed_after
+    if done or not certain:
+        if has and done and certain:
+            return [f"{name}: delivered again to token {run.token} after token "
+                    f"{holder.token} succeeded"], None
+        return [], run if has else None
+    if holder.result == "ok":  # its node died after it: was its success recorded?
+        return [], run if has else None
+    if has or run.overflowed:
+        return [], run
+    return [f"{name}: token {holder.token} failed ({holder.result}), and the next try "
+            f"(token {run.token}) neither got it again nor was told items overflowed"], None

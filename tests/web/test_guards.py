@@ -197,7 +197,7 @@ async def test_a_route_added_later_is_guarded_and_may_take_no_body(
         return web.json_response({"deleted": True})
 
     app = HttpApi(node.c, port=0).make_app()
-    app.router.add_delete("/later/{key:.+}", delete)  # /keys/{key} has DELETE already
+    app.router.add_delete("/later/{key:.+}", delete)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -363,7 +363,7 @@ async def test_a_500_is_retried_and_the_body_is_signed(
         assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     one, two = first.json(), second.json()
     assert set(one) == {"key", "rule", "params", "attempt", "first_touch_ms",
-                        "last_touch_ms", "due_ms", "token"}
+                        "last_touch_ms", "due_ms", "token", "items", "items_overflowed"}
     assert (one["key"], one["rule"], one["params"]) == (
         "stats:org:acme 1", "org-stats", {"org_id": "acme 1"})
     assert (one["attempt"], two["attempt"]) == (1, 2)

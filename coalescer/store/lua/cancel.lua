@@ -3,14 +3,18 @@
 -- KEYS[1] meta   KEYS[2] history
 -- KEYS[3+g]      due:RULE of group g (g = 0, 1, ...)
 -- ARGV[1] node id (who cancels, for the history)   ARGV[2] history length (0: none)
+-- ARGV[3] ITEMS-PREFIX   ARGV[4] CLAIMED-PREFIX (a key's item sets: the prefix and the key)
 -- then per group g: RULE, N, and its N keys joined by NUL characters in one argument
 --
 -- Per key, by the state it is found in:
 --   pending (backoff included)  its state and its due:RULE entry are deleted, attempts
---                               and all: "pending"
+--                               and all, and its items (pending, and a failed try's
+--                               kept for its retry): "pending"
 --   running, touched while it ran  the touch kept to re-arm it (the R* part) is
---                               cleared; the refresh itself goes on, and its ack, fail
---                               or recovery works as usual with nothing to re-arm: "rearm"
+--                               cleared with the items touched while it ran; the
+--                               refresh itself goes on (with its claim's items), and its
+--                               ack, fail or recovery works as usual with nothing to
+--                               re-arm: "rearm"
 --   running, nothing to re-arm  left alone: "running"
 --   dead                        left alone (coalescer dead purge deletes it): "dead"
 --   no state                    "idle"
@@ -21,6 +25,7 @@
 
 local meta, history = KEYS[1], KEYS[2]
 local node, maxlen = ARGV[1], tonumber(ARGV[2])
+local items_prefix, claimed_prefix = ARGV[3], ARGV[4]
 local now = now_ms()
 
 local function split_keys(joined, n)
@@ -45,17 +50,17 @@ local function cancel_one(due_key, key)
     local due = s.rdue
     s.rdue, s.rfirst, s.rlast = nil, nil, nil
     redis.call('HSET', meta, key, running(s))
-    -- items (per-key item sets): the items touched while it ran are deleted here
+    redis.call('DEL', items_prefix .. key)  -- touched while it ran; its claim keeps its own
     return 'rearm', due
   end
   -- pending, or a pending value that does not read (see _lib.lua): gone either way
   redis.call('ZREM', due_key, key)
   redis.call('HDEL', meta, key)
-  -- items (per-key item sets): the key's items are deleted here
+  redis.call('DEL', items_prefix .. key, claimed_prefix .. key)  -- a retry's too
   return 'pending', s and s.due or nil
 end
 
-local found, pos = {}, 3
+local found, pos = {}, 5
 for g = 0, #KEYS - 3 do
   local due_key, rule = KEYS[3 + g], ARGV[pos]
   for _, key in ipairs(split_keys(ARGV[pos + 2], tonumber(ARGV[pos + 1]))) do
