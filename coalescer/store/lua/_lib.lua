@@ -51,6 +51,17 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- The `n` keys of one argument, joined by NUL characters (no key holds a NUL).
+local function split_keys(joined, n)
+  local keys, start = {}, 1
+  for i = 1, n do
+    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
+    keys[i] = string.sub(joined, start, stop - 1)
+    start = stop + 1
+  end
+  return keys
+end
+
 local function split(v, n)
   local out, pos = {}, 1
   for i = 1, n - 1 do

@@ -28,16 +28,6 @@ local node, maxlen = ARGV[1], tonumber(ARGV[2])
 local items_prefix, claimed_prefix = ARGV[3], ARGV[4]
 local now = now_ms()
 
-local function split_keys(joined, n)
-  local keys, start = {}, 1
-  for i = 1, n do
-    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
-    keys[i] = string.sub(joined, start, stop - 1)
-    start = stop + 1
-  end
-  return keys
-end
-
 -- Drop one key's pending refresh, or the re-arm of its running one; returns the state
 -- it was found in and the due time dropped (nil when nothing was).
 local function cancel_one(due_key, key)

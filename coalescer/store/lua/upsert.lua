@@ -63,16 +63,6 @@ local function key_error(e)
   return e
 end
 
-local function split_keys(joined, n)
-  local keys, start = {}, 1
-  for i = 1, n do
-    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
-    keys[i] = string.sub(joined, start, stop - 1)
-    start = stop + 1
-  end
-  return keys
-end
-
 -- Work out the group's writes: p.states (field, value, ...), p.adds (score, key, ...)
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
