@@ -8,6 +8,8 @@ Fixtures:
     own_server     function  a fresh ValkeyProcess of the test's own (restart/kill freely)
     cluster        session   a 3-master Cluster, started only if a test asks for it
     rules_file     function  factory: rules_file(yaml_text, handlers_py=None) -> Path
+    start          function  factory: await start(rules_path, **options) -> a started
+                             Coalescer (grace 2 s unless given), closed at teardown
 
 Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 import redis.asyncio
 
+from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
 
 RulesFactory = Callable[..., Path]
@@ -80,3 +85,19 @@ def rules_file(tmp_path: Path) -> Iterator[RulesFactory]:
 
     yield make
     sys.modules.pop("handlers", None)
+
+
+Start = Callable[..., Awaitable[Coalescer]]
+
+
+@pytest_asyncio.fixture
+async def start() -> AsyncIterator[Start]:
+    """start(rules_path, **options) -> a started Coalescer, closed at teardown."""
+    async with AsyncExitStack() as stack:
+        async def make(path: Path, **options: Any) -> Coalescer:
+            options.setdefault("grace", 2.0)
+            c = Coalescer.from_yaml(path, **options)
+            await stack.enter_async_context(c)
+            return c
+
+        yield make

@@ -9,13 +9,10 @@ pending are named, each with the state it was found in.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from redis.exceptions import RedisError
 
 from coalescer import (
@@ -29,6 +26,7 @@ from coalescer import (
 )
 from coalescer.query.history import HistoryQuery
 from coalescer.store.keys import KeySpace
+from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -56,20 +54,6 @@ rules:
     handler: {{mod}}:refresh
 """
 
-Start = Callable[..., Awaitable[Coalescer]]
-
-
-@pytest_asyncio.fixture
-async def start() -> AsyncIterator[Start]:
-    """start(rules_path, **options) -> a started Coalescer, closed at teardown."""
-    async with AsyncExitStack() as stack:
-        async def make(path: Path, **options: Any) -> Coalescer:
-            options.setdefault("grace", 2.0)
-            c = Coalescer.from_yaml(path, **options)
-            await stack.enter_async_context(c)
-            return c
-
-        yield make
 
 
 def setup(tmp_path: Path, namespace: str, *, shards: int = 1,

@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import redis.asyncio
 
 from coalescer import BackpressureError, Claim, Coalescer, UnknownKeyError
 from coalescer.store.keys import KeySpace
+from tests.conftest import Start
 from tests.helpers.e2e import Recorder, leader_node, recorder_rules, server_ms, settled
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -42,24 +41,10 @@ rules:
     handler: {{mod}}:refresh
 {extra}"""
 
-Start = Callable[..., Awaitable[Coalescer]]
 
 
 def rules_text(ns: str, *, shards: int = 1, leader_lease: str = "1s", extra: str = "") -> str:
     return RULES.format(ns=ns, shards=shards, leader_lease=leader_lease, extra=extra)
-
-
-@pytest_asyncio.fixture
-async def start() -> AsyncIterator[Start]:
-    """start(rules_path, **options) -> a started Coalescer, closed at teardown."""
-    async with AsyncExitStack() as stack:
-        async def make(path: Path, **options: Any) -> Coalescer:
-            options.setdefault("grace", 2.0)
-            c = Coalescer.from_yaml(path, **options)
-            await stack.enter_async_context(c)
-            return c
-
-        yield make
 
 
 def slow_rule(timeout: str) -> str:

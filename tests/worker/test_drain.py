@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from coalescer import Claim, ClosedError, Coalescer
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts
+from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules, settled
 
 # Default settings (window 2s, concurrency 16, 5 attempts) beside a rule whose window
@@ -35,23 +33,10 @@ rules:
     handler: {{mod}}:refresh
 """
 
-Start = Callable[..., Awaitable[Coalescer]]
 
 
 def rules(ns: str, shards: int = 1, concurrency: int = 16) -> str:
     return RULES.format(ns=ns, shards=shards, concurrency=concurrency)
-
-
-@pytest_asyncio.fixture
-async def start() -> AsyncIterator[Start]:
-    async with AsyncExitStack() as stack:
-        async def make(path: Path, **options: Any) -> Coalescer:
-            options.setdefault("grace", 2.0)
-            c = Coalescer.from_yaml(path, **options)
-            await stack.enter_async_context(c)
-            return c
-
-        yield make
 
 
 def setup(tmp_path: Path, namespace: str, text: str) -> tuple[Path, Recorder]:
