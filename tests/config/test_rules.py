@@ -96,7 +96,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert rule.handler_ref == "json:dumps"
 
 
-def test_spec_example_loads(tmp_path: Path) -> None:
+def test_the_documented_example_rules_file_loads(tmp_path: Path) -> None:
     package = f"myapp_{uuid.uuid4().hex}"
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
