@@ -8,6 +8,7 @@ Fixtures:
     own_server     function  a fresh ValkeyProcess of the test's own (restart/kill freely)
     cluster        session   a 3-master Cluster, started only if a test asks for it
     rules_file     function  factory: rules_file(yaml_text, handlers_py=None) -> Path
+    postgres       session   a real PostgreSQL server (bench.postgres), skipped where absent
 
 Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
@@ -24,6 +25,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
+from bench.postgres import PostgresServer, find_binaries
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
 
 RulesFactory = Callable[..., Path]
@@ -67,6 +69,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = start_cluster(tmp_path_factory.mktemp("cluster"), n_masters=3)
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    folder, why = find_binaries()
+    if folder is None:
+        pytest.skip(f"no PostgreSQL server: {why}")
+    server = PostgresServer().start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

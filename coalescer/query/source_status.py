@@ -26,18 +26,18 @@ async def add_sources(redis: Any, config: Config, status: dict[str, Any]) -> Non
         return
     rejected, *shown = await asyncio.gather(
         redis.hgetall(sources_rejected(config.namespace)),
-        *(_shown(redis, source) for source in config.sources))
+        *(_shown(redis, source, config) for source in config.sources))
     status["sources"] = {
         source.name: {**found, "rejected": int(rejected.get(source.name, 0))}
         for source, found in zip(config.sources, shown, strict=True)}
 
 
-async def _shown(redis: Any, source: SourceConfig) -> dict[str, Any]:
+async def _shown(redis: Any, source: SourceConfig, config: Config) -> dict[str, Any]:
     """What the source's type shows of it; its type alone for a type not registered."""
     source_type = SOURCE_TYPES.get(source.type)
     if source_type is None:
         return {"type": source.type}
-    return await source_type.status(redis, source)
+    return await source_type.status(redis, source, config)
 
 
 def format_sources(status: dict[str, Any]) -> list[str]:
