@@ -109,11 +109,11 @@ class OutboxLoop:
         rows = await self._outbox.claim(self.source.batch)
         self._reconnect = False
         keys, rejected = self._split(rows)
-        await self._touch(keys)
+        await self._touch(list(dict.fromkeys(keys)))
         self._reconnect = True
         await self._outbox.done()
         self._reconnect = False
-        await self._count(keys, rejected)
+        await self._count(len(keys), rejected)
         self._failing = False
         self._error = None
         self._full = len(rows) >= self.source.batch
@@ -137,7 +137,7 @@ class OutboxLoop:
             raise
 
     def _split(self, rows: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
-        """The keys to touch, and why each rejected row is."""
+        """The key of each row to touch, and why each rejected row is."""
         keys: list[str] = []
         rejected: list[str] = []
         for key, _item in rows:  # items reach a refresh once touches carry them
@@ -146,7 +146,7 @@ class OutboxLoop:
                 keys.append(key)
             else:
                 rejected.append(why)
-        return list(dict.fromkeys(keys)), rejected
+        return keys, rejected
 
     def problem(self, key: Any) -> str | None:
         """Why the key of a row cannot be touched, or None."""
@@ -159,11 +159,11 @@ class OutboxLoop:
             return f"no rule matches key {shown_key(key)}"
         return None
 
-    async def _count(self, keys: list[str], rejected: list[str]) -> None:
+    async def _count(self, accepted: int, rejected: list[str]) -> None:
         counter = self._context.metrics.source_entries
-        if keys:
-            self.accepted += len(keys)
-            counter.labels(self.source.name, "accepted").inc(len(keys))
+        if accepted:
+            self.accepted += accepted
+            counter.labels(self.source.name, "accepted").inc(accepted)
         if not rejected:
             return
         self.rejected += len(rejected)
