@@ -72,7 +72,7 @@ class OutboxLoop:
         self._report_field = f"{source.name}|{context.node_id}"
         self._full = True  # measure the backlog once at start
         self._failing = False  # the last step failed, in the database or Redis
-        self._reconnect = False  # the last failure was the database's
+        self._reconnect = True  # connect before the next claim: first, or after a failure
         self._error: str | None = None
         self._errors = 0
         self._backlog: Backlog | None = None
@@ -253,8 +253,6 @@ def open_outboxes(sources: Sequence[SourceConfig], context: NodeContext) -> Outb
         outbox = open_outbox(source, url, rules_dir(context.config))
         loops.append(OutboxLoop(source, outbox, context, redact(url)))
         outboxes.append(outbox)
-    for loop in loops:
-        loop._reconnect = True  # connect on the first step
     return OutboxSources(loops, outboxes)
 
 

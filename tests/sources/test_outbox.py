@@ -30,6 +30,7 @@ from coalescer.integrations.sqlalchemy import outbox_table, touch_in_transaction
 from coalescer.query.source_status import format_sources
 from coalescer.sources.base import SOURCE_TYPES
 from coalescer.sources.outbox import OutboxSources, check_outbox, open_outboxes, outbox_status
+from coalescer.sources.outbox_db import Backlog, open_outbox
 from tests.helpers.outbox import OutboxDb, make_engine, new_outbox, pending_keys
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -192,6 +193,9 @@ async def test_committed_rows_become_pending_keys_and_leave_the_table(
     entry = status["sources"]["orders"]
     assert (entry["type"], entry["table"], entry["rejected"]) == ("outbox", outbox.table.name, 2)
     assert (entry["backlog"], entry["lag_seconds"], entry["errors"]) == (0, 0.0, {})
+    registry = c.metrics.registry
+    assert registry.get_sample_value("coalescer_outbox_backlog_rows", {"source": "orders"}) == 0
+    assert registry.get_sample_value("coalescer_outbox_lag_seconds", {"source": "orders"}) == 0
     (line,) = format_sources(status)[2:]
     assert line.split()[:4] == ["orders", "0.0s", "0", "2"]
     assert f"outbox {outbox.table.name} at" in line
@@ -328,3 +332,26 @@ async def test_a_stopped_node_forgets_its_report(
 
 async def _nodes_reporting(c: Coalescer, n: int) -> bool:
     return bool((await c.query.status())["sources"]["orders"]["nodes"] == n)
+
+
+async def test_the_backlog_counts_waiting_rows_and_the_oldest_ones_age(
+        tmp_path: Path, outbox: OutboxDb) -> None:
+    config = Config.from_string(BASE + outbox.source(), source=str(tmp_path / "rules.yaml"))
+    (source,) = config.sources
+    db = open_outbox(source, source.url, tmp_path)
+    await db.connect()
+    try:
+        assert await db.backlog() == Backlog(0, False, 0.0)
+        outbox.write(keys(1, 2, 3))
+        outbox.write(keys(4))
+        found = await db.backlog()
+        assert (found.rows, found.capped) == (4, False)
+        assert 0 <= found.lag < 60
+        assert await db.claim(3) == [(k, None) for k in keys(1, 2, 3)]
+        await db.undo()  # the rows stay
+        assert (await db.backlog()).rows == 4
+        assert len(await db.claim(10)) == 4
+        await db.done()
+        assert (await db.backlog()).rows == 0
+    finally:
+        await db.close()
