@@ -34,6 +34,7 @@ from typing import Any
 from . import batches as B
 from . import check as CK
 from . import figures as F
+from . import outbox as O
 from . import peers as P
 from . import throttle as T
 from .valkey import Server
@@ -86,6 +87,9 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
              ("coalescer_wait_small", T.bulk_touch_wait, (T.SMALL_BUFFER,))],
     "check": [("coalescer", CK.check_indexed, (10_000,)),
               ("baseline", CK.check_pairwise, (300,))],
+    "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
+               ("coalescer_lag", O.outbox_lag, ("TMP",)),
+               ("coalescer_cost", O.outbox_cost, ())],
 }
 
 
@@ -461,11 +465,32 @@ def _throttle_rows(t: Rows) -> None:
                      fmt=_short)
 
 
+def _outbox_rows(t: Rows) -> None:
+    t.figure("outbox on PostgreSQL through one node, touches/s (rows waiting, node started)",
+             t.spread("outbox.coalescer_throughput", "per_second"), None, fmt=_short,
+             target=">= 20,000", ok=_at_least(20_000))
+    t.lost("lost updates: outbox throughput (rows vs keys pending in Redis)",
+           "outbox.coalescer_throughput", "outbox.none", ".", peers=False)
+    for p in ("p50", "p99"):
+        t.figure(f"outbox commit -> Redis {p} at {O.LAG_RATE:,} commits/s, LISTEN/NOTIFY",
+                 t.spread("outbox.coalescer_lag", p), None, fmt=lambda v: _fmt(v, " ms", 1),
+                 target="<= 50 ms" if p == "p99" else "-",
+                 ok=(lambda c: c <= 50) if p == "p99" else None)
+    t.lost("lost updates: outbox lag workload", "outbox.coalescer_lag", "outbox.none", ".",
+           peers=False)
+    t.figure("a touch added to a transaction (one INSERT, SQLAlchemy), us (beside: the "
+             "transaction without it)", t.spread("outbox.coalescer_cost", "added_us"),
+             t.spread("outbox.coalescer_cost", "plain_us"), fmt=lambda v: _fmt(v, digits=0))
+    t.figure("the same into a table without the NOTIFY trigger, us",
+             t.spread("outbox.coalescer_cost", "added_quiet_us"), None,
+             fmt=lambda v: _fmt(v, digits=0))
+
+
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _throttle_rows):
+                 _throttle_rows, _outbox_rows):
         part(t)
     return t.out
 

@@ -49,11 +49,12 @@ Row = tuple[str, str | None]
 
 
 def outbox_table(metadata: MetaData, name: str = DEFAULT_TABLE, *,
-                 schema: str | None = None) -> Table:
+                 schema: str | None = None, notify: bool = True) -> Table:
     """The outbox table, added to ``metadata``: ``id`` (a growing bigint), ``key``,
     ``item`` (nullable) and ``created_at``. ``metadata.create_all`` creates it and, on
-    PostgreSQL, the NOTIFY trigger that wakes the nodes; with migrations (Alembic), run
-    ``outbox_ddl(table)`` after creating the table."""
+    PostgreSQL, the NOTIFY trigger that wakes the nodes at once (unless ``notify`` is
+    false: each transaction is then cheaper, and the nodes find rows by polling); with
+    migrations (Alembic), run ``outbox_ddl(table)`` after creating the table."""
     table = Table(
         name, metadata,
         Column("id", BigInteger().with_variant(Integer, "sqlite"), Identity(), primary_key=True),
@@ -64,7 +65,7 @@ def outbox_table(metadata: MetaData, name: str = DEFAULT_TABLE, *,
         schema=schema,
         sqlite_autoincrement=True,  # SQLite never reuses the id of a deleted row
     )
-    for statement in outbox_ddl(table):
+    for statement in outbox_ddl(table) if notify else ():
         ddl = DDL(statement)  # type: ignore[no-untyped-call]
         event.listen(table, "after_create", ddl.execute_if(dialect="postgresql"))
     return table
@@ -149,6 +150,9 @@ def _before_commit(session: Session) -> None:
 
 
 def _insert(session: Session, table: Table, rows: list[Row]) -> None:
+    if len(rows) == 1:  # the common case, as a statement SQLAlchemy compiles once
+        session.execute(insert(table), {"key": rows[0][0], "item": rows[0][1]})
+        return
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start:start + ROWS_PER_INSERT]
         session.execute(insert(table).values([{"key": k, "item": i} for k, i in chunk]))
