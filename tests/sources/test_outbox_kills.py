@@ -179,3 +179,36 @@ async def test_a_node_killed_while_holding_rows_loses_none(
         await client.aclose()
         outbox.table.drop(outbox.engine)
         outbox.engine.dispose()
+
+
+async def test_a_claim_whose_connection_dies_before_its_commit_is_claimed_again(
+        tmp_path: Path, namespace: str, own_server: ValkeyProcess, nodes: Any, *,
+        postgres: PostgresServer) -> None:
+    outbox = new_outbox("postgresql", tmp_path, postgres.url)
+    client = redis.asyncio.Redis.from_url(own_server.url, decode_responses=True)
+    try:
+        c = await nodes(write_rules(tmp_path, namespace, outbox, poll="50ms"), own_server.url)
+        await wait_until(lambda: client.hlen(f"{namespace}:{{{namespace}:sources}}:outbox"))
+        assert own_server.proc is not None
+        own_server.proc.send_signal(signal.SIGSTOP)  # the node's flush waits, rows held
+        try:
+            outbox.write([f"stats:customer:{n}" for n in range(10)])
+            await wait_until(lambda: locked_rows(postgres.url, outbox.table.name) == (10, 0),
+                             timeout=20, message="the node holding every row")
+            with psycopg.connect(postgres.url, autocommit=True) as admin:
+                ended = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE state = 'idle in transaction' AND query LIKE 'DELETE FROM%'"
+                ).fetchall()
+            assert ended == [(True,)]
+        finally:
+            own_server.proc.send_signal(signal.SIGCONT)  # the flush ends; the commit fails
+        await wait_until(lambda: outbox.rows() == 0, timeout=30, message="claimed again")
+        assert await pending_keys(client, namespace) == {f"stats:customer:{n}"
+                                                         for n in range(10)}
+        assert c.metrics.registry.get_sample_value(
+            "coalescer_outbox_errors_total", {"source": "orders"}) >= 1
+    finally:
+        await client.aclose()
+        outbox.table.drop(outbox.engine)
+        outbox.engine.dispose()
