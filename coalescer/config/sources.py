@@ -18,6 +18,7 @@ from yaml.nodes import Node, SequenceNode
 
 from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
+from coalescer.config.lint import ConfigWarning
 from coalescer.config.patterns import KeyPattern
 from coalescer.config.templates import KeyTemplate
 from coalescer.config.yaml_reader import Entries, YamlReader, line_of, shown
@@ -115,6 +116,18 @@ def outbox_url_problem(url: str) -> str | None:
             return ("names an in-memory SQLite database, which no other process can see: "
                     "name a file (sqlite:///path/to/file.db)")
     return None
+
+
+def unset_env_warnings(file: str, sources: Sequence[SourceConfig],
+                       environ: Mapping[str, str]) -> list[ConfigWarning]:
+    """A warning for each environment variable an outbox URL uses that is not set here
+    (a worker node refuses to start without it)."""
+    return [ConfigWarning(
+        f"environment variable {name} is not set (or empty) here; source {source.name!r} "
+        "takes its url from it, so `coalescer run` refuses to start without it", file,
+        source.line, f"sources[{index}].url")
+        for index, source in enumerate(sources) if isinstance(source, OutboxSource)
+        for name in dict.fromkeys(source.env_names) if not environ.get(name)]
 
 
 def source_error(source: SourceConfig, index: int, file: str, message: str,

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from bench.postgres import PostgresServer
 from coalescer import Coalescer
-from coalescer.config.rules import Config
+from coalescer.config.rules import Config, check_file
 from coalescer.errors import ConfigError
 from coalescer.integrations.sqlalchemy import outbox_table, touch_in_transaction
 from coalescer.query.source_status import format_sources
@@ -108,6 +108,19 @@ def test_a_url_from_the_environment_is_resolved_when_a_node_starts(tmp_path: Pat
     with pytest.raises(ConfigError, match="SHOP_DB"):
         Coalescer.from_yaml(rules, worker=True)  # a worker refuses to start
     Coalescer.from_yaml(rules, worker=False)  # a writer never reads sources
+
+
+def test_coalescer_check_warns_of_an_unset_variable_of_a_url(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(BASE + "sources:\n  - {name: a, type: outbox, "
+                     "url: 'postgresql://app:${PW}@127.0.0.1/${DB}'}\n")
+    report = check_file(rules, {"DB": "shop"})
+    (warning,) = report.warnings
+    assert (warning.line, warning.field) == (6, "sources[0].url")
+    assert "environment variable PW is not set" in warning.message
+    assert "'a'" in warning.message and report.errors == ()
+    assert check_file(rules, {"DB": "shop", "PW": "x"}).warnings == ()
+    assert [w.field for w in Config.from_yaml(rules).warnings({})] == ["sources[0].url"] * 2
 
 
 @pytest.mark.parametrize(("url", "module", "extra"), [
