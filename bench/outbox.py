@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import statistics
 import sys
 import time
@@ -202,6 +204,76 @@ def _cost(url: str, n: int) -> dict[str, Any]:
     return {"transactions": n, "plain_us": plain, "touch_us": touch,
             "added_us": touch - plain, "added_percent": (touch / plain - 1) * 100,
             "touch_quiet_us": quiet, "added_quiet_us": quiet - plain}
+
+
+KILLED_WRITERS = 30
+
+
+async def outbox_kills(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+    """30 writer processes commit a row and are SIGKILLed the moment their commit
+    returns, with the outbox (PostgreSQL) and with ``touch_after_commit`` (SQLite, a
+    ``SyncCoalescer``); touches lost = writers - keys Redis holds once a node has read
+    the outbox (the after-commit writers wrote to Redis themselves, or not at all)."""
+    pg = PostgresServer(durable=True).start()
+    try:
+        pg.wait_ready()
+        prepare(pg)
+        outbox = _killed(lambda n: _commit_outbox(pg.url, n))
+        async with Coalescer(rules(pg.url, "50ms"), redis_url=server.url, node_id="bench") as c:
+            deadline = time.monotonic() + 60
+            while accepted(c) < KILLED_WRITERS and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        outbox_held = await _pending(server, KILLED_WRITERS)
+    finally:
+        pg.close()
+    db = tmp / f"after-commit-{time.monotonic_ns()}.db"
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE orders (customer TEXT)"))
+    engine.dispose()
+    config_path = tmp / f"after-commit-{time.monotonic_ns()}.yaml"
+    config_path.write_text(F.rules_text(window="1h", max_wait="1h", handler="builtins:repr"))
+    _killed(lambda n: _commit_after(db, config_path, server.url, n))
+    after_held = await _pending(server, KILLED_WRITERS) - outbox_held
+    return {"writers": KILLED_WRITERS, "outbox_killed": outbox,
+            "outbox": {"lost": KILLED_WRITERS - outbox_held, "touches": KILLED_WRITERS},
+            "after_commit": {"lost": KILLED_WRITERS - after_held, "touches": KILLED_WRITERS}}
+
+
+def _killed(body: Any) -> int:
+    """Fork KILLED_WRITERS writers running ``body(n)``, each SIGKILLing itself once it
+    returns; how many died by SIGKILL."""
+    pids = []
+    for n in range(KILLED_WRITERS):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                body(n)
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+        pids.append(pid)
+    return sum(os.waitpid(pid, 0)[1] == signal.SIGKILL for pid in pids)
+
+
+def _commit_outbox(url: str, n: int) -> None:
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    table = outbox_table(MetaData(), TABLE)
+    with Session(engine) as session:
+        session.execute(text("INSERT INTO orders (customer) VALUES (:c)"), {"c": str(n)})
+        touch_in_transaction(session, f"stats:user:k{n}", table=table)
+        session.commit()
+
+
+def _commit_after(db: Path, rules_path: Path, redis_url: str, n: int) -> None:
+    from coalescer import SyncCoalescer
+    from coalescer.integrations.sqlalchemy import touch_after_commit
+
+    engine = create_engine(f"sqlite:///{db}", connect_args={"timeout": 30})
+    with SyncCoalescer.from_yaml(rules_path, redis_url=redis_url) as c, Session(engine) as s:
+        s.execute(text("INSERT INTO orders VALUES (:c)"), {"c": str(n)})
+        touch_after_commit(s, c, f"stats:user:a{n}")
+        s.commit()
+        os.kill(os.getpid(), signal.SIGKILL)  # before the context's clean flush
 
 
 if __name__ == "__main__":

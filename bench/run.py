@@ -89,7 +89,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("baseline", CK.check_pairwise, (300,))],
     "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
-               ("coalescer_cost", O.outbox_cost, ())],
+               ("coalescer_cost", O.outbox_cost, ()),
+               ("coalescer_kills", O.outbox_kills, ("TMP",))],
 }
 
 
@@ -478,6 +479,11 @@ def _outbox_rows(t: Rows) -> None:
                  ok=(lambda c: c <= 50) if p == "p99" else None)
     t.lost("lost updates: outbox lag workload", "outbox.coalescer_lag", "outbox.none", ".",
            peers=False)
+    ctext, clost = t.lost_text("outbox.coalescer_kills", "outbox")
+    btext, _ = t.lost_text("outbox.coalescer_kills", "after_commit")
+    t.add(f"writer SIGKILLed right after commit ({O.KILLED_WRITERS} writers a run): touches "
+          "lost with the outbox (beside: with touch_after_commit)", ctext, btext,
+          target="0", met=None if clost is None else clost == 0)
     t.figure("a touch added to a transaction (one INSERT, SQLAlchemy), us (beside: the "
              "transaction without it)", t.spread("outbox.coalescer_cost", "added_us"),
              t.spread("outbox.coalescer_cost", "plain_us"), fmt=lambda v: _fmt(v, digits=0))
