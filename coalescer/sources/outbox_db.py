@@ -126,6 +126,7 @@ class PostgresOutbox(Outbox):
         self._listener: Any = None
         self._wake = asyncio.Event()
         self._listening: asyncio.Task[None] | None = None
+        self._warned = False  # of a missing trigger: once, not at every reconnect
 
     async def connect(self) -> None:
         import psycopg
@@ -146,7 +147,8 @@ class PostgresOutbox(Outbox):
         found = await (await self._conn.execute(
             "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) "
             "AND NOT tgisinternal", (self._table,))).fetchone()
-        if not found or not found[0]:
+        if (not found or not found[0]) and not self._warned:
+            self._warned = True
             log.warning("source %s: table %s has no NOTIFY trigger: rows are found by "
                         "polling, every %gs (create it: coalescer.integrations.sqlalchemy."
                         "outbox_ddl, or the Django migration)", self._source.name,
@@ -209,6 +211,7 @@ class SqliteOutbox(Outbox):
         self._table = quoted(source.table)
         self._conn: Any = None
         self._last_id: int | None = None
+        self._warned = False  # of a table without AUTOINCREMENT: once
 
     async def connect(self) -> None:
         import aiosqlite
@@ -224,7 +227,8 @@ class SqliteOutbox(Outbox):
         found = await cursor.fetchone()
         if found is None:
             raise LookupError(f"no table {self._source.table} in {self._path}")
-        if "AUTOINCREMENT" not in str(found[0]).upper():
+        if "AUTOINCREMENT" not in str(found[0]).upper() and not self._warned:
+            self._warned = True
             log.warning("source %s: table %s of %s is not AUTOINCREMENT: SQLite may reuse "
                         "the id of a deleted row, and a row could then be deleted untouched; "
                         "create it with outbox_table() or the Django migration",

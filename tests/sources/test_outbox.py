@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis.asyncio
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, text
 from sqlalchemy.orm import Session
 
 from bench.postgres import PostgresServer
@@ -368,3 +368,36 @@ async def test_the_backlog_counts_waiting_rows_and_the_oldest_ones_age(
         assert (await db.backlog()).rows == 0
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_table_made_by_hand_is_read_with_a_warning_once(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
+        request: pytest.FixtureRequest, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """No NOTIFY trigger (PostgreSQL: found by polling) or no AUTOINCREMENT (SQLite)."""
+    url = request.getfixturevalue("postgres").url if kind == "postgresql" else \
+        f"sqlite:///{tmp_path / 'hand.db'}"
+    name = f"hand_{namespace}"
+    engine = make_engine(url)
+    ident = "bigserial" if kind == "postgresql" else "INTEGER"
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {name} (id {ident} PRIMARY KEY, key TEXT NOT NULL, "
+                          "item TEXT, created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP)"))
+    caplog.set_level(logging.WARNING, logger="coalescer.sources.outbox_db")
+    path = tmp_path / "rules.yaml"
+    path.write_text(SETTINGS.format(ns=namespace) + BASE + "sources:\n  - {name: orders, "
+                    f"type: outbox, url: '{url}', table: {name}, poll: 50ms}}\n")
+    try:
+        await nodes(path, redis_url)
+        with engine.begin() as conn:
+            conn.execute(text(f"INSERT INTO {name} (key) VALUES ('stats:customer:1'), "
+                              "('stats:customer:2')"))
+        await wait_until(lambda: _pending_is(redis_client, namespace, set(keys(1, 2))),
+                         timeout=20)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {name}"))
+        engine.dispose()
+    warned = [r.getMessage() for r in caplog.records if r.name == "coalescer.sources.outbox_db"]
+    expected = "has no NOTIFY trigger" if kind == "postgresql" else "is not AUTOINCREMENT"
+    assert len(warned) == 1 and expected in warned[0]
