@@ -113,6 +113,8 @@ class Sizes:
     peer_hot_touches: int = 10_000  # the peers' hot-key calls each make round trips
     throttle_keys: int = 2_000  # 10 s at the throttled rule's 200/s
     bulk_keys: int = 100_000  # one bulk import from 16 threads
+    items_keys: int = 10_000  # customers touched with items (bench/items.py)
+    items_per_key: int = 20  # distinct items each: 200,000 items
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -120,7 +122,7 @@ class Sizes:
                    distinct_baseline=5_000, cmds_distinct=20_000, cmds_distinct_baseline=2_000,
                    lag_seconds=2.0, lag_settle=4.0, churn_seconds=2.0, drain_keys=20_000,
                    drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5,
-                   peer_hot_touches=3_000, throttle_keys=1_000)
+                   peer_hot_touches=3_000, throttle_keys=1_000, items_per_key=10)
 
 
 # -- helpers ------------------------------------------------------------------------------

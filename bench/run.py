@@ -34,6 +34,7 @@ from typing import Any
 from . import batches as B
 from . import check as CK
 from . import figures as F
+from . import items as I
 from . import outbox as O
 from . import peers as P
 from . import throttle as T
@@ -85,6 +86,9 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "bulk": [("coalescer_touch", T.bulk_touch, ()), ("coalescer_wait", T.bulk_touch_wait, ()),
              ("coalescer_touch_small", T.bulk_touch, (T.SMALL_BUFFER,)),
              ("coalescer_wait_small", T.bulk_touch_wait, (T.SMALL_BUFFER,))],
+    "items": [("coalescer_items", I.items_coalescer, ()),
+              ("coalescer_hot_key", F.hot_key_coalescer, ()),
+              ("coalescer_distinct", F.distinct_coalescer, ())],
     "check": [("coalescer", CK.check_indexed, (10_000,)),
               ("baseline", CK.check_pairwise, (300,))],
     "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
@@ -398,6 +402,19 @@ def _batch_rows(t: Rows) -> None:
              target=">= 10x per-key", ok=_at_least(floor))
 
 
+def _items_rows(t: Rows) -> None:
+    """Touches with items beside the plain touches of the same run (the baseline column)."""
+    t.figure(f"touches with items into Redis, one process ({t.sizes.items_keys:,} keys x "
+             f"{t.sizes.items_per_key} items), items/s (beside: distinct plain keys/s)",
+             t.spread("items.coalescer_items", "per_second"),
+             t.spread("items.coalescer_distinct", "per_second"), fmt=_short,
+             target=">= 100,000", ok=_at_least(100_000))
+    t.figure("plain hot-key touch() calls/s, same run as the items (beside: the hot_key "
+             "group's, when run)", t.spread("items.coalescer_hot_key", "per_second"),
+             t.spread("hot_key.coalescer", "per_second"), fmt=_short,
+             target=">= 1,000,000", ok=_at_least(1_000_000))
+
+
 def _processes_rows(t: Rows) -> None:
     shards = f"{F.PROCESS_SHARDS} shards, concurrency {t.sizes.drain_concurrency}"
     for n in (1, 2):
@@ -496,7 +513,7 @@ def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _throttle_rows, _outbox_rows):
+                 _throttle_rows, _items_rows, _outbox_rows):
         part(t)
     return t.out
 

@@ -13,12 +13,14 @@ from coalescer.errors import (
     ClosedError,
     CoalescerError,
     ConfigError,
+    InvalidItemError,
     InvalidKeyError,
     KeyRefusedError,
     UnknownKeyError,
     WebhookError,
 )
 from coalescer.sync import SyncCoalescer
+from coalescer.write.cancel import CancelOutcome
 
 try:
     __version__ = _version("coalescer")
@@ -27,12 +29,14 @@ except PackageNotFoundError:  # a source tree that is not installed
 
 __all__ = [
     "BackpressureError",
+    "CancelOutcome",
     "Claim",
     "ClosedError",
     "Coalescer",
     "CoalescerError",
     "Config",
     "ConfigError",
+    "InvalidItemError",
     "InvalidKeyError",
     "KeyRefusedError",
     "Rule",

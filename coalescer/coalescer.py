@@ -26,19 +26,27 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
-from coalescer.errors import BackpressureError, ClosedError, ConfigError, UnknownKeyError
+from coalescer.errors import (
+    BackpressureError,
+    ClosedError,
+    ConfigError,
+    InvalidItemError,
+    UnknownKeyError,
+)
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.hints import CommandHints
+from coalescer.store.keycheck import check_item, check_key, key_problem
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import Scripts
+from coalescer.store.scripts import History, Scripts
 from coalescer.worker.drain import Drainer, local_runner
 from coalescer.worker.node import Handlers, Node, NodeContext
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
+from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
 from coalescer.write.room import DEFAULT_TIMEOUT, touch_blocking, touch_waiting
 
@@ -170,17 +178,31 @@ class Coalescer:
 
     # -- the write path --------------------------------------------------------------
 
-    def touch(self, key: str) -> None:
+    def touch(self, key: str, item: str | None = None) -> None:
         """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
 
-        Sync, non-blocking, safe from any thread. Raises UnknownKeyError for a key
-        no rule matches, InvalidKeyError for one Redis cannot store (not UTF-8, a
-        NUL character, over 1024 bytes), BackpressureError when the buffer is full,
-        ClosedError when the coalescer is not running.
+        Sync, non-blocking, safe from any thread. With ``item`` (a short string, e.g. a
+        changed row's id; the key's rule must have ``items:``), the refresh's
+        ``claim.items`` will hold it. Raises UnknownKeyError for a key no rule matches,
+        InvalidKeyError for one Redis cannot store (not UTF-8, a NUL character, over
+        1024 bytes), InvalidItemError for an item that is not a non-empty str of at most
+        256 bytes without NUL, or of a rule without items, BackpressureError when the
+        buffer is full, ClosedError when the coalescer is not running.
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
-        self._absorber.touch(key)
+        if item is None:
+            self._absorber.touch(key)
+        else:
+            self._absorber.touch_item(key, item)
+
+    def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = ()) -> None:
+        """Touch each key of the ``(key, item)`` pairs with its item, and each of ``keys``
+        plainly: every one or none (UnknownKeyError, InvalidKeyError, InvalidItemError,
+        BackpressureError, ClosedError)."""
+        if self._state != "running":
+            raise self._not_running("touch_items()")
+        self._run.absorber.touch_items(pairs, keys)
 
     def touch_many(self, keys: Iterable[str]) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
@@ -189,7 +211,8 @@ class Coalescer:
             raise self._not_running("touch_many()")
         self._run.absorber.touch_many(list(keys))
 
-    async def touch_wait(self, key: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    async def touch_wait(self, key: str, item: str | None = None, *,
+                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
         """``touch(key)`` that waits while the buffer is full, for bulk writers.
 
         Returns once the touch is buffered, as ``touch`` does; while the buffer is
@@ -200,9 +223,10 @@ class Coalescer:
         if self._state != "running":
             raise self._not_running(f"touch_wait({key!r})")
         try:
-            self._absorber.touch(key)  # room in the buffer: as cheap as touch
+            self.touch(key, item)  # room in the buffer: as cheap as touch
         except BackpressureError:
-            await touch_waiting(self._absorber, [key], timeout, f"touch_wait({key!r})")
+            keys, pairs = ([key], []) if item is None else ([], [(key, item)])
+            await touch_waiting(self._absorber, keys, timeout, f"touch_wait({key!r})", pairs)
 
     async def touch_many_wait(self, keys: Iterable[str], *,
                               timeout: float | None = DEFAULT_TIMEOUT) -> None:
@@ -217,8 +241,18 @@ class Coalescer:
             raise self._not_running("touch_many_wait()")
         await touch_waiting(self._run.absorber, list(keys), timeout, "touch_many_wait()")
 
+    async def touch_items_wait(self, pairs: Iterable[tuple[str, str]], *,
+                               timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """``touch_items`` that waits while the buffer is full, as ``touch_many_wait``
+        does (every pair is checked first; on timeout, BackpressureError says how many
+        went in)."""
+        if self._state != "running":
+            raise self._not_running("touch_items_wait()")
+        await touch_waiting(self._run.absorber, [], timeout, "touch_items_wait()", list(pairs))
+
     def touch_blocking(self, keys: Iterable[str], *, timeout: float | None = DEFAULT_TIMEOUT,
-                       what: str = "touch_blocking()") -> None:
+                       what: str = "touch_blocking()",
+                       pairs: Iterable[tuple[str, str]] = ()) -> None:
         """``touch_many_wait`` for a thread that is not running an event loop: blocks
         it while the buffer is full (``SyncCoalescer.touch_wait`` is this)."""
         if self._state != "running":
@@ -231,7 +265,7 @@ class Coalescer:
             raise RuntimeError(f"{what} would block the event loop running in this "
                                "thread (and the flusher that frees room): await "
                                "touch_wait() or touch_many_wait() instead")
-        touch_blocking(self._run.absorber, list(keys), timeout, what)
+        touch_blocking(self._run.absorber, list(keys), timeout, what, list(pairs))
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
@@ -241,6 +275,67 @@ class Coalescer:
                 self.config.rule_for(key)
             except UnknownKeyError:
                 out.append(key)
+        return out
+
+    async def cancel(self, key: str) -> CancelOutcome:
+        """Drop ``key``'s pending refresh; see ``cancel_many``."""
+        return await self.cancel_many([key])
+
+    async def cancel_many(self, keys: Iterable[str]) -> CancelOutcome:
+        """Drop the keys' pending refreshes: touches made before this call are not
+        refreshed, a touch after it arms its key again as usual.
+
+        A pending key (in retry backoff too) leaves its due set, attempts and all. A
+        running key's refresh finishes as usual, but the re-run its touches during
+        the run had queued is dropped. Touches of the keys still buffered in this
+        process are dropped too. Returns a CancelOutcome: ``cancelled`` (the keys
+        whose refresh was dropped) and ``not_pending`` (idle, dead-lettered, or
+        running with nothing queued after it), with each key's state in ``states``.
+        Each key cancelled in Redis gets a history entry (outcome "cancelled").
+
+        Every key is checked first: UnknownKeyError or InvalidKeyError cancels nothing.
+        ClosedError when the coalescer is not running. A Redis error is raised as is;
+        the keys' buffered touches may be dropped by then: cancel again.
+        """
+        keys = list(dict.fromkeys(keys))
+        if self._state != "running":
+            raise self._not_running("cancel()")
+        rules: dict[str, str] = {}
+        for key in keys:
+            check_key(key)
+            rules[key] = self.config.rule_for(key).name
+        run = self._run
+        assert run.flusher is not None and run.scripts is not None
+        buffered = await run.flusher.forget(keys)
+        outcome = await cancel_keys(run.scripts, self.keyspace, rules,
+                                    history=History(self.node_id, self.config.history),
+                                    buffered=buffered)
+        for key in outcome.cancelled:
+            run.metrics.cancels.labels(rules[key]).inc()
+        log.info("cancel: %d of %s dropped (%d not pending)", outcome.done,
+                 plural(len(keys), "key"), len(outcome.not_pending))
+        return outcome
+
+    def refused_items(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The (key, item) touches of ``pairs`` that would be refused for their item or
+        key (not UTF-8, NUL, too long, empty, a rule without items), each as ``{"index",
+        "key", "item", "error"}`` (a key no rule matches is ``unknown_keys``'s)."""
+        out = []
+        for index, (key, item) in enumerate(pairs):
+            problem = key_problem(key)
+            if problem is None:
+                try:
+                    rule = self.config.rule_for(key)
+                except UnknownKeyError:
+                    continue
+                try:
+                    check_item(key, item, rule.name, rule.items is not None)
+                except InvalidItemError as exc:
+                    problem = exc.reason
+            else:
+                problem = f"key cannot be stored: {problem}"
+            if problem is not None:
+                out.append({"index": index, "key": key, "item": item, "error": problem})
         return out
 
     async def flush(self) -> None:
@@ -411,7 +506,7 @@ class Coalescer:
         assert run.conn is not None
         run.sources = start_sources(SourceContext(
             config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
-            flush=self.flush, metrics=run.metrics))
+            flush=self.flush, metrics=run.metrics, touch_items=self.touch_items))
 
     async def _metrics_loop(self, run: Run) -> None:
         while True:

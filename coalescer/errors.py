@@ -88,6 +88,20 @@ class InvalidKeyError(KeyRefusedError):
         return f"key {shown_key(self.key)} cannot be stored: {self.reason}"
 
 
+class InvalidItemError(KeyRefusedError):
+    """A touch's item that was refused (not a str, empty, too long, a NUL character, or
+    a key whose rule takes no items): nothing of that touch was applied."""
+
+    def __init__(self, key: str, item: object, reason: str) -> None:
+        self.item = item
+        self.reason = reason
+        super().__init__(key)
+
+    def __str__(self) -> str:
+        return (f"item {shown_key(self.item)} of key {shown_key(self.key)} cannot be "
+                f"touched: {self.reason}")
+
+
 def shown_key(key: object, limit: int = 80) -> str:
     """``repr(key)``, cut short for a very long key."""
     if isinstance(key, str) and len(key) > limit:

@@ -14,6 +14,7 @@ from typing import Any
 from coalescer.coalescer import Coalescer
 from coalescer.common import forksafe
 from coalescer.errors import BackpressureError, ClosedError
+from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -103,13 +104,20 @@ class SyncCoalescer:
         # Published once started: a touch from another thread meanwhile waits in _revive.
         self._loop, self._thread = loop, thread
 
-    def touch(self, key: str) -> None:
-        """Buffer one touch; see ``Coalescer.touch``."""
+    def touch(self, key: str, item: str | None = None) -> None:
+        """Buffer one touch (with ``item``, if given); see ``Coalescer.touch``."""
         if self._loop is None and self._revive(f"touch({key!r})") is None:
             raise self._not_started(f"touch({key!r})")
-        self.coalescer.touch(key)
+        self.coalescer.touch(key, item)
 
-    def touch_wait(self, key: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    def touch_items(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Buffer every (key, item) touch or none; see ``Coalescer.touch_items``."""
+        if self._loop is None and self._revive("touch_items()") is None:
+            raise self._not_started("touch_items()")
+        self.coalescer.touch_items(pairs)
+
+    def touch_wait(self, key: str, item: str | None = None, *,
+                   timeout: float | None = DEFAULT_TIMEOUT) -> None:
         """``touch(key)`` that blocks this thread while the buffer is full.
 
         For bulk writers (an import, a backfill): returns once the touch is buffered;
@@ -120,9 +128,11 @@ class SyncCoalescer:
         if self._loop is None and self._revive(f"touch_wait({key!r})") is None:
             raise self._not_started(f"touch_wait({key!r})")
         try:
-            self.coalescer.touch(key)  # room in the buffer: as cheap as touch
+            self.coalescer.touch(key, item)  # room in the buffer: as cheap as touch
         except BackpressureError:
-            self.coalescer.touch_blocking([key], timeout=timeout, what=f"touch_wait({key!r})")
+            keys, pairs = ([key], []) if item is None else ([], [(key, item)])
+            self.coalescer.touch_blocking(keys, timeout=timeout, what=f"touch_wait({key!r})",
+                                          pairs=pairs)
 
     def touch_many_wait(self, keys: Iterable[str], *,
                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
@@ -132,6 +142,27 @@ class SyncCoalescer:
         if self._loop is None and self._revive(what) is None:
             raise self._not_started(what)
         self.coalescer.touch_blocking(keys, timeout=timeout, what=what)
+
+    def cancel(self, key: str, *, timeout: float | None = 30.0) -> CancelOutcome:
+        """Drop ``key``'s pending refresh; see ``Coalescer.cancel_many``."""
+        return self.cancel_many([key], timeout=timeout)
+
+    def cancel_many(self, keys: Iterable[str], *,
+                    timeout: float | None = 30.0) -> CancelOutcome:
+        """Drop the keys' pending refreshes; see ``Coalescer.cancel_many``."""
+        self.after_fork()
+        outcome: CancelOutcome = self._call("cancel()", self.coalescer.cancel_many(list(keys)),
+                                            timeout)
+        return outcome
+
+    def touch_items_wait(self, pairs: Iterable[tuple[str, str]], *,
+                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        """Touch every (key, item) pair, blocking while the buffer is full; see
+        ``Coalescer.touch_items_wait``."""
+        what = "touch_items_wait()"
+        if self._loop is None and self._revive(what) is None:
+            raise self._not_started(what)
+        self.coalescer.touch_blocking([], timeout=timeout, what=what, pairs=pairs)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until Redis holds every touch made before this call."""

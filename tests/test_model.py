@@ -1,13 +1,20 @@
 """Model-based test: random programs of touches, handler outcomes and node restarts.
 
 A seeded program drives five rules (one taking every setting from ``defaults``, one
-with a rate of refresh starts, a batch rule whose handler gets up to two claims a call)
-on a real server: touches and bursts of a few keys, per-key handler outcomes
+with a rate of refresh starts, a batch rule whose handler gets up to two claims a call;
+two of them take items, at most four a refresh) on a real server: touches, touches
+with items (each item unique) and bursts of a few keys, cancels of a few keys (some
+right after a touch still in the toucher's buffer), per-key handler outcomes
 (ok, fail, slow, timeout), clean restarts of in-process nodes and SIGKILLs of a
 `coalescer run` child process. The handler logs every run (server clock) to a
 file; the checks in ``model_history`` then read the whole history: no lost
-update, coalescing and the max-wait cap, exclusion, retries and dead letters, and no
-more starts of the rated rule in any one second than its rate allows.
+update (for every touch after its key's last cancel), coalescing and the max-wait
+cap, exclusion, retries and dead letters, no refresh of a key cancelled while pending
+without a touch after the cancel, no more starts of the rated rule in any one second
+than its rate allows, and the item rule: each item reaches exactly the first refresh
+claimed after its touch (or that refresh's overflow flag), again after a failed try,
+never a refresh claimed before it (items touched before a cancel of their key are
+dropped with it).
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
@@ -16,12 +23,14 @@ program again (timings differ from run to run, the program does not).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +44,16 @@ from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
 from tests.helpers.model_history import (
+    Cancel,
     History,
+    ItemTouch,
     Rule,
     Touch,
+    check_cancels,
     check_coalescing,
     check_dead_letters,
     check_exclusion,
+    check_items,
     check_no_lost_update,
     check_rate,
     check_retries,
@@ -62,6 +75,7 @@ rules:
   - name: plain
     match: "plain:{{id}}"
     handler: handlers:refresh
+    items: {{max: 4}}
   - name: quick
     match: "quick:{{id}}"
     window: 50ms
@@ -84,6 +98,7 @@ rules:
   - name: bunch
     match: "bunch:{{id}}"
     batch: {{max: 2, wait: 30ms}}
+    items: {{max: 4}}
     handler: handlers:refresh_batch
 """
 
@@ -122,7 +137,8 @@ def plan(key):
 async def refresh(claim):
     outcome = plan(claim.key)
     write(ev="start", key=claim.key, token=claim.token, attempt=claim.attempt, t=now_us(),
-          pid=os.getpid(), last=claim.last_touch_ms, due=claim.due_ms, plan=outcome)
+          pid=os.getpid(), last=claim.last_touch_ms, due=claim.due_ms, plan=outcome,
+          items=list(claim.items), over=claim.items_overflowed)
     result = "cancelled"
     try:
         if outcome == "slow":
@@ -145,7 +161,8 @@ async def refresh_batch(claims):
     for claim in claims:
         write(ev="start", key=claim.key, token=claim.token, attempt=claim.attempt,
               t=now_us(), pid=os.getpid(), last=claim.last_touch_ms, due=claim.due_ms,
-              plan=plans[claim.key], batch=len(claims))
+              plan=plans[claim.key], batch=len(claims), items=list(claim.items),
+              over=claim.items_overflowed)
     try:
         if "timeout" in plans.values():
             await asyncio.sleep(30)
@@ -163,33 +180,38 @@ async def refresh_batch(claims):
 
 KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2",
         "bunch:1", "bunch:2", "bunch:3")
+ITEM_KEYS = ("plain:1", "plain:2", "bunch:1", "bunch:2", "bunch:3")  # rules with items
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
+# How a cancel step goes: at once; right after a touch still in the toucher's buffer; or
+# while a key runs, after a touch during its run (which queued a re-run)
+CANCELS = ("now", "buffered", "during", "during")
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
 
 Step = tuple[Any, ...]
 
 
+_STEPS: dict[str, Callable[[random.Random], Step]] = {
+    "touch": lambda rng: ("touch", rng.sample(KEYS, rng.randint(1, 3)), rng.randint(1, 2)),
+    "item": lambda rng: ("item", rng.sample(ITEM_KEYS, rng.randint(1, 2)), rng.randint(1, 2)),
+    "pause": lambda rng: ("pause", rng.randint(10, 150)),
+    "plan": lambda rng: ("plan", rng.choice(KEYS), rng.choice(OUTCOMES)),
+    "burst": lambda rng: ("burst", rng.choice(KEYS), rng.randint(200, 1200)),
+    "restart": lambda rng: ("restart", rng.randint(0, 1)),
+    "cancel": lambda rng: ("cancel", rng.sample(KEYS, rng.randint(1, 2)), rng.choice(CANCELS)),
+}
+
+
 def program(seed: int, steps: int = STEPS) -> list[Step]:
     """A random program; the same seed gives the same steps."""
     rng = random.Random(seed)
-    kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3
-             + ["settle", "restart", "kill"])
+    kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3 + ["cancel"] * 4
+             + ["settle", "restart", "kill"] + ["item"] * 6)
     out: list[Step] = [("plan", key, rng.choice(OUTCOMES)) for key in KEYS]
     for _ in range(steps):
         kind = rng.choice(kinds)
-        if kind == "touch":
-            out.append(("touch", rng.sample(KEYS, rng.randint(1, 3)), rng.randint(1, 2)))
-        elif kind == "pause":
-            out.append(("pause", rng.randint(10, 150)))
-        elif kind == "plan":
-            out.append(("plan", rng.choice(KEYS), rng.choice(OUTCOMES)))
-        elif kind == "burst":
-            out.append(("burst", rng.choice(KEYS), rng.randint(200, 1200)))
-        elif kind == "restart":
-            out.append(("restart", rng.randint(0, 1)))
-        else:
-            out.append((kind,))
+        build = _STEPS.get(kind)
+        out.append(build(rng) if build is not None else (kind,))
     return out
 
 
@@ -211,6 +233,7 @@ class World:
     history: History = field(default_factory=History)
     violations: list[str] = field(default_factory=list)
     incarnation: int = 0
+    items_made: int = 0
 
     async def now_us(self) -> int:
         seconds, micros = await self.r.time()
@@ -239,6 +262,57 @@ class World:
         await self.toucher.flush()
         t1 = await self.now_us()
         self.history.touches.extend(_touches(keys, t0, t1))
+
+    async def cancel(self, keys: list[str], how: str) -> None:
+        if how == "during":
+            await self.touch(keys)
+            await self.one_running(keys)
+            await self.touch(keys)
+        t0 = await self.now_us()
+        if how == "buffered":
+            self.toucher.touch_many(keys)
+        outcome = await self.toucher.cancel_many(keys)
+        t1 = await self.now_us()
+        if how == "buffered":  # reached Redis before the cancel, or never
+            self.history.touches.extend(_touches(keys, t0, t1))
+        self.history.cancels += [Cancel(key, t0, t1, outcome.states[key]) for key in keys]
+
+    async def one_running(self, keys: list[str]) -> None:
+        """Wait (a second at most: a key's node may be down) until one of ``keys`` runs."""
+        async def running() -> bool:
+            for key in keys:
+                if (await self.toucher.query.explain(key))["state"] == "running":
+                    return True
+            return False
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(running, timeout=1.0)
+
+    async def item(self, keys: list[str], n: int) -> None:
+        """Touch each of ``keys`` with ``n`` new items (unique in the run)."""
+        pairs = []
+        for key in keys:
+            for _ in range(n):
+                self.items_made += 1
+                pairs.append((key, f"i{self.items_made}"))
+        t0, seqs0 = await self.clock_and_seqs()
+        self.toucher.touch_items(pairs)
+        await self.toucher.flush()
+        t1, seqs1 = await self.clock_and_seqs()
+        shard_of = self.toucher.keyspace.shard_of
+        self.history.touches.extend(_touches(keys, t0, t1))  # touches like any other
+        self.history.item_touches.extend(
+            ItemTouch(key, item, t0, t1, seqs0[shard_of(key)], seqs1[shard_of(key)])
+            for key, item in pairs)
+
+    async def clock_and_seqs(self) -> tuple[int, list[int]]:
+        """The server clock (us) and every shard's fencing-token counter, read at once."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.time()
+        for shard in self.toucher.keyspace.all_shards():
+            pipe.get(shard.seq)
+        (seconds, micros), *seqs = await pipe.execute()
+        return int(seconds) * 1_000_000 + int(micros), [int(s or 0) for s in seqs]
 
     async def burst(self, key: str, duration_ms: int) -> None:
         gap = self.config.rule_for(key).window * 0.4
@@ -324,7 +398,9 @@ def check_history(world: World) -> list[str]:
             *check_no_lost_update(history, runs, rules, rule_of),
             *check_coalescing(history, runs, rules, rule_of),
             *check_exclusion(runs),
+            *check_cancels(history, runs),
             *check_retries(history, runs, rules, rule_of),
+            *check_items(history, runs),
             *(v for r in world.config.rules if r.rate is not None
               for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst))]
 
@@ -367,9 +443,12 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
                  if r.end is not None and r.start < t.t0 and t.t1 < r.end)
     batched = sum(1 for line in world.log.read_text().splitlines()
                   if '"batch": 2' in line and '"start"' in line)
+    cancels = Counter(c.state for c in world.history.cancels)
+    overflowed = sum(1 for rs in runs.values() for r in rs if r.overflowed)
     print(f"\nmodel seed {seed}: {len(world.history.touches)} touches ({during} during a "
-          f"run of their key), {sum(map(len, runs.values()))} runs ({batched} in batches of "
-          f"2), {len(world.history.kills)} kills")
+          f"run of their key), {len(world.history.item_touches)} items ({overflowed} runs "
+          f"told they overflowed), {sum(map(len, runs.values()))} runs ({batched} in batches "
+          f"of 2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}")
     assert not violations, (
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)
@@ -378,7 +457,8 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
 
 def _timelines(world: World, violations: list[str]) -> str:
     runs = world.history.runs(world.log)
-    keys = dict.fromkeys(k for k in KEYS for v in violations if f" {k} " in v or f" {k}:" in v)
+    keys = dict.fromkeys(k for k in KEYS for v in violations
+                         if f" {k} " in v or f" {k}:" in v or f" {k}," in v)
     return "\n".join(f"{key}:\n{timeline(world.history, runs, key)}" for key in list(keys)[:3])
 
 

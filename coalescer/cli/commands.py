@@ -18,6 +18,7 @@ from typing import Any
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
+from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config, check_file
 from coalescer.errors import ConfigError
@@ -61,12 +62,13 @@ def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
     print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
 
 
-def _refuse_unstorable(keys: list[str]) -> bool:
+def _refuse_unstorable(keys: list[str], command: str = "touch",
+                       undone: str = "touched") -> bool:
     """Print one line for the keys Redis cannot store (bytes that are not UTF-8 in
     argv, a NUL, over the length limit); True if there are any."""
     bad = unstorable_keys(keys)
     if bad:
-        print(f"coalescer touch: {unstorable_message(bad, undone='touched', first='key')}",
+        print(f"coalescer {command}: {unstorable_message(bad, undone=undone, first='key')}",
               file=sys.stderr)
     return bool(bad)
 
@@ -82,14 +84,36 @@ async def cmd_touch(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
+    pairs = [(key, item) for key in args.keys for item in args.items]
+    if _refuse_items(c, pairs):
+        return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
-        for key in args.keys:
-            c.touch(key)
+        if pairs:
+            c.touch_items(pairs)
+        else:
+            c.touch_many(args.keys)
         await c.flush()
-    print(json.dumps({"touched": len(args.keys)}) if args.json
-          else f"touched {plural(len(args.keys), 'key')}")
+    print(_touched(args.json, len(args.keys), len(args.items)))
     return 0
+
+
+def _refuse_items(c: Coalescer, pairs: list[tuple[str, str]]) -> bool:
+    """Print one line for each item that cannot go with its key; True if there are any."""
+    bad = c.refused_items(pairs)
+    for entry in bad:
+        print(f"coalescer touch: item {entry['item']!r} of key {entry['key']!r} cannot be "
+              f"touched: {entry['error']}", file=sys.stderr)
+    if bad:
+        print("coalescer touch: nothing was touched", file=sys.stderr)
+    return bool(bad)
+
+
+def _touched(as_json: bool, keys: int, items: int) -> str:
+    if as_json:
+        return json.dumps({"touched": keys, "items": items} if items else {"touched": keys})
+    with_items = f" with {plural(items, 'item')} each" if items else ""
+    return f"touched {plural(keys, 'key')}{with_items}"
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -123,6 +147,34 @@ async def cmd_retry(args: argparse.Namespace) -> int:
         outcome = await c.query.retry_dead(None if args.all else args.keys)
     _say_done(args, "requeued", outcome.done, outcome.not_dead)
     return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
+
+
+NOT_PENDING = {
+    "idle": "it is idle: nothing to cancel",
+    "running": "its refresh is running with nothing queued after it (a running "
+               "refresh is not stopped)",
+    "dead": "it is dead-lettered (coalescer dead purge deletes it)",
+}
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    if _refuse_unstorable(args.keys, "cancel", "cancelled"):
+        return EXIT_UNKNOWN_KEY
+    c = _client(args, worker=False)
+    if _unknown_key("cancel", args, c, args.keys):
+        print("coalescer cancel: nothing was cancelled", file=sys.stderr)
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        _say_using(args, c)
+        outcome = await c.cancel_many(args.keys)
+    if args.json:
+        print(json.dumps(outcome.to_json()))
+    else:
+        print(f"cancelled {plural(outcome.done, 'key')}")
+    for key in outcome.not_pending:
+        why = NOT_PENDING.get(outcome.states[key], outcome.states[key])
+        print(f"coalescer cancel: '{printable(key)}' is not pending; {why}", file=sys.stderr)
+    return EXIT_ERROR if outcome.not_pending else 0
 
 
 def _say_done(args: argparse.Namespace, what: str, done: int, not_dead: list[str]) -> None:
@@ -226,6 +278,9 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     address = http_address(args.http)
+    if address is not None and not args.open_http:
+        from coalescer.web.api import refuse_open
+        refuse_open(*address, os.environ.get("COALESCER_TOKEN"), allowed="--insecure-no-token")
     if args.processes > 1:
         from coalescer.cli.supervisor import plan_from_args, supervise
         return await supervise(plan_from_args(args, address))
@@ -236,7 +291,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
     _refuse_unset_secrets(node.config)
     async with node as c:
-        api = await _start_http(c, address, args.http)
+        api = await _start_http(c, address, args.http, allow_open=args.open_http)
         print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
               flush=True)
@@ -247,13 +302,15 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str) -> Any:
+async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str, *,
+                      allow_open: bool) -> Any:
     """The HTTP API on ``address`` (None: off); a UsageError naming ``--http`` when it
     cannot listen there."""
     if address is None:
         return None
     from coalescer.web.api import HttpApi
-    api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"))
+    api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"),
+                  allow_open=allow_open)
     try:
         await api.start()
     except OSError as exc:
@@ -324,4 +381,5 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "touch": cmd_touch, "status": cmd_status, "retry": cmd_retry, "run": cmd_run,
     "demo": cmd_demo, "explain": cmd_explain, "history": cmd_history, "dead": cmd_dead,
+    "cancel": cmd_cancel,
 }

@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
                      help=f"HTTP API address (default {DEFAULT_HTTP}; 'off' disables it)")
+    run.add_argument("--insecure-no-token", action="store_true", dest="open_http",
+                     help="serve the HTTP API on an address that is not loopback without "
+                          "COALESCER_TOKEN (refused otherwise); anyone who reaches it can "
+                          "touch keys and read status")
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
     run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")
@@ -46,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
+    touch.add_argument("--item", action="append", default=[], dest="items", metavar="ITEM",
+                       help="touch every KEY with this item (repeatable; the keys' rules "
+                            "need items:), delivered in claim.items")
     _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file")
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
@@ -62,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("keys", nargs="*", metavar="KEY")
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
     _json_flag(retry)
+    cancel = sub.add_parser("cancel", help="drop keys' pending refreshes")
+    _common(cancel)
+    cancel.add_argument("keys", nargs="+", metavar="KEY")
+    _json_flag(cancel)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo, rules_default=None,
             rules_help="rules file (default: the demo's own, shipped with coalescer)")

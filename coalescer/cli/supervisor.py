@@ -48,6 +48,7 @@ class ChildPlan:
     http: tuple[str, int] | None
     grace: float
     verbose: bool
+    open_http: bool = False  # --insecure-no-token
 
     def argv(self, k: int) -> list[str]:
         """The command line of child ``k``."""
@@ -59,6 +60,8 @@ class ChildPlan:
             cmd += ["--node-id", f"{self.node_id}-{k}"]
         if self.verbose:
             cmd.append("-v")
+        if self.open_http:
+            cmd.append("--insecure-no-token")
         return cmd
 
     def _http(self, k: int) -> str:
@@ -76,7 +79,7 @@ def plan_from_args(args: Any, http: tuple[str, int] | None) -> ChildPlan:
                           f"{MAX_PORT}", file="--http")
     return ChildPlan(processes=args.processes, rules=args.rules, redis=args.redis,
                      node_id=args.node_id, http=http, grace=args.grace,
-                     verbose=bool(args.verbose))
+                     verbose=bool(args.verbose), open_http=bool(args.open_http))
 
 
 def _die_with_parent() -> None:

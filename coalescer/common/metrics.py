@@ -130,6 +130,10 @@ class Metrics:
             "coalescer_dropped_keys_total",
             "touched keys dropped because Redis refused them for good, by reason",
             ["reason"], registry=r)
+        self.cancels = Counter(
+            "coalescer_cancels_total",
+            "keys whose pending refresh (or re-arm) a cancel dropped, by rule", ["rule"],
+            registry=r)
         self.source_entries = Counter(
             "coalescer_source_entries_total",
             "source entries (stream entries, outbox rows) handled, by source and outcome "
@@ -147,6 +151,11 @@ class Metrics:
             "failed claims of an outbox source (database or Redis errors); the rows wait",
             ["source"], registry=r)
 
+        self.item_overflows = Counter(
+            "coalescer_item_overflows_total",
+            "claims handed to a handler with items_overflowed (more distinct items were "
+            "touched than the rule's items max; every try counts), by rule", ["rule"],
+            registry=r)
         self.rate_held = Gauge(
             "coalescer_rate_held_keys",
             "due keys held back by their rule's rate on the shards this node leads "
@@ -156,6 +165,15 @@ class Metrics:
             "times a shard's poller found its rule's rate used up and waited", ["rule"],
             registry=r)
         self._held: dict[str, dict[int, int]] = {}  # rule -> shard -> keys held by its rate
+        self.http_connections = Gauge(
+            "coalescer_http_connections", "connections open on the HTTP API", registry=r)
+        self.http_cut_off = Counter(
+            "coalescer_http_connections_closed_total",
+            "HTTP API connections closed or turned away by its limits, by reason: "
+            "evicted (idle or unfinished, closed to make room at the cap), refused (over "
+            "the cap, every slot busy), header_timeout, body_timeout, busy (503: too many "
+            "requests running), accept_failed (accept() out of file descriptors)",
+            ["reason"], registry=r)
 
     def hold(self, rule: str, shard: int, keys: int) -> None:
         """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from coalescer.errors import ConfigError
@@ -48,7 +49,7 @@ def resolve(spec: HandlerImport) -> Callable[..., object]:
     """The handler ``spec`` names, imported and checked; ConfigError (with the file, line
     and field) when it does not import, is missing, or cannot take the claim."""
     module_name, attr_path = split_ref(spec.ref)
-    with on_path(spec.base_dir):
+    with on_path(spec.base_dir, fresh=module_name not in sys.modules):
         try:
             target: object = importlib.import_module(module_name)
         except Exception as exc:
@@ -70,21 +71,32 @@ def resolve(spec: HandlerImport) -> Callable[..., object]:
 
 
 @contextmanager
-def on_path(base_dir: Path | None) -> Iterator[None]:
-    """Import with ``base_dir`` first on sys.path (it stays there)."""
+def on_path(base_dir: Path | None, *, fresh: bool = True) -> Iterator[None]:
+    """Import with ``base_dir`` first on sys.path (it stays there); ``fresh``: the module
+    is not imported yet, so the finders' caches are dropped (files may be new)."""
     if base_dir is not None:
         folder = str(base_dir)
         if sys.path[:1] != [folder]:
             while folder in sys.path:
                 sys.path.remove(folder)
             sys.path.insert(0, folder)
-    importlib.invalidate_caches()
+    if fresh:
+        importlib.invalidate_caches()
     yield
 
 
 def signature_problem(fn: Callable[..., object]) -> str | None:
     """Why ``fn`` cannot be called as ``fn(claim)``, or None when it can (or when its
-    signature cannot be read, as for some builtins)."""
+    signature cannot be read, as for some builtins). Read once a function: many rules
+    often share one handler."""
+    try:
+        return _signature_problem(fn)
+    except TypeError:  # not hashable: read it every time
+        return _signature_problem.__wrapped__(fn)
+
+
+@cache
+def _signature_problem(fn: Callable[..., object]) -> str | None:
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -81,6 +81,15 @@ class BatchPolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ItemsPolicy:
+    """A rule's ``items:``: a touch may carry an item, and a refresh gets the distinct
+    items touched since its key's previous claim, at most ``max`` of them (past it, the
+    claim says the items overflowed)."""
+
+    max: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HttpHandler:
     """The ``http:`` handler form: a webhook called with the claim as its JSON body."""
 
@@ -119,6 +128,7 @@ class Rule:
     line: int
     rate: RateLimit | None = None  # None: starts are not throttled
     batch: BatchPolicy | None = None  # None: one handler call per key
+    items: ItemsPolicy | None = None  # None: touches of its keys carry no item
 
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
@@ -144,6 +154,9 @@ class Rule:
         if self.batch is not None:
             lines.append(f"  batch: max {self.batch.max}, wait {format_duration(self.batch.wait)}"
                          " (concurrency counts batches)")
+        if self.items is not None:
+            lines.append(f"  items: max {self.items.max} (claim.items; past it, "
+                         "claim.items_overflowed)")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|[{}]|\*+|[^{}*]+")
 # No key may hold a NUL: it separates keys in the upsert script's argument, so
@@ -22,9 +23,9 @@ class KeyPattern:
     """A compiled key pattern; the whole key must match."""
 
     source: str
-    regex: re.Pattern[str]  # unnamed groups: config/rules.py joins the patterns of every rule
+    expression: str  # the regex, unnamed groups: config/rules.py joins those of every rule
     names: tuple[str, ...]
-    named: re.Pattern[str]  # the same, each capture a named group: groupdict() is the params
+    named_expression: str  # the same, each capture a named group: groupdict() is the params
 
     @classmethod
     def compile(cls, source: str) -> KeyPattern:
@@ -38,8 +39,14 @@ class KeyPattern:
         named = iter(names)
         with_names = [f"(?P<{next(named)}>{part[1:]}" if part == _CAPTURE else part
                       for part in parts]
-        return cls(source=source, regex=re.compile("".join(parts), re.DOTALL),
-                   names=tuple(names), named=re.compile("".join(with_names), re.DOTALL))
+        return cls(source=source, expression="".join(parts), names=tuple(names),
+                   named_expression="".join(with_names))
+
+    @property
+    def named(self) -> re.Pattern[str]:
+        """The compiled regex with named groups, compiled on first use (a rules file of
+        thousands of rules loads without compiling a regex a rule)."""
+        return _compiled(self.named_expression)
 
     def match(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches the whole pattern, else None."""
@@ -48,6 +55,11 @@ class KeyPattern:
 
     def __str__(self) -> str:
         return self.source
+
+
+@cache
+def _compiled(expression: str) -> re.Pattern[str]:
+    return re.compile(expression, re.DOTALL)
 
 
 def _translate(token: str, names: list[str], source: str) -> str:

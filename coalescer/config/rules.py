@@ -60,8 +60,8 @@ class Config:
         next_group = 1
         for rule in self.rules:
             groups[next_group] = (rule, next_group + 1)
-            alternatives.append(f"({rule.pattern.regex.pattern})")
-            next_group += 1 + rule.pattern.regex.groups
+            alternatives.append(f"({rule.pattern.expression})")
+            next_group += 1 + len(rule.pattern.names)
         object.__setattr__(self, "_by_name", {rule.name: rule for rule in self.rules})
         object.__setattr__(self, "_matcher", re.compile("|".join(alternatives), re.DOTALL))
         object.__setattr__(self, "_groups", groups)

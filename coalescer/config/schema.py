@@ -24,6 +24,7 @@ from coalescer.config.model import (
     BatchPolicy,
     Handler,
     HttpHandler,
+    ItemsPolicy,
     RateLimit,
     RetryPolicy,
     Rule,
@@ -48,8 +49,10 @@ _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
                "rules", "sources")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch")
+_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items")
 _BATCH_FIELDS = ("max", "wait")
+_ITEMS_FIELDS = ("max",)
+MAX_ITEMS = 100_000  # distinct items a key's refresh gets at most
 MAX_BATCH = 10_000  # keys in one batch handler call
 MAX_BATCH_WAIT = 10.0  # seconds a batch waits for more keys, at most
 _RETRY_FIELDS = ("attempts", "backoff", "max_backoff")
@@ -131,7 +134,8 @@ class RulesSchema(YamlReader):
         sources: tuple[SourceConfig, ...] | None = ()
         if rules is not None and not self.errors and "sources" in entries:
             sources = self.attempt(load_sources, self, entries["sources"][1],
-                                   [r.pattern for r in rules])
+                                   [r.pattern for r in rules],
+                                   [r.pattern for r in rules if r.items is not None])
         if self.errors or rules is None or sources is None:
             return None
         return Document(namespace=namespace, shards=shards,
@@ -218,6 +222,7 @@ class RulesSchema(YamlReader):
         handler = self.attempt(self.rule_handler, entries, node, index, name or prefix,
                                pattern)
         batch = self.optional(entries, prefix, "batch", self.batch, None)
+        items = self.optional(entries, prefix, "items", self.items, None)
         if batch is not None and handler is not None:
             self.attempt(self.batch_handler, handler[0], entries, prefix)
         self.settle(before)
@@ -231,7 +236,7 @@ class RulesSchema(YamlReader):
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
                     handler=handler[0], handler_ref=handler[1], line=line_of(node),
-                    rate=rate, batch=batch)
+                    rate=rate, batch=batch, items=items)
 
     def batch(self, node: Node, prefix: str) -> BatchPolicy:
         """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""
@@ -240,6 +245,12 @@ class RulesSchema(YamlReader):
         size = self.positive_int(size_node, join(prefix, "max"), MAX_BATCH)
         wait = self.optional(entries, prefix, "wait", self.batch_wait, 0.0)
         return BatchPolicy(max=size, wait=wait)
+
+    def items(self, node: Node, prefix: str) -> ItemsPolicy:
+        """``items: {max: N}``: max is required."""
+        entries = self.mapping(node, prefix, _ITEMS_FIELDS, "items")
+        size_node = self.require(entries, "max", node, prefix, "items")
+        return ItemsPolicy(max=self.positive_int(size_node, join(prefix, "max"), MAX_ITEMS))
 
     def batch_handler(self, handler: Handler, entries: Entries, prefix: str) -> None:
         """A batch webhook gets one request for many keys: its url cannot name a capture."""

@@ -25,7 +25,7 @@ from coalescer.config.yaml_reader import Entries, YamlReader, line_of, shown
 from coalescer.errors import ConfigError
 
 COMMON_FIELDS = ("name", "type")
-STREAM_FIELDS = ("stream", "group", "start", "key")
+STREAM_FIELDS = ("stream", "group", "start", "key", "item")
 STARTS = ("new", "all")
 DEFAULT_GROUP = "coalescer"
 DEFAULT_TYPE = "stream"
@@ -60,6 +60,7 @@ class StreamSource(SourceConfig):
     group: str = DEFAULT_GROUP
     start: str = "new"  # "new": entries added after the group was created; "all": from 0
     key: KeyTemplate
+    item: KeyTemplate | None = None  # filled like key: the item each entry's touch carries
 
     @property
     def start_id(self) -> str:
@@ -148,6 +149,7 @@ class SourceItem:
     prefix: str
     name: str
     patterns: Sequence[KeyPattern]
+    item_patterns: Sequence[KeyPattern] = ()  # the patterns of the rules with items
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,20 +161,22 @@ class SourceFields:
     read: Callable[[YamlReader, SourceItem], SourceConfig]
 
 
-def load_sources(reader: YamlReader, node: Node,
-                 patterns: Sequence[KeyPattern]) -> tuple[SourceConfig, ...]:
-    """Every source of the ``sources:`` list, checked against the rules' patterns."""
+def load_sources(reader: YamlReader, node: Node, patterns: Sequence[KeyPattern],
+                 item_patterns: Sequence[KeyPattern] = ()) -> tuple[SourceConfig, ...]:
+    """Every source of the ``sources:`` list, checked against the rules' patterns (and
+    those of the rules with items, for a source whose entries carry an item)."""
     if not isinstance(node, SequenceNode):
         if reader.value(node, "sources") is None:
             return ()
         raise reader.error("sources must be a list of sources (name, stream, key, ...)",
                            node, "sources")
     seen: dict[str, int] = {}
-    return tuple(_source(reader, item, f"sources[{index}]", patterns, seen)
+    return tuple(_source(reader, item, f"sources[{index}]", (patterns, item_patterns), seen)
                  for index, item in enumerate(node.value))
 
 
-def _source(reader: YamlReader, node: Node, prefix: str, patterns: Sequence[KeyPattern],
+def _source(reader: YamlReader, node: Node, prefix: str,
+            patterns: tuple[Sequence[KeyPattern], Sequence[KeyPattern]],
             seen: dict[str, int]) -> SourceConfig:
     entries = reader.mapping(node, prefix, _every_field(), "a source")
     type_name = _type(reader, entries, prefix)
@@ -183,7 +187,8 @@ def _source(reader: YamlReader, node: Node, prefix: str, patterns: Sequence[KeyP
                            f"{seen[name]}); source names must be unique", name_node,
                            f"{prefix}.name")
     seen[name] = line_of(name_node)
-    item = SourceItem(entries=entries, node=node, prefix=prefix, name=name, patterns=patterns)
+    item = SourceItem(entries=entries, node=node, prefix=prefix, name=name,
+                      patterns=patterns[0], item_patterns=patterns[1])
     return SOURCE_TYPES[type_name].read(reader, item)
 
 
@@ -227,8 +232,29 @@ def _stream(reader: YamlReader, item: SourceItem) -> StreamSource:
         start = _start(reader, entries["start"][1], f"{prefix}.start")
     key_node = reader.require(entries, "key", node, prefix, "the source")
     key = _template(reader, key_node, f"{prefix}.key", item.patterns)
+    touched_item = None
+    if "item" in entries:
+        touched_item = _item_template(reader, entries["item"][1], f"{prefix}.item", key,
+                                      item.item_patterns)
     return StreamSource(name=item.name, stream=stream, group=group, start=start, key=key,
-                        line=line_of(node))
+                        item=touched_item, line=line_of(node))
+
+
+def _item_template(reader: YamlReader, node: Node, field: str, key: KeyTemplate,
+                   item_patterns: Sequence[KeyPattern]) -> KeyTemplate:
+    """A source's ``item:``, a template filled from the entry's fields as ``key`` is;
+    its keys must be able to match a rule with ``items:``."""
+    source = reader.string(node, field, "item")
+    try:
+        template = KeyTemplate.compile(source)
+    except ValueError as exc:
+        raise reader.error(str(exc).replace("key template", "item template"), node,
+                           field) from None
+    if not any(key.could_match(pattern) for pattern in item_patterns):
+        raise reader.error(f"the source's key template {key.source!r} can never match a rule "
+                           "with items: {max: N}, so no entry's item could be delivered; "
+                           "give the rule items:, or remove item:", node, field)
+    return template
 
 
 def _start(reader: YamlReader, node: Node, field: str) -> str:

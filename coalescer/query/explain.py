@@ -18,10 +18,11 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
-from coalescer.query.history import clock, format_duration_ms, parse_entries
+from coalescer.query.history import CANCELLED, clock, format_duration_ms, parse_entries
 from coalescer.store import key_states as states
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import OVERFLOW
 
 LAST_REFRESHES = 5
 SLACK_MS = 1  # rounding of window / max_wait to whole ms
@@ -36,7 +37,18 @@ def rule_settings(rule: Rule) -> dict[str, Any]:
                       "max_backoff": rule.retry.max_backoff},
             "rate": None if rule.rate is None else str(rule.rate),
             "batch": ({"max": rule.batch.max, "wait": rule.batch.wait}
-                      if rule.batch is not None else None)}
+                      if rule.batch is not None else None),
+            "items": {"max": rule.items.max} if rule.items is not None else None}
+
+
+def _item_state(pending: set[str], claimed: set[str]) -> dict[str, Any]:
+    """A key's items: those waiting for its next claim, and those of its current claim
+    (kept until a success; a retry gets them again), each sorted, "" (an overflow)
+    left out and told apart."""
+    return {"pending": len(pending - {OVERFLOW}), "pending_overflowed": OVERFLOW in pending,
+            "claimed": len(claimed - {OVERFLOW}), "claimed_overflowed": OVERFLOW in claimed,
+            "pending_items": sorted(pending - {OVERFLOW}),
+            "claimed_items": sorted(claimed - {OVERFLOW})}
 
 
 def _num(text: str) -> int | None:
@@ -110,12 +122,16 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
     pipe.zscore(sk.inflight(rule.name), key)
     pipe.zscore(sk.dead(rule.name), key)
     pipe.xrevrange(sk.history, "+", "-")
-    (sec, usec), value, inflight, dead, entries = await pipe.execute()
+    if rule.items is not None:
+        pipe.smembers(sk.items(key))
+        pipe.smembers(sk.claimed_items(key))
+    (sec, usec), value, inflight, dead, entries, *item_sets = await pipe.execute()
     now = int(sec) * 1000 + int(usec) // 1000
     mine = [r for i, f in entries for r in parse_entries(i, f) if r.key == key]
     info: dict[str, Any] = {"key": key, "shard": sk.shard, "now_ms": now,
                             "rule": rule_settings(rule)}
     info |= describe_state(value, rule, {"inflight": inflight, "dead": dead}, now)
+    info["items"] = _item_state(*item_sets) if item_sets else None
     if info["state"] == "backoff":
         failed = next((r for r in mine if r.failed), None)
         info["last_error"] = failed.error if failed else None
@@ -195,10 +211,26 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
             + (f"; rate {rule['rate']}" if rule.get("rate") else "")] + (
                 [f"           batch up to {rule['batch']['max']} keys a call, waiting up to "
                  f"{format_duration(rule['batch']['wait'])} for more"] if rule.get("batch")
-                else [])
+                else []) + (
+                [f"           items: up to {rule['items']['max']} a refresh"]
+                if rule.get("items") else [])
+
+
+def _items_line(items: dict[str, Any]) -> str:
+    """How many items wait for the next claim and how many the current one holds (the
+    items themselves are in ``--json``)."""
+    line = f"{plural(items['pending'], 'item')} pending" + (
+        " (overflowed: the next refresh is told so)" if items["pending_overflowed"] else "")
+    if items["claimed"] or items["claimed_overflowed"]:
+        line += (f"; {plural(items['claimed'], 'item')} held by the current claim (a retry "
+                 "gets them again)" + (", overflowed" if items["claimed_overflowed"] else ""))
+    return line
 
 
 def _refresh_line(r: dict[str, Any]) -> str:
+    if r["outcome"] == CANCELLED:
+        due = f" (due {clock(r['due_ms'])})" if r["due_ms"] is not None else ""
+        return f"  {clock(r['start_ms'])}  cancelled by node {r['node']}: its refresh{due} dropped"
     line = (f"  {clock(r['start_ms'])}  {r['outcome']:<8} {format_duration_ms(r['duration_ms'])}"
             f"  attempt {r['attempt'] if r['attempt'] is not None else '-'}, "
             f"token {r['token']}, node {r['node']}")
@@ -220,6 +252,8 @@ def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -
     if info["first_touch_ms"] is not None:
         lines.append(f"burst      first touch {_ago(info['first_touch_ms'], now)}, last touch "
                      f"{_ago(info['last_touch_ms'], now)}; attempts so far {info['attempts']}")
+    if info.get("items"):
+        lines.append(f"items      {_items_line(info['items'])}")
     refreshes = info["last_refreshes"]
     lines.append("last refreshes" + ("" if refreshes else ": none in the history"))
     lines += [_refresh_line(r) for r in refreshes]

@@ -21,6 +21,7 @@ from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace, ShardKeys
 
 FAILED_OUTCOMES = ("failure", "timeout", "lost")
+CANCELLED = "cancelled"  # a cancel's entry (cancel.lua): no refresh ran
 RECENT = 200  # refreshes per shard that `status` counts failures over
 
 
@@ -36,7 +37,8 @@ class Refresh:
     attempt: int | None
     start_ms: int
     duration_ms: int
-    outcome: str  # success, failure, timeout, or lost (its claim had been taken over)
+    outcome: str  # success, failure, timeout, lost (its claim had been taken over), or
+    # cancelled (no refresh: a cancel dropped the key's pending refresh, due at due_ms)
     error: str
     due_ms: int | None = None  # the due time it was claimed at (not recorded for lost ones)
     batch: int = 0  # keys in the batch handler call it ran in (0: a refresh of its own)
@@ -152,7 +154,7 @@ async def recent_by_rule(redis: Any, config: Config,
     space = KeySpace(config.namespace, config.shards)
     for r in await read_streams(redis, space.all_shards(), per_shard):
         counts = out.get(r.rule)
-        if counts is not None:
+        if counts is not None and r.outcome != CANCELLED:
             counts["refreshes"] += 1
             counts["failed"] += int(r.failed)
     return out
@@ -173,8 +175,11 @@ def format_duration_ms(ms: int) -> str:
 
 def _row(r: Refresh) -> str:
     attempt = str(r.attempt) if r.attempt is not None else "-"
-    line = (f"{clock(r.start_ms):<23}  {format_duration_ms(r.duration_ms):>9}  "
-            f"{r.outcome:<8} {r.rule:<16} {attempt:>3} {r.token:>8}  {r.node:<20} {r.key}")
+    cancelled = r.outcome == CANCELLED  # no refresh ran: no duration, no token
+    took = "-" if cancelled else format_duration_ms(r.duration_ms)
+    token = "-" if cancelled else str(r.token)
+    line = (f"{clock(r.start_ms):<23}  {took:>9}  "
+            f"{r.outcome:<9} {r.rule:<16} {attempt:>3} {token:>8}  {r.node:<20} {r.key}")
     if r.batch:
         line += f"  (batch of {r.batch})"
     return f"{line}\n{'':<25}error: {r.error}" if r.error else line
@@ -191,6 +196,6 @@ def format_history(refreshes: Iterable[Refresh]) -> str:
     rows = [_row(_shown(r)) for r in refreshes]
     if not rows:
         return "no refreshes recorded (yet) that match"
-    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<8} {'RULE':<16} {'TRY':>3} "
+    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<9} {'RULE':<16} {'TRY':>3} "
             f"{'TOKEN':>8}  {'NODE':<20} KEY")
     return "\n".join([head, *rows])

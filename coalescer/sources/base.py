@@ -22,6 +22,7 @@ from coalescer.store.connection import Connection
 log = logging.getLogger(__name__)
 
 TouchMany = Callable[[list[str]], None]
+TouchItems = Callable[[list[tuple[str, str]]], None]  # (key, item) touches, all or none
 Flush = Callable[[], Awaitable[None]]
 
 
@@ -36,6 +37,7 @@ class NodeContext:
     touch_many: TouchMany
     flush: Flush
     metrics: Metrics
+    touch_items: TouchItems | None = None  # for sources whose entries carry an item
 
 
 class Source(ABC):

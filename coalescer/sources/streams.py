@@ -8,7 +8,10 @@ entries read but not acknowledged stay pending, and any node claims those idle
 longer than ``claim_lease`` (``XAUTOCLAIM``). An entry that cannot become a touch
 (a field missing, not UTF-8, holding ``:`` or longer than a key may be; a key no
 rule matches or Redis cannot store; an entry trimmed away) is acknowledged too,
-logged with its id and counted as rejected: it never blocks the stream.
+logged with its id and counted as rejected: it never blocks the stream. A source
+with ``item:`` touches each key with the item its template fills in from the same
+entry; an entry whose item cannot be made (a field missing, too long for an item,
+a key whose rule has no ``items:``) is rejected the same way.
 
 Entries are read as bytes, on a client of the sources' own: a field of any bytes
 is rejected rather than failing the read, and a blocked read never holds one of
@@ -32,9 +35,17 @@ from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import UnknownKeyError, shown_key
-from coalescer.sources.base import Flush, NodeContext, Source, SourceType, TouchMany, register
+from coalescer.sources.base import (
+    Flush,
+    NodeContext,
+    Source,
+    SourceType,
+    TouchItems,
+    TouchMany,
+    register,
+)
 from coalescer.store.connection import bytes_client
-from coalescer.store.keycheck import MAX_KEY_BYTES, key_problem
+from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem, key_problem
 from coalescer.store.keys import sources_rejected
 
 log = logging.getLogger(__name__)
@@ -94,6 +105,17 @@ def _field_problem(raw: bytes) -> str | None:
     return None
 
 
+def _item_field_problem(raw: bytes) -> str | None:
+    """Why a field's bytes cannot fill an item template, or None (':' is fine in one)."""
+    if len(raw) > MAX_ITEM_BYTES:
+        return f"is {len(raw)} bytes long, over the limit of {MAX_ITEM_BYTES} for an item"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8 text"
+    return None
+
+
 def _group_gone(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, ResponseError) and ("NOGROUP" in text or "no longer exists" in text)
@@ -103,12 +125,16 @@ class SourceLoop:
     """Reads one source's stream and turns its entries into touches."""
 
     def __init__(self, source: StreamSource, client: Any, *, config: Config, node_id: str,
-                 touch_many: TouchMany, flush: Flush, metrics: Metrics) -> None:
+                 touch_many: TouchMany, flush: Flush, metrics: Metrics,
+                 touch_items: TouchItems | None = None) -> None:
         self.source = source
         self._client = client
         self._config = config
         self._consumer = node_id
         self._touch_many = touch_many
+        self._touch_items = touch_items
+        self._item_fields = None if source.item is None else [
+            (name, name.encode("utf-8", "surrogatepass")) for name in source.item.fields]
         self._flush = flush
         self._rejected_key = sources_rejected(config.namespace)
         self._fields = [(name, name.encode("utf-8", "surrogatepass"))
@@ -191,16 +217,13 @@ class SourceLoop:
 
     async def _handle(self, entries: list[Entry]) -> None:
         """Touch the keys, flush, then acknowledge every entry (rejected ones too)."""
-        keys: list[str] = []
-        rejected: list[tuple[bytes, str]] = []
-        for entry_id, fields in entries:
-            key, why = self.key_of(fields)
-            if key is None:
-                rejected.append((entry_id, why))
-            else:
-                keys.append(key)
+        keys, pairs, rejected = self._touches(entries)
         if keys:
             self._touch_many(keys)
+        if pairs:
+            assert self._touch_items is not None
+            self._touch_items(pairs)
+        if keys or pairs:
             await self._flush()
         await self._client.xack(self.source.stream, self.source.group,
                                 *[entry_id for entry_id, _ in entries])
@@ -208,8 +231,48 @@ class SourceLoop:
             await self._client.hincrby(self._rejected_key, self.source.name, len(rejected))
             self._log_rejected(rejected)
             self._metrics.labels(self.source.name, "rejected").inc(len(rejected))
-        if keys:
-            self._metrics.labels(self.source.name, "accepted").inc(len(keys))
+        if keys or pairs:
+            self._metrics.labels(self.source.name, "accepted").inc(len(keys) + len(pairs))
+
+    def _touches(self, entries: list[Entry]) -> tuple[list[str], list[tuple[str, str]],
+                                                      list[tuple[bytes, str]]]:
+        """The plain touches, the (key, item) touches and the rejected entries (id, why)."""
+        keys: list[str] = []
+        pairs: list[tuple[str, str]] = []
+        rejected: list[tuple[bytes, str]] = []
+        for entry_id, fields in entries:
+            key, why = self.key_of(fields)
+            item: str | None = None
+            if key is not None and self._item_fields is not None:
+                item, why = self.item_of(fields, key)
+                key = key if item is not None else None
+            if key is None:
+                rejected.append((entry_id, why))
+            elif item is not None:
+                pairs.append((key, item))
+            else:
+                keys.append(key)
+        return keys, pairs, rejected
+
+    def item_of(self, fields: dict[bytes, bytes] | None, key: str) -> tuple[str | None, str]:
+        """The item an entry's touch of ``key`` carries, or None and why it is rejected."""
+        assert self.source.item is not None and self._item_fields is not None
+        values: dict[str, str] = {}
+        for name, raw_name in self._item_fields:
+            raw = (fields or {}).get(raw_name)
+            if raw is None:
+                return None, f"it has no field {name!r} (for its item)"
+            problem = _item_field_problem(raw)
+            if problem is not None:
+                return None, f"field {name!r} {problem}"
+            values[name] = raw.decode("utf-8")
+        item = self.source.item.fill(values)
+        problem = item_problem(item)
+        if problem is None and self._config.rule_for(key).items is None:
+            problem = f"the rule of key {shown_key(key)} takes no items"
+        if problem is not None:
+            return None, f"item {shown_key(item)} cannot be touched: {problem}"
+        return item, ""
 
     def key_of(self, fields: dict[bytes, bytes] | None) -> tuple[str | None, str]:
         """The key an entry touches, or None and why it is rejected."""
@@ -250,13 +313,15 @@ class Sources(Source):
 
     def __init__(self, config: Config, client: Any, *, node_id: str, touch_many: TouchMany,
                  flush: Flush, metrics: Metrics,
-                 sources: Sequence[StreamSource] | None = None) -> None:
+                 sources: Sequence[StreamSource] | None = None,
+                 touch_items: TouchItems | None = None) -> None:
         client.set_response_callback("XREADGROUP", _raw)
         client.set_response_callback("XAUTOCLAIM", _raw)
         self._client = client
         streams = _streams(config.sources) if sources is None else sources
         self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
-                                 touch_many=touch_many, flush=flush, metrics=metrics)
+                                 touch_many=touch_many, flush=flush, metrics=metrics,
+                                 touch_items=touch_items)
                       for source in streams]
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -285,7 +350,7 @@ def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sourc
                           read_timeout=BLOCK_MAX + 5.0)
     return Sources(context.config, client, node_id=context.node_id,
                    touch_many=context.touch_many, flush=context.flush,
-                   metrics=context.metrics, sources=streams)
+                   metrics=context.metrics, sources=streams, touch_items=context.touch_items)
 
 
 async def stream_status(redis: Any, source: SourceConfig,

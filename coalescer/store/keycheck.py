@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from coalescer.common.plural import plural
-from coalescer.errors import InvalidKeyError, shown_key
+from coalescer.errors import InvalidItemError, InvalidKeyError, shown_key
 
 MAX_KEY_BYTES = 1024
+MAX_ITEM_BYTES = 256  # an item is short: a changed row's id, not the row
 
 
 def key_problem(key: object) -> str | None:
@@ -44,6 +45,37 @@ def check_key(key: str) -> None:
     problem = key_problem(key)
     if problem is not None:
         raise InvalidKeyError(key, problem)
+
+
+def item_problem(item: object) -> str | None:
+    """Why ``item`` cannot go with a touch, or None when it can: an item is a non-empty
+    str of at most ``MAX_ITEM_BYTES`` in UTF-8, without NUL (items travel NUL-joined,
+    and the empty string marks an overflow in Redis)."""
+    if not isinstance(item, str):
+        return f"an item must be a str, not {type(item).__name__}"
+    if not item:
+        return "an item must not be empty"
+    try:
+        size = len(item) if item.isascii() else len(item.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (f"character {item[exc.start]!r} at index {exc.start} cannot be encoded "
+                "as UTF-8 (a lone surrogate)")
+    if "\0" in item:
+        return f"it contains a NUL character (at index {item.index(chr(0))})"
+    if size > MAX_ITEM_BYTES:
+        return f"it is {size} bytes long in UTF-8, over the limit of {MAX_ITEM_BYTES}"
+    return None
+
+
+def check_item(key: str, item: object, rule_name: str, takes_items: bool) -> None:
+    """Raise InvalidItemError when ``item`` cannot go with a touch of ``key`` (of rule
+    ``rule_name``, which may or may not take items)."""
+    problem = item_problem(item)
+    if problem is None and not takes_items:
+        problem = (f"its rule {rule_name!r} takes no items (give the rule "
+                   "items: {max: N} to deliver them to its refreshes)")
+    if problem is not None:
+        raise InvalidItemError(key, item, problem)
 
 
 @dataclass(frozen=True, kw_only=True)

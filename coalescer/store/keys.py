@@ -20,6 +20,10 @@ Per shard::
     NS:{NS:N}:inflight:RULE   ZSET    claimed key -> lease expiry, ms
     NS:{NS:N}:dead:RULE       ZSET    dead-lettered key -> when, ms
     NS:{NS:N}:history         STREAM  the shard's recent refreshes, capped (MAXLEN ~)
+    NS:{NS:N}:items:KEY       SET     items touched with KEY since its last claim (a rule
+                                      with ``items:``; "" marks an overflow)
+    NS:{NS:N}:claimed:KEY     SET     the items of KEY's current claim, kept until a
+                                      success is acked (a retry gets them again)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
@@ -96,6 +100,25 @@ class ShardKeys:
     @property
     def history(self) -> str:
         return f"{self.prefix}:history"
+
+    @property
+    def items_prefix(self) -> str:
+        """``items(key)`` is this followed by the key (scripts build it so)."""
+        return f"{self.prefix}:items:"
+
+    @property
+    def claimed_prefix(self) -> str:
+        """``claimed_items(key)`` is this followed by the key (scripts build it so)."""
+        return f"{self.prefix}:claimed:"
+
+    def items(self, key: str) -> str:
+        """The items touched with ``key`` since its last claim. Whatever drops a key's
+        state for good (purge.lua, a cancel) deletes this and ``claimed_items(key)``."""
+        return self.items_prefix + key
+
+    def claimed_items(self, key: str) -> str:
+        """The items of ``key``'s current claim, until a success is acked."""
+        return self.claimed_prefix + key
 
     def due(self, rule: str) -> str:
         return f"{self.prefix}:due:{rule}"

@@ -8,7 +8,7 @@ script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
@@ -20,12 +20,17 @@ from coalescer.store.batching import ScriptBatcher
 from coalescer.store.keys import ShardKeys
 
 KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
+OVERFLOW = ""  # the member of a key's items set that says its items overflowed (_lib.lua)
+NO_ITEM_RULES: Mapping[str, int] = {}
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers",
-    "purge", "hasten", "take", "take_rate",
+    "purge", "hasten", "take", "take_rate", "cancel",
 )
+
+# What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
+CANCEL_STATES = ("pending", "rearm", "running", "dead", "idle")
 
 
 def script_source(name: str) -> str:
@@ -43,6 +48,10 @@ class UpsertGroup:
     window_ms: int
     max_wait_ms: int
     keys: Sequence[str]
+    # key -> the items touched with it ("" for an overflow), for some of ``keys``; a
+    # rule with items says how many a key holds at most
+    items: Mapping[str, Collection[str]] | None = None
+    items_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +65,8 @@ class UpsertResult:
 
 class ClaimedKey(NamedTuple):
     """One claim as the claim script granted it (a tuple: a drain parses thousands a
-    second, and a tuple is built in a fifth of a frozen dataclass's time)."""
+    second, and a tuple is built in a fifth of a frozen dataclass's time). ``items``
+    (sorted) and ``overflowed`` are its items, for a rule with items."""
 
     rule_index: int
     key: str
@@ -65,6 +75,16 @@ class ClaimedKey(NamedTuple):
     last_ms: int
     attempt: int
     due_ms: int
+    items: tuple[str, ...] = ()
+    overflowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelGroup:
+    """Keys of one rule whose pending refreshes to drop."""
+
+    rule: str
+    keys: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +201,41 @@ def _optional(value: Any) -> int | None:
     return None if number < 0 else number
 
 
-def _claims(encoded: Sequence[str]) -> list[ClaimedKey]:
+def _claims(encoded: Sequence[str], items: Sequence[Sequence[Any]] = ()) -> list[ClaimedKey]:
     out, make = [], ClaimedKey._make
     for item in encoded:
         r, token, first, last, attempt, due, key = item.split("|", 6)
         out.append(make((int(r), key, int(token), int(first), int(last), int(attempt),
-                         int(due))))
+                         int(due), (), False)))
+    for position, *members in items:
+        i = int(position)
+        found = set(map(str, members))
+        overflowed = OVERFLOW in found
+        found.discard(OVERFLOW)
+        out[i] = out[i]._replace(items=tuple(sorted(found)), overflowed=overflowed)
     return out
+
+
+def _items_section(shard: ShardKeys, item_rules: Mapping[str, int],
+                   rules: Sequence[str]) -> list[Any]:
+    """The items section of a claiming script's arguments (none when no rule of the call
+    has items: such a call costs what it did before items existed)."""
+    if not item_rules or not any(rule in item_rules for rule in rules):
+        return []
+    return [shard.items_prefix, shard.claimed_prefix,
+            *(item_rules.get(rule, 0) for rule in rules)]
+
+
+def _upsert_items(groups: Sequence[UpsertGroup]) -> list[Any]:
+    """The items section of an upsert call (none for plain touches)."""
+    args: list[Any] = []
+    for g in groups:
+        if g.items:
+            fields: list[str] = []
+            for key, items in g.items.items():
+                fields += (key, str(len(items)), *items)
+            args += [g.items_max, KEY_SEPARATOR.join(fields)]
+    return args
 
 
 def _held(encoded: Sequence[str]) -> dict[int, int]:
@@ -221,6 +269,9 @@ class Scripts:
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
             args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+        items = _upsert_items(groups)
+        if items:
+            args += [shard.items_prefix, *items]
         result = await self._run("upsert", keys, args)
         failed = result[3] if len(result) > 3 else []
         return UpsertResult(int(result[1]),
@@ -228,28 +279,36 @@ class Scripts:
 
     async def claim(self, shard: ShardKeys, *, leader: str, node_id: str, leader_lease_ms: int,
                     claim_lease_ms: int, sleep_cap_ms: int,
-                    limits: Sequence[tuple[str, int]]) -> ClaimBatch:
-        """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost."""
+                    limits: Sequence[tuple[str, int]],
+                    item_rules: Mapping[str, int] = NO_ITEM_RULES) -> ClaimBatch:
+        """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost.
+        ``item_rules`` maps each rule with items to its items max: their claims get
+        their items."""
         keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes]
         args: list[Any] = [leader, leader_lease_ms, claim_lease_ms, sleep_cap_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
+        args += _items_section(shard, item_rules, [rule for rule, _ in limits])
         result = await self._run("claim", keys, args)
         if int(result[0]) == 0:
             raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")
         if int(result[0]) != 1:
             raise ScriptError(f"claim answered {result!r}")
         return ClaimBatch(int(result[1]), _optional(result[2]), _optional(result[3]),
-                          int(result[4]), _claims(result[5]), bool(int(result[6])),
+                          int(result[4]),
+                          _claims(result[5], result[8] if len(result) > 8 else ()),
+                          bool(int(result[6])),
                           _held(result[7]) if len(result) > 7 else {})
 
     async def ack(self, shard: ShardKeys, groups: Sequence[AckGroup],
-                  history: History = NO_HISTORY) -> list[str]:
+                  history: History = NO_HISTORY,
+                  item_rules: Collection[str] = ()) -> list[str]:
         """Finish successful claims (and record them); returns the keys whose token was stale.
 
         A group is ``(rule, items)``, or ``(rule, items, size)`` for the claims of one
-        batch handler call of ``size`` keys: their successes share one history entry."""
+        batch handler call of ``size`` keys: their successes share one history entry.
+        The claims of ``item_rules`` (rules with items) drop their delivered items."""
         keys, args = history.args(shard)
         for rule, items, *batched in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
@@ -257,6 +316,9 @@ class Scripts:
                 f"{item[1]}|{item[2]}|{item[3]}|{item[0]}" if len(item) == 4
                 else f"{item[1]}|0|0|{item[0]}" for item in items]),
                 batched[0] if batched and batched[0] else ""]
+        if item_rules and any(group[0] in item_rules for group in groups):
+            args += [shard.claimed_prefix,
+                     *("1" if group[0] in item_rules else "0" for group in groups)]
         result = await self._run("ack", keys, args)
         return [str(k) for k in result[2:]]
 
@@ -314,8 +376,26 @@ class Scripts:
     async def purge(self, shard: ShardKeys, rule: str,
                     dead_keys: Sequence[str]) -> tuple[int, list[str]]:
         """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
-        result = await self._run("purge", [shard.meta, shard.dead(rule)], list(dead_keys))
+        result = await self._run("purge", [shard.meta, shard.dead(rule)],
+                                 [shard.items_prefix, shard.claimed_prefix, *dead_keys])
         return int(result[0]), [str(k) for k in result[1:]]
+
+    async def cancel(self, shard: ShardKeys, groups: Sequence[CancelGroup],
+                     history: History = NO_HISTORY) -> dict[str, str]:
+        """Drop the groups' keys' pending refreshes (and the re-arms of running ones):
+        each key with the state it was found in, one of CANCEL_STATES."""
+        keys = [shard.meta, shard.history]
+        args: list[Any] = [history.node_id, history.length, shard.items_prefix,
+                           shard.claimed_prefix]
+        for g in groups:
+            keys.append(shard.due(g.rule))
+            args += [g.rule, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+        _, found = await self._run("cancel", keys, args)
+        names = [k for g in groups for k in g.keys]
+        states = [str(s) for s in found]
+        if len(states) != len(names) or not set(states) <= set(CANCEL_STATES):
+            raise ScriptError(f"cancel answered {found!r} for {plural(len(names), 'key')}")
+        return dict(zip(names, states, strict=True))
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
                       mine: str, rules: str = "") -> LeaseState:
@@ -327,16 +407,19 @@ class Scripts:
                           tuple(str(n) for n in adopt))
 
     async def adopt(self, shard: ShardKeys, *, node_id: str, leader_lease_ms: int,
-                    claim_lease_ms: int, limits: Sequence[tuple[str, int]]) -> AdoptBatch:
+                    claim_lease_ms: int, limits: Sequence[tuple[str, int]],
+                    item_rules: Mapping[str, int] = NO_ITEM_RULES) -> AdoptBatch:
         """Claim due keys of rules the shard's leader lacks, where this node serves them."""
         keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
         args: list[Any] = [node_id, leader_lease_ms, claim_lease_ms]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, limit]
-        now, due, expiry, claims, blocked, served, *held = await self._run("adopt", keys, args)
-        return AdoptBatch(int(now), _optional(due), _optional(expiry), _claims(claims),
-                          bool(int(blocked)), int(served), _held(held[0]) if held else {})
+        args += _items_section(shard, item_rules, [rule for rule, _ in limits])
+        now, due, expiry, claims, blocked, served, *rest = await self._run("adopt", keys, args)
+        return AdoptBatch(int(now), _optional(due), _optional(expiry),
+                          _claims(claims, rest[1] if len(rest) > 1 else ()),
+                          bool(int(blocked)), int(served), _held(rest[0]) if rest else {})
 
     async def peers(self, shard: ShardKeys, live_ms: int) -> tuple[int, list[Peer]]:
         """Server time and the shard's live worker nodes with their registered rules."""
@@ -368,12 +451,15 @@ class Scripts:
         return RateGrant(int(granted), int(wait))
 
     async def take(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
-                   limits: Sequence[tuple[str, int]]) -> tuple[int, list[ClaimedKey]]:
+                   limits: Sequence[tuple[str, int]],
+                   item_rules: Mapping[str, int] = NO_ITEM_RULES,
+                   ) -> tuple[int, list[ClaimedKey]]:
         """Claim due keys for a drain, without the leader check: (server now, claims)."""
         keys = [shard.meta, shard.seq]
         args: list[Any] = [claim_lease_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
-        now, claims = await self._run("take", keys, args)
-        return int(now), _claims(claims)
+        args += _items_section(shard, item_rules, [rule for rule, _ in limits])
+        now, claims, *items = await self._run("take", keys, args)
+        return int(now), _claims(claims, items[0] if items else ())

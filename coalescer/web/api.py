@@ -1,8 +1,15 @@
 """The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
+GET and DELETE /keys/{key} (explain, cancel),
 and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
 /healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
+Without one, a node answers only requests sent to a loopback name or its own address,
+and refuses to bind elsewhere unless told ``allow_open``. State-changing requests from
+another origin, or with a body that is not ``application/json``, are refused (see
+``coalescer.web.guards``).
+Before any of this, connections are capped and request headers, bodies and idle
+connections have deadlines (see ``coalescer.web.connections``).
 Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
 A refused /touch applies nothing: the whole body is validated, unknown keys included,
 before the first key is touched.
@@ -12,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,16 +30,42 @@ from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
-from coalescer.errors import BackpressureError, ClosedError, InvalidKeyError, UnknownKeyError
+from coalescer.common.printable import printable
+from coalescer.errors import (
+    BackpressureError,
+    ClosedError,
+    CoalescerError,
+    InvalidItemError,
+    InvalidKeyError,
+    UnknownKeyError,
+)
+from coalescer.web.connections import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedSite,
+)
+from coalescer.web.guards import (
+    cross_site_guard,
+    host_guard,
+    is_loopback,
+    json_body_guard,
+    page_csp,
+    security_headers,
+)
 from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
     Refusal,
     check_content_type,
-    parse_keys,
+    parse_touch,
+    refuse_bad_items,
     refuse_unstorable,
     unreadable,
 )
+from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +99,10 @@ class Node(PageNode, Protocol):
 
     def touch_many(self, keys: list[str]) -> None: ...
 
+    def touch_items(self, pairs: list[tuple[str, str]], *, keys: list[str]) -> None: ...
+
+    def refused_items(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]: ...
+
     def unwritten_age(self) -> float | None: ...
 
     def dropped_keys(self) -> list[dict[str, Any]]: ...
@@ -75,6 +111,8 @@ class Node(PageNode, Protocol):
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
 
+    async def cancel(self, key: str) -> CancelOutcome: ...
+
     async def ping(self) -> bool: ...
 
 
@@ -82,10 +120,15 @@ class Node(PageNode, Protocol):
 
 
 def _bearer(request: web.Request) -> bytes | None:
+    """The bearer token sent, or None: absent, another scheme, or bytes that are not
+    UTF-8 (aiohttp keeps those as surrogates, which do not encode)."""
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
-    return value.strip().encode()
+    try:
+        return value.strip().encode()
+    except UnicodeEncodeError:
+        return None
 
 
 def _auth_middleware(token: str) -> Any:
@@ -119,25 +162,29 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response({"error": exc.reason}, status=exc.status,
                                  headers={k: v for k, v in exc.headers.items()
                                           if k.lower() == "allow"})
-    except Exception as exc:  # a bug: still a JSON answer, and one log line with the cause
-        log.error("HTTP %s %s failed: %r", request.method, request.path, exc, exc_info=exc)
-        return web.json_response({"error": f"internal error: {exc!r}"}, status=500)
+    except Exception as exc:  # a bug: logged once with its cause; the client learns nothing
+        log.error("HTTP %s %s failed: %r", request.method, printable(request.path), exc,
+                  exc_info=exc)
+        return web.json_response({"error": "internal error"}, status=500)
 
 
 # --- the server ------------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """True if ``host`` (an address or "localhost") only listens on this machine."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False  # a host name: it may resolve to an outside address
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+class OpenApiError(CoalescerError):
+    """The HTTP API would be open to the network without a token."""
+
+
+def refuse_open(host: str, port: int, token: str | None, *, allowed: str) -> None:
+    """Raise OpenApiError when ``host`` is not loopback and there is no token; the
+    message names the address and the fixes (``allowed``: how to say it is meant)."""
+    if token or is_loopback(host):
+        return
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise OpenApiError(f"refusing to serve the HTTP API on {shown} without a token: anyone "
+                       "who reaches it could touch keys and read status; set "
+                       "COALESCER_TOKEN=<secret>, or bind it to 127.0.0.1 "
+                       f"({allowed} serves it open anyway)")
 
 
 class HttpApi:
@@ -145,18 +192,32 @@ class HttpApi:
 
     def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE) -> None:
+                 max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE,
+                 allow_open: bool = False,
+                 max_connections: int | None = None,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        """``allow_open``: serve without a token on an address that is not loopback
+        (else OpenApiError, here). The connection limits (``max_connections``, None:
+        from the file limit; ``header_timeout``, ``body_timeout``, ``idle_timeout`` in
+        seconds) are described in ``coalescer.web.connections``."""
         if max_body < 1:
             raise ValueError(f"max_body must be at least 1 byte, got {max_body}")
         if not max_unwritten_age > 0:
             raise ValueError(f"max_unwritten_age must be over 0 seconds, got {max_unwritten_age}")
         self._max_unwritten_age = max_unwritten_age
+        self._limits = ConnectionLimits(max_connections, header_timeout, body_timeout,
+                                        idle_timeout)  # see connections.py
         self._c = coalescer
         self._host = host
         self._port = port
         self._token = token or None
+        if not allow_open:
+            refuse_open(host, port, self._token, allowed="allow_open=True")
         self._max_body = max_body
         self._runner: web.AppRunner | None = None
+        self._guard: ConnectionGuard | None = None
         self._bound: int | None = None
 
     @property
@@ -174,7 +235,11 @@ class HttpApi:
         return f"http://{host}:{self.port}"
 
     def make_app(self) -> web.Application:
-        middlewares = [_error_middleware]
+        page = PageRoutes(self._c, self._read_body)
+        middlewares = [security_headers(page_csp(page.html)), _error_middleware]
+        if self._token is None:
+            middlewares.append(host_guard(self._host))  # with a token, the token guards
+        middlewares += [cross_site_guard, json_body_guard]
         if self._token is not None:
             middlewares.append(_auth_middleware(self._token))
         app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
@@ -183,7 +248,8 @@ class HttpApi:
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
-        PageRoutes(self._c, self._read_body).register(app)
+        app.router.add_delete("/keys/{key:.+}", self._cancel)
+        page.register(app)
         return app
 
     async def start(self) -> None:
@@ -195,9 +261,11 @@ class HttpApi:
                         "anyone who reaches it can touch keys and read status; set "
                         "COALESCER_TOKEN=<secret> (clients send 'Authorization: Bearer "
                         "<secret>') or bind it to 127.0.0.1", self.url)
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0,
+                               keepalive_timeout=self._limits.idle_timeout)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        self._guard = ConnectionGuard(self._limits, metrics=self._c.metrics)
+        site = GuardedSite(runner, self._host, self._port, self._guard)
         try:
             await site.start()
         except BaseException:
@@ -230,7 +298,10 @@ class HttpApi:
             raise too_big
         check_content_type(request)
         try:
-            return await request.read()
+            async with asyncio.timeout(self._limits.body_timeout):
+                return await request.read()
+        except TimeoutError:
+            raise self._body_late() from None
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
         except RequestPayloadError as exc:
@@ -240,27 +311,41 @@ class HttpApi:
                      request.remote)
             raise Refusal(400, "the connection was lost before the body ended") from None
 
+    def _body_late(self) -> Refusal:
+        if self._guard is not None:
+            self._guard.note("body_timeout")
+        late = Refusal(408, f"the body did not arrive within {self._limits.body_timeout:g} s")
+        late.close = True
+        return late
+
     async def _touch(self, request: web.Request) -> web.Response:
-        keys = parse_keys(await self._read_body(request))
+        keys, pairs = parse_touch(await self._read_body(request))
         refuse_unstorable(keys)
-        unknown = self._c.unknown_keys(keys)
+        refuse_bad_items(self._c.refused_items(pairs))
+        unknown = self._c.unknown_keys([*keys, *dict.fromkeys(key for key, _ in pairs)])
         if unknown:
             verb = noun(len(unknown), "matches", "match")
             raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
                                "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
-        self._apply(keys)
-        return web.json_response({"accepted": len(keys)}, status=202)
+        self._apply(keys, pairs)
+        return web.json_response({"accepted": len(keys) + len(pairs)}, status=202)
 
-    def _apply(self, keys: list[str]) -> None:
+    def _apply(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
         try:
-            self._c.touch_many(keys)  # all or nothing, under back-pressure too
+            if pairs:
+                self._c.touch_items(pairs, keys=keys)  # all or nothing, as touch_many
+            else:
+                self._c.touch_many(keys)  # all or nothing, under back-pressure too
         except BackpressureError as exc:
             raise Refusal(503, str(exc)) from None
         except ClosedError as exc:
             raise Refusal(503, f"the node is not running: {exc}") from None
         except UnknownKeyError as exc:
             raise Refusal(422, str(exc), unknown_keys=[exc.key]) from None
+        except InvalidItemError as exc:
+            raise Refusal(422, str(exc), invalid_items=[
+                {"key": exc.key, "item": exc.item, "error": exc.reason}]) from None
         except InvalidKeyError as exc:
             raise Refusal(422, str(exc), invalid_keys=[{"key": exc.key, "error": exc.reason}]
                           ) from None
@@ -275,7 +360,8 @@ class HttpApi:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
-        touch has waited over ``max_unwritten_age`` to be written."""
+        touch has waited over ``max_unwritten_age`` to be written. Served without the
+        token: it shows counts (``dropped_keys: N``), never key names or Redis errors."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
         age = self._c.unwritten_age()
@@ -285,8 +371,8 @@ class HttpApi:
                 errors.append(f"the oldest unwritten touch is {age:.1f} s old "
                               f"(bound {self._max_unwritten_age:g} s)")
         dropped = self._c.dropped_keys()
-        if dropped:
-            body["dropped_keys"] = dropped
+        if dropped:  # a count: this route is open, key names and Redis errors are not
+            body["dropped_keys"] = len(dropped)
         if not errors:
             return web.json_response(body)
         body.update(ok=False, error="; ".join(errors))
@@ -312,6 +398,28 @@ class HttpApi:
             raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        """DELETE /keys/{key}: drop the key's pending refresh (`coalescer cancel KEY`);
+        404 when it was not pending (or no rule matches it)."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                outcome = await self._c.cancel(key)
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), key=key, invalid_keys=[
+                {"key": exc.key, "error": exc.reason}]) from None
+        except ClosedError as exc:
+            raise Refusal(503, f"the node is not running: {exc}") from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot cancel key {key!r} in Redis: {exc!r}") from None
+        state = outcome.states[key]
+        if outcome.not_pending:
+            raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
+                          key=key, cancelled=False, state=state)
+        return web.json_response({"cancelled": True, "key": key, "state": state})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()

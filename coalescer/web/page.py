@@ -8,7 +8,12 @@
 - ``GET /due?n=N``: the earliest ``n`` pending keys of each rule (1 to 100, default 5)
   and the server clock.
 - ``POST /dead/retry`` ``{"keys": [...]}``: re-queue those dead-lettered keys, due
-  now with fresh attempts; answers ``{"retried": N, "not_dead": [...]}``.
+  now with fresh attempts; answers ``{"retried": N, "not_dead": [...]}``. Like every
+  state change, only from the page's own origin and as ``application/json``
+  (``coalescer.web.guards``).
+
+The page is served with a Content-Security-Policy that allows its inline script and
+style by hash (``coalescer.web.guards.page_csp``), so it loads nothing else.
 
 Every error is JSON with an ``error`` field: 400 for a bad query or body, 422 for
 keys no rule matches (or an unknown rule), 503 when Redis cannot be read.
@@ -119,7 +124,7 @@ class PageRoutes:
         self._node = node
         self._rules = [r.name for r in node.config.rules]
         self._read_body = read_body
-        self._html = page_html()
+        self.html = page_html()
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/", self.page)
@@ -128,7 +133,7 @@ class PageRoutes:
         app.router.add_post("/dead/retry", self.retry)
 
     async def page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._html, content_type="text/html", charset="utf-8",
+        return web.Response(body=self.html, content_type="text/html", charset="utf-8",
                             headers={"Cache-Control": "no-store"})
 
     async def history(self, request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from coalescer.common.plural import noun
+from coalescer.common.plural import noun, plural
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
@@ -101,6 +101,57 @@ def parse_keys(raw: bytes) -> list[str]:
     return [_check_key(i, key) for i, key in enumerate(keys)]
 
 
+_TOUCH_SHAPE = ('the body must be a JSON object {"keys": ["KEY", ...]}, '
+                '{"items": [["KEY", "ITEM"], ...]} or both')
+
+
+def _check_pair(index: int, pair: object) -> tuple[str, str]:
+    if not isinstance(pair, list) or len(pair) != 2:
+        got = f"a list of {len(pair)}" if isinstance(pair, list) else type(pair).__name__
+        raise Refusal(400, f"items[{index}] must be a [KEY, ITEM] pair of strings, got {got}")
+    key, item = pair
+    for part, value in (("0", key), ("1", item)):
+        if not isinstance(value, str):
+            raise Refusal(400, f"items[{index}][{part}] must be a string, got "
+                               f"{type(value).__name__}")
+    if not key:
+        raise Refusal(400, f"items[{index}][0] is an empty string; keys must not be empty")
+    return key, item
+
+
+def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]]]:
+    """The plain keys and the (key, item) touches of a /touch body; Refusal(400) saying
+    what is wrong with it. Either field may be left out, not both."""
+    body = _decode(raw)
+    if not isinstance(body, dict):
+        raise Refusal(400, f"{_TOUCH_SHAPE}, got a JSON {type(body).__name__}")
+    extra = sorted(set(body) - {"keys", "items"})
+    if extra:
+        raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
+                           f"{_TOUCH_SHAPE}")
+    if "keys" not in body and "items" not in body:
+        raise Refusal(400, f"the field 'keys' is missing (or 'items'); {_TOUCH_SHAPE}")
+    keys = body.get("keys", [])
+    if not isinstance(keys, list):
+        raise Refusal(400, f"'keys' must be a list of strings, got {type(keys).__name__}")
+    pairs = body.get("items", [])
+    if not isinstance(pairs, list):
+        raise Refusal(400, f"'items' must be a list of [KEY, ITEM] pairs, got "
+                           f"{type(pairs).__name__}")
+    return ([_check_key(i, key) for i, key in enumerate(keys)],
+            [_check_pair(i, pair) for i, pair in enumerate(pairs)])
+
+
+def refuse_bad_items(bad: list[dict[str, Any]]) -> None:
+    """Refuse (422) a request whose (key, item) touches cannot be made (``bad``: index,
+    key, item and error of each), listing the first few."""
+    if bad:
+        first = bad[0]
+        raise Refusal(422, f"{plural(len(bad), 'item')} cannot be touched (items"
+                           f"[{first['index']}]: {first['error']}); nothing was touched",
+                      invalid_items=bad[:SHOWN_KEYS])
+
+
 def refuse_unstorable(keys: list[str], *, undone: str = "touched",
                       first: Literal["index", "none"] = "index") -> None:
     """Refuse (422) a request naming keys Redis cannot store, listing the first few."""
@@ -115,10 +166,8 @@ _CHARSETS = ("utf-8", "utf8", "us-ascii", "ascii")
 
 
 def check_content_type(request: web.Request) -> None:
-    """Refuse (415) a body declared as a form upload or as text in another charset."""
-    if request.content_type.startswith("multipart/"):
-        raise Refusal(415, f"a {request.content_type} body is not accepted; {_SHAPE}, "
-                           "sent as application/json")
+    """Refuse (415) a JSON body declared in another charset than UTF-8 (its type,
+    application/json, is checked before: ``coalescer.web.guards.json_body_guard``)."""
     charset = request.charset
     if charset is not None and charset.lower() not in _CHARSETS:
         raise Refusal(415, f"the body must be UTF-8 JSON, not {charset}")

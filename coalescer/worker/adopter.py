@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.store.keys import ShardKeys
-from coalescer.worker.claims import MAX_CLAIM, AdoptBatch, claim_into_slots, recover_expired
+from coalescer.worker.claims import (
+    MAX_CLAIM,
+    AdoptBatch,
+    claim_into_slots,
+    item_rules,
+    recover_expired,
+)
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -40,6 +46,7 @@ class Adopter:
         self._scripts = ctx.scripts
         self._runner = runner
         self._by_name = {r.name: r for r in ctx.rules}
+        self._item_rules = item_rules(ctx.rules)
         self._node_id = ctx.node_id
         self._leader_lease_ms = round(ctx.leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
@@ -107,7 +114,8 @@ class Adopter:
                 limits = await gate.limit(limits)
             return await self._scripts.adopt(
                 self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
-                claim_lease_ms=self._claim_lease_ms, limits=limits)
+                claim_lease_ms=self._claim_lease_ms, limits=limits,
+                item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, rules, MAX_CLAIM, call)
         if gate:

@@ -21,6 +21,11 @@ A key's life in Redis, per shard and rule (``due:RULE`` and ``inflight:RULE``):
   (``ack.lua``, ``fail.lua``): a success finishes the claim, a failure is retried
   after its backoff or dead-lettered after the last attempt; a key touched while
   it ran goes back to due. A result carrying an older token is refused as stale.
+* **items** — for a rule with ``items:`` each claiming script also moves the key's
+  pending items into its claimed set and returns them with the claim (``ClaimedKey.items``,
+  ``overflowed``); a success ack deletes that set, a failure and a recovery keep it for
+  the next claim. The scripts get an items section only when a rule of the call has
+  items (``item_rules``): other rules pay nothing.
 * **recovered** — a claim whose lease expired (its holder died or stopped
   renewing) goes back to due with its attempt counted (``recover.lua``), checked
   by the leader, an adopter and a drain whenever a claim call reports an expired
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from coalescer.config.rules import Rule
@@ -55,12 +60,18 @@ from coalescer.store.scripts import (
 )
 
 __all__ = ["MAX_CLAIM", "RECOVER_BATCH", "AckItem", "AdoptBatch", "ClaimBatch", "ClaimedKey",
-           "Failure", "Taken", "claim_into_slots", "recover_expired"]
+           "Failure", "Taken", "claim_into_slots", "item_rules", "recover_expired"]
 
 log = logging.getLogger(__name__)
 
 MAX_CLAIM = 1000  # keys per rule per claim call: each script call stays short
 RECOVER_BATCH = 500  # expired claims per rule re-queued by one recover call
+
+
+def item_rules(rules: Iterable[Rule]) -> dict[str, int]:
+    """The rules with ``items:``, each with its items max: what the claiming scripts and
+    ack need to move and drop their items (rules without items cost nothing there)."""
+    return {rule.name: rule.items.max for rule in rules if rule.items is not None}
 
 
 class Taken(NamedTuple):

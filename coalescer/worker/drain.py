@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coalescer.claim import Claim
-from coalescer.worker.claims import MAX_CLAIM, RECOVER_BATCH, Taken, claim_into_slots
+from coalescer.worker.claims import MAX_CLAIM, RECOVER_BATCH, Taken, claim_into_slots, item_rules
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.runner import Runner
 
@@ -59,6 +59,7 @@ class Drainer:
         self._flush = flush
         self._redis = redis
         self._names = [r.name for r in ctx.rules]
+        self._item_rules = item_rules(ctx.rules)
 
     async def run(self, timeout: float) -> list[Claim]:
         """The claims this process ran, in the order they started; TimeoutError naming
@@ -108,7 +109,8 @@ class Drainer:
         async def call(limits: list[tuple[str, int]]) -> Taken:
             return Taken(*await self._scripts.take(
                 self._keyspace.shard(shard), node_id=self._node_id,
-                claim_lease_ms=round(self._config.claim_lease * 1000), limits=limits))
+                claim_lease_ms=round(self._config.claim_lease * 1000), limits=limits,
+                item_rules=self._item_rules))
         _, _, taken = await claim_into_slots(self._runner, shard, self._config.rules,
                                              MAX_CLAIM, call, queue=False)
         return sum(taken)

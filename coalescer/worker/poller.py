@@ -31,7 +31,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coalescer.store.keys import ShardKeys
-from coalescer.worker.claims import MAX_CLAIM, ClaimBatch, claim_into_slots, recover_expired
+from coalescer.worker.claims import (
+    MAX_CLAIM,
+    ClaimBatch,
+    claim_into_slots,
+    item_rules,
+    recover_expired,
+)
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -52,6 +58,7 @@ class Poller:
         self._scripts = ctx.scripts
         self._runner = runner
         self._rules = list(ctx.rules)
+        self._item_rules = item_rules(self._rules)
         self._node_id = ctx.node_id
         leader_lease = ctx.leader_lease
         self._leader_lease_ms = round(leader_lease * 1000)
@@ -102,7 +109,8 @@ class Poller:
             return await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
-                sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits)
+                sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits,
+                item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, self._rules, MAX_CLAIM, call)
         if self._gate:

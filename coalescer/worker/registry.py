@@ -36,9 +36,9 @@ CHECK_INTERVAL = 60.0
 
 
 def fingerprint(rule: Rule) -> str:
-    """12 hex digits that change with the rule's match, timing, retries, handler, rate or
-    batch (a rule without ``rate:`` or ``batch:`` keeps the fingerprint it had before they
-    existed)."""
+    """12 hex digits that change with the rule's match, timing, retries, handler, rate,
+    batch or items (a rule without ``rate:``, ``batch:`` or ``items:`` keeps the
+    fingerprint it had before they existed)."""
     retry = rule.retry
     parts: tuple[str, ...] = (
         rule.pattern.source, repr(rule.window), repr(rule.max_wait), repr(rule.timeout),
@@ -48,6 +48,8 @@ def fingerprint(rule: Rule) -> str:
         parts += (f"rate {rule.rate}",)
     if rule.batch is not None:
         parts += (f"batch {rule.batch.max}/{rule.batch.wait!r}",)
+    if rule.items is not None:
+        parts += (f"items {rule.items.max}",)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 

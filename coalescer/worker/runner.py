@@ -40,7 +40,7 @@ from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
 from coalescer.worker.batches import BatchAnswerError, failed_keys
-from coalescer.worker.claims import AckItem, ClaimedKey, Failure
+from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
 from coalescer.worker.invoke import Invoke
 
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ class Runner:
         self._scripts = ctx.scripts
         self._hints = ctx.hints
         self._history = History(ctx.node_id, ctx.config.history)
+        self._item_rules = item_rules(ctx.config.rules)
         self._keyspace = ctx.keyspace
         self._metrics = ctx.metrics
         self._invokers = invokers
@@ -222,6 +223,8 @@ class Runner:
         fresh = []
         for c in claims:
             claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
+            if c.overflowed:
+                self._metrics.item_overflows.labels(name).inc()
             job = Job(shard, rule, claim, renewed, renewed, clock_offset_ms)
             jobs[claim.key] = job
             fresh.append(job)
@@ -505,7 +508,7 @@ class Runner:
                 self._traced.pop(claim.key, None)
             stale += await self._scripts.ack(
                 keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
-                self._history)
+                self._history, self._item_rules)
             self._forget(box.acks)
             box.acks = []
         if box.fails:

@@ -27,6 +27,7 @@ import aiohttp
 from yarl import URL
 
 from coalescer.claim import Claim
+from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.model import quote_capture
 from coalescer.config.rules import HttpHandler
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Coalescer-Signature"
 USER_AGENT = "coalescer-webhook/0.1"
 EXCERPT_BYTES = 200
+SHOWN_CHARS = 200  # of a receiver's Location, reason or error text, once escaped
 DRAIN_BYTES = 64 * 1024
 
 
@@ -100,7 +102,14 @@ async def _excerpt(response: aiohttp.ClientResponse) -> str:
     except (aiohttp.ClientError, TimeoutError):
         return ""
     text = raw.decode("utf-8", errors="replace").strip()
-    return " ".join(text.split())
+    return _shown(" ".join(text.split()))
+
+
+def _shown(text: str) -> str:
+    """A receiver's text as stored in an error: control characters escaped (no forged
+    terminal or log output), at most SHOWN_CHARS characters."""
+    escaped = printable(text)
+    return escaped if len(escaped) <= SHOWN_CHARS else escaped[:SHOWN_CHARS] + "..."
 
 
 def encode_batch(claims: list[Claim]) -> bytes:
@@ -124,6 +133,9 @@ def failed_of_answer(raw: bytes, method: str, url: str) -> object:
         raise WebhookError(f"webhook {method} {url} answered with a 'failed' field that is "
                            f"neither a list of keys nor a mapping of key to error: "
                            f"{json.dumps(failed)[:EXCERPT_BYTES]}")
+    if isinstance(failed, dict):  # the receiver's error texts, kept as stored errors
+        return {key: _shown(error) if isinstance(error, str) else error
+                for key, error in failed.items()}
     return failed
 
 
@@ -131,9 +143,9 @@ async def _check(response: aiohttp.ClientResponse, method: str, url: str) -> byt
     """The answer's body (up to DRAIN_BYTES) when it is a 2xx; else WebhookError."""
     if 200 <= response.status < 300:
         return await response.content.read(DRAIN_BYTES)  # lets the connection be reused
-    status = f"{response.status} {response.reason or ''}".rstrip()
+    status = f"{response.status} {_shown(response.reason or '')}".rstrip()
     location = response.headers.get("Location")
-    where = f" (redirect to {location}, not followed)" if location else ""
+    where = f" (redirect to {_shown(location)}, not followed)" if location else ""
     excerpt = await _excerpt(response)
     detail = f": {excerpt}" if excerpt else ""
     raise WebhookError(f"webhook {method} {url} answered {status}{where}{detail}")
@@ -184,7 +196,7 @@ class Webhooks:
                                f"{limit:g}s") from None
         except aiohttp.ClientError as exc:
             raise WebhookError(f"webhook {http.method} {shown} failed: "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{type(exc).__name__}: {_shown(str(exc))}") from None
 
     async def close(self) -> None:
         """Close the pooled session (a later call opens a new one)."""

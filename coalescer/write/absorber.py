@@ -19,6 +19,12 @@ place its rule is matched): a key Redis cannot store is refused there. The age o
 the oldest unwritten touch is tracked per batch: ``pending`` has the time it last
 went from empty to non-empty, each taken batch the stamp it left with.
 
+Items (a rule with ``items:``) ride on a separate path: a key touched with an item
+keeps its distinct items in ``_items`` (at most its rule's ``items.max``; past it an
+``OVERFLOW`` mark instead) beside its entry in ``pending``, and a taken batch carries
+the items of its keys (``Batch.item_sets``). Plain touches never look at them. Buffered
+items are bounded too (``max_items``).
+
 A full buffer refuses ``touch`` (BackpressureError). Writers that would rather wait
 ``offer`` keys and wait for room: a thread on a condition, a coroutine on a future,
 both woken when a write ends and its keys leave the buffer (``written``, ``discard``),
@@ -31,14 +37,20 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from types import MappingProxyType
 
 from coalescer.config.rules import Rule
 from coalescer.errors import BackpressureError, ClosedError
-from coalescer.store.keycheck import check_key
+from coalescer.store.keycheck import check_item, check_key
+from coalescer.store.scripts import OVERFLOW
 from coalescer.write.recent_writes import RecentWrites
 
 Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError
+Entry = tuple[str, Rule, str | None]  # a checked touch waiting for room: key, rule, item
+ItemSets = Mapping[str, Collection[str]]  # key -> its items ("" for an overflow)
+NO_ITEMS: ItemSets = MappingProxyType({})
+ITEMS_PER_KEY = 10  # buffered items allowed per buffered key, on average (max_items)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -48,19 +60,42 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 class Batch(dict[str, Rule]):
     """Keys taken for one write (key -> rule); ``since`` is when the oldest was touched,
-    ``taken_at`` when the batch was taken, both on the ``time.monotonic()`` clock."""
+    ``taken_at`` when the batch was taken, both on the ``time.monotonic()`` clock;
+    ``item_sets`` the items of those of its keys touched with some."""
 
     since: float
     taken_at: float
+    item_sets: ItemSets = NO_ITEMS
+
+
+def _add_item(bag: set[str], item: str, most: int) -> int:
+    """Add ``item`` to a key's buffered items (at most ``most``, then an overflow mark);
+    returns how many entries the set grew by."""
+    if item in bag:
+        return 0
+    if len(bag) - (OVERFLOW in bag) < most:
+        bag.add(item)
+        return 1
+    if OVERFLOW in bag:
+        return 0
+    bag.add(OVERFLOW)
+    return 1
+
+
+def _count(items: ItemSets) -> int:
+    return sum(len(its) for its in items.values())
 
 
 class Absorber:
     """Buffers touched keys; bounded by ``max_keys`` (G8)."""
 
-    def __init__(self, match: Matcher, *, max_keys: int) -> None:
+    def __init__(self, match: Matcher, *, max_keys: int, max_items: int | None = None) -> None:
         self._match = match
         self._max_keys = max_keys
+        self._max_items = max_items if max_items is not None else max_keys * ITEMS_PER_KEY
         self._pending: dict[str, Rule] = {}
+        self._items: dict[str, set[str]] = {}  # items of pending keys, where some were touched
+        self._item_count = 0  # items buffered: in ``_items`` and in batches being written
         self._taken = 0  # keys taken for a write that has not yet succeeded or failed
         self._pending_since: float | None = None  # oldest touch in ``pending``, about
         self._taken_since: Counter[float] = Counter()  # a batch's stamp -> keys unfinished
@@ -72,8 +107,8 @@ class Absorber:
         self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closing = False
         self.idle = True
-        self.touches = 0
-        self.absorbed = 0
+        self.fresh = 0  # touches that buffered a key not buffered yet
+        self.absorbed = 0  # touches of a key already buffered
         self.waits = 0  # times a waiting touch found the buffer full
 
     def set_waker(self, wake: Callable[[], None]) -> None:
@@ -84,6 +119,11 @@ class Absorber:
     def max_keys(self) -> int:
         return self._max_keys
 
+    @property
+    def touches(self) -> int:
+        """Touches accepted (counted apart, so that an absorbed touch adds to one count)."""
+        return self.fresh + self.absorbed
+
     def __len__(self) -> int:
         """Keys accepted and not yet in Redis, the ones being written included."""
         return len(self._pending) + self._taken
@@ -91,22 +131,95 @@ class Absorber:
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
         if key in self._pending:
-            self.touches += 1
             self.absorbed += 1
             return
         check_key(key)  # a key Redis cannot store is refused here: not counted
         rule = self._match(key)  # so is an unknown key
-        self.touches += 1
         with self._lock:
             if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
-                self.touches -= 1
                 raise BackpressureError(
                     f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
                     "and not yet written to Redis (is Redis reachable?)")
+            self.fresh += 1
             self._pending[key] = rule
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
         self._poke()
+
+    def touch_item(self, key: str, item: str) -> None:
+        """Buffer one touch of ``key`` carrying ``item``. Raises UnknownKeyError,
+        InvalidKeyError, InvalidItemError (also for a key whose rule takes no items),
+        BackpressureError."""
+        rule = self._item_rule(key, item)
+        with self._lock:
+            self._room_for_item(key, item)
+            self._item_locked(key, rule, item)
+        self._poke()
+
+    def touch_items(self, pairs: Iterable[tuple[str, str]], keys: Iterable[str] = ()) -> None:
+        """Buffer every (key, item) touch, and every plain touch of ``keys``, or none: a
+        refused one (KeyRefusedError) or BackpressureError applies nothing."""
+        checked = [(key, self._item_rule(key, item), item) for key, item in pairs]
+        plain = {key: self._rule(key) for key in keys}
+        with self._lock:
+            new_keys = {key for key, _, _ in checked if key not in self._pending}
+            new_keys.update(key for key in plain if key not in self._pending)
+            if len(self._pending) + self._taken + len(new_keys) > self._max_keys:
+                raise BackpressureError(
+                    f"{len(new_keys)} new keys refused: {len(self._pending)} keys are "
+                    f"already buffered (the bound is {self._max_keys}) and not yet written "
+                    "to Redis (is Redis reachable?)")
+            if self._item_count + len(checked) > self._max_items:
+                raise self._items_full(f"{len(checked)} items")
+            for key, rule, item in checked:
+                self._item_locked(key, rule, item)
+            if plain:
+                self._plain_locked(plain)
+        if checked or plain:
+            self._poke()
+
+    def _plain_locked(self, rules: dict[str, Rule]) -> None:
+        """Buffer checked plain touches (lock held, room checked)."""
+        new = [key for key in rules if key not in self._pending]
+        self._pending.update(rules)
+        if new and self._pending_since is None:
+            self._pending_since = time.monotonic()
+        self.fresh += len(new)
+        self.absorbed += len(rules) - len(new)
+
+    def _item_rule(self, key: str, item: str) -> Rule:
+        rule = self._pending.get(key) or self._rule(key)
+        check_item(key, item, rule.name, rule.items is not None)
+        return rule
+
+    def _room_for_item(self, key: str, item: str) -> None:
+        """BackpressureError when a touch of ``key`` with ``item`` does not fit (lock held)."""
+        if key not in self._pending and len(self._pending) + self._taken >= self._max_keys:
+            raise BackpressureError(
+                f"touch({key!r}, {item!r}) refused: {self._max_keys} keys are already "
+                "buffered and not yet written to Redis (is Redis reachable?)")
+        if self._item_count >= self._max_items:
+            raise self._items_full(f"touch({key!r}, {item!r})")
+
+    def _items_full(self, what: str) -> BackpressureError:
+        return BackpressureError(
+            f"{what} refused: {self._item_count} items are already buffered (the bound is "
+            f"{self._max_items}) and not yet written to Redis (is Redis reachable?)")
+
+    def _item_locked(self, key: str, rule: Rule, item: str) -> None:
+        """Buffer a checked touch of ``key`` with ``item`` (lock held, room checked)."""
+        assert rule.items is not None
+        if key in self._pending:
+            self.absorbed += 1
+        else:
+            self.fresh += 1
+            self._pending[key] = rule
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
+        bag = self._items.get(key)
+        if bag is None:
+            bag = self._items[key] = set()
+        self._item_count += _add_item(bag, item, rule.items.max)
 
     def _poke(self) -> None:
         # Wake the flusher even for a held key: it then sleeps to the key's release
@@ -117,12 +230,17 @@ class Absorber:
 
     # -- waiting for room (see write/room.py) --
 
-    def rules_of(self, keys: list[str]) -> list[tuple[str, Rule]]:
+    def rules_of(self, keys: list[str]) -> list[Entry]:
         """Each key with its rule; a refused key raises (KeyRefusedError) before any
         key is buffered."""
-        return [(key, self._rule(key)) for key in keys]
+        return [(key, self._rule(key), None) for key in keys]
 
-    def offer(self, items: list[tuple[str, Rule]], start: int) -> int:
+    def rules_of_items(self, pairs: list[tuple[str, str]]) -> list[Entry]:
+        """Each (key, item) touch with the key's rule; a refused one raises
+        (KeyRefusedError, InvalidItemError) before anything is buffered."""
+        return [(key, self._item_rule(key, item), item) for key, item in pairs]
+
+    def offer(self, items: list[Entry], start: int) -> int:
         """Buffer ``items[start:]`` in order while there is room; returns the index of
         the first one left out (``len(items)``: all are in). Raises ClosedError once
         ``close_waits`` was called."""
@@ -134,21 +252,28 @@ class Absorber:
             self._poke()
         return i
 
-    def _offer_locked(self, items: list[tuple[str, Rule]], start: int) -> int:
+    def _offer_locked(self, items: list[Entry], start: int) -> int:
         pending, room = self._pending, self._max_keys - len(self._pending) - self._taken
         i = start
         while i < len(items):
-            key, rule = items[i]
+            key, rule, item = items[i]
+            if item is not None:
+                if (key not in pending and room <= 0) or self._item_count >= self._max_items:
+                    break
+                room -= key not in pending
+                self._item_locked(key, rule, item)
+                i += 1
+                continue
             if key not in pending:
                 if room <= 0:
                     break
                 room -= 1
                 pending[key] = rule
+                self.fresh += 1
                 if self._pending_since is None:
                     self._pending_since = time.monotonic()
             else:
                 self.absorbed += 1
-            self.touches += 1
             i += 1
         return i
 
@@ -156,7 +281,7 @@ class Absorber:
         """Block this thread until some room is freed (or ``close_waits``); False when
         ``timeout`` seconds passed first. Never call it on the flusher's event loop."""
         with self._lock:
-            if self._closing or len(self._pending) + self._taken < self._max_keys:
+            if self._closing or self._has_room_locked():
                 return True
             self.waits += 1
             return self._room.wait(timeout)
@@ -167,12 +292,16 @@ class Absorber:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if self._closing or len(self._pending) + self._taken < self._max_keys:
+            if self._closing or self._has_room_locked():
                 future.set_result(None)
             else:
                 self.waits += 1
                 self._room_futures.append((loop, future))
         return future
+
+    def _has_room_locked(self) -> bool:
+        return (len(self._pending) + self._taken < self._max_keys
+                and self._item_count < self._max_items)
 
     def close_waits(self) -> None:
         """The coalescer is closing: every waiting touch ends (with ClosedError)."""
@@ -202,11 +331,24 @@ class Absorber:
             if new and self._pending_since is None:
                 self._pending_since = time.monotonic()
             fresh = bool(new)  # held keys too (see touch)
-            self.touches += len(keys)
+            self.fresh += len(new)
             self.absorbed += len(keys) - len(new)
         if fresh and self.idle:
             self.idle = False
             self._wake()
+
+    def drop(self, keys: Iterable[str]) -> set[str]:
+        """Forget the buffered touches of ``keys`` that no write has taken yet (a cancel
+        drops them); returns the keys that had some."""
+        with self._lock:
+            gone = {key for key in keys if self._pending.pop(key, None) is not None}
+            for key in gone:
+                self._item_count -= len(self._items.pop(key, ()))
+            if not self._pending:
+                self._pending_since = None
+            if gone:
+                self._freed_locked()
+        return gone
 
     def _rule(self, key: str) -> Rule:
         check_key(key)
@@ -224,11 +366,20 @@ class Absorber:
                 self._pending_since = None
             else:
                 self._pending, self._pending_since = self._split_ready(ready)
+            if self._items:  # only where items were touched: plain touches skip this
+                self._take_items(ready)
             if ready:
                 self._taken += len(ready)
                 self._taken_since[ready.since] += len(ready)
                 self._writing.append(ready)
             return ready
+
+    def _take_items(self, ready: Batch) -> None:
+        """Move the items of the keys in ``ready`` along with them (lock held)."""
+        if not self._pending:
+            ready.item_sets, self._items = self._items, {}
+            return
+        ready.item_sets = {key: self._items.pop(key) for key in list(self._items) if key in ready}
 
     def finished(self, batch: Batch) -> None:
         """The write of ``batch`` is over (each key written, given back or discarded):
@@ -281,33 +432,57 @@ class Absorber:
         else:
             del self._taken_since[stamp]
 
-    def written(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
+    def written(self, batch: Mapping[str, Rule], since: float | None = None,
+                items: ItemSets = NO_ITEMS) -> None:
         """Remember keys as written: they are recent for their absorb interval.
 
-        ``since`` is the stamp of the batch they were taken in (default ``batch.since``).
+        ``since`` is the stamp of the batch they were taken in (default ``batch.since``);
+        ``items`` the items written with them.
         """
         with self._lock:
             self._finish(batch, since)
+            self._item_count -= _count(items)
             self._freed_locked()
         # ``recent`` is only used from the event loop's thread (take, written,
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         self._recent.add(batch)
 
-    def give_back(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
-        """Return unwritten keys to the buffer; nothing accepted is lost."""
+    def give_back(self, batch: Mapping[str, Rule], since: float | None = None,
+                  items: ItemSets = NO_ITEMS) -> None:
+        """Return unwritten keys (and their ``items``) to the buffer; nothing accepted is
+        lost."""
         with self._lock:
             self._finish(batch, since)
             for key, rule in batch.items():
                 self._pending.setdefault(key, rule)
+            for key, its in items.items():
+                self._give_back_items(key, batch[key], its)
             stamp = since if since is not None else getattr(batch, "since", None)
             if batch and stamp is not None:
                 old = self._pending_since
                 self._pending_since = stamp if old is None else min(old, stamp)
 
-    def discard(self, batch: Mapping[str, Rule], since: float | None = None) -> None:
-        """Forget keys that can never be written (the flusher dropped them)."""
+    def _give_back_items(self, key: str, rule: Rule, items: Collection[str]) -> None:
+        """Merge a key's unwritten items into what was touched since (lock held)."""
+        bag = self._items.get(key)
+        if bag is None:
+            self._items[key] = set(items)
+            return
+        self._item_count -= len(items) + len(bag)
+        most = rule.items.max if rule.items is not None else len(items)
+        merged = set(bag)
+        bag.clear()
+        for item in (*items, *merged):  # the older ones first
+            _add_item(bag, item, most)
+        self._item_count += len(bag)
+
+    def discard(self, batch: Mapping[str, Rule], since: float | None = None,
+                items: ItemSets = NO_ITEMS) -> None:
+        """Forget keys that can never be written (the flusher dropped them), with their
+        ``items``."""
         with self._lock:
             self._finish(batch, since)
+            self._item_count -= _count(items)
             self._freed_locked()
 
     def oldest_unwritten(self) -> float | None:

@@ -9,6 +9,10 @@ A write that fails for a transient reason (see failures.py) is given back and
 retried with backoff, losing nothing. A write that fails for good is split in
 halves until the keys Redis refuses are found: those are dropped (logged once
 each, counted, listed in ``dropped``) and every other key is written.
+
+Items touched with keys travel with their keys, in the same upsert call (the touch
+and its items are one atomic step); a batch without items is grouped and sent
+exactly as before items existed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
 from coalescer.common.metrics import Metrics
@@ -27,15 +31,17 @@ from coalescer.config.rules import Rule
 from coalescer.errors import shown_key
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts, UpsertGroup
-from coalescer.write.absorber import Absorber, Batch
+from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
 from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # writes of the background loop in flight at once
 MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis time)
+MAX_ITEMS_PER_CALL = 20_000  # keys and items per upsert call, when keys carry items
 IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
+FORGET_ROUNDS = 5  # a cancel waits for this many writes of its keys at most (see forget)
 
 
 def _ms(seconds: float) -> int:
@@ -47,6 +53,36 @@ def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
         yield items[i : i + size]
 
 
+def _group(rule: Rule, keys: list[str], items: ItemSets) -> UpsertGroup:
+    mine = {key: items[key] for key in keys if key in items}
+    return UpsertGroup(rule.name, _ms(rule.window), _ms(rule.max_wait), keys,
+                       mine or None, rule.items.max if rule.items is not None else 0)
+
+
+def _split_with_items(rules: dict[str, Rule], keys_by_rule: dict[str, list[str]],
+                      items: ItemSets) -> Iterable[list[UpsertGroup]]:
+    """One shard's keys and their items as calls of at most MAX_KEYS_PER_CALL keys and
+    MAX_ITEMS_PER_CALL keys and items each (a key's items are never split)."""
+    call: list[UpsertGroup] = []
+    part: list[str] = []
+    keys_in, weight = 0, 0
+    for name, keys in keys_by_rule.items():
+        for key in keys:
+            cost = 1 + len(items.get(key, ()))
+            if (keys_in >= MAX_KEYS_PER_CALL or weight + cost > MAX_ITEMS_PER_CALL) and keys_in:
+                if part:
+                    call.append(_group(rules[name], part, items))
+                yield call
+                call, part, keys_in, weight = [], [], 0, 0
+            part.append(key)
+            keys_in, weight = keys_in + 1, weight + cost
+        if part:
+            call.append(_group(rules[name], part, items))
+            part = []
+    if call:
+        yield call
+
+
 def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[UpsertGroup]]:
     """The first ``n`` keys of ``groups``, and the rest, still grouped by rule."""
     first: list[UpsertGroup] = []
@@ -54,11 +90,26 @@ def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[
     for g in groups:
         cut = max(0, min(len(g.keys), n))
         if cut:
-            first.append(replace(g, keys=g.keys[:cut]))
+            first.append(_part(g, g.keys[:cut]))
         if cut < len(g.keys):
-            second.append(replace(g, keys=g.keys[cut:]))
+            second.append(_part(g, g.keys[cut:]))
         n -= cut
     return first, second
+
+
+def _part(group: UpsertGroup, keys: Sequence[str]) -> UpsertGroup:
+    """``group`` with only ``keys`` (and their items)."""
+    if not group.items:
+        return replace(group, keys=keys)
+    items = group.items
+    return replace(group, keys=keys, items={k: items[k] for k in keys if k in items})
+
+
+def _items_of(groups: list[UpsertGroup]) -> ItemSets:
+    """The items the groups carry, by key."""
+    if not any(g.items for g in groups):
+        return NO_ITEMS
+    return {key: items for g in groups if g.items for key, items in g.items.items()}
 
 
 def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Rule]:
@@ -92,7 +143,7 @@ class Flusher:
         self._keyspace = keyspace
         self._metrics = metrics
         self._event = asyncio.Event()
-        self._writes: set[asyncio.Task[None]] = set()  # every write not yet finished
+        self._writes: dict[asyncio.Task[None], Batch] = {}  # every write not yet finished
         self._running: dict[asyncio.Task[None], int] = {}  # the loop's writes -> their keys
         self._loop = asyncio.get_running_loop()
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
@@ -146,12 +197,12 @@ class Flusher:
 
     def _start(self, batch: Batch) -> asyncio.Task[None]:
         task = asyncio.ensure_future(self._send(batch))
-        self._writes.add(task)
+        self._writes[task] = batch
         task.add_done_callback(self._ended)
         return task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        self._writes.discard(task)
+        self._writes.pop(task, None)
         self._event.set()  # keys held while it was in flight may be ready; room for a write
 
     async def _sleep(self) -> None:
@@ -168,6 +219,22 @@ class Flusher:
             await self._write(batch)
         if earlier:
             await asyncio.gather(*earlier)
+
+    async def forget(self, keys: Collection[str]) -> set[str]:
+        """Drop the buffered touches of ``keys`` (a cancel); returns the keys that had
+        some. Returns once no write in flight carries one of them: every touch of them
+        made before this call is then in Redis or dropped. A write that failed gives its
+        keys back to the buffer, where they are dropped in turn; a touch made while this
+        runs may go either way."""
+        dropped: set[str] = set()
+        for _ in range(FORGET_ROUNDS):
+            dropped |= self._absorber.drop(keys)
+            writes = [task for task, batch in self._writes.items()
+                      if not task.done() and not batch.keys().isdisjoint(keys)]
+            if not writes:
+                break
+            await asyncio.wait(writes)
+        return dropped
 
     async def _write(self, batch: Batch) -> None:
         await asyncio.shield(self._start(batch))
@@ -197,17 +264,19 @@ class Flusher:
             result = await self._scripts.upsert_keys(self._keyspace.shard(shard), groups)
         except BaseException as exc:
             if is_transient(exc):
-                self._absorber.give_back(_keys_of(groups, batch), batch.since)
+                self._absorber.give_back(_keys_of(groups, batch), batch.since,
+                                         _items_of(groups))
                 raise
             await self._bisect(shard, groups, batch, exc)
             return
-        keys = _keys_of(groups, batch)
+        keys, items = _keys_of(groups, batch), _items_of(groups)
         if result.failed:
             bad = {key: keys.pop(key) for key in result.failed if key in keys}
             for key, error in result.failed.items():
                 self._drop(key, REASON_REDIS, error)
-            self._absorber.discard(bad, batch.since)
-        self._absorber.written(keys, batch.since)
+            self._absorber.discard(bad, batch.since, {k: items[k] for k in bad if k in items})
+            items = {k: its for k, its in items.items() if k in keys}
+        self._absorber.written(keys, batch.since, items)
 
     async def _bisect(self, shard: int, groups: list[UpsertGroup], batch: Batch,
                       exc: BaseException) -> None:
@@ -215,13 +284,13 @@ class Flusher:
         if total == 1:
             key = groups[0].keys[0]
             self._drop(key, drop_reason(exc), repr(exc))
-            self._absorber.discard({key: batch[key]}, batch.since)
+            self._absorber.discard({key: batch[key]}, batch.since, _items_of(groups))
             return
         first, second = _halves(groups, total // 2)
         try:
             await self._deliver(shard, first, batch)
         except BaseException:
-            self._absorber.give_back(_keys_of(second, batch), batch.since)
+            self._absorber.give_back(_keys_of(second, batch), batch.since, _items_of(second))
             raise
         await self._deliver(shard, second, batch)
 
@@ -241,8 +310,11 @@ class Flusher:
         rules: dict[str, Rule] = {}
         by_shard = self._by_shard(batch, rules)
         out = []
+        items = batch.item_sets if isinstance(batch, Batch) else NO_ITEMS
         for shard, keys_by_rule in by_shard.items():
-            for chunk in self._split(rules, keys_by_rule):
+            split = (self._split(rules, keys_by_rule) if not items
+                     else _split_with_items(rules, keys_by_rule, items))
+            for chunk in split:
                 out.append((shard, chunk))
         return out
 

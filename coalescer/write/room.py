@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from coalescer.common.plural import plural
 from coalescer.errors import BackpressureError
-from coalescer.write.absorber import Absorber
+from coalescer.write.absorber import Absorber, Entry
 
 DEFAULT_TIMEOUT = 30.0  # seconds a waiting touch waits for room, by default
 
@@ -45,11 +45,19 @@ def _timed_out(absorber: Absorber, what: str, done: int, total: int,
         "and not yet written to Redis (is Redis reachable, or keeping up?)")
 
 
+def _entries(absorber: Absorber, keys: Sequence[str],
+             pairs: Sequence[tuple[str, str]]) -> list[Entry]:
+    """Every touch checked (a refused one raises before anything is buffered): the
+    plain ones of ``keys``, then the (key, item) ones of ``pairs``."""
+    return absorber.rules_of(list(keys)) + absorber.rules_of_items(list(pairs))
+
+
 def touch_blocking(absorber: Absorber, keys: Sequence[str], timeout: float | None,
-                   what: str) -> None:
-    """Buffer ``keys``, blocking this thread while the buffer is full."""
+                   what: str, pairs: Sequence[tuple[str, str]] = ()) -> None:
+    """Buffer ``keys`` (and the (key, item) touches ``pairs``), blocking this thread
+    while the buffer is full."""
     deadline = _deadline(timeout)
-    items = absorber.rules_of(list(keys))
+    items = _entries(absorber, keys, pairs)
     done = absorber.offer(items, 0)
     while done < len(items):
         left = _left(deadline)
@@ -59,10 +67,11 @@ def touch_blocking(absorber: Absorber, keys: Sequence[str], timeout: float | Non
 
 
 async def touch_waiting(absorber: Absorber, keys: Sequence[str], timeout: float | None,
-                        what: str) -> None:
-    """Buffer ``keys``, suspending the calling coroutine while the buffer is full."""
+                        what: str, pairs: Sequence[tuple[str, str]] = ()) -> None:
+    """Buffer ``keys`` (and the (key, item) touches ``pairs``), suspending the calling
+    coroutine while the buffer is full."""
     deadline = _deadline(timeout)
-    items = absorber.rules_of(list(keys))
+    items = _entries(absorber, keys, pairs)
     done = absorber.offer(items, 0)
     while done < len(items):
         left = _left(deadline)

@@ -89,6 +89,19 @@ def test_text_output_shows_control_characters_escaped(
     assert "\\x1b" in done.stdout
 
 
+def test_cancel_names_forged_keys_that_are_not_pending_escaped(
+        dead_forged_keys: Path, redis_url: str, tmp_path: Path) -> None:
+    done = cli("cancel", *FORGED, "--rules", str(dead_forged_keys), "--redis", redis_url,
+               cwd=tmp_path)
+    assert done.returncode == 1  # dead-lettered: not pending
+    for raw in RAW:
+        assert raw not in done.stdout
+        assert raw not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(FORGED)
+    assert "'boom:\\x1b[2J\\x1b[H' is not pending" in lines[0]
+
+
 def test_dead_list_names_each_forged_key_escaped_on_one_line(
         dead_forged_keys: Path, redis_url: str, tmp_path: Path) -> None:
     done = cli("dead", "list", "--rules", str(dead_forged_keys), "--redis", redis_url,

@@ -416,6 +416,69 @@ async def test_retry_requeues_dead_keys(
     assert cli("retry", *args, cwd=tmp_path).returncode == 1  # neither KEYs nor --all
 
 
+# -- cancel -----------------------------------------------------------------------------------
+
+
+async def test_cancel_drops_pending_keys_and_names_those_that_were_not(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    sk = KeySpace(namespace, 1).shard(0)
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
+        c.touch_many(["item:1", "item:2", "item:3", "other:a"])
+        await c.flush()
+    args = ("--rules", str(rules), "--redis", redis_url)
+
+    done = cli("cancel", "item:1", "other:a", "--json", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"cancelled": ["item:1", "other:a"], "not_pending": [],
+                                       "states": {"item:1": "pending", "other:a": "pending"}}
+    assert r.zrange(sk.due("item"), 0, -1) == ["item:2", "item:3"]
+
+    done = cli("cancel", "item:1", "item:2", "item:9", *args, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.strip() == "cancelled 1 key"
+    assert [line.split(" is not pending")[0] for line in done.stderr.splitlines()] == [
+        "coalescer cancel: 'item:1'", "coalescer cancel: 'item:9'"]
+    assert "idle" in done.stderr
+    assert r.zrange(sk.due("item"), 0, -1) == ["item:3"]
+
+    done = cli("history", "--key", "item:2", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split()[3:5] == ["cancelled", "item"]
+    done = cli("explain", "item:2", *args, cwd=tmp_path)
+    assert "cancelled by node" in done.stdout
+
+
+def test_cancel_of_a_key_no_rule_matches_exits_2_and_cancels_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    args = ("--rules", str(rules), "--redis", redis_url)
+    assert cli("touch", "item:1", *args, cwd=tmp_path).returncode == 0
+
+    done = cli("cancel", "item:1", "nope:1", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "no rule" in done.stderr
+    assert "'nope:1'" in done.stderr
+    assert "nothing was cancelled" in done.stderr
+    too_long = cli("cancel", "item:" + "x" * 1100, *args, cwd=tmp_path)
+    assert too_long.returncode == 2  # a key Redis cannot store
+    assert "cannot be stored" in too_long.stderr
+    sk = KeySpace(namespace, 1).shard(0)
+    assert r.zscore(sk.due("item"), "item:1") is not None
+
+
+def test_cancel_of_a_running_key_with_nothing_queued_says_so(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = write_rules(tmp_path, namespace, window="30s", max_wait="60s")
+    sk = KeySpace(namespace, 1).shard(0)
+    r.hset(sk.meta, "item:1", "R|7|1000|1000|1|1100||||elsewhere")  # claimed by a node
+    r.zadd(sk.inflight("item"), {"item:1": 2**40})
+    done = cli("cancel", "item:1", "--rules", str(rules), "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "running with nothing queued after it" in done.stderr
+    assert r.hget(sk.meta, "item:1") == "R|7|1000|1000|1|1100||||elsewhere"
+
+
 # -- the embedded server ----------------------------------------------------------------------
 
 
@@ -608,3 +671,45 @@ def test_a_wrong_password_is_one_clear_line_without_it(
     assert done.returncode == 1
     assert done.stderr == (f"coalescer status: redis://127.0.0.1:{port}/0: the server requires "
                            "a password; give it in the URL: redis://:PASSWORD@HOST:PORT/0\n")
+
+
+ITEM_RULES = """\
+namespace: {ns}
+rules:
+  - name: customer
+    match: "stats:customer:{{id}}"
+    items: {{max: 10}}
+    handler: {{mod}}:refresh
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+def test_touch_with_items_stores_them_for_the_keys_next_refresh(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    rules = line_rules(tmp_path, f"cli_{namespace}", ITEM_RULES.format(ns=namespace))
+    done = cli("touch", "stats:customer:1", "stats:customer:2", "--item", "order:7",
+               "--item", "order:8", "--rules", str(rules), "--redis", redis_url, "--json",
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"touched": 2, "items": 2}
+    sk = KeySpace(namespace, 1).shard(0)
+    for key in ("stats:customer:1", "stats:customer:2"):
+        assert r.zscore(sk.due("customer"), key) is not None
+        assert r.smembers(sk.items(key)) == {"order:7", "order:8"}
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("stats:customer:1", "--item", ""), "an item must not be empty"),
+    (("stats:customer:1", "item:1", "--item", "o1"), "its rule 'item' takes no items"),
+    (("stats:customer:1", "--item", "x" * 300), "over the limit of 256"),
+])
+def test_touch_with_an_item_that_cannot_be_touched_exits_2_and_touches_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis,
+        *, args: tuple[str, ...], says: str) -> None:
+    rules = line_rules(tmp_path, f"cli_{namespace}", ITEM_RULES.format(ns=namespace))
+    done = cli("touch", *args, "--rules", str(rules), "--redis", redis_url, cwd=tmp_path)
+    assert done.returncode == 2
+    assert says in done.stderr and "nothing was touched" in done.stderr
+    assert r.keys(f"{namespace}:*") == []

@@ -22,7 +22,7 @@ from coalescer import Coalescer
 from coalescer.cli.commands import bind_problem
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
-from coalescer.web.api import is_loopback
+from coalescer.web.guards import is_loopback
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd
 from tests.helpers.inspection import fast_rules, node, write
 from tests.helpers.servers import wait_until
@@ -115,11 +115,11 @@ def taken_port() -> Iterator[int]:
         yield held.getsockname()[1]
 
 
-def test_an_api_open_to_the_network_without_a_token_is_a_loud_warning(
+def test_an_api_open_to_the_network_on_purpose_is_a_loud_warning(
         tmp_path: Path, rules: Path, redis_url: str, taken_port: int) -> None:
     args = ("run", "--http", f"0.0.0.0:{taken_port}", "--rules", str(rules),
             "--redis", redis_url)
-    done = cli(*args, cwd=tmp_path)
+    done = cli(*args, "--insecure-no-token", cwd=tmp_path)
     warnings = [line for line in done.stderr.splitlines() if " WARNING " in line]
     assert len(warnings) == 1, done.stderr
     assert f"the HTTP API on http://0.0.0.0:{taken_port} has no token: it is open to the " \

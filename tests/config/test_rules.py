@@ -488,7 +488,7 @@ HOSTILE = {
     "control character": (RULES_OK.replace(b"json", b"js\x07on"), 4, "U+0007"),
     "not UTF-8": (RULES_OK.replace(b"match", b"m\xffatch"), 3, "byte 0xff in column 6"),
     "binary": (bytes(range(256)) * 4, 2, "byte 0x80 in column 118"),
-    "tab indentation": (RULES_OK.replace(b"    match", b"\tmatch"), 3, "'\\t'"),
+    "tab indentation": (RULES_OK.replace(b"    match", b"\tmatch"), 3, "tab character"),
     "unclosed quote": (RULES_OK.replace(b'"*"', b'"*'), 5, "started on line 3"),
     "python tag": (b"namespace: !!python/object/apply:os.system [ls]\n" + RULES_OK, 1,
                    "could not determine a constructor"),

@@ -100,4 +100,4 @@ def test_an_unknown_field_lists_the_fields_of_every_type() -> None:
     with pytest.raises(ConfigError) as info:
         load("  - {name: a, stream: s, key: 'stats:customer:{c}', shard: 1}\n")
     assert info.value.message.endswith(
-        "allowed: name, stream, group, start, key, url, table, batch, poll, keys, type")
+        "allowed: name, stream, group, start, key, item, url, table, batch, poll, keys, type")

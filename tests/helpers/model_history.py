@@ -4,7 +4,9 @@ Every time here is the Redis server clock (``TIME``), in microseconds, so record
 written by several processes compare. A touch is known to have reached Redis
 between ``t0`` (TIME read before ``touch()``) and ``t1`` (TIME read after
 ``flush()`` returned). A run is one call of the handler: ``start`` is TIME read
-as it began, ``end`` as it ended (or when its node was SIGKILLed).
+as it began, ``end`` as it ended (or when its node was SIGKILLed). A cancel took
+effect between its ``t0`` and ``t1``; a touch it may have followed may go unrefreshed
+(the guarantees hold for the touches after a key's last cancel).
 
 Each check returns a list of violations (empty when the history is correct),
 each a one-line sentence naming the key.
@@ -31,6 +33,29 @@ class Touch:
     t1: int
 
 
+@dataclass(frozen=True)
+class Cancel:
+    key: str
+    t0: int
+    t1: int
+    state: str  # what the cancel found the key in (CancelOutcome.states)
+
+
+@dataclass(frozen=True)
+class ItemTouch:
+    """A touch of ``key`` carrying ``item`` (each item is touched once in a run), made
+    between ``t0`` and ``t1``; ``seq0`` and ``seq1`` are the fencing-token counter of
+    the key's shard read with them: a claim with a token up to ``seq0`` was made before
+    the touch, one above ``seq1`` after it reached Redis."""
+
+    key: str
+    item: str
+    t0: int
+    t1: int
+    seq0: int
+    seq1: int
+
+
 @dataclass
 class Run:
     key: str
@@ -43,6 +68,8 @@ class Run:
     end: int | None = None
     result: str | None = None
     killed_after: bool = False  # its process was SIGKILLed after it began
+    items: tuple[str, ...] = ()
+    overflowed: bool = False
 
     @property
     def failed(self) -> bool:
@@ -60,6 +87,8 @@ class Rule:
 class History:
     touches: list[Touch] = field(default_factory=list)
     kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, TIME after the kill)
+    cancels: list[Cancel] = field(default_factory=list)
+    item_touches: list[ItemTouch] = field(default_factory=list)
 
     def runs(self, log: Path) -> dict[str, list[Run]]:
         """The runs in the handlers' log, per key in start order, kills applied."""
@@ -69,7 +98,9 @@ class History:
             ident = (rec["key"], rec["token"])
             if rec["ev"] == "start":
                 runs[ident] = Run(rec["key"], rec["token"], rec["attempt"], rec["t"],
-                                  rec["pid"], rec["last"], rec["due"])
+                                  rec["pid"], rec["last"], rec["due"],
+                                  items=tuple(rec.get("items", ())),
+                                  overflowed=rec.get("over", False))
             else:
                 runs[ident].end, runs[ident].result = rec["t"], rec["result"]
         for run in runs.values():
@@ -92,6 +123,13 @@ class History:
     def killed_between(self, a: int, b: int) -> bool:
         return any(a < when <= b for _, when in self.kills)
 
+    def cancelled_between(self, key: str, a: int, b: float = math.inf,
+                          states: tuple[str, ...] | None = None) -> bool:
+        """Can a cancel of ``key`` (found in one of ``states``) have taken effect
+        after ``a`` and before ``b``?"""
+        return any(c.key == key and c.t1 > a and c.t0 < b
+                   and (states is None or c.state in states) for c in self.cancels)
+
 
 # -- G1: every touch is followed by a refresh that starts after it ------------------------
 
@@ -109,13 +147,16 @@ def _covers(run: Run, touch: Touch) -> bool:
 
 def check_no_lost_update(history: History, runs: dict[str, list[Run]],
                          rules: dict[str, Rule], rule_of: Any) -> list[str]:
-    """G1: a touch is followed by a successful refresh, or by its last failed try."""
+    """G1: a touch is followed by a successful refresh, or by its last failed try,
+    unless a cancel of its key came after it (every touch after a key's last cancel is)."""
     out = []
     for touch in history.touches:
         rule = rules[rule_of(touch.key)]
         after = [r for r in runs.get(touch.key, []) if _covers(r, touch)]
         if any(r.result == "ok" or (r.failed and r.attempt >= rule.attempts) for r in after):
             continue
+        if history.cancelled_between(touch.key, touch.t0):
+            continue  # a cancel after it dropped it (or may have)
         seen = [(r.attempt, r.result) for r in after]
         out.append(f"G1: {touch.key} touched at {touch.t0}..{touch.t1} us: no refresh that "
                    f"started after it succeeded or was dead-lettered (after it: {seen})")
@@ -123,6 +164,18 @@ def check_no_lost_update(history: History, runs: dict[str, list[Run]],
 
 
 # -- G2: one refresh per burst, never early, the max-wait cap ------------------------------
+
+
+def _allowed(history: History, chain: list[Touch], max_wait_ms: int) -> int:
+    """The most first tries a chain of touches may get: ceil(T / M) + 1, for each of the
+    bursts the cancels among its touches cut it into (a cancel ends a burst)."""
+    parts, start = [], 0
+    for i in range(1, len(chain)):
+        if history.cancelled_between(chain[i].key, chain[i - 1].t0, chain[i].t1):
+            parts.append(chain[start:i])
+            start = i
+    parts.append(chain[start:])
+    return sum(math.ceil((p[-1].t1 - p[0].t0) / (max_wait_ms * MS)) + 1 for p in parts)
 
 
 def _chains(touches: list[Touch], window_ms: int) -> list[list[Touch]]:
@@ -147,7 +200,7 @@ def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[s
             a, b = chain[0].t0, chain[-1].t1
             horizon = b + rule.window_ms * MS * 3 // 2
             n = sum(1 for r in firsts if a < r.start <= horizon)
-            allowed = math.ceil((b - a) / (rule.max_wait_ms * MS)) + 1
+            allowed = _allowed(history, chain, rule.max_wait_ms)
             if n > allowed:
                 out.append(f"G2: {key}: a burst of {len(chain)} touches over "
                            f"{(b - a) / MS:.0f} ms got {n} refreshes (at most {allowed})")
@@ -172,7 +225,8 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
         # after the last touch this claim says it covers (a touch that reached Redis
         # between the claim and the handler's start belongs to the next burst)
         certain = [t for t in burst if t.t1 < run.start and t.t0 <= run.last_touch_ms * MS
-                   and (not i or t.t0 > runs[i - 1].start)]
+                   and (not i or t.t0 > runs[i - 1].start)
+                   and not history.cancelled_between(key, t.t0, run.start)]
         if i and history.killed_between(runs[i - 1].start, run.start):
             certain = []  # a claim that no handler saw (its node was killed) may lie between
         out += _due_bounds(key, run, burst, certain, rule)
@@ -231,6 +285,8 @@ def _successor(key: str, prev: Run, run: Run | None, limit: int,
                history: History) -> list[str]:
     if prev.killed_after or (run is not None and history.killed_between(prev.start, run.start)):
         return []  # a SIGKILL may cost an attempt that no handler saw
+    if history.cancelled_between(key, prev.start, run.start if run else math.inf, ("pending",)):
+        return []  # a cancel dropped its retry, attempts and all
     if prev.failed and prev.attempt < limit:
         if run is None or run.attempt != prev.attempt + 1:
             nxt = run.attempt if run else "none"
@@ -248,6 +304,9 @@ def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str,
     for key, rs in runs.items():
         last = rs[-1]
         later = [t for t in history.touches_of(key) if t.t1 > last.start]
+        if any(history.cancelled_between(key, t.t0) for t in later):
+            unsure.add(key)  # a cancel may have dropped the re-arm of those touches
+            continue
         if later and all(t.t0 > last.start for t in later):
             continue  # touched after its last try began: re-armed, not dead
         if later or (last.killed_after and last.result != "killed"):
@@ -279,15 +338,54 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
     """One key's touches, runs and kills in time order, in ms from its first event."""
     events: list[tuple[int, str]] = [(t.t0, f"touch (reached Redis by +{(t.t1 - t.t0) / MS:.1f})")
                                      for t in history.touches_of(key)]
+    events += [(t.t0, f"touch with item {t.item!r} (by +{(t.t1 - t.t0) / MS:.1f}, tokens "
+                      f"{t.seq0}..{t.seq1})") for t in history.item_touches if t.key == key]
     for r in runs.get(key, []):
+        got = f", items {list(r.items)}{' overflowed' if r.overflowed else ''}" if (
+            r.items or r.overflowed) else ""
         events.append((r.start, f"start token {r.token} attempt {r.attempt} pid {r.pid} "
-                                f"(due {r.due_ms}, last touch {r.last_touch_ms})"))
+                                f"(due {r.due_ms}, last touch {r.last_touch_ms}{got})"))
         if r.end is not None:
             events.append((r.end, f"end token {r.token}: {r.result}"))
     events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    events += [(c.t0, f"cancel (found {c.state}, done by +{(c.t1 - c.t0) / MS:.1f})")
+               for c in history.cancels if c.key == key]
     events.sort()
     origin = events[0][0] if events else 0
     return "\n".join(f"  {(t - origin) / MS:9.1f} ms  {what}" for t, what in events)
+
+
+# -- cancels: a cancelled pending key runs again only after a new touch ------------------------
+
+
+def check_cancels(history: History, runs: dict[str, list[Run]]) -> list[str]:
+    """What a cancel dropped stays dropped.
+
+    A key that a cancel found pending (its refresh, or retry, dropped) is refreshed again
+    only for a touch that came after that cancel began. After any cancel, a first try
+    that covers only touches made before it starts only if it is the refresh that was
+    running then (which finishes as usual, and logs its start a moment after its claim):
+    one at most, and only when the key was running (with a re-arm dropped or not).
+    """
+    out = []
+    for c in history.cancels:
+        if c.state == "pending":
+            out += _refreshed_without_touch(c, history.touches_of(c.key), runs.get(c.key, []))
+        stale = [r for r in runs.get(c.key, []) if r.start > c.t1 and r.attempt == 1
+                 and r.last_touch_ms * MS < c.t0 - MS]
+        allowed = 1 if c.state in ("running", "rearm", "buffered") else 0
+        if len(stale) > allowed:
+            out.append(f"cancel: {c.key} was cancelled at {c.t0}..{c.t1} us (found "
+                       f"{c.state}), yet tokens {[r.token for r in stale]} started after it "
+                       f"for touches made before it")
+    return out
+
+
+def _refreshed_without_touch(c: Cancel, touches: list[Touch], runs: list[Run]) -> list[str]:
+    return [f"cancel: {c.key} was cancelled while pending at {c.t0}..{c.t1} us, yet token "
+            f"{run.token} (attempt {run.attempt}) started at {run.start} with no touch since"
+            for run in runs
+            if run.start > c.t1 and not any(t.t1 > c.t0 and t.t0 < run.start for t in touches)]
 
 
 # -- rates: no more refresh starts than a rule's rate allows --------------------------------
@@ -310,3 +408,87 @@ def check_rate(runs: dict[str, list[Run]], rule_of: Any, rule: str, per_second: 
         return [f"rate: rule {rule} started {most} refreshes within one second "
                 f"(at most {allowed})"]
     return []
+
+
+# -- items: each reaches the first refresh claimed after its touch --------------------------
+
+
+def check_items(history: History, runs: dict[str, list[Run]]) -> list[str]:
+    """Every item touched reaches exactly the first refresh claimed after its touch (or
+    that refresh is told the items overflowed), and again each try after a failed one
+    until one succeeds; never a refresh claimed before its touch; a refresh gets only
+    items touched with its key, each once."""
+    out = []
+    for touch in history.item_touches:
+        key_runs = runs.get(touch.key, [])
+        if _cancelled_after(history, touch):  # dropped with the cancel, or not: only
+            out += _early(touch, key_runs)      # a refresh claimed before it is wrong
+        else:
+            out += _item_path(touch, key_runs)
+    touched = {(t.key, t.item) for t in history.item_touches}
+    for key, rs in runs.items():
+        for run in rs:
+            if len(set(run.items)) != len(run.items):
+                out.append(f"items: {key}: token {run.token} got an item twice: {run.items}")
+            out += [f"items: {key}: token {run.token} got {item!r}, never touched with it"
+                    for item in run.items if (key, item) not in touched]
+    return out
+
+
+def _cancelled_after(history: History, touch: ItemTouch) -> bool:
+    """Whether a cancel that dropped something in Redis may have come after ``touch``
+    (a cancel drops the items touched before it, with the refresh they were for)."""
+    return any(c.key == touch.key and c.t1 >= touch.t0 and c.state in ("pending", "rearm")
+               for c in history.cancels)
+
+
+def _name(touch: ItemTouch) -> str:
+    return f"items: {touch.key} item {touch.item!r} (touched {touch.t0}..{touch.t1} us)"
+
+
+def _early(touch: ItemTouch, runs: list[Run]) -> list[str]:
+    early = [r.token for r in runs if r.token <= touch.seq0 and touch.item in r.items]
+    if early:
+        return [f"{_name(touch)} reached token {early[0]}, claimed before it was touched"]
+    return []
+
+
+def _item_path(touch: ItemTouch, runs: list[Run]) -> list[str]:
+    name = _name(touch)
+    early = _early(touch, runs)
+    if early:
+        return early
+    holder: Run | None = None  # the last run it reached (or whose overflow stood for it)
+    certain = True  # whether it surely was pending until ``holder``'s claim
+    for run in (r for r in runs if r.token > touch.seq0):
+        has = touch.item in run.items
+        if holder is None:
+            if has or run.overflowed:
+                holder, certain = run, has or run.token > touch.seq1
+            elif run.token > touch.seq1:
+                return [f"{name}: the first refresh claimed after it (token {run.token}) "
+                        "neither got it nor was told items overflowed"]
+            continue
+        problem, holder = _next_try(name, holder, run, has, certain)
+        if problem or holder is None:
+            return problem
+        certain = True
+    return [] if holder is not None else [f"{name}: no refresh ever got it"]
+
+
+def _next_try(name: str, holder: Run, run: Run, has: bool,
+              certain: bool) -> tuple[list[str], Run | None]:
+    """After ``holder`` got the item, what ``run`` (the next claim) must get: nothing once
+    ``holder`` surely succeeded, the item (or an overflow) again after a failed try."""
+    done = holder.result == "ok" and not holder.killed_after
+    if done or not certain:
+        if has and done and certain:
+            return [f"{name}: delivered again to token {run.token} after token "
+                    f"{holder.token} succeeded"], None
+        return [], run if has else None
+    if holder.result == "ok":  # its node died after it: was its success recorded?
+        return [], run if has else None
+    if has or run.overflowed:
+        return [], run
+    return [f"{name}: token {holder.token} failed ({holder.result}), and the next try "
+            f"(token {run.token}) neither got it again nor was told items overflowed"], None

@@ -411,3 +411,94 @@ async def test_on_a_cluster_the_stream_has_its_own_slot(
         await wait_until(lambda: _equals(sources_of(c), expected))
     finally:
         await client.aclose()
+
+
+# -- items ------------------------------------------------------------------------------
+
+ITEM_BASE = """\
+rules:
+  - name: customer
+    match: "stats:customer:{id}"
+    handler: builtins:repr
+    items: {max: 100}
+  - name: org
+    match: "stats:org:*"
+    handler: builtins:repr
+"""
+
+
+def test_a_source_may_fill_an_item_from_its_entries() -> None:
+    config = Config.from_string(ITEM_BASE + """\
+sources:
+  - {name: a, stream: s, key: "stats:customer:{customer_id}", item: "order:{order_id}"}
+""", source="rules.yaml")
+    (source,) = config.sources
+    assert source.item is not None and source.item.fields == ("order_id",)
+    assert source.item.fill({"order_id": "7"}) == "order:7"
+    assert Config.from_string(ITEM_BASE + "sources:\n  - {name: a, stream: s, key: "
+                              "'stats:customer:{c}'}\n").sources[0].item is None
+
+
+@pytest.mark.parametrize(("block", "words"), [
+    ("  - {name: a, stream: s, key: 'stats:org:{o}', item: '{order}'}",
+     "can never match a rule with items"),
+    ("  - {name: a, stream: s, key: 'stats:customer:{c}', item: 'x{'}", "unbalanced '{' in item"),
+    ("  - {name: a, stream: s, key: 'stats:customer:{c}', item: ''}", "must be a non-empty"),
+])
+def test_a_bad_item_of_a_source_names_file_line_and_field(block: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_string(ITEM_BASE + "sources:\n" + block + "\n", source="rules.yaml")
+    err = info.value
+    assert (err.file, err.line, err.field) == ("rules.yaml", 10, "sources[0].item")
+    assert words in err.message
+
+
+async def test_entries_with_an_item_deliver_it_and_bad_items_are_rejected(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any) -> None:
+    text = rules_text(namespace, extra='    item: "order:{order}"\n').replace(
+        "    handler: {mod}:refresh\n", "    handler: {mod}:refresh\n    items: {max: 10}\n", 1)
+    path, rec = setup(tmp_path, namespace, text)
+    stream = f"{namespace}-app:orders"
+    c = await nodes(path, redis_url)
+    await wait_until(lambda: group_info(redis_client, stream))
+    for order in ("1", "2", "1"):
+        await redis_client.xadd(stream, {"customer_id": "7", "order": order})
+    await redis_client.xadd(stream, {"customer_id": "8"})  # no order: rejected
+    await redis_client.xadd(stream, {"customer_id": "9", "order": "x" * 300})  # too long
+    await wait_until(lambda: refreshed(rec, "stats:customer:7"))
+    await wait_until(lambda: entries_counted(c, "rejected") == 2)
+    assert entries_counted(c, "accepted") == 3
+    assert [(call.key, call.items) for call in rec.calls] == [
+        ("stats:customer:7", ("order:1", "order:2"))]
+
+
+def test_an_entrys_item_is_refused_with_the_reason() -> None:
+    from coalescer.common.metrics import Metrics
+    from coalescer.config.sources import StreamSource
+    from coalescer.sources.streams import SourceLoop
+
+    config = Config.from_string(ITEM_BASE + """\
+sources:
+  - {name: a, stream: s, key: "stats:{kind}:{id}", item: "order:{order}"}
+""", source="rules.yaml")
+    (source,) = config.sources
+    assert isinstance(source, StreamSource)
+
+    def nothing(*_: Any) -> None:
+        return None
+
+    loop = SourceLoop(source, None, config=config, node_id="n", touch_many=nothing,
+                      flush=nothing, metrics=Metrics(), touch_items=nothing)
+    key = "stats:customer:7"
+    assert loop.item_of({b"order": b"1"}, key) == ("order:1", "")
+    assert loop.item_of({b"order": b"a:b"}, key) == ("order:a:b", "")  # ':' is fine here
+    cases = [({}, "no field 'order' (for its item)"),
+             (None, "no field 'order'"),
+             ({b"order": b"\xff"}, "field 'order' is not UTF-8 text"),
+             ({b"order": b"9" * 300}, "300 bytes long, over the limit of 256 for an item"),
+             ({b"order": b"x\x00y"}, "NUL character")]
+    for fields, why in cases:
+        item, reason = loop.item_of(fields, key)
+        assert item is None and why in reason, (fields, reason)
+    item, reason = loop.item_of({b"order": b"1"}, "stats:org:7")
+    assert item is None and "the rule of key 'stats:org:7' takes no items" in reason

@@ -99,3 +99,36 @@ async def test_shards_of_a_closed_node_move_to_the_others(cluster: Cluster, name
     finally:
         for node in nodes:
             await node.close()
+
+
+ITEM_RULES = """
+namespace: {ns}
+shards: 6
+defaults: {{window: 50ms, max_wait: 1s, absorb: 10ms}}
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    handler: handlers:refresh
+    items: {{max: 3}}
+"""
+
+
+async def test_items_travel_and_are_claimed_within_their_shards_slot(
+        cluster: Cluster, namespace: str, rules_file) -> None:
+    """The items sets of a key are built inside the scripts from its shard's prefix: on a
+    cluster they must land in (and be moved within) that shard's one slot."""
+    path = rules_file(ITEM_RULES.format(ns=namespace), HANDLERS)
+    async with Coalescer.from_yaml(path, redis_url=cluster.urls[0], worker=False) as c:
+        pairs = [(f"stats:{n}", f"o{n}-{i}") for n in range(12) for i in range(2)]
+        c.touch_items([*pairs, ("stats:0", "o0-2"), ("stats:0", "o0-3")])
+        await c.flush()
+        space = KeySpace(namespace, 6)
+        sk = space.shard(space.shard_of("stats:0"))
+        slots = {await c.redis.cluster_keyslot(k) for k in (sk.meta, sk.items("stats:0"),
+                                                            sk.claimed_items("stats:0"))}
+        assert len(slots) == 1
+        assert await c.redis.scard(sk.items("stats:0")) == 4  # three and the overflow mark
+        done = {claim.key: claim for claim in await c.drain()}
+    assert {k: x.items for k, x in done.items() if k != "stats:0"} == {
+        f"stats:{n}": (f"o{n}-0", f"o{n}-1") for n in range(1, 12)}
+    assert done["stats:0"].items_overflowed and len(done["stats:0"].items) == 3

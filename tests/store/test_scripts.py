@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from coalescer.errors import NotLeaderError
+from coalescer.errors import NotLeaderError, ScriptError
 from coalescer.store import key_states as states
 from coalescer.store.connection import connect
 from coalescer.store.keys import ShardKeys
 from coalescer.store.scripts import (
+    CancelGroup,
     ClaimBatch,
     ClaimedKey,
     Failure,
@@ -523,6 +524,92 @@ async def test_a_new_touch_of_a_dead_key_requeues_it_with_fresh_attempts(shard: 
     assert (await shard.fields("k"))[0::3] == ["P", "0"]
     await shard.after(due)
     assert (await shard.claim_one("k")).attempt == 1
+
+
+# -- cancel ---------------------------------------------------------------------
+
+
+async def test_cancel_drops_pending_refreshes_and_re_arms_and_leaves_every_other_state(
+        shard: Shard) -> None:
+    await shard.lead()
+    await dead_letter(shard, "dead")
+    await shard.touch("rearm|ü", "plain")
+    rearm, plain = sorted((await shard.claim()).claims, key=lambda c: c.key, reverse=True)
+    assert (rearm.key, plain.key) == ("rearm|ü", "plain")
+    await shard.touch("rearm|ü", window=LONG)  # during its run: a re-run queued
+    await shard.touch("p", window=LONG)
+    await shard.touch("q", window=LONG, rule="s")
+    await shard.touch("corrupt", window=LONG)
+    await shard.r.hset(shard.keys.meta, "corrupt", "not a state")
+    plain_state = await shard.state("plain")
+    before = await shard.now()
+
+    found = await shard.scripts.cancel(shard.keys, [
+        CancelGroup(RULE, ["p", "rearm|ü", "plain", "dead", "idle", "corrupt"]),
+        CancelGroup("s", ["q"])], History("canceller", 100))
+
+    assert found == {"p": "pending", "rearm|ü": "rearm", "plain": "running", "dead": "dead",
+                     "idle": "idle", "corrupt": "pending", "q": "pending"}
+    for key, rule in (("p", RULE), ("q", "s"), ("corrupt", RULE)):
+        assert await shard.state(key) is None
+        assert await shard.r.zscore(shard.keys.due(rule), key) is None
+    assert await shard.fields("rearm|ü") == [
+        "R", str(rearm.token), str(rearm.first_ms), str(rearm.last_ms), "1",
+        str(rearm.due_ms), "", "", "", "n1"]
+    assert await shard.state("plain") == plain_state
+    assert await shard.dead("dead") is not None
+    entries = await shard.r.xrange(shard.keys.history)
+    cancels = [f for _, f in entries if f["outcome"] == "cancelled"]
+    assert [(f["key"], f["rule"], f["node"]) for f in cancels] == [
+        ("p", RULE, "canceller"), ("rearm|ü", RULE, "canceller"),
+        ("corrupt", RULE, "canceller"), ("q", "s", "canceller")]
+    assert all(int(f["start"]) >= before and f["ms"] == "0" for f in cancels)
+    assert before < int(cancels[0]["due"]) <= before + LONG  # the due time dropped
+
+    # the running refresh is acked as usual, with nothing to re-arm
+    assert await shard.ack("rearm|ü", rearm.token) == []
+    assert await shard.state("rearm|ü") is None
+    assert (await shard.claim()).claims == []
+
+
+async def test_a_touch_after_a_cancel_of_a_running_key_re_arms_it(shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k")
+    claim = await shard.claim_one("k")
+    await shard.touch("k", window=LONG)
+    assert await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])]) == {"k": "rearm"}
+    after = await shard.now()
+    await shard.touch("k", window=0)
+    fields = await shard.fields("k")
+    assert int(fields[7]) >= after  # a fresh burst: its first touch is after the cancel
+    assert await shard.fail("k", claim.token, delay=0) == (1, 0, [])
+    retry = await shard.claim_one("k")
+    assert retry.attempt == 2 and retry.last_ms >= after  # the retry carries the new touch
+
+
+async def test_cancel_rewrites_an_older_running_state_without_its_re_arm(shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k")
+    claim = await shard.claim_one("k")
+    now = await shard.now()
+    await shard.r.hset(shard.keys.meta, "k", f"R|{claim.token}|1|1|1|1|{now + LONG}|{now}|{now}")
+    assert await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])]) == {"k": "rearm"}
+    assert await shard.state("k") == f"R|{claim.token}|1|1|1|1||||"
+    assert await shard.ack("k", claim.token) == []
+    assert await shard.state("k") is None
+
+
+async def test_a_cancel_answer_that_does_not_fit_the_keys_is_a_script_error(
+        shard: Shard, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([[0, ["pending"]], [0, ["pending", "gone"]]])
+
+    async def run(name: str, keys: Any, args: Any) -> Any:
+        return next(answers)
+
+    monkeypatch.setattr(shard.scripts, "_run", run)
+    for _ in range(2):
+        with pytest.raises(ScriptError, match="cancel answered"):
+            await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["a", "b"])])
 
 
 async def test_requeue_brings_dead_keys_back_and_leaves_other_keys_alone(shard: Shard) -> None:

@@ -32,6 +32,10 @@ rules:
   - name: user-stats
     match: "stats:user:{{user_id}}"
     handler: {module}:refresh
+  - name: customer-stats
+    match: "stats:customer:{{id}}"
+    items: {{max: 3}}
+    handler: {module}:refresh
 """
 
 HANDLER = """\
@@ -76,7 +80,9 @@ class Node:
 
     async def touch(self, body: Any, **kwargs: Any) -> tuple[int, Any]:
         if not isinstance(body, dict):  # raw bytes, or an async iterator of chunks
-            status, data, _ = await self.request("POST", "/touch", data=body, **kwargs)
+            headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
+            status, data, _ = await self.request("POST", "/touch", data=body, headers=headers,
+                                                 **kwargs)
         else:
             status, data, _ = await self.request("POST", "/touch", json=body, **kwargs)
         return status, data
@@ -187,6 +193,73 @@ async def test_touch_refuses_unknown_keys_with_422_and_applies_nothing(
     assert await node.pending() == 0
     assert await node.touch({"keys": ["stats:user:1"]}) == (202, {"accepted": 1})
     assert await node.pending() == 1
+
+
+async def test_touch_with_items_delivers_them_to_the_refresh(make_node: NodeFactory) -> None:
+    node = await make_node()
+    body = {"keys": ["stats:user:1"],
+            "items": [["stats:customer:1", "o2"], ["stats:customer:1", "o1"],
+                      ["stats:customer:2", "o1"]]}
+    assert await node.touch(body) == (202, {"accepted": 4})
+    assert await node.touch({"items": [["stats:customer:3", "o9"]]}) == (202, {"accepted": 1})
+
+    def refreshed() -> dict[str, Any]:
+        got = {claim.key: claim.items for claim in node.seen}
+        return got if len(got) == 4 else {}
+
+    got = await wait_until(refreshed, timeout=5, message="four keys refreshed")
+    assert got == {"stats:user:1": (), "stats:customer:1": ("o1", "o2"),
+                   "stats:customer:2": ("o1",), "stats:customer:3": ("o9",)}
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({}, "the field 'keys' is missing (or 'items')"),
+    ({"items": [], "item": []}, "unknown field 'item'"),
+    ({"items": "stats:customer:1"}, "'items' must be a list of [KEY, ITEM] pairs, got str"),
+    ({"items": {"stats:customer:1": "o1"}}, "'items' must be a list of [KEY, ITEM] pairs"),
+    ({"items": ["stats:customer:1"]}, "items[0] must be a [KEY, ITEM] pair of strings, got str"),
+    ({"items": [["stats:customer:1"]]}, "items[0] must be a [KEY, ITEM] pair of strings, got "
+                                        "a list of 1"),
+    ({"items": [["stats:customer:1", "a", "b"]]}, "got a list of 3"),
+    ({"items": [["stats:customer:1", "a"], [7, "a"]]}, "items[1][0] must be a string, got int"),
+    ({"items": [["stats:customer:1", None]]}, "items[0][1] must be a string, got NoneType"),
+    ({"items": [["", "a"]]}, "items[0][0] is an empty string"),
+    ({"keys": ["stats:user:1"], "items": [["stats:customer:1", 1.5]]},
+     "items[0][1] must be a string, got float"),
+])
+async def test_touch_refuses_a_bad_items_field_with_400_and_applies_nothing(
+        make_node: NodeFactory, body: Any, says: str) -> None:
+    node = await make_node(worker=False)
+    status, answer = await node.touch(body)
+    assert status == 400 and says in answer["error"], answer
+    assert await node.pending() == 0 and await node.pending("customer-stats") == 0
+
+
+@pytest.mark.parametrize(("pair", "says"), [
+    (["stats:customer:1", ""], "an item must not be empty"),
+    (["stats:customer:1", "a\0b"], "NUL character"),
+    (["stats:customer:1", "x" * 257], "over the limit of 256"),
+    (["stats:user:1", "o1"], "its rule 'user-stats' takes no items"),
+    (["stats:customer:" + "9" * 1100, "o1"], "key cannot be stored"),
+])
+async def test_touch_refuses_an_item_that_cannot_be_touched_with_422_and_applies_nothing(
+        make_node: NodeFactory, pair: list[str], says: str) -> None:
+    node = await make_node(worker=False)
+    body = {"keys": ["stats:user:2"], "items": [["stats:customer:2", "fine"], pair]}
+    status, answer = await node.touch(body)
+    assert status == 422, answer
+    assert says in answer["error"] and "nothing was touched" in answer["error"]
+    [bad] = answer["invalid_items"]
+    assert (bad["index"], bad["key"], bad["item"]) == (1, pair[0], pair[1])
+    assert says in bad["error"]
+    assert await node.pending() == 0 and await node.pending("customer-stats") == 0
+
+
+async def test_touch_refuses_an_item_of_an_unknown_key_with_422(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    status, answer = await node.touch({"items": [["stats:customer:1", "a"], ["nope:1", "a"]]})
+    assert status == 422 and answer["unknown_keys"] == ["nope:1"]
+    assert await node.pending("customer-stats") == 0
 
 
 def _body_of_size(size: int) -> bytes:
@@ -378,6 +451,76 @@ async def test_metrics_pending_gauge_comes_from_redis(make_node: NodeFactory) ->
     assert metric(text, "coalescer_pending_keys", rule="user-stats") == 2
 
 
+# --- DELETE /keys/{key} ----------------------------------------------------------------
+# Sent body-less and without an Origin header, as a script or curl sends it.
+
+
+async def test_delete_cancels_a_pending_key_then_answers_404(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    assert (await node.touch({"keys": ["stats:user:1", "stats:user:2"]}))[0] == 202
+    await node.c.flush()
+
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert (status, body) == (200, {"cancelled": True, "key": "stats:user:1",
+                                    "state": "pending"})
+    assert await node.pending() == 1
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 404
+    assert body | {"error": ""} == {"error": "", "key": "stats:user:1", "cancelled": False,
+                                    "state": "idle"}
+    assert "not pending" in body["error"]
+
+    _, explained, _ = await node.request("GET", "/keys/stats:user:1")
+    assert explained["state"] == "idle"
+    assert [r["outcome"] for r in explained["last_refreshes"]] == ["cancelled"]
+    _, text, _ = await node.request("GET", "/metrics")
+    assert metric(text, "coalescer_cancels_total", rule="user-stats") == 1
+
+
+async def test_delete_drops_touches_the_node_still_buffers(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    node.c.touch("stats:user:1")  # buffered: the route runs before the flusher writes it
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 200
+    assert body["state"] in ("buffered", "pending")  # in Redis already, or not yet
+    assert await node.pending() == 0
+
+
+async def test_delete_of_a_key_no_rule_matches_is_404_and_of_an_unstorable_one_422(
+        make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    status, body, _ = await node.request("DELETE", "/keys/nomatch:1")
+    assert (status, body) == (404, {"error": "no rule matches key 'nomatch:1'",
+                                    "key": "nomatch:1"})
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:%00")
+    assert status == 422
+    assert body["invalid_keys"][0]["key"] == "stats:user:\0"
+
+
+async def test_delete_needs_the_token_and_a_running_node(make_node: NodeFactory) -> None:
+    node = await make_node(worker=False, token=TOKEN)
+    assert (await node.touch({"keys": ["stats:user:1"]}, token=TOKEN))[0] == 202
+    status, _, _ = await node.request("DELETE", "/keys/stats:user:1")
+    assert status == 401
+    await node.c.close()
+    status, body, _ = await node.request("DELETE", "/keys/stats:user:1", token=TOKEN)
+    assert status == 503
+    assert "not running" in body["error"]
+
+
+async def test_delete_while_redis_is_down_is_503(own_server: ValkeyProcess,
+                                                 make_node: NodeFactory) -> None:
+    server = own_server
+    try:
+        node = await make_node(worker=False, url=server.url)
+        server.kill()
+        status, body, _ = await node.request("DELETE", "/keys/stats:user:1")
+        assert status == 503
+        assert "cannot cancel" in body["error"]
+    finally:
+        server.start()
+
+
 # --- lifecycle ------------------------------------------------------------------------
 
 
@@ -395,3 +538,17 @@ async def test_port_zero_binds_a_real_port_and_close_is_idempotent(
 def test_max_body_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_body"):
         HttpApi(object(), max_body=0)  # type: ignore[arg-type]
+
+
+async def test_an_item_refused_only_when_touched_is_still_a_422(
+        make_node: NodeFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body's items are checked before anything is touched; should a check be
+    missed there, the touch itself refuses the item, and the answer is the same 422."""
+    node = await make_node(worker=False)
+    monkeypatch.setattr(node.c, "refused_items", lambda pairs: [])
+    status, answer = await node.touch({"items": [["stats:user:1", "o1"]]})
+    assert status == 422
+    assert answer["invalid_items"] == [{"key": "stats:user:1", "item": "o1",
+                                        "error": answer["invalid_items"][0]["error"]}]
+    assert "takes no items" in answer["error"]
+    assert await node.pending() == 0

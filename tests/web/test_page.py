@@ -82,7 +82,9 @@ class PageNode:
 
     async def get(self, path: str, token: str | None = None,
                   **kwargs: Any) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = dict(kwargs.pop("headers", {}))
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         async with aiohttp.ClientSession() as http, http.request(
                 kwargs.pop("method", "GET"), self.api.url + path, headers=headers,
                 **kwargs) as answer:
@@ -319,7 +321,8 @@ async def test_bad_queries_are_json_errors(make_node: NodeFactory, path: str, st
 async def test_retry_refuses_a_bad_body_with_400(make_node: NodeFactory, raw: bytes,
                                                  says: str) -> None:
     node = await make_node(shards=1, worker=False)
-    status, body = await node.get("/dead/retry", method="POST", data=raw)
+    status, body = await node.get("/dead/retry", method="POST", data=raw,
+                                  headers={"Content-Type": "application/json"})
     assert status == 400 and says in body["error"], body
 
 

@@ -363,7 +363,7 @@ async def test_a_500_is_retried_and_the_body_is_signed(
         assert hit.headers[SIGNATURE_HEADER] == expected_signature(hit)
     one, two = first.json(), second.json()
     assert set(one) == {"key", "rule", "params", "attempt", "first_touch_ms",
-                        "last_touch_ms", "due_ms", "token"}
+                        "last_touch_ms", "due_ms", "token", "items", "items_overflowed"}
     assert (one["key"], one["rule"], one["params"]) == (
         "stats:org:acme 1", "org-stats", {"org_id": "acme 1"})
     assert (one["attempt"], two["attempt"]) == (1, 2)
@@ -468,3 +468,80 @@ def test_the_docs_receiver_snippet_accepts_signed_and_refuses_forged_requests(
     assert not verified("POST", "/r", body, good)
     assert not verified("PUT", "/r/%2E%2E", body, good)
     assert not verified("POST", "/r/%2E%2E", body + b" ", good)
+
+
+# --- a receiver's answer is stored escaped ---------------------------------------------
+
+FORGING = "\x1b[2J\x1b[H\x1b]52;c;ZXZpbA==\x07\u202eFAKE"
+
+
+def _unforgeable(message: str) -> None:
+    for raw in ("\x1b", "\x07", "\u202e", "\n"):
+        assert raw not in message, message
+    assert "\\x1b[2J" in message and "\\x07" in message and "\\u202e" in message
+
+
+async def test_a_receivers_error_body_is_stored_escaped_and_capped(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    receiver.answers = [Receiver.status(500, "boom " + FORGING + "y" * 5000)]
+    with pytest.raises(WebhookError) as failed:
+        await webhooks.call(HttpHandler(url=receiver.url("/hook")), claim(), 5.0)
+    _unforgeable(str(failed.value))
+    assert len(str(failed.value)) < 400
+
+
+async def _raw_answer(webhooks: Webhooks, answer: bytes) -> str:
+    """The error of a webhook call answered ``answer`` (raw bytes) by a receiver that
+    aiohttp's server cannot be: it refuses to send control characters."""
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(reply, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(WebhookError) as failed:
+            await webhooks.call(HttpHandler(url=f"http://127.0.0.1:{port}/hook"), claim(), 5.0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    return str(failed.value)
+
+
+def _escaped(message: str) -> None:
+    for raw in ("\x1b", "\x07", "\u202e", "\u2028", "\n"):
+        assert raw not in message, message
+    assert len(message) < 500, message
+
+
+@pytest.mark.parametrize("location", [
+    "/x" + FORGING + "z" * 5000,  # what aiohttp itself refuses to send
+    "/x\u202eFAKE\u2028" + "z" * 5000,  # UTF-8 bidi override and line separator
+], ids=["control-bytes", "unicode-controls"])
+async def test_a_receivers_location_is_stored_escaped_and_capped(
+        webhooks: Webhooks, location: str) -> None:
+    message = await _raw_answer(webhooks, b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n"
+                                          b"Location: " + location.encode() + b"\r\n\r\n")
+    assert "302 Found (redirect to /x\\" in message and "not followed" in message
+    _escaped(message)
+
+
+async def test_a_receivers_malformed_answer_is_stored_escaped(webhooks: Webhooks) -> None:
+    message = await _raw_answer(webhooks, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n"
+                                          b"X-\x1b[2J" + "\u202e".encode() + b"z" * 5000
+                                          + b": y\r\n\r\n")
+    assert "failed:" in message
+    _escaped(message)
+
+
+async def test_a_batch_receivers_error_texts_are_kept_escaped(
+        receiver: Receiver, webhooks: Webhooks) -> None:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"failed": {"stats:org:7": "bad " + FORGING}})
+
+    receiver.answers = [answer]
+    failed = await webhooks.call_batch(HttpHandler(url=receiver.url("/batch")), [claim()], 5.0)
+    assert isinstance(failed, dict)
+    _unforgeable(failed["stats:org:7"])

@@ -226,3 +226,80 @@ def test_a_key_given_back_while_retouched_is_written_once_its_batch_is_finished(
     a.touch("fast:1")
     a.give_back(batch)  # the write failed: nothing is held any more, nothing lost
     assert a.take() == {"fast:1": FAST}
+
+
+# -- items ----------------------------------------------------------------------------------
+
+ITEM_CONFIG = Config.from_string(RULES.replace(
+    "    absorb: 20ms\n", "    absorb: 20ms\n    items: {max: 2}\n", 1))
+
+
+def item_absorber(max_keys: int = 1000, max_items: int | None = None) -> Absorber:
+    absorber = Absorber(lambda key: ITEM_CONFIG.match(key)[0], max_keys=max_keys,
+                        max_items=max_items)
+    absorber.set_waker(lambda: None)
+    return absorber
+
+
+def test_items_go_with_their_keys_and_past_max_become_an_overflow_mark() -> None:
+    a = item_absorber()
+    for item in ("x", "y", "x", "z"):
+        a.touch_item("fast:1", item)
+    a.touch("fast:2")
+    batch = a.take()
+    assert set(batch) == {"fast:1", "fast:2"}
+    assert {k: set(v) for k, v in batch.item_sets.items()} == {"fast:1": {"x", "y", ""}}
+    a.written(batch, items=batch.item_sets)
+    assert a.take().item_sets == {}  # nothing left behind
+
+
+def test_a_held_keys_items_wait_with_it() -> None:
+    a = item_absorber()
+    a.touch_item("fast:1", "x")
+    a.written(a.take())  # fast:1 is now held for its absorb interval
+    a.touch_item("fast:1", "y")
+    assert a.take() == {}
+    batch = poll_until(a.take, message="fast:1 released")
+    assert {k: set(v) for k, v in batch.item_sets.items()} == {"fast:1": {"y"}}
+
+
+def test_given_back_items_merge_with_later_ones_within_max() -> None:
+    a = item_absorber()
+    a.touch_item("fast:1", "x")
+    batch = a.take()
+    a.touch_item("fast:1", "y")
+    a.touch_item("fast:1", "z")  # a third one while the write was in flight: overflow
+    a.give_back(batch, items=batch.item_sets)
+    again = a.take(everything=True)
+    merged = set(again.item_sets["fast:1"])  # the given-back one first, then one of y, z
+    assert len(merged) == 3 and {"x", ""} < merged
+    a.written(again, items=again.item_sets)
+
+
+def test_buffered_items_are_bounded_and_touch_items_applies_all_or_nothing() -> None:
+    a = item_absorber(max_keys=3, max_items=3)
+    a.touch_items([("fast:1", "a"), ("fast:2", "b")])
+    with pytest.raises(BackpressureError, match="items are already buffered"):
+        a.touch_items([("fast:3", "c"), ("fast:3", "d")])
+    with pytest.raises(BackpressureError, match="new keys refused"):
+        a.touch_items([("fast:3", "c")], keys=["fast:4"])
+    a.touch_item("fast:3", "c")
+    with pytest.raises(BackpressureError, match="items are already buffered"):
+        a.touch_item("fast:1", "z")
+    with pytest.raises(BackpressureError, match="keys are already buffered"):
+        a.touch_item("fast:9", "z")
+    batch = a.take()
+    assert {k: set(v) for k, v in batch.item_sets.items()} == {
+        "fast:1": {"a"}, "fast:2": {"b"}, "fast:3": {"c"}}
+    a.written(batch, items=batch.item_sets)
+    a.touch_item("fast:1", "z")  # room again once they are written
+
+
+def test_waiting_touches_with_items_go_in_as_room_frees() -> None:
+    a = item_absorber(max_keys=2)
+    entries = a.rules_of_items([("fast:1", "a"), ("fast:2", "b"), ("fast:3", "c")])
+    assert a.offer(entries, 0) == 2
+    batch = a.take()
+    a.written(batch, items=batch.item_sets)
+    assert a.offer(entries, 2) == 3
+    assert {k: set(v) for k, v in a.take().item_sets.items()} == {"fast:3": {"c"}}

@@ -105,6 +105,27 @@ async def test_flush_returns_once_redis_holds_the_due_times(
         assert before + WINDOW_MS <= score <= after + WINDOW_MS
 
 
+# What one upsert call of new plain keys runs inside Redis, as before items existed.
+PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 1}
+
+
+async def test_plain_touches_cost_what_they_did_before_items_existed(
+        make: Make, own_server: ValkeyProcess) -> None:
+    """The items path is separate: a flush of plain touches sends no items section and
+    runs no set command, and its commands are the same, call for call."""
+    c = await make(own_server.url)
+    c.touch("stats:warm")  # loads the script, opens the connection
+    await c.flush()
+    before = await command_calls(c.redis)
+    for i in range(100):
+        c.touch(f"stats:{i}")
+    await c.flush()
+    after = await command_calls(c.redis)
+    ran = {name: n for name in after if (n := delta(before, after, name))}
+    ran["info"] -= 1  # the INFO that read ``before``
+    assert {k: v for k, v in ran.items() if v} == PLAIN_UPSERT
+
+
 async def test_a_hot_key_costs_at_most_one_upsert_per_absorb_interval(
         make: Make, own_server: ValkeyProcess) -> None:
     absorb = 0.02

@@ -221,10 +221,99 @@ local function adopter_of(rules_key, nodes_key, leader, name)
   return best
 end
 
+-- Items (a rule with items: {max}, keys.py): the items touched with a key wait in
+-- the set ITEMS-PREFIX..KEY; a claim of the key moves them into CLAIMED-PREFIX..KEY,
+-- merged with what is there (the items of a try that failed, or whose holder died),
+-- where they stay until a success is acked: a retry, a claim taken over after a lost
+-- lease and a dead letter's retry get them again. The member "" (never an item: an
+-- item is not empty) says items overflowed: past `max` a set stops growing. A script
+-- that drops a key's state for good (purge.lua) deletes both sets. Rules without
+-- items never touch them: the claiming scripts read an items section of ARGV only
+-- when one is given (see claim_items_at).
+local OVERFLOW = ''
+
+-- Add `items` (a list; "" for an overflow seen in process) to `set`, which holds at
+-- most `max` items: past that, the new ones are left out and "" goes in instead.
+local function add_items(set, items, max)
+  local n = redis.call('SCARD', set)
+  if n + #items <= max then  -- room for every one: the usual case
+    each_chunk('SADD', set, items)
+    return
+  end
+  local room = max - n + redis.call('SISMEMBER', set, OVERFLOW)
+  local new, over = {}, false
+  for i = 1, #items, CHUNK do
+    local last = math.min(i + CHUNK - 1, #items)
+    local has = redis.call('SMISMEMBER', set, unpack(items, i, last))
+    for j = i, last do
+      local item = items[j]
+      if item == OVERFLOW then
+        over = true
+      elseif has[j - i + 1] == 0 then
+        if room > 0 then new[#new + 1], room = item, room - 1 else over = true end
+      end
+    end
+  end
+  if over then new[#new + 1] = OVERFLOW end
+  each_chunk('SADD', set, new)
+end
+
+-- Move a claimed key's pending items into its claimed set (merged with what a failed
+-- try left there), at most `max` of them (past it, some go and "" says so); returns
+-- the claimed set's members.
+local function take_items(pending_key, claimed_key, max)
+  if redis.call('EXISTS', pending_key) == 1 then
+    if redis.call('EXISTS', claimed_key) == 0 then
+      redis.call('RENAME', pending_key, claimed_key)  -- holds at most max already
+    else
+      redis.call('SUNIONSTORE', claimed_key, claimed_key, pending_key)
+      redis.call('DEL', pending_key)
+      local over = redis.call('SREM', claimed_key, OVERFLOW)
+      local extra = redis.call('SCARD', claimed_key) - max
+      if extra > 0 then
+        redis.call('SPOP', claimed_key, extra)
+        over = 1
+      end
+      if over > 0 then redis.call('SADD', claimed_key, OVERFLOW) end
+    end
+  end
+  return redis.call('SMEMBERS', claimed_key)
+end
+
+-- The optional items section of a claiming script's ARGV, from `at`: ITEMS-PREFIX,
+-- CLAIMED-PREFIX, then each rule's items max in rule order (0: the rule has none).
+-- Sets c.items_at (nil without a section: then no rule has items).
+local function claim_items_at(c, at)
+  if ARGV[at] then
+    c.items_prefix, c.claimed_prefix, c.items_at = ARGV[at], ARGV[at + 1], at + 2
+  end
+end
+
+-- Hand the claims of a rule with items their items: `take` holds the claims'
+-- FIRST|LAST|ATTEMPT|DUE and key pairs (claim_due), the first of them at 0-based
+-- position `before` in c.claims. Appends {CLAIM-POSITION, MEMBERS...} to c.items for
+-- each claim whose set is not empty.
+local function claim_items(c, rule_index, take, n, before)
+  local max = c.items_at and tonumber(ARGV[c.items_at + rule_index]) or 0
+  if max <= 0 then return end
+  local pos, out = before, c.items
+  for i = 2, n, 2 do
+    local key = take[i]
+    local members = take_items(c.items_prefix .. key, c.claimed_prefix .. key, max)
+    if #members > 0 then
+      local entry = {pos}
+      for j = 1, #members do entry[j + 1] = members[j] end
+      out[#out + 1] = entry
+    end
+    pos = pos + 1
+  end
+end
+
 -- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
 -- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
 -- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
--- score is early (a re-touch moved its due time, kept in meta) is re-scored.
+-- score is early (a re-touch moved its due time, kept in meta) is re-scored. For a
+-- rule with items (c.items_at, claim_items_at) each claim's items go to `c.items`.
 -- `limit` is at most a few thousand (one unpack of the keys read).
 local function claim_due(c, rule_index, due_key, inflight_key, limit)
   local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'LIMIT', 0, limit)
@@ -246,6 +335,7 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   if n == 0 then return end
   local token = redis.call('INCRBY', c.seq, n / 2) - n / 2
   local states_out, leases, claims = {}, {}, c.claims
+  local before = #claims
   local tail = '||||' .. c.node
   for i = 1, n, 2 do
     local key = take[i + 1]
@@ -257,6 +347,7 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   end
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
+  if c.items_at then claim_items(c, rule_index, take, n, before) end
 end
 
 -- Append one finished refresh to the shard's history stream, capped near

@@ -7,10 +7,14 @@
 -- each (start and duration of the refresh in ms), joined by NUL characters (one
 -- argument is far cheaper for the client to encode than four a claim), and BATCH:
 -- the number of keys of the batch handler call whose claims the group holds, or ""
+-- then, only when some group's rule has items: CLAIMED-PREFIX, and per group g "1" if
+-- its rule has items (else "0"), from ARGV[4+4G] (G groups)
 --
 -- A claim is finished only by the holder of its fencing token: an ack that
 -- carries an older token (the lease expired and the key was claimed again) is
 -- refused and reported, so a paused holder can never ack over a newer claim.
+-- A success of a rule with items deletes the key's claimed items (_lib.lua): they
+-- were delivered; a stale ack leaves them to the claim that holds them now.
 -- A key touched while it ran goes back to pending with its re-armed due time.
 -- Each refresh is appended to the history: outcome "success", or "lost" for a
 -- refused (stale) ack. A batch group's successes share one entry: its fields
@@ -59,14 +63,17 @@ local function record_batch(rule, done, n, start, ms)
              'outcome', 'success')
 end
 
+local groups = (#KEYS - 3) / 2
+local claimed_prefix, item_flags = ARGV[4 + 4 * groups], 5 + 4 * groups
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
-for g = 0, (#KEYS - 3) / 2 - 1 do
+for g = 0, groups - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local rule, n = ARGV[pos], tonumber(ARGV[pos + 1])
   local size = tonumber(ARGV[pos + 3]) or 0
   local batched = size > 0
   local done = {keys = {}, tokens = {}, attempts = {}, dues = {}}
-  local finished, forgotten = {}, {}
+  local finished, forgotten, delivered = {}, {}, nil
+  if claimed_prefix and ARGV[item_flags + g] == '1' then delivered = {} end
   local keys, tokens, starts, took = claims_of(ARGV[pos + 2], n)
   local states = n > 0 and read_fields(meta, keys) or {}
   for j = 1, n do
@@ -76,6 +83,7 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
     if held then
       seen[key] = true
       finished[#finished + 1] = key
+      if delivered then delivered[#delivered + 1] = claimed_prefix .. key end
       local again = r and rearm(meta, due_key, key, r)
       if again then
         rearmed = rearmed + 1
@@ -100,6 +108,11 @@ for g = 0, (#KEYS - 3) / 2 - 1 do
   if batched and n > 0 then record_batch(rule, done, size, starts[1], took[1]) end
   each_chunk('ZREM', inflight_key, finished)
   each_chunk('HDEL', meta, forgotten)
+  if delivered then
+    for i = 1, #delivered, CHUNK do
+      redis.call('DEL', unpack(delivered, i, math.min(i + CHUNK - 1, #delivered)))
+    end
+  end
   pos = pos + 4
 end
 wake(next_key, ARGV[1], earliest)

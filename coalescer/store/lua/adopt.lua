@@ -6,6 +6,8 @@
 -- ARGV[1] node id   ARGV[2] leader lease ms   ARGV[3] claim lease ms
 -- ARGV[4+2r], ARGV[5+2r]   the name of rule r and how many of its keys to claim
 --                          at most (0 claims none)
+-- then, only when some rule has items: ITEMS-PREFIX, CLAIMED-PREFIX and the items max
+-- of each rule (0: none), from ARGV[4+2R] (R rules), as in claim.lua
 --
 -- A rule is served here only while the shard has a leader, the leader's
 -- registry entry lacks the rule, and the caller is the live node with the
@@ -15,7 +17,8 @@
 -- Returns {now, next due or -1, next lease expiry or -1, claims, blocked,
 -- rules served, held}; claims and blocked as in claim.lua, over the rules served;
 -- held as in claim.lua: "RULE-INDEX|KEYS DUE NOW" of each rule served that claimed
--- as many keys as its limit (0 included) and still has keys due now.
+-- as many keys as its limit (0 included) and still has keys due now; items as in
+-- claim.lua.
 
 local node, now = ARGV[1], now_ms()
 heartbeat(KEYS[4], node, now, 2 * tonumber(ARGV[2]))
@@ -23,7 +26,8 @@ local holder = redis.call('GET', KEYS[1])
 if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[3]),
-           node = node, claims = {}}
+           node = node, claims = {}, items = {}}
+claim_items_at(c, 4 + (#KEYS - 5))
 local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
 local function head(zset)
@@ -46,4 +50,4 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
     next_expiry = min(next_expiry, head(inflight_key))
   end
 end
-return {now, next_due or -1, next_expiry or -1, c.claims, blocked, served, held}
+return {now, next_due or -1, next_expiry or -1, c.claims, blocked, served, held, c.items}

@@ -5,6 +5,8 @@
 -- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms
 -- ARGV[3] claim lease ms   ARGV[4] longest sleep ms   ARGV[5] node id (kept in each claim)
 -- ARGV[6+r] how many keys of rule r to claim at most (0 claims none)
+-- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
+-- the items max of each rule r (0: none), from ARGV[6+R] (R rules)
 --
 -- Checks the caller still holds the shard's lease and renews it, in this same
 -- script, so an ex-leader can never claim. Claims only keys whose due time has
@@ -19,7 +21,9 @@
 -- has keys due now: they wait for a free slot, or for the next claim when the limit
 -- was the per-call cap; its due times are left out of "next due" so other rules
 -- are not held up. held lists, for each such rule, "RULE-INDEX|KEYS DUE NOW" (an upper
--- bound: keys re-touched since they were scored count too).
+-- bound: keys re-touched since they were scored count too), then items: one
+-- {CLAIM-POSITION (0-based), ITEMS...} per claim of a rule with items that has some
+-- ("" among them: the items overflowed).
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local leader_lease = tonumber(ARGV[2])
@@ -28,7 +32,8 @@ local now = now_ms()
 local lease_until = now + tonumber(ARGV[3])
 local live = heartbeat(KEYS[5], ARGV[5], now, 2 * leader_lease)
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = lease_until,
-           node = ARGV[5], claims = {}}
+           node = ARGV[5], claims = {}, items = {}}
+claim_items_at(c, 6 + (#KEYS - 5) / 2)
 local next_due, next_expiry = nil, nil
 
 local function head(zset)
@@ -54,4 +59,4 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
 end
 
 redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[4]))))
-return {1, now, next_due or -1, next_expiry or -1, live, c.claims, blocked, held}
+return {1, now, next_due or -1, next_expiry or -1, live, c.claims, blocked, held, c.items}

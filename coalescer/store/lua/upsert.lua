@@ -5,6 +5,11 @@
 -- ARGV[1]   wake channel
 -- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, and the N keys
 --           joined by NUL characters in one argument (cheap for the client to send)
+-- then, only when some key was touched with items (an empty section for plain touches):
+--   ITEMS-PREFIX, then per rule with items: ITEMS_MAX and one argument of fields
+--   joined by NUL: KEY, N, N items, KEY, N, N items, ... (an item "" says that more
+--   items than ITEMS_MAX were touched in process: an overflow); each KEY is also
+--   among its group's keys, so its touch and its items are written in this one step
 --
 -- Per key, with t the server time: a new burst is due at t + W; a burst that
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
@@ -18,7 +23,7 @@
 -- worked out before anything is written, so a group that met such a key is worked
 -- out again, each key on its own guard). An error reply of a Redis command
 -- (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the key: it
--- fails the whole call.
+-- fails the whole call. A key that failed gets none of its items either.
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
 --          {key, error, key, error, ...} of the keys that failed}.
 
@@ -101,6 +106,38 @@ local function plan(keys, vals, window, max_wait, guarded, failed)
   return p
 end
 
+-- Every NUL-separated field of `joined`.
+local function fields_of(joined)
+  local out, start = {}, 1
+  while true do
+    local stop = string.find(joined, '\0', start, true)
+    if not stop then
+      out[#out + 1] = string.sub(joined, start)
+      return out
+    end
+    out[#out + 1] = string.sub(joined, start, stop - 1)
+    start = stop + 1
+  end
+end
+
+-- The items section, from ARGV[at]: each key's items into its pending set (_lib.lua).
+local function add_touched_items(at, failed)
+  local bad, prefix = {}, ARGV[at]
+  for i = 1, #failed, 2 do bad[failed[i]] = true end
+  for a = at + 1, #ARGV, 2 do
+    local max, f, i = tonumber(ARGV[a]), fields_of(ARGV[a + 1]), 1
+    while i < #f do
+      local key, n = f[i], tonumber(f[i + 1])
+      if not bad[key] then
+        local items = {}
+        for j = 1, n do items[j] = f[i + 1 + j] end
+        add_items(prefix .. key, items, max)
+      end
+      i = i + 2 + n
+    end
+  end
+end
+
 local earliest, scheduled, pos, failed = nil, 0, 2, {}
 for g = 0, (#KEYS - 2) / 2 - 1 do
   local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
@@ -116,4 +153,5 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
   scheduled = scheduled + p.count
   pos = pos + 4
 end
+if ARGV[pos] then add_touched_items(pos, failed) end
 return {now, scheduled, wake(next_key, channel, earliest), failed}

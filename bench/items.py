@@ -1,0 +1,80 @@
+"""Touches with items into Redis, beside plain touches of the same run.
+
+``items_coalescer``: one process, one write-path coalescer (``worker=False``) whose rule
+says ``items: {max: 1000}``: ``items_keys`` customers (10,000) each touched with
+``items_per_key`` distinct items (20 orders: 200,000 items), interleaved as a bulk import
+of orders writes them (customer 0, 1, ..., then their second orders, ...), from one loop
+that yields every 1,000 touches so the flusher writes meanwhile; items/s from the first
+touch until ``flush`` returns (Redis then holds every item in its key's items set,
+counted after the clock stops), with the CPU per item. The plain figures of the same
+run are bench/figures.py's: ``hot_key`` (touch() calls/s of one key) and ``distinct``
+(distinct keys/s into Redis), measured in this group beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from coalescer import BackpressureError, Coalescer, Config
+
+from . import figures as F
+from .valkey import Server
+
+ITEMS_MAX = 1000
+
+
+def items_config(**kw: Any) -> Config:
+    text = F.rules_text(**kw).replace(
+        "    handler: bench.probe:refresh\n",
+        f"    handler: bench.probe:refresh\n    items: {{max: {ITEMS_MAX}}}\n")
+    return Config.from_string(text, source="<bench>")
+
+
+async def _touch_items(c: Coalescer, keys: list[str], per_key: int) -> int:
+    """Touch each key with ``per_key`` items, round by round; returns the refusals."""
+    refused = 0
+    touch = c.touch
+    n = 0
+    for j in range(per_key):
+        for i, k in enumerate(keys):
+            item = f"order:{i}-{j}"
+            while True:  # back-pressure only while Redis catches up
+                try:
+                    touch(k, item)
+                    break
+                except BackpressureError:
+                    refused += 1
+                    await asyncio.sleep(0.001)
+            n += 1
+            if n % 1000 == 0:
+                await asyncio.sleep(0)
+    return refused
+
+
+async def items_coalescer(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+    """Items/s into Redis from one process."""
+    keys = [F.key(i) for i in range(sizes.items_keys)]
+    total = len(keys) * sizes.items_per_key
+    c = Coalescer(items_config(window="1h", max_wait="2h"), redis_url=server.url,
+                  worker=False, node_id="bench-node")
+    async with c:
+        cpu = F.CpuMeter(server)
+        t0 = time.perf_counter()
+        refused = await _touch_items(c, keys, sizes.items_per_key)
+        touched = time.perf_counter() - t0
+        await c.flush()
+        dt = time.perf_counter() - t0
+        used = cpu.done(dt, total)
+        held = await _items_held(c, keys)
+    return {"items": total, "keys": len(keys), "seconds": dt, "per_second": total / dt,
+            "touch_loop_seconds": touched, "backpressure_refusals": refused,
+            "redis_holds": held, "cpu": used}
+
+
+async def _items_held(c: Coalescer, keys: list[str]) -> int:
+    pipe = c.redis.pipeline(transaction=False)
+    for k in keys:
+        pipe.scard(F.SHARD.items(k))
+    return sum(int(n) for n in await pipe.execute())

@@ -1,0 +1,76 @@
+-- cancel.lua: drop the pending refreshes of keys (one shard, one or more rules).
+--
+-- KEYS[1] meta   KEYS[2] history
+-- KEYS[3+g]      due:RULE of group g (g = 0, 1, ...)
+-- ARGV[1] node id (who cancels, for the history)   ARGV[2] history length (0: none)
+-- ARGV[3] ITEMS-PREFIX   ARGV[4] CLAIMED-PREFIX (a key's item sets: the prefix and the key)
+-- then per group g: RULE, N, and its N keys joined by NUL characters in one argument
+--
+-- Per key, by the state it is found in:
+--   pending (backoff included)  its state and its due:RULE entry are deleted, attempts
+--                               and all, and its items (pending, and a failed try's
+--                               kept for its retry): "pending"
+--   running, touched while it ran  the touch kept to re-arm it (the R* part) is
+--                               cleared with the items touched while it ran; the
+--                               refresh itself goes on (with its claim's items), and its
+--                               ack, fail or recovery works as usual with nothing to
+--                               re-arm: "rearm"
+--   running, nothing to re-arm  left alone: "running"
+--   dead                        left alone (coalescer dead purge deletes it): "dead"
+--   no state                    "idle"
+-- A touch after the cancel arms the key again, as any touch does. Each key whose
+-- refresh was dropped ("pending", "rearm") gets a history entry: outcome
+-- "cancelled", its rule, the cancelling node, the due time dropped, start = now.
+-- Returns {server time ms, {the state found, per key, in ARGV order}}.
+
+local meta, history = KEYS[1], KEYS[2]
+local node, maxlen = ARGV[1], tonumber(ARGV[2])
+local items_prefix, claimed_prefix = ARGV[3], ARGV[4]
+local now = now_ms()
+
+local function split_keys(joined, n)
+  local keys, start = {}, 1
+  for i = 1, n do
+    local stop = string.find(joined, '\0', start, true) or (#joined + 1)
+    keys[i] = string.sub(joined, start, stop - 1)
+    start = stop + 1
+  end
+  return keys
+end
+
+-- Drop one key's pending refresh, or the re-arm of its running one; returns the state
+-- it was found in and the due time dropped (nil when nothing was).
+local function cancel_one(due_key, key)
+  local v = redis.call('HGET', meta, key)
+  if not v then return 'idle', nil end
+  local s = decode(v)
+  if s and s.kind == 'D' then return 'dead', nil end
+  if s and s.kind == 'R' then
+    if not s.rdue then return 'running', nil end
+    local due = s.rdue
+    s.rdue, s.rfirst, s.rlast = nil, nil, nil
+    redis.call('HSET', meta, key, running(s))
+    redis.call('DEL', items_prefix .. key)  -- touched while it ran; its claim keeps its own
+    return 'rearm', due
+  end
+  -- pending, or a pending value that does not read (see _lib.lua): gone either way
+  redis.call('ZREM', due_key, key)
+  redis.call('HDEL', meta, key)
+  redis.call('DEL', items_prefix .. key, claimed_prefix .. key)  -- a retry's too
+  return 'pending', s and s.due or nil
+end
+
+local found, pos = {}, 5
+for g = 0, #KEYS - 3 do
+  local due_key, rule = KEYS[3 + g], ARGV[pos]
+  for _, key in ipairs(split_keys(ARGV[pos + 2], tonumber(ARGV[pos + 1]))) do
+    local state, due = cancel_one(due_key, key)
+    found[#found + 1] = state
+    if state == 'pending' or state == 'rearm' then
+      record(history, maxlen, key, rule, node, '', '', due and int(due) or '', now, 0,
+             'cancelled')
+    end
+  end
+  pos = pos + 3
+end
+return {now, found}
