@@ -1,9 +1,11 @@
 """What the outbox writers share: the rows of a call, checked as ``touch()`` checks keys.
 
 A key Redis cannot store is refused at the call (InvalidKeyError), never later in a
-commit hook or on the node. With ``rules`` (a ``Config``, ``Coalescer`` or
-``SyncCoalescer``) a key no rule matches is refused too (UnknownKeyError); without, the
-node that reads the outbox rejects it (logged and counted, the other rows go on).
+commit hook or on the node, and so is an item that cannot be stored (InvalidItemError).
+With ``rules`` (a ``Config``, ``Coalescer`` or ``SyncCoalescer``) a key no rule matches
+is refused too (UnknownKeyError), and an item for a rule without ``items:``
+(InvalidItemError); without, the node that reads the outbox rejects such a row (logged
+and counted, the other rows go on).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from coalescer.errors import InvalidItemError
 from coalescer.sources.outbox_sql import DEFAULT_OUTBOX_TABLE, postgres_ddl
-from coalescer.store.keycheck import check_key, key_problem
+from coalescer.store.keycheck import check_item, check_key, item_problem
 
 __all__ = ["DEFAULT_TABLE", "ROWS_PER_INSERT", "checked_rows", "postgres_ddl"]
 
@@ -32,16 +35,18 @@ def rules_of(rules: Any) -> Any:
 def checked_rows(keys: Iterable[str], item: str | None,
                  rules: Any) -> list[tuple[str, str | None]]:
     """``(key, item)`` for each key, once each is known to be storable (and matched by a
-    rule of ``rules``, when given); ValueError for an item that cannot be stored."""
-    if item is not None:
-        problem = key_problem(item)
-        if problem is not None:
-            raise ValueError(f"item {item!r} cannot be stored: {problem.replace('key', 'item')}")
+    rule of ``rules`` that takes items, when given)."""
     config = rules_of(rules)
     out = []
     for key in keys:
         check_key(key)
+        if item is not None:
+            problem = item_problem(item)
+            if problem is not None:
+                raise InvalidItemError(key, item, problem)
         if config is not None:
-            config.rule_for(key)
+            rule = config.rule_for(key)
+            if item is not None:
+                check_item(key, item, rule.name, rule.items is not None)
         out.append((key, item))
     return out

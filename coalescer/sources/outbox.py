@@ -39,7 +39,7 @@ from coalescer.config.sources import (
 from coalescer.errors import ConfigError, UnknownKeyError, shown_key
 from coalescer.sources.base import NodeContext, Source, SourceType, register
 from coalescer.sources.outbox_db import Backlog, Outbox, driver_problem, open_outbox
-from coalescer.store.keycheck import key_problem
+from coalescer.store.keycheck import item_problem, key_problem
 from coalescer.store.keys import sources_outbox, sources_rejected
 
 log = logging.getLogger(__name__)
@@ -108,12 +108,12 @@ class OutboxLoop:
         self._reconnect = True  # until the claim is in hand: a failure is the database's
         rows = await self._outbox.claim(self.source.batch)
         self._reconnect = False
-        keys, rejected = self._split(rows)
-        await self._touch(list(dict.fromkeys(keys)))
+        keys, pairs, rejected = self._split(rows)
+        await self._touch(list(dict.fromkeys(keys)), list(dict.fromkeys(pairs)))
         self._reconnect = True
         await self._outbox.done()
         self._reconnect = False
-        await self._count(len(keys), rejected)
+        await self._count(len(keys) + len(pairs), rejected)
         self._failing = False
         self._error = None
         self._full = len(rows) >= self.source.batch
@@ -122,12 +122,17 @@ class OutboxLoop:
             await self._outbox.wait(self.source.poll)
         return len(rows)
 
-    async def _touch(self, keys: list[str]) -> None:
-        """Touch ``keys`` and wait until Redis holds them; on failure the rows stay."""
-        if not keys:
+    async def _touch(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
+        """Touch ``keys`` (and each key of ``pairs`` with its item) and wait until Redis
+        holds them; on failure the rows stay."""
+        if not keys and not pairs:
             return
         try:
-            self._context.touch_many(keys)
+            if pairs:
+                assert self._context.touch_items is not None  # _split rejects them else
+                self._context.touch_items(pairs)
+            if keys:
+                self._context.touch_many(keys)
             await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
         except BaseException:
             try:
@@ -136,28 +141,38 @@ class OutboxLoop:
                 self._reconnect = True
             raise
 
-    def _split(self, rows: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
-        """The key of each row to touch, and why each rejected row is."""
+    def _split(self, rows: Sequence[tuple[str, str | None]]) -> tuple[
+            list[str], list[tuple[str, str]], list[str]]:
+        """The key of each plain row, the (key, item) of each row with an item, and why
+        each rejected row is."""
         keys: list[str] = []
+        pairs: list[tuple[str, str]] = []
         rejected: list[str] = []
-        for key, _item in rows:  # items reach a refresh once touches carry them
-            why = self.problem(key)
-            if why is None:
+        for key, item in rows:
+            why = self.problem(key, item)
+            if why is not None:
+                rejected.append(why)
+            elif item is None:
                 keys.append(key)
             else:
-                rejected.append(why)
-        return keys, rejected
+                pairs.append((key, item))
+        return keys, pairs, rejected
 
-    def problem(self, key: Any) -> str | None:
-        """Why the key of a row cannot be touched, or None."""
+    def problem(self, key: Any, item: Any = None) -> str | None:
+        """Why a row cannot be touched, or None."""
         problem = key_problem(key)
         if problem is not None:
             return f"key {shown_key(key)} cannot be stored: {problem}"
         try:
-            self._context.config.rule_for(key)
+            rule = self._context.config.rule_for(key)
         except UnknownKeyError:
             return f"no rule matches key {shown_key(key)}"
-        return None
+        if item is None:
+            return None
+        problem = item_problem(item)
+        if problem is None and (rule.items is None or self._context.touch_items is None):
+            problem = f"the rule of key {shown_key(key)} takes no items"
+        return None if problem is None else f"item {shown_key(item)} cannot be touched: {problem}"
 
     async def _count(self, accepted: int, rejected: list[str]) -> None:
         counter = self._context.metrics.source_entries

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, create_engine, event, select, text
 from sqlalchemy.orm import Session
 
-from coalescer import InvalidKeyError, UnknownKeyError
+from coalescer import InvalidItemError, InvalidKeyError, UnknownKeyError
 from coalescer.config.rules import Config
 from coalescer.integrations.outbox_sqlalchemy import pending_rows
 from coalescer.integrations.sqlalchemy import outbox_ddl, outbox_table, touch_in_transaction
@@ -150,8 +150,12 @@ def test_keys_are_checked_at_the_call(engine: Engine, table: Any) -> None:
         with pytest.raises(UnknownKeyError, match="orders:1"):
             touch_in_transaction(session, "stats:user:1", "orders:1", table=table,
                                  rules=RULES)
-        with pytest.raises(ValueError, match="item"):
+        with pytest.raises(InvalidItemError, match="NUL character"):
             touch_in_transaction(session, "stats:user:1", table=table, item="x\0")
+        with pytest.raises(InvalidItemError, match="must not be empty"):
+            touch_in_transaction(session, "stats:user:1", table=table, item="")
+        with pytest.raises(InvalidItemError, match="takes no items"):
+            touch_in_transaction(session, "stats:user:1", table=table, item="x", rules=RULES)
         touch_in_transaction(session, "orders:1", table=table)  # no rules: the node decides
         touch_in_transaction(session, table=table)  # nothing to touch
         session.commit()

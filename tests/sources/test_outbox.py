@@ -214,6 +214,35 @@ async def test_committed_rows_become_pending_keys_and_leave_the_table(
     assert f"outbox {outbox.table.name} at" in line
 
 
+async def test_items_of_rows_reach_the_next_refresh_of_their_key(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
+        outbox: OutboxDb, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="coalescer.sources.outbox")
+    path = tmp_path / "rules.yaml"
+    path.write_text(SETTINGS.format(ns=namespace) + BASE + """\
+  - name: order
+    match: "stats:order:{id}"
+    items: {max: 100}
+    handler: builtins:repr
+""" + outbox.source(poll="50ms"))
+    c = await nodes(path, redis_url)
+    with Session(outbox.engine) as session:
+        touch_in_transaction(session, "stats:order:1", item="line-1", table=outbox.table)
+        touch_in_transaction(session, "stats:order:1", item="line-2", table=outbox.table)
+        touch_in_transaction(session, "stats:order:2", table=outbox.table)  # no item
+        touch_in_transaction(session, *keys(1), item="x", table=outbox.table)  # no items:
+        session.commit()
+    await wait_until(lambda: counted(c, "rejected") == 1 and outbox.rows() == 0)
+    claims = {claim.key: claim for claim in await c.drain(timeout=30)}
+    assert sorted(claims) == ["stats:order:1", "stats:order:2"]
+    assert claims["stats:order:1"].items == ("line-1", "line-2")
+    assert claims["stats:order:2"].items == ()
+    assert counted(c, "accepted") == 3
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "item 'x' cannot be touched: the rule of key 'stats:customer:1' takes no items" \
+        in logged
+
+
 async def test_two_nodes_share_an_outbox_and_no_row_is_lost(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
         outbox: OutboxDb) -> None:
