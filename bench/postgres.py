@@ -34,6 +34,8 @@ def find_binaries() -> tuple[Path | None, str]:
     for folder in candidates:
         if (folder / "initdb").exists() and (folder / "pg_ctl").exists():
             return folder, ""
+    if given:
+        return None, f"no initdb and pg_ctl in $COALESCER_PG_BIN ({given})"
     return None, ("PostgreSQL binaries (initdb, pg_ctl) not found under /usr/lib/postgresql/*/bin"
                   " (apt-get install postgresql, or set COALESCER_PG_BIN)")
 
