@@ -35,6 +35,7 @@ from . import batches as B
 from . import check as CK
 from . import figures as F
 from . import items as I
+from . import outbox as O
 from . import peers as P
 from . import throttle as T
 from .valkey import Server
@@ -90,6 +91,10 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("coalescer_distinct", F.distinct_coalescer, ())],
     "check": [("coalescer", CK.check_indexed, (10_000,)),
               ("baseline", CK.check_pairwise, (300,))],
+    "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
+               ("coalescer_lag", O.outbox_lag, ("TMP",)),
+               ("coalescer_cost", O.outbox_cost, ()),
+               ("coalescer_kills", O.outbox_kills, ("TMP",))],
 }
 
 
@@ -478,11 +483,37 @@ def _throttle_rows(t: Rows) -> None:
                      fmt=_short)
 
 
+def _outbox_rows(t: Rows) -> None:
+    t.figure("outbox on PostgreSQL through one node, touches/s (rows waiting, node started)",
+             t.spread("outbox.coalescer_throughput", "per_second"), None, fmt=_short,
+             target=">= 20,000", ok=_at_least(20_000))
+    t.lost("lost updates: outbox throughput (rows vs keys pending in Redis)",
+           "outbox.coalescer_throughput", "outbox.none", ".", peers=False)
+    for p in ("p50", "p99"):
+        t.figure(f"outbox commit -> Redis {p} at {O.LAG_RATE:,} commits/s, LISTEN/NOTIFY",
+                 t.spread("outbox.coalescer_lag", p), None, fmt=lambda v: _fmt(v, " ms", 1),
+                 target="<= 50 ms" if p == "p99" else "-",
+                 ok=(lambda c: c <= 50) if p == "p99" else None)
+    t.lost("lost updates: outbox lag workload", "outbox.coalescer_lag", "outbox.none", ".",
+           peers=False)
+    ctext, clost = t.lost_text("outbox.coalescer_kills", "outbox")
+    btext, _ = t.lost_text("outbox.coalescer_kills", "after_commit")
+    t.add(f"writer SIGKILLed right after commit ({O.KILLED_WRITERS} writers a run): touches "
+          "lost with the outbox (beside: with touch_after_commit)", ctext, btext,
+          target="0", met=None if clost is None else clost == 0)
+    t.figure("a touch added to a transaction (one INSERT, SQLAlchemy), us (beside: the "
+             "transaction without it)", t.spread("outbox.coalescer_cost", "added_us"),
+             t.spread("outbox.coalescer_cost", "plain_us"), fmt=lambda v: _fmt(v, digits=0))
+    t.figure("the same into a table without the NOTIFY trigger, us",
+             t.spread("outbox.coalescer_cost", "added_quiet_us"), None,
+             fmt=lambda v: _fmt(v, digits=0))
+
+
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _throttle_rows, _items_rows):
+                 _throttle_rows, _items_rows, _outbox_rows):
         part(t)
     return t.out
 

@@ -26,10 +26,16 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
-from coalescer.errors import BackpressureError, ClosedError, InvalidItemError, UnknownKeyError
+from coalescer.errors import (
+    BackpressureError,
+    ClosedError,
+    ConfigError,
+    InvalidItemError,
+    UnknownKeyError,
+)
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
-from coalescer.sources.base import Source, start_sources, stop_sources
+from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.hints import CommandHints
@@ -105,6 +111,15 @@ class Run:
             self.embedded = None
 
 
+def _refuse_sources_that_cannot_run(config: Config) -> None:
+    """A worker does not start with a source it could not run (its database's driver
+    not installed, an environment variable of its URL not set): ConfigError naming
+    the file, line and field of each."""
+    problems = check_sources(config, os.environ) if config.sources else []
+    if problems:
+        raise ConfigError.combine(problems)
+
+
 def _task_ended(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("background task %s died: %r", task.get_name(), task.exception(),
@@ -129,6 +144,8 @@ class Coalescer:
                  node_id: str | None = None, max_buffered: int = DEFAULT_MAX_BUFFERED,
                  grace: float = 30.0, embedded_root: Path | None = None) -> None:
         self.config = config.with_handlers() if worker else config  # only workers call them
+        if worker:
+            _refuse_sources_that_cannot_run(self.config)
         self.worker = worker
         self._given_node_id = node_id
         self.node_id = node_id or default_node_id()

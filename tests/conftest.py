@@ -10,6 +10,7 @@ Fixtures:
     rules_file     function  factory: rules_file(yaml_text, handlers_py=None) -> Path
     start          function  factory: await start(rules_path, **options) -> a started
                              Coalescer (grace 2 s unless given), closed at teardown
+    postgres       session   a real PostgreSQL server (bench.postgres), skipped where absent
 
 Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
@@ -28,6 +29,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
+from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
 
@@ -72,6 +74,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = start_cluster(tmp_path_factory.mktemp("cluster"), n_masters=3)
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    folder, why = find_binaries()
+    if folder is None:
+        pytest.skip(f"no PostgreSQL server: {why}")
+    server = PostgresServer().start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

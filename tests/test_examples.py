@@ -145,6 +145,42 @@ def test_stats_app_bulk_import_refreshes_each_customer_once_and_stats_equal_a_re
     assert procs.stop("node") == 0
 
 
+def test_stats_app_with_the_outbox_loses_nothing_and_stats_equal_a_recompute(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs) -> None:
+    """The outbox set-up: the app writes touches in the orders' transactions, the node
+    reads them (rules_outbox.yaml, its url pointed at this test's database)."""
+    db = tmp_path / "stats.db"
+    text = STATS_RULES.with_name("rules_outbox.yaml").read_text()
+    text = text.replace('"sqlite:///stats.db"', f'"sqlite:///{db}"').replace(
+        "customer_stats:refresh", "examples.stats_app.customer_stats:refresh")
+    rules = tmp_path / "rules_outbox.yaml"
+    rules.write_text(text)
+    stats_db.init_db(db)  # the node reads a database it never creates
+    port = free_port()
+    procs.start("node", *node_cmd(rules, own_server.url), STATS_DB=str(db))
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--outbox", STATS_DB=str(db),
+                PORT=str(port))  # no --redis: the app never talks to Redis
+    wait_listening(procs, "app", port)
+    done = subprocess.run([PY, "-m", "examples.stats_app.bulk_import", "--rules", str(rules),
+                           "--redis", own_server.url, "--orders", "2000"], cwd=REPO,
+                          env=clean_env(STATS_DB=str(db), PORT=str(port)),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr + procs.log("node")
+    written = int(re.findall(r"outbox: ([\d,]+) touches committed with the orders",
+                             done.stdout)[0].replace(",", ""))
+    assert 100 <= written <= 2000  # a row per customer per request (20 requests)
+    assert "0 left waiting: every one reached Redis" in done.stdout
+    assert "stats equal a full recompute for 100 of 100 customers" in done.stdout
+    conn = stats_db.connect(db)
+    try:
+        assert stats_db.mismatches(conn) == {}
+        assert stats_db.outbox_rows(conn) == (0, written)
+    finally:
+        conn.close()
+    assert procs.stop("app") == 0
+    assert procs.stop("node") == 0
+
+
 async def test_stats_app_batch_handler_refreshes_many_customers_a_call_and_stats_match(
         tmp_path: Path, namespace: str, redis_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:

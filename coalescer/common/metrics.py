@@ -136,8 +136,20 @@ class Metrics:
             registry=r)
         self.source_entries = Counter(
             "coalescer_source_entries_total",
-            "stream source entries handled, by source and outcome (accepted, rejected)",
-            ["source", "outcome"], registry=r)
+            "source entries (stream entries, outbox rows) handled, by source and outcome "
+            "(accepted, rejected)", ["source", "outcome"], registry=r)
+        self.outbox_backlog = Gauge(
+            "coalescer_outbox_backlog_rows",
+            "rows waiting in an outbox source's table, as this node last counted them "
+            "(counted up to a cap)", ["source"], registry=r)
+        self.outbox_lag = Gauge(
+            "coalescer_outbox_lag_seconds",
+            "age of the oldest row waiting in an outbox source's table (0 when empty)",
+            ["source"], registry=r)
+        self.outbox_errors = Counter(
+            "coalescer_outbox_errors_total",
+            "failed claims of an outbox source (database or Redis errors); the rows wait",
+            ["source"], registry=r)
 
         self.item_overflows = Counter(
             "coalescer_item_overflows_total",

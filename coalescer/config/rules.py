@@ -23,7 +23,7 @@ from coalescer.config.lint import (
 )
 from coalescer.config.model import Handler, HttpHandler, RetryPolicy, Rule
 from coalescer.config.schema import DEFAULT_HISTORY, Document, RulesSchema
-from coalescer.config.sources import SourceConfig
+from coalescer.config.sources import SourceConfig, unset_env_warnings
 from coalescer.config.yaml_reader import NAME_RE, read_text
 from coalescer.errors import ConfigError, UnknownKeyError
 
@@ -123,7 +123,7 @@ class Config:
 
     def warnings(self, environ: Mapping[str, str]) -> list[ConfigWarning]:
         """Rules that can never match, and webhook secrets not set in ``environ``."""
-        return _warnings(self.source, self.matches, self.secrets, environ)
+        return _warnings(self.source, self.matches, self.secrets, environ, self.sources)
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]]:
         """The first rule whose pattern matches ``key`` and its captures."""
@@ -208,10 +208,12 @@ def check_file(path: str | os.PathLike[str], environ: Mapping[str, str]) -> Chec
     return CheckReport(config=config if problems is None else None,
                        errors=tuple(problems.errors) if problems else (),
                        warnings=tuple(_warnings(source, schema.matches, schema.secrets,
-                                                environ)))
+                                                environ, config.sources if config else ())))
 
 
 def _warnings(source: str, matches: Sequence[RuleMatch], secrets: Sequence[RuleSecret],
-              environ: Mapping[str, str]) -> list[ConfigWarning]:
-    found = [*unreachable(source, matches), *unset_secret_warnings(source, secrets, environ)]
+              environ: Mapping[str, str],
+              sources: Sequence[SourceConfig] = ()) -> list[ConfigWarning]:
+    found = [*unreachable(source, matches), *unset_secret_warnings(source, secrets, environ),
+             *unset_env_warnings(source, sources, environ)]
     return sorted(found, key=lambda warning: warning.line or 0)

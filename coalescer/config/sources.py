@@ -2,27 +2,43 @@
 
 Each source has a ``name``, a ``type`` (``stream`` when not given) and the fields of its
 type. A type's fields are read by the reader registered for it in ``SOURCE_TYPES``;
-an unknown ``type`` is refused with the file, line and field and the known types. The
-only type so far is ``stream``: a Redis Stream whose entries are touches.
+an unknown ``type`` is refused with the file, line and field and the known types. Two
+types: ``stream`` (a Redis Stream whose entries are touches) and ``outbox`` (rows of a
+table in the application's database, written in its transactions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from yaml.nodes import Node, SequenceNode
 
+from coalescer.common.redact import redact
+from coalescer.config.durations import format_duration
+from coalescer.config.lint import ConfigWarning
 from coalescer.config.patterns import KeyPattern
 from coalescer.config.templates import KeyTemplate
 from coalescer.config.yaml_reader import Entries, YamlReader, line_of, shown
+from coalescer.errors import ConfigError
 
 COMMON_FIELDS = ("name", "type")
 STREAM_FIELDS = ("stream", "group", "start", "key", "item")
 STARTS = ("new", "all")
 DEFAULT_GROUP = "coalescer"
 DEFAULT_TYPE = "stream"
+OUTBOX_FIELDS = ("url", "table", "batch", "poll")
+DEFAULT_OUTBOX_TABLE = "coalescer_outbox"
+DEFAULT_OUTBOX_BATCH = 1000  # rows claimed at a time
+MAX_OUTBOX_BATCH = 10_000
+DEFAULT_OUTBOX_POLL = 1.0  # seconds between two looks at an idle outbox, at most
+MAX_OUTBOX_POLL = 60.0
+OUTBOX_SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql", "sqlite": "sqlite"}
+_ENV_REF = re.compile(r"\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TABLE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,6 +66,76 @@ class StreamSource(SourceConfig):
     def start_id(self) -> str:
         """The ID a group created for this source starts after."""
         return "$" if self.start == "new" else "0"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxSource(SourceConfig):
+    """One outbox source: rows of ``table`` in the database at ``url`` (a SQLAlchemy
+    URL, where ``${NAME}`` stands for the environment variable NAME), claimed ``batch``
+    at a time; an idle outbox is looked at every ``poll`` at most (PostgreSQL's
+    NOTIFY wakes the node sooner)."""
+
+    type: ClassVar[str] = "outbox"
+    url: str = field(repr=False)  # may hold a password
+    table: str = DEFAULT_OUTBOX_TABLE
+    batch: int = DEFAULT_OUTBOX_BATCH
+    poll: float = DEFAULT_OUTBOX_POLL
+
+    @property
+    def env_names(self) -> list[str]:
+        """The environment variables ``url`` refers to, in order."""
+        return _ENV_REF.findall(self.url)
+
+    def resolved_url(self, environ: Mapping[str, str]) -> str:
+        """``url`` with each ``${NAME}`` replaced by its value in ``environ``; KeyError
+        naming the first one not set (or empty)."""
+        def value(match: re.Match[str]) -> str:
+            found = environ.get(match.group(1))
+            if not found:
+                raise KeyError(match.group(1))
+            return found
+        return _ENV_REF.sub(value, self.url)
+
+
+def outbox_scheme(url: str) -> str | None:
+    """``postgresql`` or ``sqlite`` for a URL of either (any ``+driver``), else None."""
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        return None
+    return OUTBOX_SCHEMES.get(scheme.split("+", 1)[0].lower())
+
+
+def outbox_url_problem(url: str) -> str | None:
+    """What is wrong with a resolved outbox URL, or None."""
+    scheme = outbox_scheme(url)
+    if scheme is None:
+        return ("must be a SQLAlchemy URL of PostgreSQL (postgresql://user:password@host/db, "
+                "any +driver) or SQLite (sqlite:///path/to/file.db)")
+    if scheme == "sqlite":
+        path = url.partition("://")[2].partition("?")[0]
+        if path in ("", "/", "/:memory:") or path.startswith("/file::memory:"):
+            return ("names an in-memory SQLite database, which no other process can see: "
+                    "name a file (sqlite:///path/to/file.db)")
+    return None
+
+
+def unset_env_warnings(file: str, sources: Sequence[SourceConfig],
+                       environ: Mapping[str, str]) -> list[ConfigWarning]:
+    """A warning for each environment variable an outbox URL uses that is not set here
+    (a worker node refuses to start without it)."""
+    return [ConfigWarning(
+        f"environment variable {name} is not set (or empty) here; source {source.name!r} "
+        "takes its url from it, so `coalescer run` refuses to start without it", file,
+        source.line, f"sources[{index}].url")
+        for index, source in enumerate(sources) if isinstance(source, OutboxSource)
+        for name in dict.fromkeys(source.env_names) if not environ.get(name)]
+
+
+def source_error(source: SourceConfig, index: int, file: str, message: str,
+                 name: str) -> ConfigError:
+    """An error about ``source``, the ``index``-th, at its line, on its field ``name``."""
+    return ConfigError(f"source {source.name!r}: {message}", file=file, line=source.line,
+                       field=f"sources[{index}].{name}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,7 +281,55 @@ def _template(reader: YamlReader, node: Node, field: str,
     return template
 
 
+def _outbox(reader: YamlReader, item: SourceItem) -> OutboxSource:
+    entries, node, prefix = item.entries, item.node, item.prefix
+    url = _outbox_url(reader, reader.require(entries, "url", node, prefix, "the source"),
+                      f"{prefix}.url")
+    table = reader.optional(entries, prefix, "table", _table(reader), DEFAULT_OUTBOX_TABLE)
+    batch = reader.optional(entries, prefix, "batch",
+                            lambda n, f: reader.positive_int(n, f, MAX_OUTBOX_BATCH),
+                            DEFAULT_OUTBOX_BATCH)
+    poll = reader.optional(entries, prefix, "poll", _poll(reader), DEFAULT_OUTBOX_POLL)
+    return OutboxSource(name=item.name, url=url, table=table, batch=batch, poll=poll,
+                        line=line_of(node))
+
+
+def _outbox_url(reader: YamlReader, node: Node, field: str) -> str:
+    url = reader.string(node, field, "url")
+    for name in _ENV_REF.findall(url):
+        if _ENV_NAME.fullmatch(name) is None:
+            raise reader.error(f"${{{name}}} must name an environment variable (letters, "
+                               "digits and '_')", node, field)
+    if url.startswith("${"):  # the scheme comes from the environment: checked at start
+        return url
+    problem = outbox_url_problem(_ENV_REF.sub("x", url))
+    if problem is not None:
+        raise reader.error(f"url {redact(url)!r} {problem}", node, field)
+    return url
+
+
+def _table(reader: YamlReader) -> Callable[[Node, str], str]:
+    def parse(node: Node, field: str) -> str:
+        raw = reader.string(node, field, "table")
+        if _TABLE_RE.fullmatch(raw) is None:
+            raise reader.error(f"table {shown(raw)} must be a table name, or schema.table "
+                               "(letters, digits and '_')", node, field)
+        return raw
+    return parse
+
+
+def _poll(reader: YamlReader) -> Callable[[Node, str], float]:
+    def parse(node: Node, field: str) -> float:
+        seconds = reader.positive_duration(node, field)
+        if seconds > MAX_OUTBOX_POLL:
+            raise reader.error(f"poll must be at most {format_duration(MAX_OUTBOX_POLL)}, "
+                               f"got {format_duration(seconds)}", node, field)
+        return seconds
+    return parse
+
+
 SOURCE_TYPES: dict[str, SourceFields] = {
     "stream": SourceFields(fields=STREAM_FIELDS, read=_stream),
+    "outbox": SourceFields(fields=OUTBOX_FIELDS, read=_outbox),
 }
 """The source types a rules file may name, by their ``type:``; a new type adds its entry."""

@@ -1,4 +1,10 @@
-"""Touch keys once a SQLAlchemy ``Session``'s transaction commits.
+"""Touch keys once a SQLAlchemy ``Session``'s transaction commits, or in it.
+
+``touch_in_transaction``, ``outbox_table`` and ``outbox_ddl`` (from
+``coalescer.integrations.outbox_sqlalchemy``) write touches as rows of an outbox table
+in the transaction itself, read by a node's ``type: outbox`` source: they commit with
+the data, and survive the process. ``touch_after_commit`` (below) hands them to a
+coalescer once the transaction has committed, kept in process until Redis holds them.
 
 ``touch_after_commit(session, coalescer, *keys)`` records the keys on the session's
 current transaction (the innermost savepoint, if one is open). When a savepoint is
@@ -24,6 +30,13 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from coalescer.integrations import Toucher, checked_keys
+from coalescer.integrations.outbox_sqlalchemy import (
+    outbox_ddl,
+    outbox_table,
+    touch_in_transaction,
+)
+
+__all__ = ["outbox_ddl", "outbox_table", "touch_after_commit", "touch_in_transaction"]
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,12 @@ Adds ``sources: {NAME: {..., "rejected"}}`` to the status dict (empty without so
 source adds ``"stream", "group", "lag", "pending"``: ``lag`` is how many entries of the
 stream the group has not read yet (``XINFO GROUPS``; null when the server cannot tell,
 or the stream or group does not exist), ``pending`` how many were read and not yet
-acknowledged. A source of a type not registered here shows its ``type`` only.
+acknowledged. An outbox source adds ``"type": "outbox", "table", "url"`` (its password
+hidden), ``backlog`` (rows waiting; ``backlog_capped``: at least that many),
+``lag_seconds`` (the oldest row's age), ``nodes`` (how many live nodes reported) and
+``errors`` (node id -> its last error, while failing), as the nodes last saw them
+(null where none has said). A source of a type not registered here shows its ``type``
+only.
 """
 
 from __future__ import annotations
@@ -26,18 +31,18 @@ async def add_sources(redis: Any, config: Config, status: dict[str, Any]) -> Non
         return
     rejected, *shown = await asyncio.gather(
         redis.hgetall(sources_rejected(config.namespace)),
-        *(_shown(redis, source) for source in config.sources))
+        *(_shown(redis, source, config) for source in config.sources))
     status["sources"] = {
         source.name: {**found, "rejected": int(rejected.get(source.name, 0))}
         for source, found in zip(config.sources, shown, strict=True)}
 
 
-async def _shown(redis: Any, source: SourceConfig) -> dict[str, Any]:
+async def _shown(redis: Any, source: SourceConfig, config: Config) -> dict[str, Any]:
     """What the source's type shows of it; its type alone for a type not registered."""
     source_type = SOURCE_TYPES.get(source.type)
     if source_type is None:
         return {"type": source.type}
-    return await source_type.status(redis, source)
+    return await source_type.status(redis, source, config)
 
 
 def format_sources(status: dict[str, Any]) -> list[str]:
@@ -45,10 +50,26 @@ def format_sources(status: dict[str, Any]) -> list[str]:
     sources = status.get("sources") or {}
     if not sources:
         return []
-    lines = ["", f"{'SOURCE':<24} {'LAG':>8} {'PENDING':>8} {'REJECTED':>9}  STREAM (GROUP)"]
+    lines = ["", f"{'SOURCE':<24} {'LAG':>8} {'PENDING':>8} {'REJECTED':>9}  STREAM (GROUP)"
+             " OR OUTBOX TABLE AT URL"]
     for name, s in sources.items():
+        if s.get("type") == "outbox":
+            lines += _outbox_lines(name, s)
+            continue
         lag = "?" if s.get("lag") is None else s["lag"]
         pending = "?" if s.get("pending") is None else s["pending"]
         what = f"{s['stream']} ({s['group']})" if "stream" in s else f"({s.get('type')})"
         lines.append(f"{name:<24} {lag:>8} {pending:>8} {s['rejected']:>9}  {what}")
+    return lines
+
+
+def _outbox_lines(name: str, s: dict[str, Any]) -> list[str]:
+    """An outbox source: its lag in seconds, its backlog, then one line per node failing."""
+    lag = "?" if s.get("lag_seconds") is None else f"{s['lag_seconds']:.1f}s"
+    backlog = "?" if s.get("backlog") is None else str(s["backlog"])
+    backlog = f">={backlog}" if s.get("backlog_capped") else backlog
+    lines = [f"{name:<24} {lag:>8} {backlog:>8} {s['rejected']:>9}  outbox {s['table']} at "
+             f"{s['url']}"]
+    lines += [f"{'':<24} error on {node}: {error}"
+              for node, error in sorted((s.get("errors") or {}).items())]
     return lines

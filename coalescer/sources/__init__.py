@@ -1,6 +1,7 @@
 """Sources of touches besides ``touch()``: the ``Source`` interface and the registry of
-source types (``base``), and the Redis Streams source behind it (``streams``, type
-``stream``).
+source types (``base``), the Redis Streams source (``streams``, type ``stream``) and
+the transactional outbox (``outbox``, type ``outbox``: rows of the application's
+database, read with ``outbox_db``; its SQL in ``outbox_sql``).
 
 Adding a source type means three things:
 
@@ -19,6 +20,9 @@ May import ``coalescer.write``, ``coalescer.store``, ``coalescer.config`` and
 
 from __future__ import annotations
 
-from coalescer.sources import streams  # registers the "stream" type
+from coalescer.sources import (
+    outbox,  # registers the "outbox" type
+    streams,  # registers the "stream" type
+)
 
-__all__ = ["streams"]
+__all__ = ["outbox", "streams"]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig
+from coalescer.errors import ConfigError
 from coalescer.store.connection import Connection
 
 log = logging.getLogger(__name__)
@@ -52,18 +53,23 @@ class Source(ABC):
 
 
 OpenSources = Callable[[Sequence[SourceConfig], NodeContext], Source]
-ReadStatus = Callable[[Any, SourceConfig], Awaitable[dict[str, Any]]]
+ReadStatus = Callable[[Any, SourceConfig, Config], Awaitable[dict[str, Any]]]
+# What keeps one source from running on this node (a driver not installed, an
+# environment variable not set): errors naming its file, line and field.
+CheckSource = Callable[[SourceConfig, int, Config, Mapping[str, str]], list[ConfigError]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SourceType:
     """One type of source: ``open`` builds the running ``Source`` of a node's sources
     of this type; ``status`` reads, with a Redis client of ``decode_responses``, what
-    ``coalescer status`` shows of one of them (besides its rejected entries)."""
+    ``coalescer status`` shows of one of them (besides its rejected entries); ``check``,
+    if given, says why one of them could not run on this node."""
 
     name: str
     open: OpenSources
     status: ReadStatus
+    check: CheckSource | None = None
 
 
 SOURCE_TYPES: dict[str, SourceType] = {}
@@ -73,6 +79,17 @@ def register(source_type: SourceType) -> SourceType:
     """Make ``source_type`` the one a source of its ``type:`` runs with."""
     SOURCE_TYPES[source_type.name] = source_type
     return source_type
+
+
+def check_sources(config: Config, environ: Mapping[str, str]) -> list[ConfigError]:
+    """Why the sources of ``config`` could not run on this node, each error with the
+    file, line and field; empty when they can. A worker refuses to start otherwise."""
+    problems: list[ConfigError] = []
+    for index, source in enumerate(config.sources):
+        check = SOURCE_TYPES[source.type].check
+        if check is not None:
+            problems += check(source, index, config, environ)
+    return problems
 
 
 def start_sources(context: NodeContext) -> list[Source]:

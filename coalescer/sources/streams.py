@@ -353,7 +353,8 @@ def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sourc
                    metrics=context.metrics, sources=streams, touch_items=context.touch_items)
 
 
-async def stream_status(redis: Any, source: SourceConfig) -> dict[str, Any]:
+async def stream_status(redis: Any, source: SourceConfig,
+                        config: Config | None = None) -> dict[str, Any]:
     """The stream and group of ``source``, and its group's lag and pending entries
     (None when the server cannot tell, or the stream or the group is missing)."""
     assert isinstance(source, StreamSource)

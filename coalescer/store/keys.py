@@ -29,6 +29,8 @@ Per shard::
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
+    NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
+                                      an outbox source (backlog, lag, error, when)
     NS:{NS:rate:RULE}:bucket  HASH    a rule's rate: {tokens, at} (see lua/take_rate.lua);
                                       one per rule, shared by every shard's poller
 
@@ -152,6 +154,11 @@ class KeySpace:
 def sources_rejected(namespace: str) -> str:
     """The hash counting each stream source's rejected entries (its own hash tag)."""
     return f"{namespace}:{{{namespace}:sources}}:rejected"
+
+
+def sources_outbox(namespace: str) -> str:
+    """The hash of what each node last saw of each outbox source (the sources' tag)."""
+    return f"{namespace}:{{{namespace}:sources}}:outbox"
 
 
 def rate_bucket(namespace: str, rule: str) -> str:

@@ -8,6 +8,11 @@ The write path touches ``stats:customer:{id}`` for every order it committed; a
 coalescer node (``coalescer run --rules examples/stats_app/rules.yaml``) runs the
 refresh once per customer, a quiet window after the last touch. This process only
 touches (``worker=False``): it never runs refreshes itself.
+
+With ``--outbox`` (the recommended set-up) the touches are rows of the outbox table,
+written in the orders' own transaction, and the node reads them
+(``coalescer run --rules examples/stats_app/rules_outbox.yaml``): an app killed right
+after a commit loses no touch, and the app needs no Redis connection.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ DEFAULT_PORT = 8080
 RULES = Path(__file__).resolve().with_name("rules.yaml")
 COALESCER = web.AppKey("coalescer", Coalescer)
 DB_PATH = web.AppKey("db_path", Path)
+OUTBOX = web.AppKey("outbox", bool)
 MAX_ORDERS = 1000
 
 
@@ -54,10 +60,10 @@ def parse_orders(body: Any) -> list[tuple[int, int]]:
              _int_field(o, f"orders[{i}]", "amount", 0)) for i, o in enumerate(items)]
 
 
-def _insert(path: Path, orders: list[tuple[int, int]]) -> None:
+def _insert(path: Path, orders: list[tuple[int, int]], outbox: bool) -> None:
     conn = db.connect(path)
     try:
-        db.add_orders(conn, orders)
+        db.add_orders(conn, orders, outbox=outbox)
     finally:
         conn.close()
 
@@ -71,7 +77,10 @@ async def post_orders(request: web.Request) -> web.Response:
         orders = parse_orders(body)
     except ValueError as exc:
         return web.json_response({"error": str(exc)}, status=400)
-    await asyncio.to_thread(_insert, request.app[DB_PATH], orders)
+    if request.app[OUTBOX]:  # the touches committed with the orders: nothing more to do
+        await asyncio.to_thread(_insert, request.app[DB_PATH], orders, True)
+        return web.json_response({"inserted": len(orders)}, status=201)
+    await asyncio.to_thread(_insert, request.app[DB_PATH], orders, False)
     # Touch only AFTER the commit. A refresh can start any time after its touch reaches
     # Redis: at once when the key's max_wait ran out during a long burst, or while a slow
     # commit waits for a lock. Touched before the commit, it could read the orders table
@@ -107,10 +116,15 @@ async def get_stats(request: web.Request) -> web.Response:
     return web.json_response({"customer_id": customer_id, **stats._asdict()})
 
 
-def make_app(db_path: Path, redis_url: str | None = None, rules: Path = RULES) -> web.Application:
+def make_app(db_path: Path, redis_url: str | None = None, rules: Path = RULES, *,
+             outbox: bool = False) -> web.Application:
     app = web.Application()
     app[DB_PATH] = db_path
+    app[OUTBOX] = outbox
     db.init_db(db_path)
+    if outbox:  # no coalescer in this process: the node reads the outbox
+        _routes(app)
+        return app
 
     async def coalescer_ctx(app: web.Application) -> AsyncIterator[None]:
         async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
@@ -118,9 +132,13 @@ def make_app(db_path: Path, redis_url: str | None = None, rules: Path = RULES) -
             yield  # leaving flushes every buffered touch to Redis
 
     app.cleanup_ctx.append(coalescer_ctx)
+    _routes(app)
+    return app
+
+
+def _routes(app: web.Application) -> None:
     app.router.add_post("/orders", post_orders)
     app.router.add_get("/customers/{customer_id}/stats", get_stats)
-    return app
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,10 +150,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="SQLite file (default $STATS_DB, else stats.db beside this file)")
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
+    parser.add_argument("--outbox", action="store_true",
+                        help="write the touches as outbox rows in the orders' transaction "
+                             "(the node runs rules_outbox.yaml)")
     args = parser.parse_args(argv)
     port, source = chosen_port(parser, args.port, DEFAULT_PORT)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    app = make_app(args.db or db.db_path(), args.redis)
+    app = make_app(args.db or db.db_path(), args.redis, outbox=args.outbox)
     announce("the stats app", args.host, port, source)
     web.run_app(app, host=args.host, port=port, access_log=None)
 

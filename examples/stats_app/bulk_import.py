@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from coalescer import Coalescer
+from coalescer import Coalescer, Config
 from examples.ports import ENV_PORT
 
 from . import customer_stats as db
@@ -57,19 +57,23 @@ def busy(status: dict[str, Any]) -> tuple[int, int, int]:
             sum(r["dead"] for r in rules))
 
 
-async def wait_idle(rules: Path, redis_url: str | None, timeout: float) -> None:
-    """Poll the coalescer status until no refresh is pending or in flight."""
+async def wait_idle(rules: Path, redis_url: str | None, timeout: float,
+                    conn: Any = None) -> None:
+    """Poll the coalescer status until no refresh is pending or in flight (and, with
+    ``conn``, the outbox is empty: every touch reached Redis)."""
     deadline = time.monotonic() + timeout
     async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
         while True:
             pending, in_flight, dead = busy(await c.query.status())
             if dead:
                 raise SystemExit(f"{dead} refresh(es) dead-lettered: see `coalescer status`")
-            if not pending and not in_flight:
+            waiting = db.outbox_rows(conn)[0] if conn is not None else 0
+            if not pending and not in_flight and not waiting:
                 return
             if time.monotonic() > deadline:
-                raise SystemExit(f"still {pending} pending and {in_flight} in flight after "
-                                 f"{timeout:g}s: is a node running (coalescer run)?")
+                outbox = f" and {waiting} touches in the outbox" if waiting else ""
+                raise SystemExit(f"still {pending} pending, {in_flight} in flight{outbox} "
+                                 f"after {timeout:g}s: is a node running (coalescer run)?")
             await asyncio.sleep(POLL_SECONDS)
 
 
@@ -89,15 +93,26 @@ async def run(args: argparse.Namespace) -> bool:
     conn = db.connect(args.db)
     try:
         first_id = db.last_refresh_id(conn)
+        written = db.outbox_rows(conn)[1]
         orders = make_orders(args.orders, args.customers, args.seed)
         started = time.monotonic()
         requests = await post_all(args.app, orders, args.batch, args.parallel)
         print(f"imported {len(orders):,} orders for up to {args.customers} customers in "
               f"{time.monotonic() - started:.1f} s ({requests} requests)", flush=True)
-        await wait_idle(args.rules, args.redis, args.timeout)
+        outbox = _reads_outbox(args.rules)
+        await wait_idle(args.rules, args.redis, args.timeout, conn if outbox else None)
+        if outbox:
+            print(f"outbox: {db.outbox_rows(conn)[1] - written:,} touches committed with the "
+                  f"orders (one row per customer per request), {db.outbox_rows(conn)[0]} "
+                  "left waiting: every one reached Redis")
         return report(conn, first_id, len(orders), args.customers)
     finally:
         conn.close()
+
+
+def _reads_outbox(rules: Path) -> bool:
+    return any(source.type == "outbox" for source in Config.from_yaml(
+        rules, import_handlers=False).sources)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,14 @@ CREATE TABLE IF NOT EXISTS customer_stats (
     last_order_at INTEGER,
     token INTEGER NOT NULL             -- fencing token of the refresh that wrote this row
 );
+-- The outbox (rules_outbox.yaml): a touch per customer, written in the orders' transaction
+-- and deleted by the node once Redis holds it. AUTOINCREMENT: an id is never reused.
+CREATE TABLE IF NOT EXISTS coalescer_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    item TEXT,
+    created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+);
 CREATE TABLE IF NOT EXISTS refresh_log (   -- one row per refresh run, to count them
     id INTEGER PRIMARY KEY,
     customer_id INTEGER NOT NULL,
@@ -110,19 +118,44 @@ def init_db(path: str | os.PathLike[str] | None = None) -> None:
         conn.close()
 
 
-def add_orders(conn: sqlite3.Connection, orders: Iterable[tuple[int, int]]) -> int:
-    """Insert (customer_id, amount) rows in one transaction; returns how many."""
+OUTBOX_ROWS = 400  # touches per INSERT into the outbox (SQLite's old 999-variable limit)
+
+
+def add_orders(conn: sqlite3.Connection, orders: Iterable[tuple[int, int]], *,
+               outbox: bool = False) -> int:
+    """Insert (customer_id, amount) rows in one transaction; returns how many. With
+    ``outbox``, the same transaction writes a touch of each customer into the outbox
+    (one multi-row INSERT): they commit, or roll back, with the orders."""
     now = time.time_ns() // 1_000_000
     rows = [(customer, amount, now) for customer, amount in orders]
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.executemany(
             "INSERT INTO orders (customer_id, amount, created_at) VALUES (?, ?, ?)", rows)
+        if outbox:
+            touch_in_outbox(conn, {customer for customer, _, _ in rows})
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
     return len(rows)
+
+
+def touch_in_outbox(conn: sqlite3.Connection, customer_ids: Iterable[int]) -> None:
+    """Touches of the customers as outbox rows, in the caller's transaction."""
+    keys = [KEY_FORMAT.format(customer) for customer in sorted(customer_ids)]
+    for start in range(0, len(keys), OUTBOX_ROWS):
+        chunk = keys[start:start + OUTBOX_ROWS]
+        marks = ", ".join("(?)" for _ in chunk)
+        conn.execute(f"INSERT INTO coalescer_outbox (key) VALUES {marks}", chunk)
+
+
+def outbox_rows(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Rows waiting in the outbox, and the highest id ever written (sqlite_sequence)."""
+    waiting = conn.execute("SELECT COUNT(*) FROM coalescer_outbox").fetchone()[0]
+    found = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'coalescer_outbox'"
+                         ).fetchone()
+    return int(waiting), int(found[0]) if found else 0
 
 
 def compute(conn: sqlite3.Connection, customer_id: int) -> Stats:

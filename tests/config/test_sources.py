@@ -49,7 +49,7 @@ def test_an_unknown_type_is_refused_with_file_line_field_and_the_known_types(
     err = info.value
     assert (err.file, err.line, err.field) == ("rules.yaml", 6, "sources[0].type")
     assert "unknown source type" in err.message
-    assert err.message.endswith("known types: stream")
+    assert err.message.endswith("known types: stream, outbox")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,4 +100,4 @@ def test_an_unknown_field_lists_the_fields_of_every_type() -> None:
     with pytest.raises(ConfigError) as info:
         load("  - {name: a, stream: s, key: 'stats:customer:{c}', shard: 1}\n")
     assert info.value.message.endswith(
-        "allowed: name, stream, group, start, key, item, keys, type")
+        "allowed: name, stream, group, start, key, item, url, table, batch, poll, keys, type")

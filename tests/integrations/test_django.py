@@ -8,12 +8,12 @@ from pathlib import Path
 import django
 import pytest
 import redis
-from django.conf import settings
 from django.db import connection, transaction
 
 from coalescer import InvalidKeyError, SyncCoalescer, UnknownKeyError
 from coalescer.integrations.django import touch_on_commit
 from coalescer.store.keys import KeySpace
+from tests.helpers.django_db import configure
 
 # Default settings: a 2s window, concurrency 16, 5 attempts.
 RULES = """\
@@ -29,12 +29,7 @@ RulesFactory = Callable[..., Path]
 
 @pytest.fixture(scope="module", autouse=True)
 def django_db(tmp_path_factory: pytest.TempPathFactory) -> None:
-    if not settings.configured:
-        db = tmp_path_factory.mktemp("django") / "app.sqlite3"
-        settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3",
-                                                  "NAME": str(db)}},
-                           INSTALLED_APPS=[], USE_TZ=True)
-        django.setup()
+    configure(tmp_path_factory.mktemp("django"))
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS orders (user_id INTEGER)")
 

@@ -1,0 +1,65 @@
+"""Touch keys in a Django database transaction (the outbox), or once it commits.
+
+``touch_in_transaction(*keys, using=None)`` writes the touches as rows of the outbox
+model (``coalescer.integrations.django.models.OutboxTouch``, table
+``coalescer_outbox``) in the current transaction of the database ``using``: one
+multi-row ``INSERT`` per call, committed or rolled back with the data (a rolled-back
+savepoint takes its rows along, as the database does). A node reads the table as a
+``type: outbox`` source. Add ``"coalescer.integrations.django"`` to ``INSTALLED_APPS``
+and run ``migrate``: the migration creates the table and, on PostgreSQL, the trigger
+that NOTIFYs the nodes. Outside ``atomic()`` (autocommit) the rows commit at once.
+
+``touch_on_commit(*keys, coalescer=c, using=None)`` hands the touch to Django's
+``transaction.on_commit`` for the database ``using`` (the default one if None). So
+it behaves as every on-commit callback does: inside ``transaction.atomic()`` the
+keys are touched once the outermost block commits, and never if it rolls back; a
+rolled-back inner block (a savepoint) drops the keys it recorded; outside any
+atomic block (autocommit) they are touched at once. ``coalescer`` is typically a
+``SyncCoalescer`` started once per process.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from coalescer.integrations import Toucher, checked_keys
+from coalescer.integrations.outbox_rows import ROWS_PER_INSERT, checked_rows
+
+__all__ = ["touch_in_transaction", "touch_on_commit"]
+
+
+def touch_in_transaction(*keys: str, using: str | None = None, item: str | None = None,
+                         rules: Any = None) -> None:
+    """Write touches of ``keys`` (with ``item``, if given) as outbox rows in the current
+    transaction of the database ``using`` (the default one if None).
+
+    Every key is checked first, as ``touch()`` checks it (InvalidKeyError; with
+    ``rules``, a ``Config``, ``Coalescer`` or ``SyncCoalescer``, UnknownKeyError for a
+    key no rule matches): a refused call writes nothing.
+    """
+    from coalescer.integrations.django.models import OutboxTouch
+
+    rows = list(dict.fromkeys(checked_rows(keys, item, rules)))
+    if rows:
+        OutboxTouch.objects.using(using or DEFAULT_DB_ALIAS).bulk_create(
+            [OutboxTouch(key=key, item=row_item) for key, row_item in rows],
+            batch_size=ROWS_PER_INSERT)
+
+
+def touch_on_commit(*keys: str, coalescer: Toucher, using: str | None = None) -> None:
+    """Touch ``keys`` with ``coalescer`` once the current transaction of ``using`` commits.
+
+    Raises UnknownKeyError or InvalidKeyError at once for a key that could never be
+    touched, so nothing fails inside the commit.
+    """
+    checked = checked_keys(coalescer, keys)
+    if checked:
+        transaction.on_commit(partial(_touch, coalescer, checked), using=using)
+
+
+def _touch(coalescer: Toucher, keys: list[str]) -> None:
+    for key in keys:
+        coalescer.touch(key)
