@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bench.postgres import PostgresServer
 from coalescer import Coalescer, Config
 from coalescer.store.embedded import free_port
 from examples.stats_app import customer_stats as stats_db
@@ -179,6 +181,96 @@ def test_stats_app_with_the_outbox_loses_nothing_and_stats_equal_a_recompute(
         conn.close()
     assert procs.stop("app") == 0
     assert procs.stop("node") == 0
+
+
+def new_pg_database(postgres: PostgresServer) -> str:
+    """A new, empty database of the suite's PostgreSQL server: its URL. The example's
+    tables have fixed names (coalescer_outbox too), so each test gets a database."""
+    import psycopg
+
+    name = f"stats_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def test_stats_app_with_the_outbox_in_postgresql_loses_nothing_and_stats_equal_a_recompute(
+        tmp_path: Path, own_server: ValkeyProcess, procs: Procs,
+        postgres: PostgresServer) -> None:
+    """The README's PostgreSQL commands: $STATS_DB a postgresql:// URL for the app, the
+    import and the node (rules_outbox_pg.yaml reads the outbox at that URL)."""
+    url = new_pg_database(postgres)
+    rules = tmp_path / "rules_outbox_pg.yaml"
+    rules.write_text(STATS_RULES.with_name("rules_outbox_pg.yaml").read_text().replace(
+        "customer_stats:refresh", "examples.stats_app.customer_stats:refresh"))
+    stats_db.init_db(url)  # the node reads a database it never creates
+    port = free_port()
+    procs.start("node", *node_cmd(rules, own_server.url), STATS_DB=url)
+    procs.start("app", PY, "-m", "examples.stats_app.app", "--outbox", STATS_DB=url,
+                PORT=str(port))
+    wait_listening(procs, "app", port)
+    done = subprocess.run([PY, "-m", "examples.stats_app.bulk_import", "--rules", str(rules),
+                           "--redis", own_server.url, "--orders", "2000"], cwd=REPO,
+                          env=clean_env(STATS_DB=url, PORT=str(port)),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr + procs.log("node")
+    written = int(re.findall(r"outbox: ([\d,]+) touches committed with the orders",
+                             done.stdout)[0].replace(",", ""))
+    assert 100 <= written <= 2000  # a row per customer per request (20 requests)
+    assert "0 left waiting: every one reached Redis" in done.stdout
+    assert "stats equal a full recompute for 100 of 100 customers" in done.stdout
+    conn = stats_db.connect(url)
+    try:
+        assert conn.postgres
+        assert conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 2000
+        assert len(stats_db.recomputed(conn)) == 100
+        assert stats_db.mismatches(conn) == {}
+        assert stats_db.outbox_rows(conn) == (0, written)
+        triggers = conn.execute("SELECT COUNT(*) FROM pg_trigger WHERE tgrelid = "
+                                "'coalescer_outbox'::regclass AND NOT tgisinternal")
+        assert triggers.fetchone()[0] == 1  # the NOTIFY trigger: the node wakes at once
+    finally:
+        conn.close()
+    assert procs.stop("app") == 0
+    assert procs.stop("node") == 0
+
+
+async def test_stats_app_batch_handler_and_fenced_writes_on_postgresql(
+        postgres: PostgresServer, namespace: str, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handlers and the fence on PostgreSQL: the batch handler's rows equal a full
+    recompute; a write with an older or equal token changes nothing."""
+    url = new_pg_database(postgres)
+    monkeypatch.setenv(stats_db.DB_ENV, url)
+    stats_db.init_db(url)
+    stats_db.init_db(url)  # again: every statement is idempotent
+    conn = stats_db.connect(url)
+    try:
+        stats_db.add_orders(conn, [(cid % 300, 100 + cid) for cid in range(1_000)])
+        config = replace(Config.from_yaml(STATS_RULES.with_name("rules_batch.yaml")),
+                         namespace=namespace)
+        async with Coalescer(config, redis_url=redis_url, worker=False) as c:
+            c.touch_many(stats_db.KEY_FORMAT.format(cid) for cid in range(301))  # 300: none
+            claims = await c.drain(timeout=60)
+        assert len(claims) == 301
+        assert stats_db.mismatches(conn) == {}
+        assert stats_db.stored(conn)[300] == stats_db.Stats(0, 0, 0.0, None)
+        assert stats_db.refreshes_since(conn, 0) == 301
+
+        stale = stats_db.compute(conn, 7)        # a holder reads, then pauses
+        stats_db.add_orders(conn, [(7, 5000)])
+        assert stats_db.refresh(conn, 7, token=10_000)  # a newer claim refreshes
+        fresh = stats_db.stored(conn)[7]
+        assert fresh.orders == stale.orders + 1
+        assert not stats_db.write_stats(conn, 7, stale, token=9_999)
+        assert not stats_db.write_stats(conn, 7, stale, token=10_000)
+        assert stats_db.stored(conn)[7] == fresh
+        assert stats_db.mismatches(conn) == {}
+        applied = conn.execute("SELECT token, applied FROM refresh_log WHERE token >= 9999 "
+                               "ORDER BY id").fetchall()
+        assert applied == [(10_000, 1), (9_999, 0), (10_000, 0)]
+    finally:
+        conn.close()
 
 
 async def test_stats_app_batch_handler_refreshes_many_customers_a_call_and_stats_match(

@@ -1,6 +1,6 @@
 """The web app: POST /orders writes orders, GET /customers/{id}/stats reads the aggregate.
 
-    python -m examples.stats_app.app [--port PORT] [--db PATH] [--redis URL]
+    python -m examples.stats_app.app [--port PORT] [--db PATH_OR_URL] [--redis URL]
 
 It listens on 127.0.0.1, port ``--port``, else ``$PORT``, else 8080.
 
@@ -36,7 +36,7 @@ DEFAULT_PORT = 8080
 
 RULES = Path(__file__).resolve().with_name("rules.yaml")
 COALESCER = web.AppKey("coalescer", Coalescer)
-DB_PATH = web.AppKey("db_path", Path)
+DATABASE = web.AppKey("database", str)
 OUTBOX = web.AppKey("outbox", bool)
 MAX_ORDERS = 1000
 
@@ -60,8 +60,8 @@ def parse_orders(body: Any) -> list[tuple[int, int]]:
              _int_field(o, f"orders[{i}]", "amount", 0)) for i, o in enumerate(items)]
 
 
-def _insert(path: Path, orders: list[tuple[int, int]], outbox: bool) -> None:
-    conn = db.connect(path)
+def _insert(database: str, orders: list[tuple[int, int]], outbox: bool) -> None:
+    conn = db.connect(database)
     try:
         db.add_orders(conn, orders, outbox=outbox)
     finally:
@@ -78,9 +78,9 @@ async def post_orders(request: web.Request) -> web.Response:
     except ValueError as exc:
         return web.json_response({"error": str(exc)}, status=400)
     if request.app[OUTBOX]:  # the touches committed with the orders: nothing more to do
-        await asyncio.to_thread(_insert, request.app[DB_PATH], orders, True)
+        await asyncio.to_thread(_insert, request.app[DATABASE], orders, True)
         return web.json_response({"inserted": len(orders)}, status=201)
-    await asyncio.to_thread(_insert, request.app[DB_PATH], orders, False)
+    await asyncio.to_thread(_insert, request.app[DATABASE], orders, False)
     # Touch only AFTER the commit. A refresh can start any time after its touch reaches
     # Redis: at once when the key's max_wait ran out during a long burst, or while a slow
     # commit waits for a lock. Touched before the commit, it could read the orders table
@@ -96,8 +96,8 @@ async def post_orders(request: web.Request) -> web.Response:
     return web.json_response({"inserted": len(orders)}, status=201)
 
 
-def _read_stats(path: Path, customer_id: int) -> db.Stats | None:
-    conn = db.connect(path)
+def _read_stats(database: str, customer_id: int) -> db.Stats | None:
+    conn = db.connect(database)
     try:
         return db.stored(conn).get(customer_id)
     finally:
@@ -109,19 +109,19 @@ async def get_stats(request: web.Request) -> web.Response:
         customer_id = int(request.match_info["customer_id"])
     except ValueError:
         return web.json_response({"error": "customer id must be an integer"}, status=400)
-    stats = await asyncio.to_thread(_read_stats, request.app[DB_PATH], customer_id)
+    stats = await asyncio.to_thread(_read_stats, request.app[DATABASE], customer_id)
     if stats is None:
         return web.json_response({"error": f"no stats for customer {customer_id} yet"},
                                  status=404)
     return web.json_response({"customer_id": customer_id, **stats._asdict()})
 
 
-def make_app(db_path: Path, redis_url: str | None = None, rules: Path = RULES, *,
+def make_app(database: str | Path, redis_url: str | None = None, rules: Path = RULES, *,
              outbox: bool = False) -> web.Application:
     app = web.Application()
-    app[DB_PATH] = db_path
+    app[DATABASE] = str(database)
     app[OUTBOX] = outbox
-    db.init_db(db_path)
+    db.init_db(database)
     if outbox:  # no coalescer in this process: the node reads the outbox
         _routes(app)
         return app
@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> None:
                                      description="The statistics example's web app.")
     parser.add_argument("--host", default="127.0.0.1")
     add_port_option(parser, DEFAULT_PORT)
-    parser.add_argument("--db", type=Path, default=None,
-                        help="SQLite file (default $STATS_DB, else stats.db beside this file)")
+    parser.add_argument("--db", default=None,
+                        help="a SQLite file or a postgresql:// URL (default $STATS_DB, else "
+                             "stats.db beside this file)")
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     parser.add_argument("--outbox", action="store_true",
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     port, source = chosen_port(parser, args.port, DEFAULT_PORT)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    app = make_app(args.db or db.db_path(), args.redis, outbox=args.outbox)
+    app = make_app(args.db or db.database(), args.redis, outbox=args.outbox)
     announce("the stats app", args.host, port, source)
     web.run_app(app, host=args.host, port=port, access_log=None)
 

@@ -58,7 +58,7 @@ def busy(status: dict[str, Any]) -> tuple[int, int, int]:
 
 
 async def wait_idle(rules: Path, redis_url: str | None, timeout: float,
-                    conn: Any = None) -> None:
+                    conn: db.Db | None = None) -> None:
     """Poll the coalescer status until no refresh is pending or in flight (and, with
     ``conn``, the outbox is empty: every touch reached Redis)."""
     deadline = time.monotonic() + timeout
@@ -77,7 +77,7 @@ async def wait_idle(rules: Path, redis_url: str | None, timeout: float,
             await asyncio.sleep(POLL_SECONDS)
 
 
-def report(conn: Any, first_id: int, orders: int, customers: int) -> bool:
+def report(conn: db.Db, first_id: int, orders: int, customers: int) -> bool:
     ran = db.refreshes_since(conn, first_id)
     print(f"refreshes run: {ran} (a refresh per write would have run {orders:,})")
     wrong = db.mismatches(conn)
@@ -126,15 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     port = os.environ.get(ENV_PORT) or "8080"
     parser.add_argument("--app", default=f"http://127.0.0.1:{port}",
                         help=f"the app's URL (default http://127.0.0.1:${ENV_PORT}, else :8080)")
-    parser.add_argument("--db", type=Path, default=None,
-                        help="SQLite file (default $STATS_DB, else stats.db beside the app)")
+    parser.add_argument("--db", default=None,
+                        help="a SQLite file or a postgresql:// URL (default $STATS_DB, else "
+                             "stats.db beside the app)")
     parser.add_argument("--rules", type=Path, default=RULES)
     parser.add_argument("--redis", default=None,
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds to wait for the refreshes")
     args = parser.parse_args(argv)
-    args.db = args.db or db.db_path()
+    args.db = args.db or db.database()
     sys.exit(0 if asyncio.run(run(args)) else 1)
 
 
