@@ -7,11 +7,12 @@ of that type in the rules file, and what ``coalescer status`` shows of each of t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
@@ -73,6 +74,33 @@ class SourceType:
 
 
 SOURCE_TYPES: dict[str, SourceType] = {}
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class Loop(Protocol):
+    """One source's reading loop: what ``start_loops`` runs."""
+
+    @property
+    def source(self) -> _Named: ...
+
+    async def run(self) -> None: ...
+
+
+def start_loops(loops: Sequence[Loop]) -> list[asyncio.Task[None]]:
+    """A task per loop, named after its source."""
+    return [asyncio.create_task(loop.run(), name=f"coalescer source {loop.source.name}")
+            for loop in loops]
+
+
+async def cancel_loops(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Cancel the loops' tasks and wait for them all to end."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def register(source_type: SourceType) -> SourceType:

@@ -37,7 +37,14 @@ from coalescer.config.sources import (
     source_error,
 )
 from coalescer.errors import ConfigError, UnknownKeyError, shown_key
-from coalescer.sources.base import NodeContext, Source, SourceType, register
+from coalescer.sources.base import (
+    NodeContext,
+    Source,
+    SourceType,
+    cancel_loops,
+    register,
+    start_loops,
+)
 from coalescer.sources.outbox_db import Backlog, Outbox, driver_problem, open_outbox
 from coalescer.store.keycheck import item_problem, key_problem
 from coalescer.store.keys import sources_outbox, sources_rejected
@@ -239,14 +246,11 @@ class OutboxSources(Source):
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(loop.run(), name=f"coalescer source {loop.source.name}")
-                       for loop in self.loops]
+        self._tasks = start_loops(self.loops)
 
     async def stop(self) -> None:
         """Stop claiming (rows claimed and not yet deleted stay in the table), close."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_loops(self._tasks)
         self._tasks = []
         for loop in self.loops:
             with contextlib.suppress(Exception):

@@ -42,7 +42,9 @@ from coalescer.sources.base import (
     SourceType,
     TouchItems,
     TouchMany,
+    cancel_loops,
     register,
+    start_loops,
 )
 from coalescer.store.connection import bytes_client
 from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem, key_problem
@@ -326,14 +328,11 @@ class Sources(Source):
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(loop.run(), name=f"coalescer source {loop.source.name}")
-                       for loop in self.loops]
+        self._tasks = start_loops(self.loops)
 
     async def stop(self) -> None:
         """Stop reading (entries read and not yet acknowledged stay pending), close."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_loops(self._tasks)
         self._tasks = []
         await self._client.aclose()
 
