@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from coalescer import Coalescer
 from coalescer.store.keys import KeySpace, node_leases
 from tests.helpers.e2e import recorder_rules
+from tests.helpers.leases import PROBE, calls, renewals
 from tests.helpers.servers import ValkeyProcess, wait_until
 
 RULES = """\
@@ -26,27 +26,6 @@ rules:
     match: "stats:{{id}}"
     handler: {mod}:refresh
 """
-
-PROBE = "zmscore"  # the test's own reads: a command no node sends
-
-
-def calls(client: Any) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-
-
-async def renewals(redis_client: Any, namespace: str, node: str, count: int) -> None:
-    """Wait until ``node`` renewed its lease ``count`` times (its lease end moved)."""
-    key, seen = node_leases(namespace), []
-
-    async def renewed() -> bool:
-        (ends,) = await redis_client.zmscore(key, [node])
-        if ends is not None and (not seen or ends != seen[-1]):
-            seen.append(ends)
-        return len(seen) > count
-    await wait_until(renewed, timeout=30, interval=0.02,
-                     message=f"{count} lease renewals of {node}")
-
 
 async def idle_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
                         shards: int) -> int:
