@@ -7,13 +7,16 @@ included); a window is a number of the node's lease renewals, never a duration.
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from coalescer import Coalescer
 from coalescer.store.keys import KeySpace, node_leases
-from tests.helpers.e2e import recorder_rules
+from tests.helpers.e2e import NodeProcs, leader_node, line_rules, recorder_rules
 from tests.helpers.leases import PROBE, calls, renewals
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -88,3 +91,55 @@ async def test_a_lapsed_node_lease_stops_the_shard_another_node_took_and_keeps_t
         assert node.leads() == [0]
         assert await r.zscore(space.shard(1).due("stats"), keys[1]) is not None
     assert any("lease lapsed" in m.getMessage() for m in caplog.records)
+
+
+async def test_a_sigkilled_leader_of_many_shards_hands_every_one_to_the_survivor_with_new_epochs(
+        own_server: ValkeyProcess, namespace: str, tmp_path: Path) -> None:
+    shards = 256
+    path = line_rules(tmp_path, f"lines_{namespace}",
+                      RULES.format(ns=namespace, shards=shards, mod="{mod}"))
+    space = KeySpace(namespace, shards)
+    r = Redis.from_url(own_server.url, decode_responses=True)
+    procs = NodeProcs(tmp_path)
+
+    async def leaders() -> list[str | None]:
+        pipe = r.pipeline(transaction=False)
+        for sk in space.all_shards():
+            pipe.get(sk.leader)
+        return list(await pipe.execute())
+
+    try:
+        a = procs.start(path, own_server.url, "A", E2E_LOG=str(tmp_path / "log"))
+        await wait_until(lambda: _all(leaders, "A"), timeout=60, message="A leads all")
+        procs.start(path, own_server.url, "B", E2E_LOG=str(tmp_path / "log"))
+
+        async def shared() -> bool:
+            nodes = [leader_node(v) for v in await leaders()]
+            return nodes.count("A") == nodes.count("B") == shards // 2
+        await wait_until(shared, timeout=60, message="A and B lead half each")
+        before = await leaders()
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        await wait_until(lambda: _all(leaders, "B"), timeout=30,
+                         message=f"B leads every shard; its log:\n{procs.log('B')}")
+        after = await leaders()
+        for old, new in zip(before, after, strict=True):
+            assert old is not None and new is not None
+            if leader_node(old) == "A":  # taken over: under a larger epoch
+                assert int(new.split("|")[0]) > int(old.split("|")[0])
+            else:
+                assert new == old
+
+        async def forgotten() -> bool:  # B drops A from every shard's node set
+            pipe = r.pipeline(transaction=False)
+            for sk in space.all_shards():
+                pipe.zscore(sk.nodes, "A")
+            return all(v is None for v in await pipe.execute())
+        await wait_until(forgotten, message="A forgotten in every shard")
+    finally:
+        procs.stop_all()
+        await r.aclose()
+
+
+async def _all(leaders: Any, node: str) -> bool:
+    return all(leader_node(v) == node for v in await leaders())
