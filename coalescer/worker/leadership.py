@@ -31,6 +31,7 @@ from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
 from coalescer.worker.registry import encode
+from coalescer.worker.wakeups import SUBSCRIBED
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -252,10 +253,11 @@ class Leadership:
         self._step_down(forget=True)
 
     def on_message(self, data: Any) -> None:
-        """A message on the shard's wake channel."""
-        if data == "taken" and self.leading:
-            self.poller.poke()  # its claim finds another holder, and stops
-        elif data in ("released", "taken"):
+        """A message on the shard's wake channel (or SUBSCRIBED: its subscription began,
+        and what was published before it is unheard: look at once)."""
+        if data in ("taken", SUBSCRIBED) and self.leading:
+            self.poller.poke()  # a claim finds another holder (and stops), or due keys
+        elif data in ("released", "taken", SUBSCRIBED):
             self.released.set()
             if self.adopter is not None:
                 self.adopter.poke()

@@ -4,10 +4,13 @@ A shard's leader key names its holder and never expires (acquire.lua); it counts
 the holder's node lease lives. So an idle node renews one lease with one script call
 (``node_lease.lua``) every three quarters of ``leader_lease``, whatever the number of
 shards (on a Redis Cluster the leases key has a tag of its own: one call to one master),
-and learns from the same call every other node's lease end. Between calls it sleeps
-until its own renewal is due or until just after the earliest other lease would end, so
-a standby hears of a dead leader within ``LAPSE_MARGIN`` of its lease's end, and wakes
-the shards that wait on that node (``watch``) to take them over.
+and learns from the same call every other node's lease end. Renewals start the periods
+of the server clock (multiples of the period), so every node's lease ends at the same
+instant. Between calls a node sleeps until its next renewal or until just after the
+earliest other lease would end: a standby hears of a dead leader within
+``LAPSE_MARGIN`` of its lease's end, and wakes the shards that wait on that node
+(``watch``) to take them over; and a node makes two calls a period however many nodes
+there are (one alone: one).
 
 A call that finds this node's own lease lapsed (the process stalled longer than a
 lease), or no call succeeding before the lease ends, tells every led shard to stop
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 
 RENEW_SHARE = 0.75  # of the lease: when a node renews its own (an idle node: 0.44 calls/s)
 LAPSE_MARGIN = 0.05  # seconds after another node's lease would end before looking again
+START_MARGIN = 0.02  # seconds past a period's start (server clock) before renewing
 
 
 class NodeLease:
@@ -51,7 +55,9 @@ class NodeLease:
         self._on_lapse = on_lapse
         self.live: dict[str, float] = {}  # node -> when its lease ends (loop clock)
         self.holding = asyncio.Event()  # set while this node's lease lives
+        self._period_ms = round(self._lease * RENEW_SHARE * 1000)
         self._deadline = 0.0  # loop clock: our lease has ended by then at the latest
+        self._next = 0.0  # loop clock: when to renew next (the next period's start)
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._wake = asyncio.Event()
         self._leaving = False
@@ -80,14 +86,19 @@ class NodeLease:
         self._wake.clear()  # a watch from now on asks for another call
         sent = loop.time()
         state = await self._scripts.node_lease(self._key, node_id=self._node_id,
-                                               lease_ms=round(self._lease * 1000))
+                                               lease_ms=round(self._lease * 1000),
+                                               period_ms=self._period_ms)
         got = loop.time()
         if state.lapsed and self.holding.is_set():
             log.warning("node %s: its lease lapsed (no renewal for %.1f s); stopped claiming "
                         "and leads again only the shards nobody took", self._node_id,
                         self._lease)
             self._on_lapse()
-        self._deadline = sent + self._lease
+        # our lease ends no sooner than this, in the loop's clock: sent before the server ran it
+        self._deadline = sent + (state.live.get(self._node_id, state.now_ms) - state.now_ms) / 1000
+        period = self._period_ms
+        start = (state.now_ms // period + 1) * period
+        self._next = got + (start - state.now_ms) / 1000 + START_MARGIN
         self.holding.set()
         live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
         self._set_live(live)
@@ -108,7 +119,8 @@ class NodeLease:
             await self._scripts.forget(self._shards, node)
             log.info("node %s: forgot node %s, whose lease lapsed", self._node_id, node)
         await self._scripts.node_lease(self._key, node_id=self._node_id,
-                                       lease_ms=round(self._lease * 1000), forgotten=gone)
+                                       lease_ms=round(self._lease * 1000),
+                                       period_ms=self._period_ms, forgotten=gone)
 
     def _failed(self, exc: Exception) -> None:
         self._metrics.redis_errors.labels("node_lease").inc()
@@ -118,12 +130,11 @@ class NodeLease:
             self._on_lapse()
 
     async def _rest(self) -> None:
-        """Until our renewal is due, or just after the earliest other lease would end."""
+        """Until our next renewal, or just after the earliest other lease would end."""
         loop = asyncio.get_running_loop()
-        at = self._deadline - self._lease * (1 - RENEW_SHARE)
         others = [ends + LAPSE_MARGIN for node, ends in self.live.items()
                   if node != self._node_id]
-        delay = min([at, *others]) - loop.time()
+        delay = min([self._next, *others]) - loop.time()
         if delay > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
