@@ -153,13 +153,11 @@ class Node:
                 ls_.adopter.poke()
 
     def poke_all(self) -> None:
-        """Wake the poller of every shard led, and every standby (the wake channel
-        reconnected: a release or a nearer due time may have been missed)."""
+        """Wake the poller of every shard led (the wake channel reconnected; standbys
+        hear of it from their channel's subscription, see wakeups.py)."""
         for ls_ in self.leaderships:
             if ls_.leading:
                 ls_.poller.poke()
-            else:
-                ls_.released.set()
 
     def tick(self) -> None:
         """About once a second: hand back shards above the fair share, the leadership line
