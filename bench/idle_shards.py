@@ -1,6 +1,6 @@
 """What an idle worker node costs by the number of shards it leads, and failover time.
 
-    .venv/bin/python -m bench.idle_shards [--shards 1,256,4096] [--seconds 10]
+    .venv/bin/python -m bench.idle_shards [--shards 1,256,4096] [--seconds 20]
                                           [--failover 1,4096]
 
 Each figure starts a fresh valkey-server and real ``coalescer run`` node processes
@@ -10,7 +10,9 @@ a quiet window: commands/s as the server counts them (commands run inside script
 included), the commands clients sent (script calls and plain commands, by MONITOR), and
 the node process's CPU (user + system) as a % of one core. *Failover*: two nodes
 share the shards; the one leading shard 0 is SIGKILLed, and the figure is the time
-until the other leads every shard the killed one led (leader_lease 3 s).
+until the other leads every shard the killed one led (leader_lease 3 s). *Write
+path* (what does grow with the shard count): one process touches 100,000 distinct keys
+and flushes them, as the ``distinct`` figure; keys/s into Redis, and Redis time per key.
 """
 
 from __future__ import annotations
@@ -30,13 +32,24 @@ from redis.asyncio import Redis
 
 from coalescer.store.keys import KeySpace
 
-from .figures import NS, Sizes, _spawn, _stop, process_tree_cpu, rules_text
+from .figures import (
+    NS,
+    Sizes,
+    _spawn,
+    _stop,
+    _touch_distinct,
+    coalescer,
+    key,
+    process_tree_cpu,
+    rules_text,
+)
 from .valkey import MonitorCounter, Server, calls_delta, commandstats
 
 LEASE = 3.0  # leader_lease of the rules below, seconds
 SETTLE = 3.0  # seconds after the node leads every shard, before the window opens
 SHARD_COUNTS = (1, 256, 4096)
 FAILOVER_COUNTS = (1, 4096)
+WRITE_COUNTS = (1, 16, 256, 4096)
 
 
 def _node(folder: Path, server: Server, rules: Path, name: str) -> subprocess.Popen[bytes]:
@@ -72,7 +85,7 @@ async def _until(pred: Any, timeout: float, what: str, step: float = 0.05) -> No
 
 
 async def idle(server: Server, sizes: Sizes, tmp: Path, shards: int,
-               seconds: float = 10.0) -> dict[str, Any]:
+               seconds: float = 20.0) -> dict[str, Any]:
     """An idle node leading ``shards`` shards: server-counted commands/s and CPU %."""
     folder = tmp / f"idle-{shards}"
     rules = _rules(folder, shards)
@@ -146,9 +159,31 @@ async def failover(server: Server, sizes: Sizes, tmp: Path, shards: int) -> dict
     return {"shards": shards, "takeover_s": took, "moved": len(theirs), "lease_s": LEASE}
 
 
+async def write_path(server: Server, sizes: Sizes, shards: int,
+                     n: int = 100_000) -> dict[str, Any]:
+    """One process touches ``n`` distinct keys spread over ``shards`` and flushes them."""
+    keys = [key(i) for i in range(n)]
+    client = server.client()
+    try:
+        async with coalescer(server, False, window="1h", max_wait="2h", shards=shards) as c:
+            before = commandstats(client, "usec")
+            t0 = time.perf_counter()
+            await _touch_distinct(c, keys)
+            await c.flush()
+            dt = time.perf_counter() - t0
+            after = commandstats(client, "usec")
+    finally:
+        client.close()
+    usec = sum(calls_delta(before, after).values())
+    return {"shards": shards, "write_per_second": n / dt, "redis_us_per_key": usec / n}
+
+
 def _print(results: list[dict[str, Any]]) -> None:
     for res in results:
-        if "takeover_s" in res:
+        if "write_per_second" in res:
+            print(f"write path, {res['shards']:>5} shards: {res['write_per_second']:,.0f} "
+                  f"distinct keys/s into Redis, Redis {res['redis_us_per_key']:.2f} us/key")
+        elif "takeover_s" in res:
             print(f"failover, {res['shards']:>5} shards ({res['moved']} moved): "
                   f"{res['takeover_s']:.2f} s (lease {res['lease_s']:g} s; target <= "
                   f"{res['lease_s'] + 0.5:g} s)")
@@ -160,7 +195,8 @@ def _print(results: list[dict[str, Any]]) -> None:
                   + ", ".join(f"{k} {v / res['seconds']:,.1f}/s" for k, v in top))
 
 
-async def main(shard_counts: list[int], failover_counts: list[int], seconds: float) -> None:
+async def main(shard_counts: list[int], failover_counts: list[int], write_counts: list[int],
+               seconds: float) -> None:
     sizes = Sizes()
     results = []
     with tempfile.TemporaryDirectory(prefix="coalescer-idle-") as tmp_name:
@@ -173,6 +209,10 @@ async def main(shard_counts: list[int], failover_counts: list[int], seconds: flo
             with Server(tmp, f"failover-{n}") as server:
                 results.append(await failover(server, sizes, tmp, n))
             _print(results[-1:])
+        for n in write_counts:
+            with Server(tmp, f"write-{n}") as server:
+                results.append(await write_path(server, sizes, n))
+            _print(results[-1:])
 
 
 def _counts(text: str) -> list[int]:
@@ -183,7 +223,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--shards", default=",".join(map(str, SHARD_COUNTS)))
     parser.add_argument("--failover", default=",".join(map(str, FAILOVER_COUNTS)))
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--write", default=",".join(map(str, WRITE_COUNTS)))
+    parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    asyncio.run(main(_counts(args.shards), _counts(args.failover), args.seconds))
+    asyncio.run(main(_counts(args.shards), _counts(args.failover), _counts(args.write),
+                     args.seconds))

@@ -76,7 +76,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
     "idle_shards": [*((f"coalescer_{n}", S.idle, ("TMP", n)) for n in S.SHARD_COUNTS),
-                    *((f"failover_{n}", S.failover, ("TMP", n)) for n in S.FAILOVER_COUNTS)],
+                    *((f"failover_{n}", S.failover, ("TMP", n)) for n in S.FAILOVER_COUNTS),
+                    *((f"write_{n}", S.write_path, (n,)) for n in S.WRITE_COUNTS)],
     "million": [("coalescer", F.pending_coalescer, ("N",)),
                 ("coalescer_small", F.pending_coalescer, ("SMALL",)),
                 ("baseline", F.pending_baseline, ("N",)),
@@ -468,6 +469,9 @@ def _idle_shards_rows(t: Rows) -> None:
                  f"(lease {S.LEASE:g} s)", t.spread(f"idle_shards.failover_{n}", "takeover_s"),
                  None, fmt=lambda v: _fmt(v, " s", 2), target=f"<= {S.LEASE + 0.5:g} s",
                  ok=lambda c: c <= S.LEASE + 0.5)
+    for n in S.WRITE_COUNTS:
+        t.figure(f"distinct keys/s into Redis from one process, {n:,} shards",
+                 t.spread(f"idle_shards.write_{n}", "write_per_second"), None, fmt=_short)
 
 
 def _throttle_rows(t: Rows) -> None:
