@@ -151,7 +151,7 @@ class Leadership:
                                             take_from=take_from)
         if not state.granted:
             self._step_down(forget=True)
-            await self._stand_by(state)
+            await self._stand_by(state, asyncio.get_running_loop().time())
             return
         if not self.leading:
             log.debug("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id,
@@ -202,8 +202,9 @@ class Leadership:
         if forget:
             self.value = None
 
-    async def _stand_by(self, state: LeaseState) -> None:
-        """Sleep until the holder's node lease lapses, or a release is announced."""
+    async def _stand_by(self, state: LeaseState, answered: float) -> None:
+        """Sleep until the holder's node lease lapses (as read after the acquire call
+        that named it, ``answered``), or a release is announced."""
         polite = len(self._led) >= self._fair_share(self._node_lease.live_nodes)
         extra = self._lease / 2 if polite else 0.0
         if self.adopter is not None:
@@ -212,13 +213,18 @@ class Leadership:
                 return
             self.adopter.stop_serving()
         holder = state.holder.split("|", 1)[-1]
-        self._node_lease.watch(holder, self.released)
-        await self.released.wait()
-        if self._stopping:
-            return
-        if holder not in self._node_lease.live:
-            self._take_from = state.holder
-        elif extra:
+        while True:
+            self._node_lease.watch(holder, self.released)
+            await self.released.wait()
+            if self._stopping:
+                return
+            if holder in self._node_lease.live:
+                break
+            if self._node_lease.lapsed(holder, answered):
+                self._take_from = state.holder
+                return
+            self.released.clear()  # not read since: the watch reads the leases again
+        if extra:
             await self._pause(extra)
 
     async def _adopt(self, names: tuple[str, ...], wait: float, extra: float) -> None:

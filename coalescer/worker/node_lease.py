@@ -57,6 +57,7 @@ class NodeLease:
         self.holding = asyncio.Event()  # set while this node's lease lives
         self._period_ms = round(self._lease * RENEW_SHARE * 1000)
         self._deadline = 0.0  # loop clock: our lease has ended by then at the latest
+        self.read_sent = 0.0  # loop clock: when the call that read ``live`` was sent
         self._next = 0.0  # loop clock: when to renew next (the next period's start)
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._wake = asyncio.Event()
@@ -65,6 +66,11 @@ class NodeLease:
     @property
     def live_nodes(self) -> int:
         return max(1, len(self.live))
+
+    def lapsed(self, node: str, since: float) -> bool:
+        """Whether ``node``'s lease had lapsed at a read sent after ``since`` (loop clock):
+        a node missing from an older read may have started since."""
+        return node not in self.live and self.read_sent > since
 
     def watch(self, node: str, event: asyncio.Event) -> None:
         """Set ``event`` once ``node``'s lease has lapsed. A node not live at the last call
@@ -101,6 +107,7 @@ class NodeLease:
         self._next = got + (start - state.now_ms) / 1000 + START_MARGIN
         self.holding.set()
         live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
+        self.read_sent = sent
         self._set_live(live)
         if state.gone:
             await self._forget(state.gone)
