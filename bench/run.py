@@ -458,19 +458,22 @@ def _idle_shards_rows(t: Rows) -> None:
         limit = 50.0 if n > 1 else 0.5
         field = "per_second" if n > 1 else "client_per_second"
         counted = "server-counted" if n > 1 else "sent by clients"
-        t.figure(f"idle node leading {n:,} shards: Redis commands/s ({counted})",
+        shards = f"{n:,} shard{'' if n == 1 else 's'}"
+        t.figure(f"idle node leading {shards}: Redis commands/s ({counted})",
                  t.spread(where, field), None, fmt=lambda v: _fmt(v, digits=2),
                  target=f"<= {limit:g}", ok=lambda c, limit=limit: c <= limit)
-        t.figure(f"idle node leading {n:,} shards: CPU, % of a core",
+        t.figure(f"idle node leading {shards}: CPU, % of a core",
                  t.spread(where, "cpu_percent"), None, fmt=lambda v: _fmt(v, " %", 1),
                  target="<= 3 %", ok=lambda c: c <= 3.0)
     for n in S.FAILOVER_COUNTS:
-        t.figure(f"leader SIGKILL -> the other node leads its shards, {n:,} shards "
-                 f"(lease {S.LEASE:g} s)", t.spread(f"idle_shards.failover_{n}", "takeover_s"),
+        t.figure(f"leader SIGKILL -> the other node leads its shards, {n:,} "
+                 f"shard{'' if n == 1 else 's'} (lease {S.LEASE:g} s)",
+                 t.spread(f"idle_shards.failover_{n}", "takeover_s"),
                  None, fmt=lambda v: _fmt(v, " s", 2), target=f"<= {S.LEASE + 0.5:g} s",
                  ok=lambda c: c <= S.LEASE + 0.5)
     for n in S.WRITE_COUNTS:
-        t.figure(f"distinct keys/s into Redis from one process, {n:,} shards",
+        t.figure(f"distinct keys/s into Redis from one process, {n:,} "
+                 f"shard{'' if n == 1 else 's'}",
                  t.spread(f"idle_shards.write_{n}", "write_per_second"), None, fmt=_short)
 
 
