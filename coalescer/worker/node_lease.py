@@ -14,9 +14,9 @@ there are (one alone: one).
 
 A call that finds this node's own lease lapsed (the process stalled longer than a
 lease), or no call succeeding before the lease ends, tells every led shard to stop
-claiming at once (``on_lapse``): another node may be taking them over. A call that
-finds another node's lease lapsed drops that node from every shard's node set and rules
-registry (one pipeline), then from the leases.
+claiming at once (``on_lapse``): another node may be taking them over. The live node
+with the lowest id, when a call finds another node's lease lapsed, drops that node from
+every shard's node set and rules registry (one pipeline), then from the leases.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ class NodeLease:
         live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
         self.read_sent = sent
         self._set_live(live)
-        if state.gone:
-            await self._forget(state.gone)
+        if state.gone and self._node_id == min(live, default=self._node_id):
+            await self._forget(state.gone)  # one node does it: the live one with the lowest id
 
     def _set_live(self, live: dict[str, float]) -> None:
         counted = len(live) != len(self.live)
