@@ -34,6 +34,7 @@ from typing import Any
 from . import batches as B
 from . import check as CK
 from . import figures as F
+from . import idle_shards as S
 from . import items as I
 from . import outbox as O
 from . import peers as P
@@ -75,6 +76,9 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "processes": [("coalescer", F.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
+    "idle_shards": [*((f"coalescer_{n}", S.idle, ("TMP", n)) for n in S.SHARD_COUNTS),
+                    *((f"failover_{n}", S.failover, ("TMP", n)) for n in S.FAILOVER_COUNTS),
+                    *((f"write_{n}", S.write_path, (n,)) for n in S.WRITE_COUNTS)],
     "million": [("coalescer", F.pending_coalescer, ("N",)),
                 ("coalescer_small", F.pending_coalescer, ("SMALL",)),
                 ("baseline", F.pending_baseline, ("N",)),
@@ -453,6 +457,31 @@ def _failover_rows(t: Rows) -> None:
              target="<= 3.5 s", ok=lambda c: c <= 3.5)
 
 
+def _idle_shards_rows(t: Rows) -> None:
+    for n in S.SHARD_COUNTS:
+        where = f"idle_shards.coalescer_{n}"
+        limit = 50.0 if n > 1 else 0.5
+        field = "per_second" if n > 1 else "client_per_second"
+        counted = "server-counted" if n > 1 else "sent by clients"
+        shards = f"{n:,} shard{'' if n == 1 else 's'}"
+        t.figure(f"idle node leading {shards}: Redis commands/s ({counted})",
+                 t.spread(where, field), None, fmt=lambda v: _fmt(v, digits=2),
+                 target=f"<= {limit:g}", ok=lambda c, limit=limit: c <= limit)
+        t.figure(f"idle node leading {shards}: CPU, % of a core",
+                 t.spread(where, "cpu_percent"), None, fmt=lambda v: _fmt(v, " %", 1),
+                 target="<= 3 %", ok=lambda c: c <= 3.0)
+    for n in S.FAILOVER_COUNTS:
+        t.figure(f"leader SIGKILL -> the other node leads its shards, {n:,} "
+                 f"shard{'' if n == 1 else 's'} (lease {S.LEASE:g} s)",
+                 t.spread(f"idle_shards.failover_{n}", "takeover_s"),
+                 None, fmt=lambda v: _fmt(v, " s", 2), target=f"<= {S.LEASE + 0.5:g} s",
+                 ok=lambda c: c <= S.LEASE + 0.5)
+    for n in S.WRITE_COUNTS:
+        t.figure(f"distinct keys/s into Redis from one process, {n:,} "
+                 f"shard{'' if n == 1 else 's'}",
+                 t.spread(f"idle_shards.write_{n}", "write_per_second"), None, fmt=_short)
+
+
 def _throttle_rows(t: Rows) -> None:
     low, high = T.RATE * 0.9, T.RATE * 1.1
     t.figure(f"throttled rule at rate: {T.RATE}/s over {T.NODES} node processes, starts/s",
@@ -513,7 +542,7 @@ def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _throttle_rows, _items_rows, _outbox_rows):
+                 _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows):
         part(t)
     return t.out
 

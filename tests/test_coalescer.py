@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 
 from coalescer import BackpressureError, Claim, Coalescer, UnknownKeyError
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, node_leases
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, leader_node, recorder_rules, server_ms, settled
 from tests.helpers.servers import ValkeyProcess, wait_until
@@ -405,7 +405,10 @@ async def test_node_that_loses_its_lease_stops_claiming(
     b = await start(path, redis_url=redis_url, node_id="B")
     await wait_until(lambda: a.leads() or b.leads(), message="a leader")
 
-    await redis_client.set(sk.leader, "999999|intruder", px=60_000)
+    # another node, whose node lease lives for a minute, takes the shard
+    leases = node_leases(namespace)
+    await redis_client.zadd(leases, {"intruder": await server_ms(redis_client) + 60_000})
+    await redis_client.set(sk.leader, "999999|intruder")
     a.touch("item:1")
     await a.flush()
     await wait_until(lambda: not a.leads() and not b.leads(), message="both step down")
@@ -417,7 +420,7 @@ async def test_node_that_loses_its_lease_stops_claiming(
     assert await redis_client.zscore(sk.due("item"), "item:1") == due
     assert (await a.query.status())["shards"][0]["leader"] == "intruder"
 
-    await redis_client.delete(sk.leader)  # the intruder's lease ends: a node takes over
+    await redis_client.zadd(leases, {"intruder": 0})  # its lease ends: a node takes over
     await wait_settled(redis_client, namespace)
     assert [claim.key for claim in rec.calls] == ["item:1"]
     assert (await a.query.status())["shards"][0]["leader"] in ("A", "B")

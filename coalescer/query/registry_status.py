@@ -3,7 +3,7 @@
 Adds to the status dict:
 
 - ``nodes``: ``[{"node", "last_seen_ms", "rules": {NAME: FINGERPRINT}}]``, the live
-  worker nodes (heard from within two leader leases);
+  worker nodes (those whose node lease lives);
 - ``rules_mismatch``: ``{"missing": {RULE: [nodes lacking it]}, "differing":
   {RULE: {NODE: FINGERPRINT}}}``, both empty when every live node runs the same rules;
 - per rule: ``known_by`` (the live nodes that serve it) and ``unserved`` (true while
@@ -17,7 +17,7 @@ from typing import Any
 
 from coalescer.config.rules import Config
 from coalescer.query.rule_counts import new_entry, queue_rule, read_rule
-from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.keys import KeySpace, ShardKeys, node_leases
 from coalescer.store.scripts import Peer
 from coalescer.worker.registry import compare, decode
 
@@ -25,12 +25,14 @@ from coalescer.worker.registry import compare, decode
 async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> None:
     """Extend ``status`` (from gather_status) with the registry's view.
 
-    Every worker heartbeats every shard, so shard 0's registry lists them all: one
-    pipelined read and the server time, plus one for the counts of rules this rules file lacks.
+    Every worker registers in every shard, so shard 0's registry lists them all, and the
+    node leases say which live (a node's last renewal is its ``last_seen_ms``): the server
+    time, one pipelined read and the leases, plus one for the counts of rules this rules
+    file lacks.
     """
     space = KeySpace(config.namespace, config.shards)
-    nodes, names = await _read_registry(redis, space.shard(0),
-                                        round(2 * config.leader_lease * 1000))
+    nodes, names = await _read_registry(redis, space.shard(0), config.namespace,
+                                        round(config.leader_lease * 1000))
     known = {p.node: decode(p.rules) for p in nodes}
     status["nodes"] = [{"node": p.node, "last_seen_ms": p.last_seen_ms, "rules": known[p.node]}
                        for p in nodes]
@@ -46,17 +48,20 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
         entry["unserved"] = entry["pending"] > 0 and not entry["known_by"]
 
 
-async def _read_registry(redis: Any, sk: ShardKeys, live_ms: int) -> tuple[list[Peer], set[str]]:
+async def _read_registry(redis: Any, sk: ShardKeys, namespace: str,
+                         lease_ms: int) -> tuple[list[Peer], set[str]]:
     """The live worker nodes of shard ``sk`` (sorted by id), and every rule name registered."""
     secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
+    now_ms = int(secs) * 1000 + int(micros) // 1000
     pipe = redis.pipeline(transaction=False)
-    pipe.zrange(sk.nodes, 0, -1, withscores=True)
+    pipe.zrange(sk.nodes, 0, -1)
     pipe.hgetall(sk.rules)
     pipe.smembers(sk.rule_names)
-    seen, entries, names = await pipe.execute()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
-    peers = [Peer(str(node), int(last), str(entries.get(node, "")))
-             for node, last in sorted(seen) if last >= now_ms - live_ms]
+    pipe.zrangebyscore(node_leases(namespace), now_ms, "+inf", withscores=True)
+    seen, entries, names, live = await pipe.execute()
+    leases = dict(live)
+    peers = [Peer(str(node), int(leases[node]) - lease_ms, str(entries.get(node, "")))
+             for node in sorted(seen) if node in leases]
     return peers, {str(n) for n in names}
 
 

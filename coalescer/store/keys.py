@@ -6,11 +6,13 @@ Cluster slot, and a shard lives wholly on one cluster node.
 
 Per shard::
 
-    NS:{NS:N}:leader          STRING  "EPOCH|NODE-ID", PX leader_lease
+    NS:{NS:N}:leader          STRING  "EPOCH|NODE-ID", no expiry: it counts while that
+                                      node's lease (``NS:{NS:nodes}:leases``) lives
     NS:{NS:N}:epoch           STRING  leader epochs granted so far (INCR)
     NS:{NS:N}:seq             STRING  fencing tokens granted so far (INCRBY)
     NS:{NS:N}:next            STRING  when the leader's poller next wakes, ms
-    NS:{NS:N}:nodes           ZSET    node id -> last seen, ms (live nodes)
+    NS:{NS:N}:nodes           ZSET    node id -> last heard of here, ms (a node leaves
+                                      when it shuts down or its node lease lapses)
     NS:{NS:N}:rules           HASH    node id -> the rules it knows, "|NAME=FP|NAME=FP|"
                                       (FP a fingerprint of the rule's settings; an entry
                                       counts only while its node is in ``nodes``)
@@ -28,6 +30,8 @@ Per shard::
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
+    NS:{NS:nodes}:leases      ZSET    worker node id -> when its lease ends, server ms:
+                                      one lease per node for all the shards it leads
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -149,6 +153,11 @@ class KeySpace:
 
     def all_shards(self) -> list[ShardKeys]:
         return [self.shard(n) for n in range(self.shards)]
+
+
+def node_leases(namespace: str) -> str:
+    """The worker nodes' leases (node_lease.lua): one per node, whatever the shard count."""
+    return f"{namespace}:{{{namespace}:nodes}}:leases"
 
 
 def sources_rejected(namespace: str) -> str:

@@ -25,7 +25,7 @@ NO_ITEM_RULES: Mapping[str, int] = {}
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
-    "adopt", "peers",
+    "adopt", "peers", "node_lease",
     "purge", "hasten", "take", "take_rate", "cancel",
 )
 
@@ -162,6 +162,18 @@ class LeaseState:
     @property
     def granted(self) -> bool:
         return self.epoch > 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLeases:
+    """What a node_lease call found: the server time, whether the caller's own lease had
+    lapsed before the call renewed it, the live nodes' lease ends (server ms) and the
+    nodes whose lease lapsed."""
+
+    now_ms: int
+    lapsed: bool
+    live: dict[str, int]
+    gone: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,11 +410,13 @@ class Scripts:
         return dict(zip(names, states, strict=True))
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
-                      mine: str, rules: str = "") -> LeaseState:
-        """Take or renew the shard's leader lease; register ``rules`` (registry.encode)."""
+                      mine: str, rules: str = "", take_from: str = "") -> LeaseState:
+        """Take or keep the shard's leadership; register ``rules`` (registry.encode).
+        ``take_from`` is a holder value whose node's lease the caller saw lapse: the
+        shard is taken over if it still holds that value."""
         keys = [shard.leader, shard.epoch, shard.nodes, shard.rules, shard.rule_names]
         epoch, holder, ttl, live, adopt = await self._run(
-            "acquire", keys, [node_id, lease_ms, mine, rules])
+            "acquire", keys, [node_id, lease_ms, mine, rules, take_from, shard.wake_channel])
         return LeaseState(int(epoch), str(holder), int(ttl), int(live),
                           tuple(str(n) for n in adopt))
 
@@ -427,6 +441,28 @@ class Scripts:
         rest = result[1:]
         return int(result[0]), [Peer(str(rest[i]), int(float(rest[i + 1])), str(rest[i + 2]))
                                 for i in range(0, len(rest), 3)]
+
+    async def node_lease(self, leases: str, *, node_id: str, lease_ms: int, period_ms: int = 0,
+                         forgotten: Sequence[str] = ()) -> NodeLeases:
+        """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
+        multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
+        nodes whose shard entries this node removed."""
+        now, lapsed, every = await self._run(
+            "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
+        now = int(now)
+        ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
+        return NodeLeases(now, bool(int(lapsed)),
+                          {n: e for n, e in ends.items() if e >= now},
+                          [n for n, e in ends.items() if e < now])
+
+    async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
+        """Drop a node whose lease lapsed from every shard's node set and rules registry:
+        plain commands in one pipeline (on a Redis Cluster, one per master)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for shard in shards:
+            pipe.zrem(shard.nodes, node)
+            pipe.hdel(shard.rules, node)
+        await pipe.execute()
 
     async def release(self, shard: ShardKeys, *, value: str, node_id: str, leave: bool) -> bool:
         """Give up the shard's lease if still held; ``leave`` also leaves the node set."""

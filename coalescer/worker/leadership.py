@@ -1,15 +1,18 @@
-"""Leader election of one shard (G7): a lease per shard, our own Lua, fenced by epoch.
+"""Leadership of one shard (G7): the leader key names its holder, fenced by epoch.
 
-A node holds a shard while its lease lives; the claim script renews it with
-every poll (at least every third of the lease), and refuses to claim for a
-caller whose lease is gone. Standbys sleep until the holder's lease would end,
-or until a release is announced on the shard's wake channel, then try again.
-Shards spread evenly: a node that holds its fair share (``ceil(shards / live
-nodes)``) lets others try first, and a node above it hands a shard back.
+A shard's leader key holds "EPOCH|NODE-ID" and counts while that node's lease lives
+(node_lease.py: one lease per node, renewed with one call whatever the number of
+shards), so a leader renews nothing per shard and an idle shard costs no call at all.
+Every claim checks the key in the same script, so an ex-leader can never claim.
+Standbys sleep until the holder's node lease lapses (then take the shard over with a
+compare-and-set on the holder value they saw), or until a release or take-over is
+announced on the shard's wake channel. Shards spread evenly: a node above its fair
+share (``ceil(shards / live nodes)``) hands back its highest shards, and a node at its
+share lets others try first.
 
 Every lease call also registers this node's rules (see registry.py); a standby
 told that the leader lacks some of its rules serves those with its adopter
-while it stands by (see adopter.py).
+while it stands by (see adopter.py), asking again once per lease meanwhile.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from coalescer.errors import NotLeaderError
 from coalescer.store.scripts import LeaseState
 from coalescer.worker.adopter import Adopter
 from coalescer.worker.lead_log import LeadLog
+from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
-from coalescer.worker.registry import RegistryWatch, encode
+from coalescer.worker.registry import encode
+from coalescer.worker.wakeups import SUBSCRIBED
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -37,8 +42,8 @@ log = logging.getLogger(__name__)
 class Leadership:
     """Runs for one shard: stands by, or leads by running its poller."""
 
-    def __init__(self, ctx: NodeContext, *, poller: Poller, adopter: Adopter | None = None,
-                 registry: RegistryWatch | None = None, lead_log: LeadLog) -> None:
+    def __init__(self, ctx: NodeContext, *, poller: Poller, node_lease: NodeLease,
+                 adopter: Adopter | None = None, lead_log: LeadLog) -> None:
         """Leads the shard of ``poller``; ``lead_log.led`` is the set of shards this
         node leads, which every shard's leadership shares."""
         self._shard = poller.shard_keys
@@ -50,13 +55,15 @@ class Leadership:
         self._led = lead_log.led
         self._metrics = ctx.metrics
         self.adopter = adopter
-        # registry.encode() of this node's rules
-        self._rules_entry = registry.entry if registry is not None else encode(ctx.rules)
-        self._registry = registry
+        self._rules_entry = encode(ctx.rules)  # this node's rules registry entry
         self._lead_log = lead_log  # the node's one-line summary, not a line per shard
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
         self.released = asyncio.Event()
+        self._node_lease = node_lease
         self._yielded = False
+        self._yielding = False  # asked to hand the shard back (above the fair share)
+        self._lapsed = False  # our node lease lapsed: stop claiming now
+        self._take_from = ""  # a holder value whose node's lease lapsed
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._done = asyncio.Event()
@@ -84,6 +91,18 @@ class Leadership:
     @property
     def leading(self) -> bool:
         return self._shard.shard in self._led
+
+    def hand_back(self) -> None:
+        """Hand the shard back (this node is above its fair share)."""
+        if self.leading and not self._yielding:
+            self._yielding = True
+            self.poller.poke()
+
+    def lapse(self) -> None:
+        """Our node lease lapsed: stop claiming now, then ask for the shard again."""
+        if self.leading:
+            self._lapsed = True
+            self.poller.poke()
 
     def _fair_share(self, live: int) -> int:
         return math.ceil(self._total / max(1, live))
@@ -121,15 +140,18 @@ class Leadership:
         if self._yielded:  # just handed this shard back: give the others the first go
             self._yielded = False
             await self._pause(self._lease / 2)
+        await self._holding()
+        if self._stopping:
+            return
         self.released.clear()  # before asking: a release announced after it must count
+        take_from, self._take_from = self._take_from, ""
         state = await self._scripts.acquire(self._shard, node_id=self._node_id,
                                             lease_ms=round(self._lease * 1000),
-                                            mine=self.value or "", rules=self._rules_entry)
-        if self._registry is not None:
-            self._registry.nudge(state.live_nodes)
+                                            mine=self.value or "", rules=self._rules_entry,
+                                            take_from=take_from)
         if not state.granted:
             self._step_down(forget=True)
-            await self._stand_by(state)
+            await self._stand_by(state, asyncio.get_running_loop().time())
             return
         if not self.leading:
             log.debug("shard %d: %s leads (epoch %d)", self._shard.shard, self._node_id,
@@ -139,26 +161,39 @@ class Leadership:
         self.value = state.holder
         self._led.add(self._shard.shard)
         self._metrics.leader.labels(str(self._shard.shard)).set(1)
+        self._yielding = self._lapsed = False
         await self.poller.lead(state.holder, self._keep_leading)
-        await self._hand_back()
+        await self._after_lead()
 
-    def _keep_leading(self, live: int) -> bool:
-        """False once stopping, or for the highest shard of a node above its fair share."""
-        if self._registry is not None:
-            self._registry.nudge(live)
-        if self._stopping:
-            return False
-        above_share = len(self._led) > self._fair_share(live)
-        return not (above_share and self._shard.shard == max(self._led))
+    async def _holding(self) -> None:
+        """Wait until this node's lease lives (or the leadership stops)."""
+        if self._node_lease.holding.is_set():
+            return
+        waiter = asyncio.ensure_future(self._node_lease.holding.wait())
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait([waiter, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stop.cancel()
 
-    async def _hand_back(self) -> None:
+    def _keep_leading(self) -> bool:
+        """False once stopping, asked to hand the shard back, or our node lease lapsed."""
+        return not (self._stopping or self._yielding or self._lapsed)
+
+    async def _after_lead(self) -> None:
         if self._stopping:
+            return
+        if self._lapsed:  # keep the value: the shard is ours again if nobody took it
+            self._lapsed = False
+            self._step_down(forget=False)
             return
         if self.value is not None:
             log.debug("shard %d: handing back to rebalance across nodes", self._shard.shard)
             await self._scripts.release(self._shard, value=self.value, node_id=self._node_id,
                                         leave=False)
         self._step_down(forget=True)
+        self._yielding = False
         self._yielded = True
 
     def _step_down(self, *, forget: bool) -> None:
@@ -167,22 +202,30 @@ class Leadership:
         if forget:
             self.value = None
 
-    async def _stand_by(self, state: LeaseState) -> None:
-        """Sleep until the holder's lease would end, or a release is announced."""
-        polite = len(self._led) >= self._fair_share(state.live_nodes)
+    async def _stand_by(self, state: LeaseState, answered: float) -> None:
+        """Sleep until the holder's node lease lapses (as read after the acquire call
+        that named it, ``answered``), or a release is announced."""
+        polite = len(self._led) >= self._fair_share(self._node_lease.live_nodes)
         extra = self._lease / 2 if polite else 0.0
-        wait = min(self._lease, max(0.01, state.ttl_ms / 1000)) + extra
         if self.adopter is not None:
-            if state.adopt:
-                await self._adopt(state.adopt, wait - extra, extra)
+            if state.adopt:  # ask again once per lease while serving for the leader
+                await self._adopt(state.adopt, self._lease, extra)
                 return
             self.adopter.stop_serving()
-        try:
-            await asyncio.wait_for(self.released.wait(), wait)
-            if extra and not self._stopping:
-                await asyncio.sleep(extra)
-        except TimeoutError:
-            pass
+        holder = state.holder.split("|", 1)[-1]
+        while True:
+            self._node_lease.watch(holder, self.released)
+            await self.released.wait()
+            if self._stopping:
+                return
+            if holder in self._node_lease.live:
+                break
+            if self._node_lease.lapsed(holder, answered):
+                self._take_from = state.holder
+                return
+            self.released.clear()  # not read since: the watch reads the leases again
+        if extra:
+            await self._pause(extra)
 
     async def _adopt(self, names: tuple[str, ...], wait: float, extra: float) -> None:
         """Stand by as ``_stand_by`` does, serving meanwhile the rules the leader lacks."""
@@ -216,8 +259,11 @@ class Leadership:
         self._step_down(forget=True)
 
     def on_message(self, data: Any) -> None:
-        """A message on the shard's wake channel."""
-        if data == "released":
+        """A message on the shard's wake channel (or SUBSCRIBED: its subscription began,
+        and what was published before it is unheard: look at once)."""
+        if data in ("taken", SUBSCRIBED) and self.leading:
+            self.poller.poke()  # a claim finds another holder (and stops), or due keys
+        elif data in ("released", "taken", SUBSCRIBED):
             self.released.set()
             if self.adopter is not None:
                 self.adopter.poke()

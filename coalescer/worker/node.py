@@ -4,14 +4,15 @@ stopped together.
 ``NodeContext`` holds what every part of a node shares (its scripts, key space,
 metrics, id and rules); ``Handlers`` what runs the handlers (an invoker per rule,
 a thread pool for sync handlers, the webhook client); ``Node`` builds the runner,
-the rules registry watch, one poller, adopter and leadership per shard, the wake
-listener and the lead log, starts their loops and stops them in order.
+the rules registry watch, the node lease, one poller, adopter and leadership per shard,
+the wake listener and the lead log, starts their loops and stops them in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from coalescer.worker.adopter import Adopter
 from coalescer.worker.invoke import Invoke, invoker_for
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.leadership import Leadership
+from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
 from coalescer.worker.registry import RegistryWatch
 from coalescer.worker.runner import Runner
@@ -98,6 +100,7 @@ class Node:
         self.summary = RefreshSummary(ctx.node_id, ctx.metrics, [r.name for r in ctx.rules])
         self.runner = Runner(ctx, invokers=invokers, on_slot_free=self.slot_freed)
         self.registry = RegistryWatch(ctx)
+        self.node_lease = NodeLease(ctx, on_live=self._live_changed, on_lapse=self._lapsed)
         self.leaderships = [self._shard(ctx, shard) for shard in range(ctx.config.shards)]
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self.leaderships}
         self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
@@ -106,11 +109,31 @@ class Node:
         keys = ctx.keyspace.shard(shard)
         poller = Poller(ctx, shard=keys, runner=self.runner)
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
-        return Leadership(ctx, poller=poller, adopter=adopter, registry=self.registry,
+        return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
                           lead_log=self.lead_log)
+
+    def _live_changed(self, live: int) -> None:
+        self.registry.nudge(live)
+        self.rebalance()
+
+    def _lapsed(self) -> None:
+        """Our node lease lapsed: every led shard stops claiming now."""
+        for ls_ in self.leaderships:
+            ls_.lapse()
+
+    def rebalance(self) -> None:
+        """Above the fair share (``ceil(shards / live nodes)``): hand back the highest
+        shards led, so that the other nodes get theirs."""
+        share = math.ceil(self.ctx.config.shards / self.node_lease.live_nodes)
+        surplus = len(self.led) - share
+        if surplus <= 0:
+            return
+        for shard in sorted(self.led, reverse=True)[:surplus]:
+            self.leaderships[shard].hand_back()
 
     def start(self, spawn: Spawn) -> None:
         """Start every loop of the node through ``spawn``."""
+        spawn("node lease", self.node_lease.run())
         spawn("wakeups", self.wakeups.run())
         spawn("outbox", self.runner.outbox_loop())
         spawn("renew", self.runner.renew_loop())
@@ -130,13 +153,16 @@ class Node:
                 ls_.adopter.poke()
 
     def poke_all(self) -> None:
-        """Wake the poller of every shard led (the wake channel reconnected)."""
+        """Wake the poller of every shard led (the wake channel reconnected; standbys
+        hear of it from their channel's subscription, see wakeups.py)."""
         for ls_ in self.leaderships:
             if ls_.leading:
                 ls_.poller.poke()
 
     def tick(self) -> None:
-        """About once a second: the leadership line and the refresh summary, when due."""
+        """About once a second: hand back shards above the fair share, the leadership line
+        and the refresh summary, when due."""
+        self.rebalance()
         self.lead_log.tick()
         self.summary.tick()
 
@@ -149,6 +175,7 @@ class Node:
         """Wait until every shard released its lease, then log the leadership line."""
         try:
             await asyncio.gather(*(ls_.stopped() for ls_ in self.leaderships))
+            await self.node_lease.leave()
         finally:
             self.lead_log.tick(final=True)
 

@@ -15,11 +15,12 @@ A rule with a rate claims only the starts its token bucket grants (see
 ``worker.throttle``); its due keys left waiting make the poller sleep until the
 bucket holds more, or claim again at once when it may.
 
-A shard with nothing pending or in flight is idle: the poller then sleeps longer,
-``idle_sleep``, three quarters of the leader lease, as each claim call renews the
-lease (an idle node costs fewer than 0.5 Redis commands a second). Its claim call
-tells the upsert script when it will look again, so a touch that becomes due
-sooner publishes a wake-up; a reconnect of the wake channel pokes it too.
+A shard with nothing pending or in flight is idle: the poller then sleeps until it is
+woken, and a shard with keys pending sleeps until the earliest due time it knows: the
+lease is the node's (node_lease.py), so no poller calls Redis to keep it. Its claim call
+tells the upsert script when it will look again (the earliest due time, or "never"), so a
+touch that becomes due sooner publishes a wake-up; a reconnect of the wake channel pokes
+it too, as a message published while the channel was down is lost.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IDLE_SLEEP_SHARE = 0.75  # of the leader lease: how long an idle shard's poller sleeps
+NEVER_MS = 10 * 365 * 86_400_000  # "the poller looks again" this far ahead: when woken
 
 
 class Poller:
@@ -63,11 +64,8 @@ class Poller:
         leader_lease = ctx.leader_lease
         self._leader_lease_ms = round(leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
-        # About a second, and well inside the lease that each claim call renews.
+        # About a second: how long a poller whose due keys wait for a slot sleeps at most
         self.sleep_cap = min(1.2, leader_lease / 2.5)
-        # An idle shard's sleep: the claim that ends it renews the lease a quarter of
-        # the lease (at least) before it runs out.
-        self.idle_sleep = max(self.sleep_cap, leader_lease * IDLE_SLEEP_SHARE)
         self._wake = asyncio.Event()
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
@@ -83,15 +81,16 @@ class Poller:
                for i in self._waiting):
             self.poke()
 
-    async def lead(self, leader_value: str, keep_leading: Callable[[int], bool]) -> None:
-        """Poll until the lease is lost (NotLeaderError) or ``keep_leading`` says stop."""
+    async def lead(self, leader_value: str, keep_leading: Callable[[], bool]) -> None:
+        """Poll until the lease is lost (NotLeaderError) or ``keep_leading`` says stop
+        (asked before every claim and after it; a ``poke`` wakes the poller to ask)."""
         try:
-            while True:
+            while keep_leading():
                 self._wake.clear()
                 self._waiting = []
                 self._freed_at_claim = [self._runner.freed(r) for r in self._rules]
                 batch, limited = await self._claim(leader_value)
-                if not keep_leading(batch.live_nodes):
+                if not keep_leading():
                     return
                 if await self._recover_expired(batch):
                     continue
@@ -109,7 +108,7 @@ class Poller:
             return await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
-                sleep_cap_ms=round(self.idle_sleep * 1000), limits=limits,
+                sleep_cap_ms=NEVER_MS, limits=limits,
                 item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, self._rules, MAX_CLAIM, call)
@@ -143,22 +142,29 @@ class Poller:
         return await recover_expired(self._scripts, self._shard, self._rules,
                                      batch.now_ms, batch.next_expiry_ms)
 
-    def _delay(self, batch: ClaimBatch) -> float:
-        """Seconds to sleep: to the nearest due time or lease expiry, at most ``sleep_cap``."""
+    def _delay(self, batch: ClaimBatch) -> float | None:
+        """Seconds to sleep: to the nearest due time or claim lease expiry (at most
+        ``sleep_cap`` while due keys wait for a slot); None: until woken."""
         delay = self._due_delay(batch)
         if self._gate.wait is not None:  # due keys wait for their rule's rate
-            delay = min(delay, self._gate.wait + 0.0005)
+            delay = self._gate.wait + 0.0005 if delay is None else min(
+                delay, self._gate.wait + 0.0005)
         return delay
 
-    def _due_delay(self, batch: ClaimBatch) -> float:
+    def _due_delay(self, batch: ClaimBatch) -> float | None:
         nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
                       default=None)
+        cap = self.sleep_cap if batch.blocked else None
         if nearest is None:
-            return self.sleep_cap if batch.blocked else self.idle_sleep
+            return cap
         # Half a millisecond past the due time: due times are whole milliseconds of the
         # server clock, and waking a hair early would cost a second, empty claim.
-        return min(self.sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+        delay = max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005)
+        return delay if cap is None else min(cap, delay)
 
-    async def _sleep(self, delay: float) -> None:
+    async def _sleep(self, delay: float | None) -> None:
+        if delay is None:
+            await self._wake.wait()
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)

@@ -1,9 +1,10 @@
 """The rules registry: which rules each live worker node knows (rolling deploys).
 
 Every worker node records its rules, each as its name and a fingerprint of its
-settings, in each shard's registry with every call for that shard's leader
-lease (``acquire.lua``); an entry counts only while its node heartbeats the
-shard, so a dead node's rules drop out within two leader leases. The scripts
+settings, in each shard's registry with every call for that shard's leadership
+(``acquire.lua``); an entry counts while its node is in the shard's node set, which
+it leaves when it shuts down, or when a live node finds its node lease lapsed
+(``node_lease.py``), so a dead node's rules drop out within about a leader lease. The scripts
 read it to serve a rule that a shard's leader lacks (``adopt.lua``); this module
 encodes entries, compares them and, whenever the number of live nodes
 changes (and every 60 s), reads the registry and warns (once per rule) and counts when this
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Registry reads (one script call each) follow changes in the live-node count, which
-# every lease and claim call reports; this slow period only catches a node that came
+# every node lease call reports; this slow period only catches a node that came
 # back under the same id with other rules. An idle node's extra cost: 1/60 command/s.
 CHECK_INTERVAL = 60.0
 
@@ -110,7 +111,7 @@ class RegistryWatch:
         self._changed = asyncio.Event()
 
     def nudge(self, live_nodes: int) -> None:
-        """A lease or claim call counted ``live_nodes``: read the registry if that changed."""
+        """A node lease call counted ``live_nodes``: read the registry if that changed."""
         if live_nodes != self._live:
             self._live = live_nodes
             self._changed.set()

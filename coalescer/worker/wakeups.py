@@ -1,9 +1,12 @@
 """Listens on the shards' wake channels and routes each message to its shard.
 
-A dropped subscription must never strand work (G3): after any error the
-listener backs off, subscribes again and pokes every shard, so each poller
-re-reads its earliest due time at once; the pollers' capped sleeps cover the
-gap meanwhile.
+A dropped subscription must never strand work (G3): an idle poller makes no call
+until it is woken, so a message published while the connection was down would be
+lost for good. Every subscription the server confirms (the first, and each one
+redis-py makes again after it reconnects on its own) is passed on to its shard as
+``SUBSCRIBED``, which wakes the poller (or the standby) to look at once: what was
+published before the confirmation is read then, what comes after it arrives. After an
+error the listener backs off, subscribes again and pokes every shard as well.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import keep_running
 
 log = logging.getLogger(__name__)
+
+SUBSCRIBED = "subscribed"  # passed to a route when its channel's subscription is confirmed
 
 
 class WakeListener:
@@ -41,7 +46,7 @@ class WakeListener:
         self._metrics.redis_errors.labels("wakeups").inc()
 
     async def _listen(self) -> None:
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
         try:
             await pubsub.subscribe(*self._routes)
             self.subscribed.set()
@@ -55,5 +60,10 @@ class WakeListener:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         route = self._routes.get(message["channel"])
-        if route is not None:
+        if route is None:
+            return
+        kind = message["type"]
+        if kind == "message":
             route(message["data"])
+        elif kind == "subscribe":
+            route(SUBSCRIBED)

@@ -7,6 +7,7 @@ from collections import Counter
 
 from coalescer import Coalescer
 from coalescer.store.keys import KeySpace
+from tests.helpers.leases import PROBE, calls, renewals
 from tests.helpers.servers import Cluster, wait_until
 
 RULES = """
@@ -132,3 +133,27 @@ async def test_items_travel_and_are_claimed_within_their_shards_slot(
     assert {k: x.items for k, x in done.items() if k != "stats:0"} == {
         f"stats:{n}": (f"o{n}-0", f"o{n}-1") for n in range(1, 12)}
     assert done["stats:0"].items_overflowed and len(done["stats:0"].items) == 3
+
+
+async def test_an_idle_node_on_a_cluster_renews_one_lease_on_one_master_whatever_the_shards(
+        cluster: Cluster, namespace: str, rules_file) -> None:
+    text = RULES.format(ns=namespace).replace("shards: 6", "shards: 96")
+    path = rules_file(text, HANDLERS)
+    masters = [node.client() for node in cluster.nodes]
+    try:
+        async with Coalescer.from_yaml(path, redis_url=cluster.url, node_id="idle") as node:
+            await wait_until(lambda: len(node.leads()) == 96, timeout=60,
+                             message="the node leads every shard")
+            await renewals(node.redis, namespace, "idle", 2)
+            before = [calls(m) for m in masters]
+            await renewals(node.redis, namespace, "idle", 4)
+            after = [calls(m) for m in masters]
+    finally:
+        for m in masters:
+            m.close()
+    ran = [sum(n - b.get(name, 0) for name, n in a.items() if name not in (PROBE, "info"))
+           for b, a in zip(before, after, strict=True)]
+    # the 96 shards span the three masters; the renewals (about eight commands each, and a
+    # spare one the window may cut) go to the one master of the leases key
+    assert sum(ran) <= 5 * 8, ran
+    assert sorted(ran)[:2] == [0, 0], ran

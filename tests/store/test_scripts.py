@@ -15,7 +15,7 @@ import redis.asyncio
 from coalescer.errors import NotLeaderError, ScriptError
 from coalescer.store import key_states as states
 from coalescer.store.connection import connect
-from coalescer.store.keys import ShardKeys
+from coalescer.store.keys import ShardKeys, node_leases
 from coalescer.store.scripts import (
     CancelGroup,
     ClaimBatch,
@@ -707,18 +707,16 @@ async def test_a_key_whose_holder_died_on_its_last_attempt_is_dead_after_that_ma
 async def test_acquire_grants_one_holder_with_growing_epochs(shard: Shard) -> None:
     s, keys = shard.scripts, shard.keys
     one = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine="")
-    assert one.granted and one.holder == f"{one.epoch}|n1" and one.ttl_ms == 10_000
+    assert one.granted and one.holder == f"{one.epoch}|n1"
+    assert await shard.r.pttl(keys.leader) == -1  # the lease is the node's, not the key's
 
     other = await s.acquire(keys, node_id="n2", lease_ms=10_000, mine="")
     assert not other.granted and other.holder == one.holder
-    assert 0 < other.ttl_ms <= 10_000
-    assert await shard.r.get(keys.leader) == one.holder  # SET NX: not overwritten
+    assert await shard.r.get(keys.leader) == one.holder  # not overwritten
     assert other.live_nodes == 2
 
-    await shard.r.pexpire(keys.leader, 500)
-    renewed = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine=one.holder)
-    assert renewed.granted and renewed.epoch == one.epoch and renewed.holder == one.holder
-    assert await shard.r.pttl(keys.leader) > 5_000
+    kept = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine=one.holder)
+    assert kept.granted and kept.epoch == one.epoch and kept.holder == one.holder
 
     # Only the holder may release it.
     assert not await s.release(keys, value=f"{one.epoch}|n2", node_id="n2", leave=False)
@@ -729,23 +727,48 @@ async def test_acquire_grants_one_holder_with_growing_epochs(shard: Shard) -> No
 
     two = await s.acquire(keys, node_id="n2", lease_ms=10_000, mine="")
     assert two.granted and two.epoch > one.epoch and two.holder == f"{two.epoch}|n2"
-    # n1's old value does not renew n2's lease.
+    # n1's old value does not keep n2's shard.
     stale = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine=one.holder)
     assert not stale.granted and stale.holder == two.holder
 
 
-async def test_an_expired_lease_is_granted_again_under_a_new_epoch(shard: Shard) -> None:
+async def test_a_take_over_needs_the_holder_value_seen_lapsing_and_fences_the_old_holder(
+        shard: Shard) -> None:
     s, keys = shard.scripts, shard.keys
-    one = await s.acquire(keys, node_id="n1", lease_ms=20, mine="")
-    assert one.granted
-
-    async def free() -> bool:
-        return await shard.r.exists(keys.leader) == 0
-    await wait_until(free)
-    late = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine=one.holder)
-    assert late.granted and late.epoch > one.epoch  # a new grant, not a renewal
+    one = await s.acquire(keys, node_id="n1", lease_ms=10_000, mine="")
+    # a value n2 saw earlier, not the one held now: refused (compare-and-set)
+    wrong = await s.acquire(keys, node_id="n2", lease_ms=10_000, mine="",
+                            take_from=f"{one.epoch - 1}|n1")
+    assert not wrong.granted
+    async with shard.r.pubsub() as sub:
+        await sub.subscribe(keys.wake_channel)
+        took = await s.acquire(keys, node_id="n2", lease_ms=10_000, mine="",
+                               take_from=one.holder)
+        assert took.granted and took.epoch > one.epoch
+        message = None
+        while message is None or message["type"] != "message":
+            message = await sub.get_message(timeout=5.0)
+        assert message["data"] == "taken"  # the old holder, if alive, stops at once
     with pytest.raises(NotLeaderError):
         await shard.claim(leader=one.holder)
+    # a later run of n2 (a restart under the same id) takes its own shard back
+    again = await s.acquire(keys, node_id="n2", lease_ms=10_000, mine="")
+    assert again.granted and again.epoch > took.epoch
+
+
+async def test_node_leases_renew_with_one_call_and_report_lapsed_nodes(shard: Shard) -> None:
+    s, leases = shard.scripts, node_leases(shard.keys.namespace)
+    first = await s.node_lease(leases, node_id="a", lease_ms=10_000)
+    assert first.lapsed and set(first.live) == {"a"}  # never held: counts as lapsed
+    assert not (await s.node_lease(leases, node_id="a", lease_ms=10_000)).lapsed
+    short = await s.node_lease(leases, node_id="b", lease_ms=20)
+    await shard.after(short.now_ms + 20)
+    seen = await s.node_lease(leases, node_id="a", lease_ms=10_000)
+    assert set(seen.live) == {"a"} and seen.gone == ["b"]
+    await s.node_lease(leases, node_id="a", lease_ms=10_000, forgotten=["b", "a"])
+    assert await shard.r.zrange(leases, 0, -1) == ["a"]  # a lives: only b is dropped
+    await s.node_lease(leases, node_id="a", lease_ms=0)
+    assert await shard.r.zrange(leases, 0, -1) == []
 
 
 # -- surviving a lost script cache ------------------------------------------------------

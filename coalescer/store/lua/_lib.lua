@@ -191,10 +191,12 @@ local function min(a, b)
   return math.min(a, b)
 end
 
--- Record a node as alive in the shard's node set; returns the live count.
-local function heartbeat(nodes_key, node, now, ttl)
+-- Record a node in the shard's node set (score: when it was last heard of here); returns
+-- the set's size. A node leaves the set when it shuts down (release.lua) or, once its node
+-- lease lapsed (node_lease.lua), when a live node forgets it: never by the age of its entry,
+-- as an idle node calls no shard's script for as long as it stays idle.
+local function heartbeat(nodes_key, node, now)
   redis.call('ZADD', nodes_key, now, node)
-  redis.call('ZREMRANGEBYSCORE', nodes_key, '-inf', now - ttl)
   return redis.call('ZCARD', nodes_key)
 end
 

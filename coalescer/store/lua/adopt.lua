@@ -3,7 +3,7 @@
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] nodes   KEYS[5] rules
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
--- ARGV[1] node id   ARGV[2] leader lease ms   ARGV[3] claim lease ms
+-- ARGV[1] node id   ARGV[2] leader lease ms (unused: leases are per node)   ARGV[3] claim lease ms
 -- ARGV[4+2r], ARGV[5+2r]   the name of rule r and how many of its keys to claim
 --                          at most (0 claims none)
 -- then, only when some rule has items: ITEMS-PREFIX, CLAIMED-PREFIX and the items max
@@ -21,7 +21,7 @@
 -- claim.lua.
 
 local node, now = ARGV[1], now_ms()
-heartbeat(KEYS[4], node, now, 2 * tonumber(ARGV[2]))
+heartbeat(KEYS[4], node, now)
 local holder = redis.call('GET', KEYS[1])
 if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]

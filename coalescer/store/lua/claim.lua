@@ -2,14 +2,16 @@
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] next-wake   KEYS[5] nodes
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
--- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms
--- ARGV[3] claim lease ms   ARGV[4] longest sleep ms   ARGV[5] node id (kept in each claim)
+-- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms (unused)
+-- ARGV[3] claim lease ms   ARGV[4] how far ahead the poller looks again at most, ms
+-- ARGV[5] node id (kept in each claim)
 -- ARGV[6+r] how many keys of rule r to claim at most (0 claims none)
 -- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
 -- the items max of each rule r (0: none), from ARGV[6+R] (R rules)
 --
--- Checks the caller still holds the shard's lease and renews it, in this same
--- script, so an ex-leader can never claim. Claims only keys whose due time has
+-- Checks the caller still holds the shard's leader key, in this same script, so an
+-- ex-leader can never claim (the key has no expiry: the lease is the node's, see
+-- acquire.lua and node_lease.lua). Claims only keys whose due time has
 -- come, lowest first, and gives each a fencing token from the shard's counter. A
 -- key whose score is early (a re-touch moved its due time, kept in meta) is
 -- re-scored, not claimed.
@@ -26,11 +28,9 @@
 -- ("" among them: the items overflowed).
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
-local leader_lease = tonumber(ARGV[2])
-redis.call('PEXPIRE', KEYS[1], leader_lease)
 local now = now_ms()
 local lease_until = now + tonumber(ARGV[3])
-local live = heartbeat(KEYS[5], ARGV[5], now, 2 * leader_lease)
+local live = heartbeat(KEYS[5], ARGV[5], now)
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = lease_until,
            node = ARGV[5], claims = {}, items = {}}
 claim_items_at(c, 6 + (#KEYS - 5) / 2)

@@ -1,0 +1,145 @@
+"""An idle node's cost follows the node, not its shards: one lease renewal a period.
+
+Counts come from the server's ``INFO commandstats`` (commands run inside scripts
+included); a window is a number of the node's lease renewals, never a duration.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from coalescer import Coalescer
+from coalescer.store.keys import KeySpace, node_leases
+from tests.helpers.e2e import NodeProcs, leader_node, line_rules, recorder_rules
+from tests.helpers.leases import PROBE, calls, renewals
+from tests.helpers.servers import ValkeyProcess, wait_until
+
+RULES = """\
+namespace: {ns}
+shards: {shards}
+leader_lease: 1s
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    handler: {mod}:refresh
+"""
+
+async def idle_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
+                        shards: int) -> int:
+    """Commands the server ran while an idle node leading ``shards`` renewed its lease
+    four times (after two renewals to settle)."""
+    folder = tmp_path / f"s{shards}"
+    folder.mkdir()
+    path, _ = recorder_rules(folder, f"idle_{namespace}_{shards}",
+                             RULES.format(ns=namespace, shards=shards, mod="{mod}"))
+    client = server.client()
+    try:
+        async with Coalescer.from_yaml(path, redis_url=server.url, node_id="idle") as node:
+            await wait_until(lambda: len(node.leads()) == shards, timeout=60,
+                             message="the node leads every shard")
+            probe = node.redis
+            await renewals(probe, namespace, "idle", 2)
+            before = calls(client)
+            await renewals(probe, namespace, "idle", 4)
+            after = calls(client)
+    finally:
+        client.close()
+    return sum(n - before.get(name, 0) for name, n in after.items()
+               if name not in (PROBE, "info"))
+
+
+async def test_an_idle_node_costs_the_same_commands_per_lease_period_at_1_and_512_shards(
+        own_server: ValkeyProcess, namespace: str, tmp_path: Path) -> None:
+    one = await idle_commands(own_server, tmp_path, namespace + "a", 1)
+    many = await idle_commands(own_server, tmp_path, namespace + "b", 512)
+    # four renewals of about eight commands each (the script call, those it runs), and
+    # a spare one for the renewal the window may cut: nothing per shard
+    assert one <= 5 * 8
+    assert many <= 5 * 8, f"{many} commands at 512 shards, {one} at 1"
+
+
+async def test_a_lapsed_node_lease_stops_the_shard_another_node_took_and_keeps_the_other(
+        own_server: ValkeyProcess, namespace: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    path, rec = recorder_rules(tmp_path, f"lapse_{namespace}",
+                               RULES.format(ns=namespace, shards=2, mod="{mod}"))
+    space = KeySpace(namespace, 2)
+    keys = {space.shard_of(f"stats:{i}"): f"stats:{i}" for i in range(20)}
+    async with Coalescer.from_yaml(path, redis_url=own_server.url, node_id="me") as node:
+        await wait_until(lambda: node.leads() == [0, 1], message="me leads both shards")
+        r = node.redis
+        leases = node_leases(namespace)
+        # another node (its lease lives for ages) took shard 1 while our lease lapsed
+        await r.zadd(leases, {"other": 2**50})
+        await r.set(space.shard(1).leader, "999|other")
+        await r.zadd(leases, {"me": 0})
+        await wait_until(lambda: node.leads() == [0], timeout=10,
+                         message="shard 1 stopped; shard 0 led again")
+        async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as w:
+            w.touch_many([keys[1], keys[0]])
+            await w.flush()
+        await wait_until(lambda: keys[0] in {c.key for c in rec.calls}, timeout=20,
+                         message="shard 0's key refreshed")
+        assert keys[1] not in {c.key for c in rec.calls}  # shard 1 is the other's
+        assert node.leads() == [0]
+        assert await r.zscore(space.shard(1).due("stats"), keys[1]) is not None
+    assert any("lease lapsed" in m.getMessage() for m in caplog.records)
+
+
+async def test_a_sigkilled_leader_of_many_shards_hands_every_one_to_the_survivor_with_new_epochs(
+        own_server: ValkeyProcess, namespace: str, tmp_path: Path) -> None:
+    shards = 256
+    path = line_rules(tmp_path, f"lines_{namespace}",
+                      RULES.format(ns=namespace, shards=shards, mod="{mod}"))
+    space = KeySpace(namespace, shards)
+    r = Redis.from_url(own_server.url, decode_responses=True)
+    procs = NodeProcs(tmp_path)
+
+    async def leaders() -> list[str | None]:
+        pipe = r.pipeline(transaction=False)
+        for sk in space.all_shards():
+            pipe.get(sk.leader)
+        return list(await pipe.execute())
+
+    try:
+        a = procs.start(path, own_server.url, "A", E2E_LOG=str(tmp_path / "log"))
+        await wait_until(lambda: _all(leaders, "A"), timeout=60, message="A leads all")
+        procs.start(path, own_server.url, "B", E2E_LOG=str(tmp_path / "log"))
+
+        async def shared() -> bool:
+            nodes = [leader_node(v) for v in await leaders()]
+            return nodes.count("A") == nodes.count("B") == shards // 2
+        await wait_until(shared, timeout=60, message="A and B lead half each")
+        before = await leaders()
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        await wait_until(lambda: _all(leaders, "B"), timeout=30,
+                         message=f"B leads every shard; its log:\n{procs.log('B')}")
+        after = await leaders()
+        for old, new in zip(before, after, strict=True):
+            assert old is not None and new is not None
+            if leader_node(old) == "A":  # taken over: under a larger epoch
+                assert int(new.split("|")[0]) > int(old.split("|")[0])
+            else:
+                assert new == old
+
+        async def forgotten() -> bool:  # B drops A from every shard's node set
+            pipe = r.pipeline(transaction=False)
+            for sk in space.all_shards():
+                pipe.zscore(sk.nodes, "A")
+            return all(v is None for v in await pipe.execute())
+        await wait_until(forgotten, message="A forgotten in every shard")
+    finally:
+        procs.stop_all()
+        await r.aclose()
+
+
+async def _all(leaders: Any, node: str) -> bool:
+    return all(leader_node(v) == node for v in await leaders())
