@@ -174,20 +174,28 @@ async def _state_is(c: Coalescer, key: str, state: str) -> bool:
 # -- running keys ---------------------------------------------------------------------------
 
 
-async def test_a_running_refresh_finishes_but_its_earlier_touches_re_arm_nothing(
-        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
-        start: Start) -> None:
-    path, rec = setup(tmp_path, namespace)
+async def first_run_held(start: Start, path: Path, rec: Recorder,
+                         redis_url: str) -> tuple[Coalescer, asyncio.Event]:
+    """A node running item:1's first refresh, held until the returned gate is set."""
     gate = asyncio.Event()
 
-    async def hold(claim: Claim) -> None:
-        await gate.wait()
+    async def hold_first(claim: Claim) -> None:
+        if len(rec.calls) == 1:
+            await gate.wait()
 
-    rec.hook = hold
+    rec.hook = hold_first
     c = await start(path, redis_url=redis_url, node_id="n1")
     c.touch("item:1")
     await c.flush()
     await wait_until(lambda: len(rec.calls) == 1, message="the refresh running")
+    return c, gate
+
+
+async def test_a_running_refresh_finishes_but_its_earlier_touches_re_arm_nothing(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    c, gate = await first_run_held(start, path, rec, redis_url)
     c.touch("item:1")  # during the run: queues a re-run
     await c.flush()
     assert (await c.query.explain("item:1"))["running"]["touched_again"] is not None
@@ -209,17 +217,7 @@ async def test_a_touch_after_the_cancel_of_a_running_key_refreshes_it_again(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         start: Start) -> None:
     path, rec = setup(tmp_path, namespace)
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
-    c = await start(path, redis_url=redis_url, node_id="n1")
-    c.touch("item:1")
-    await c.flush()
-    await wait_until(lambda: len(rec.calls) == 1, message="the refresh running")
+    c, gate = await first_run_held(start, path, rec, redis_url)
     c.touch("item:1")
     await c.flush()
     await c.cancel("item:1")
@@ -237,16 +235,7 @@ async def test_a_running_key_with_nothing_queued_is_not_pending_and_runs_on(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         start: Start) -> None:
     path, rec = setup(tmp_path, namespace)
-    gate = asyncio.Event()
-
-    async def hold(claim: Claim) -> None:
-        await gate.wait()
-
-    rec.hook = hold
-    c = await start(path, redis_url=redis_url, node_id="n1")
-    c.touch("item:1")
-    await c.flush()
-    await wait_until(lambda: len(rec.calls) == 1, message="the refresh running")
+    c, gate = await first_run_held(start, path, rec, redis_url)
 
     outcome = await c.cancel("item:1")
 
