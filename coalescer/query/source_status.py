@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coalescer.common.printable import printable
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig
 from coalescer.sources.base import SOURCE_TYPES
@@ -70,6 +71,6 @@ def _outbox_lines(name: str, s: dict[str, Any]) -> list[str]:
     backlog = f">={backlog}" if s.get("backlog_capped") else backlog
     lines = [f"{name:<24} {lag:>8} {backlog:>8} {s['rejected']:>9}  outbox {s['table']} at "
              f"{s['url']}"]
-    lines += [f"{'':<24} error on {node}: {error}"
+    lines += [f"{'':<24} error on {printable(node)}: {printable(error)}"
               for node, error in sorted((s.get("errors") or {}).items())]
     return lines

@@ -140,6 +140,15 @@ def test_a_missing_driver_names_the_extra_to_install(
     assert f"pip install '{extra}'" in str(info.value)
 
 
+def test_a_nodes_error_in_the_status_text_shows_control_characters_escaped() -> None:
+    status = {"sources": {"orders": {
+        "type": "outbox", "table": "coalescer_outbox", "url": "sqlite:///x.db", "rejected": 0,
+        "lag_seconds": 0.0, "backlog": 0,
+        "errors": {"n1": "duplicate value \x1b[2J\nFAKE LINE"}}}}
+    error_line = format_sources(status)[-1]
+    assert error_line.endswith("error on n1: duplicate value \\x1b[2J\\x0aFAKE LINE")
+
+
 # -- on real servers ----------------------------------------------------------------------
 
 SETTINGS = """\
@@ -212,6 +221,20 @@ async def test_committed_rows_become_pending_keys_and_leave_the_table(
     (line,) = format_sources(status)[2:]
     assert line.split()[:4] == ["orders", "0.0s", "0", "2"]
     assert f"outbox {outbox.table.name} at" in line
+
+
+async def test_hostile_bytes_in_rows_are_touched_exactly_or_logged_escaped(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
+        outbox: OutboxDb, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="coalescer.sources.outbox")
+    c = await nodes(rules(tmp_path, namespace, outbox, poll="50ms"), redis_url)
+    clear, clipboard = "stats:customer:\x1b[2J\x1b[H", "orders:\x1b]52;c;eA==\x07\nFAKE LINE"
+    outbox.write([clear, clipboard])
+    await wait_until(lambda: counted(c, "rejected") == 1 and outbox.rows() == 0)
+    assert await pending_keys(redis_client, namespace) == {clear}  # the exact bytes
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "no rule matches key 'orders:\\x1b]52;c;eA==\\x07\\nFAKE LINE'" in logged
+    assert "\x1b" not in logged and "\nFAKE" not in logged
 
 
 async def test_items_of_rows_reach_the_next_refresh_of_their_key(
