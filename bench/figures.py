@@ -843,7 +843,7 @@ async def _coalescer_costs(server: Server, sync: Any, keys: list[str],
                         scripts.upsert(SHARD, [UpsertGroup(RULE, 100, 200, sample)]))
             await asyncio.sleep(0.25)  # the re-touched keys are due again
             got = await timed("claim", claim_n, scripts.claim(
-                SHARD, leader=leader, node_id="bench-cost", leader_lease_ms=120_000,
+                SHARD, leader=leader, node_id="bench-cost",
                 claim_lease_ms=120_000, sleep_cap_ms=1000, limits=[(RULE, claim_n)]))
             # put the claimed keys back: acked, then touched again (untimed)
             await scripts.ack(SHARD, [(RULE, [(x.key, x.token) for x in got.claims])])

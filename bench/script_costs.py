@@ -37,7 +37,7 @@ async def _claim_all(scripts: Scripts, shard: ShardKeys, n: int,
     claims: list[ClaimedKey] = []
     while len(claims) < n:
         got = await scripts.claim(shard, leader=f"1|{NODE}", node_id=NODE,
-                                  leader_lease_ms=60_000, claim_lease_ms=60_000,
+                                  claim_lease_ms=60_000,
                                   sleep_cap_ms=1000, limits=[(RULE, batch)])
         claims += got.claims
     return claims

@@ -289,7 +289,7 @@ class Scripts:
         return UpsertResult(int(result[1]),
                             {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)})
 
-    async def claim(self, shard: ShardKeys, *, leader: str, node_id: str, leader_lease_ms: int,
+    async def claim(self, shard: ShardKeys, *, leader: str, node_id: str,
                     claim_lease_ms: int, sleep_cap_ms: int,
                     limits: Sequence[tuple[str, int]],
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> ClaimBatch:
@@ -297,7 +297,7 @@ class Scripts:
         ``item_rules`` maps each rule with items to its items max: their claims get
         their items."""
         keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes]
-        args: list[Any] = [leader, leader_lease_ms, claim_lease_ms, sleep_cap_ms, node_id]
+        args: list[Any] = [leader, claim_lease_ms, sleep_cap_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
@@ -420,12 +420,12 @@ class Scripts:
         return LeaseState(int(epoch), str(holder), int(ttl), int(live),
                           tuple(str(n) for n in adopt))
 
-    async def adopt(self, shard: ShardKeys, *, node_id: str, leader_lease_ms: int,
-                    claim_lease_ms: int, limits: Sequence[tuple[str, int]],
+    async def adopt(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
+                    limits: Sequence[tuple[str, int]],
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> AdoptBatch:
         """Claim due keys of rules the shard's leader lacks, where this node serves them."""
         keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
-        args: list[Any] = [node_id, leader_lease_ms, claim_lease_ms]
+        args: list[Any] = [node_id, claim_lease_ms]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, limit]

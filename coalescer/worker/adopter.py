@@ -48,7 +48,6 @@ class Adopter:
         self._by_name = {r.name: r for r in ctx.rules}
         self._item_rules = item_rules(ctx.rules)
         self._node_id = ctx.node_id
-        self._leader_lease_ms = round(ctx.leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
         self._sleep_cap = sleep_cap
         self._ctx = ctx
@@ -113,8 +112,8 @@ class Adopter:
             if gate:  # rated rules claim only the starts their rate grants
                 limits = await gate.limit(limits)
             return await self._scripts.adopt(
-                self._shard, node_id=self._node_id, leader_lease_ms=self._leader_lease_ms,
-                claim_lease_ms=self._claim_lease_ms, limits=limits,
+                self._shard, node_id=self._node_id, claim_lease_ms=self._claim_lease_ms,
+                limits=limits,
                 item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, rules, MAX_CLAIM, call)

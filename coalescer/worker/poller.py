@@ -62,7 +62,6 @@ class Poller:
         self._item_rules = item_rules(self._rules)
         self._node_id = ctx.node_id
         leader_lease = ctx.leader_lease
-        self._leader_lease_ms = round(leader_lease * 1000)
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
         # About a second: how long a poller whose due keys wait for a slot sleeps at most
         self.sleep_cap = min(1.2, leader_lease / 2.5)
@@ -107,7 +106,7 @@ class Poller:
                 limits = await self._gate.limit(limits)
             return await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
-                leader_lease_ms=self._leader_lease_ms, claim_lease_ms=self._claim_lease_ms,
+                claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=NEVER_MS, limits=limits,
                 item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(

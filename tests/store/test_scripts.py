@@ -68,7 +68,7 @@ class Shard:
                     limits: list[tuple[str, int]] | None = None) -> ClaimBatch:
         return await self.scripts.claim(
             self.keys, leader=self.leader if leader is None else leader, node_id="n1",
-            leader_lease_ms=30_000, claim_lease_ms=lease, sleep_cap_ms=1000,
+            claim_lease_ms=lease, sleep_cap_ms=1000,
             limits=limits or [(RULE, limit)])
 
     async def claim_one(self, key: str, **kw: Any) -> ClaimedKey:

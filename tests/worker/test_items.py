@@ -494,6 +494,6 @@ async def test_an_adopted_rule_hands_its_claims_their_items(redis_client: Any,
     await scripts.acquire(shard, node_id="L", lease_ms=60_000, mine="", rules="|other=f1|")
     await scripts.acquire(shard, node_id="C", lease_ms=60_000, mine="", rules="|r=f2|")
     await scripts.upsert(shard, [UpsertGroup("r", 0, 1000, ["k1", "k2"], {"k1": ["a"]}, 5)])
-    batch = await scripts.adopt(shard, node_id="C", leader_lease_ms=60_000,
+    batch = await scripts.adopt(shard, node_id="C",
                                 claim_lease_ms=5_000, limits=[("r", 10)], item_rules={"r": 5})
     assert sorted((c.key, c.items) for c in batch.claims) == [("k1", ("a",)), ("k2", ())]

@@ -264,7 +264,7 @@ async def test_adopt_claims_only_for_the_lowest_id_live_node_knowing_a_rule_the_
     await redis_client.zadd(sk.due("item"), {"item:1": 0})
 
     async def adopt(node: str) -> list[str]:
-        batch = await scripts.adopt(sk, node_id=node, leader_lease_ms=60_000,
+        batch = await scripts.adopt(sk, node_id=node,
                                     claim_lease_ms=5_000, limits=[("r", 1), ("item", 16)])
         return [c.key for c in batch.claims]
 

@@ -3,11 +3,11 @@
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] nodes   KEYS[5] rules
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
--- ARGV[1] node id   ARGV[2] leader lease ms (unused: leases are per node)   ARGV[3] claim lease ms
--- ARGV[4+2r], ARGV[5+2r]   the name of rule r and how many of its keys to claim
+-- ARGV[1] node id   ARGV[2] claim lease ms
+-- ARGV[3+2r], ARGV[4+2r]   the name of rule r and how many of its keys to claim
 --                          at most (0 claims none)
 -- then, only when some rule has items: ITEMS-PREFIX, CLAIMED-PREFIX and the items max
--- of each rule (0: none), from ARGV[4+2R] (R rules), as in claim.lua
+-- of each rule (0: none), from ARGV[3+2R] (R rules), as in claim.lua
 --
 -- A rule is served here only while the shard has a leader, the leader's
 -- registry entry lacks the rule, and the caller is the live node with the
@@ -25,9 +25,9 @@ heartbeat(KEYS[4], node, now)
 local holder = redis.call('GET', KEYS[1])
 if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]
-local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[3]),
+local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[2]),
            node = node, claims = {}, items = {}}
-claim_items_at(c, 4 + (#KEYS - 5))
+claim_items_at(c, 3 + (#KEYS - 5))
 local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
 local function head(zset)
@@ -37,7 +37,7 @@ end
 
 for r = 0, (#KEYS - 5) / 2 - 1 do
   local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
-  local name, limit = ARGV[4 + 2 * r], tonumber(ARGV[5 + 2 * r])
+  local name, limit = ARGV[3 + 2 * r], tonumber(ARGV[4 + 2 * r])
   if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
     served = served + 1
     local before = #c.claims

@@ -2,12 +2,12 @@
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] next-wake   KEYS[5] nodes
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
--- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] leader lease ms (unused)
--- ARGV[3] claim lease ms   ARGV[4] how far ahead the poller looks again at most, ms
--- ARGV[5] node id (kept in each claim)
--- ARGV[6+r] how many keys of rule r to claim at most (0 claims none)
+-- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] claim lease ms
+-- ARGV[3] how far ahead the poller looks again at most, ms
+-- ARGV[4] node id (kept in each claim)
+-- ARGV[5+r] how many keys of rule r to claim at most (0 claims none)
 -- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
--- the items max of each rule r (0: none), from ARGV[6+R] (R rules)
+-- the items max of each rule r (0: none), from ARGV[5+R] (R rules)
 --
 -- Checks the caller still holds the shard's leader key, in this same script, so an
 -- ex-leader can never claim (the key has no expiry: the lease is the node's, see
@@ -29,11 +29,11 @@
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local now = now_ms()
-local lease_until = now + tonumber(ARGV[3])
-local live = heartbeat(KEYS[5], ARGV[5], now)
+local lease_until = now + tonumber(ARGV[2])
+local live = heartbeat(KEYS[5], ARGV[4], now)
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = lease_until,
-           node = ARGV[5], claims = {}, items = {}}
-claim_items_at(c, 6 + (#KEYS - 5) / 2)
+           node = ARGV[4], claims = {}, items = {}}
+claim_items_at(c, 5 + (#KEYS - 5) / 2)
 local next_due, next_expiry = nil, nil
 
 local function head(zset)
@@ -44,7 +44,7 @@ end
 local blocked, held = 0, {}
 for r = 0, (#KEYS - 5) / 2 - 1 do
   local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
-  local limit = tonumber(ARGV[6 + r])
+  local limit = tonumber(ARGV[5 + r])
   local before = #c.claims
   if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
   local claimed = #c.claims - before
@@ -58,5 +58,5 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
   next_expiry = min(next_expiry, head(inflight_key))
 end
 
-redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[4]))))
+redis.call('SET', KEYS[4], int(min(next_due, now + tonumber(ARGV[3]))))
 return {1, now, next_due or -1, next_expiry or -1, live, c.claims, blocked, held, c.items}
