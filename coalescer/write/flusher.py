@@ -41,6 +41,7 @@ MAX_KEYS_PER_CALL = 2000  # keeps each upsert script short (a few ms of Redis ti
 MAX_ITEMS_PER_CALL = 20_000  # keys and items per upsert call, when keys carry items
 IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
+FLUSH_ROUNDS = 3  # flush() writes keys given back by a failed earlier write this often
 FORGET_ROUNDS = 5  # a cancel waits for this many writes of its keys at most (see forget)
 
 
@@ -212,13 +213,21 @@ class Flusher:
             await asyncio.wait_for(self._event.wait(), timeout)
 
     async def flush(self) -> None:
-        """Return once Redis holds every touch buffered before this call."""
+        """Return once Redis holds every touch buffered before this call. A write
+        already in flight that fails gives its keys back; they are written again here
+        (a few rounds at most), so a write that failed before Redis came back does not
+        fail this call."""
         earlier = list(self._writes)
-        batch = self._absorber.take(everything=True)
-        if batch:
-            await self._write(batch)
-        if earlier:
-            await asyncio.gather(*earlier)
+        for _ in range(FLUSH_ROUNDS):
+            batch = self._absorber.take(everything=True)
+            if batch:
+                await self._write(batch)
+            results = await asyncio.gather(*earlier, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if not failed:
+                return
+            earlier = list(self._writes)  # the keys given back may be on their way again
+        raise failed[0]
 
     async def forget(self, keys: Collection[str]) -> set[str]:
         """Drop the buffered touches of ``keys`` (a cancel); returns the keys that had

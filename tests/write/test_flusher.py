@@ -294,7 +294,8 @@ class Gate:
     """Stands between the flusher and Redis: logs each upsert call's start and end
     (with its keys) and holds the calls with a ``blocked`` key until ``release()``;
     ``after`` holds them once Redis has run them instead of before. While ``error`` is
-    set, a held call raises it instead of reaching Redis."""
+    set, a held call raises it instead of reaching Redis; ``failures`` set, it is
+    cleared after that many raises (Redis comes back)."""
 
     def __init__(self, c: Coalescer, monkeypatch: pytest.MonkeyPatch, *blocked: str,
                  after: bool = False) -> None:
@@ -303,6 +304,7 @@ class Gate:
         self.blocked = set(blocked)
         self.after = after
         self.error: BaseException | None = None
+        self.failures: int | None = None
         self.log: list[tuple[str, frozenset[str]]] = []
         self._open = asyncio.Event()
         monkeypatch.setattr(scripts, "upsert_keys", self._upsert_keys)
@@ -325,7 +327,11 @@ class Gate:
             if held and not self.after:
                 await self._open.wait()
                 if self.error is not None:
-                    raise self.error
+                    error = self.error
+                    if self.failures is not None:
+                        self.failures -= 1
+                        self.error = None if self.failures <= 0 else error
+                    raise error
             result = await self._real(shard, groups)
             if held and self.after:
                 await self._open.wait()
@@ -402,6 +408,37 @@ async def test_flush_waits_for_both_writes_in_flight(
     gate.release()
     await flush
     assert set(await redis_client.zrange(due_key, 0, -1)) == {"stats:a", "stats:b", "stats:c"}
+
+
+async def test_flush_writes_again_what_a_write_in_flight_failed_to_write(
+        make: Make, redis_url: str, redis_client: redis.asyncio.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c, gate = await gated_coalescer(make, redis_url, monkeypatch)
+    due_key = c.keyspace.shard(0).due("stats")
+    gate.error, gate.failures = RedisConnectionError("injected"), 2
+    await two_writes_in_flight(c, gate)
+    flush = asyncio.ensure_future(c.flush())
+    for _ in range(5):
+        await asyncio.sleep(0)  # flush() now waits for the two writes
+    gate.release()  # both fail, then Redis answers again
+
+    await flush  # does not raise the error those two writes met
+    assert set(await redis_client.zrange(due_key, 0, -1)) == {"stats:a", "stats:b"}
+    assert len(gate.started("stats:a")) >= 2 and len(gate.started("stats:b")) >= 2
+
+
+async def test_flush_raises_when_redis_still_refuses_what_failed_in_flight(
+        make: Make, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, gate = await gated_coalescer(make, redis_url, monkeypatch)
+    gate.error = RedisConnectionError("injected")
+    await two_writes_in_flight(c, gate)
+    flush = asyncio.ensure_future(c.flush())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gate.release()
+    with pytest.raises(RedisConnectionError, match="injected"):
+        await flush
+    assert len(c._run.absorber) == 2  # given back, not lost
 
 
 async def test_a_transient_error_with_two_writes_in_flight_loses_nothing(
