@@ -41,9 +41,11 @@ from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis
 from coalescer.store.hints import CommandHints
 from coalescer.store.keycheck import check_item, check_key, key_problem
 from coalescer.store.keys import KeySpace
+from coalescer.store.layout import Layouts
 from coalescer.store.scripts import History, Scripts
 from coalescer.worker.drain import Drainer, local_runner
 from coalescer.worker.node import Handlers, Node, NodeContext
+from coalescer.worker.resharding import begin_reshard
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
 from coalescer.write.cancel import CancelOutcome, cancel_keys
@@ -71,6 +73,7 @@ class Run:
         self.conn: Connection | None = None
         self.embedded: EmbeddedServer | None = None
         self.scripts: Scripts | None = None
+        self.layouts: Layouts | None = None
         self.flusher: Flusher | None = None
         self.node: Node | None = None
         self.handlers: Handlers | None = None
@@ -150,7 +153,7 @@ class Coalescer:
         self._given_node_id = node_id
         self.node_id = node_id or default_node_id()
         self.grace = grace
-        self.keyspace = KeySpace(config.namespace, config.shards)
+        self._keyspace = KeySpace(config.namespace, config.shards)
         self._redis_url = redis_url
         self._embedded_root = embedded_root
         self._max_buffered = max_buffered
@@ -399,10 +402,18 @@ class Coalescer:
     def _drainer(self, runner: Runner) -> Drainer:
         return Drainer(self._context(), runner=runner, flush=self.flush, redis=self.redis)
 
+    @property
+    def keyspace(self) -> KeySpace:
+        """How keys map to shards now: the namespace's layout in Redis (read at start,
+        and again when it changes), or the rules file's count before the first read."""
+        layouts = self._run.layouts
+        return layouts.keyspace if layouts is not None else self._keyspace
+
     def _context(self) -> NodeContext:
         run = self._run
-        assert run.scripts is not None
-        return NodeContext(scripts=run.scripts, keyspace=self.keyspace, metrics=run.metrics,
+        assert run.scripts is not None and run.layouts is not None
+        return NodeContext(scripts=run.scripts, keyspace=self.keyspace, layouts=run.layouts,
+                           metrics=run.metrics,
                            node_id=self.node_id, config=self.config, hints=self.hints)
 
     # -- the connection and reads ----------------------------------------------------
@@ -470,7 +481,9 @@ class Coalescer:
         run = self._run
         conn = await self._connect(run)
         run.scripts = scripts = Scripts(conn.client)
-        run.flusher = Flusher(run.absorber, scripts, self.keyspace, run.metrics)
+        run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
+        await self._read_layout(run.layouts)
+        run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)
         run.spawn("flusher", run.flusher.run())
         run.spawn("metrics", self._metrics_loop(run))
         if self.worker:
@@ -479,7 +492,19 @@ class Coalescer:
         where = f" (embedded server at {run.embedded.root})" if run.embedded else ""
         log.info("coalescer %s started on %s%s (worker=%s, %s)", self.node_id,
                  redact(self.redis_url or ""), where, self.worker,
-                 plural(self.config.shards, "shard"))
+                 plural(self.keyspace.shards, "shard"))
+
+    async def _read_layout(self, layouts: Layouts) -> None:
+        """Read the namespace's layout; a worker node whose rules file names another
+        shard count begins a reshard to it (see store/layout.py). Without Redis the
+        writes find the layout themselves once it answers."""
+        try:
+            info = await layouts.refresh()
+            if self.worker and info.shards != self.config.shards:
+                await begin_reshard(layouts, self.config.shards, self.node_id)
+        except (RedisError, OSError) as exc:
+            log.warning("coalescer %s: could not read the shard layout yet: %r",
+                        self.node_id, exc)
 
     async def _connect(self, run: Run) -> Connection:
         root = self._embedded_root or project_root(self.config.source)

@@ -121,6 +121,16 @@ class NotLeaderError(CoalescerError):
     """A claim was refused because this node no longer holds the shard's lease."""
 
 
+class LayoutMovedError(CoalescerError):
+    """A write used a shard layout older than the one the shard follows (a reshard
+    began or ended): nothing was written; read the layout again and write once more."""
+
+    def __init__(self, shard: int, marker: int) -> None:
+        super().__init__(f"shard {shard} follows layout generation {marker}: a newer "
+                         "one than the writer's")
+        self.marker = marker
+
+
 class ScriptError(CoalescerError):
     """A Lua script answered with a code that coalescer does not know."""
 

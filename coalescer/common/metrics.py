@@ -134,6 +134,9 @@ class Metrics:
             "coalescer_cancels_total",
             "keys whose pending refresh (or re-arm) a cancel dropped, by rule", ["rule"],
             registry=r)
+        self.reshard_moved = Counter(
+            "coalescer_reshard_moved_keys_total",
+            "keys this node's mover moved to their new shard during a reshard", registry=r)
         self.source_entries = Counter(
             "coalescer_source_entries_total",
             "source entries (stream entries, outbox rows) handled, by source and outcome "

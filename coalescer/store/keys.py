@@ -27,11 +27,20 @@ Per shard::
     NS:{NS:N}:claimed:KEY     SET     the items of KEY's current claim, kept until a
                                       success is acked (a retry gets them again)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
+    NS:{NS:N}:layout          STRING  the newest layout generation a writer or a mover
+                                      used here (absent: 1); an older writer is sent to
+                                      read the layout again (see store/layout.py)
+    NS:{NS:N}:moving          HASH    key -> its whole state, taken out of this shard by
+                                      a reshard and not yet put into its new shard
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
     NS:{NS:nodes}:leases      ZSET    worker node id -> when its lease ends, server ms:
                                       one lease per node for all the shards it leads
+    NS:{NS:nodes}:layout      HASH    the namespace's shard layout: gen, shards, from
+                                      (the old count while a reshard runs, else 0),
+                                      began, ended, moved, by (store/layout.py)
+    NS:{NS:nodes}:drained     SET     the old shards a running reshard has emptied
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -115,6 +124,14 @@ class ShardKeys:
         """``claimed_items(key)`` is this followed by the key (scripts build it so)."""
         return f"{self.prefix}:claimed:"
 
+    @property
+    def layout(self) -> str:
+        return f"{self.prefix}:layout"
+
+    @property
+    def moving(self) -> str:
+        return f"{self.prefix}:moving"
+
     def items(self, key: str) -> str:
         """The items touched with ``key`` since its last claim. Whatever drops a key's
         state for good (purge.lua, a cancel) deletes this and ``claimed_items(key)``."""
@@ -134,30 +151,70 @@ class ShardKeys:
         return f"{self.prefix}:dead:{rule}"
 
 
+def key_hash(key: str) -> int:
+    """The hash a key's shard is taken from: stable across processes and restarts."""
+    # surrogatepass: a key that cannot be stored still has a shard (its write fails)
+    return zlib.crc32(key.encode("utf-8", "surrogatepass"))
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpace:
-    """Maps touched keys to shards, and shards to their Redis keys."""
+    """Maps touched keys to shards, and shards to their Redis keys. ``source`` is the
+    old shard count while a reshard from it runs (0 otherwise), and ``gen`` the layout
+    generation this mapping belongs to (store/layout.py)."""
 
     namespace: str
     shards: int
+    source: int = 0
+    gen: int = 1
 
     def shard_of(self, key: str) -> int:
-        """The shard that owns ``key``: stable across processes and restarts."""
+        """The shard that owns ``key`` once any reshard running now is done."""
         if self.shards == 1:
             return 0
-        # surrogatepass: a key that cannot be stored still has a shard (its write fails)
-        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.shards
+        return key_hash(key) % self.shards
+
+    def source_of(self, key: str) -> int:
+        """The shard ``key`` lived in before the running reshard (``shard_of`` if none)."""
+        if not self.source:
+            return self.shard_of(key)
+        return key_hash(key) % self.source
+
+    def homes(self, key: str) -> list[int]:
+        """Where ``key``'s state may be now: its old shard, then its new one."""
+        old, new = self.source_of(key), self.shard_of(key)
+        return [old] if old == new else [old, new]
+
+    @property
+    def resharding(self) -> bool:
+        return self.source > 0
+
+    @property
+    def span(self) -> int:
+        """How many shards hold keys now: both counts' while a reshard runs."""
+        return max(self.shards, self.source)
 
     def shard(self, n: int) -> ShardKeys:
         return ShardKeys(self.namespace, n)
 
     def all_shards(self) -> list[ShardKeys]:
-        return [self.shard(n) for n in range(self.shards)]
+        return [self.shard(n) for n in range(self.span)]
 
 
 def node_leases(namespace: str) -> str:
     """The worker nodes' leases (node_lease.lua): one per node, whatever the shard count."""
     return f"{namespace}:{{{namespace}:nodes}}:leases"
+
+
+def layout(namespace: str) -> str:
+    """The namespace's shard layout (store/layout.py), next to the node leases: the
+    node lease call reads its generation in the same slot."""
+    return f"{namespace}:{{{namespace}:nodes}}:layout"
+
+
+def drained(namespace: str) -> str:
+    """The old shards a running reshard has emptied (the layout's tag)."""
+    return f"{namespace}:{{{namespace}:nodes}}:drained"
 
 
 def sources_rejected(namespace: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from coalescer.common.plural import plural
 from coalescer.config.model import RateLimit
-from coalescer.errors import NotLeaderError, ScriptError
+from coalescer.errors import LayoutMovedError, NotLeaderError, ScriptError
 from coalescer.store.batching import ScriptBatcher
 from coalescer.store.keys import ShardKeys
 
@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers", "node_lease",
     "purge", "hasten", "take", "take_rate", "cancel",
+    "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put",
 )
 
 # What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
@@ -52,15 +53,20 @@ class UpsertGroup:
     # rule with items says how many a key holds at most
     items: Mapping[str, Collection[str]] | None = None
     items_max: int = 0
+    # keys of an old shard while a reshard runs: written only where the shard still
+    # holds them, the others come back as ``asked`` (for their new shard)
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class UpsertResult:
-    """What an upsert call did: how many keys it scheduled, and the keys it could not
-    (key -> the error Redis met), which it skipped."""
+    """What an upsert call did: how many keys it scheduled, the keys it could not
+    (key -> the error Redis met), which it skipped, and the ``held`` keys the shard
+    did not hold (to write to their new shard)."""
 
     scheduled: int
     failed: dict[str, str]
+    asked: tuple[str, ...] = ()
 
 
 class ClaimedKey(NamedTuple):
@@ -174,6 +180,7 @@ class NodeLeases:
     lapsed: bool
     live: dict[str, int]
     gone: list[str]
+    layout_gen: int = 0  # the namespace's layout generation (0: no layout yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +270,11 @@ class Scripts:
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
         self._batcher = ScriptBatcher(redis)  # calls travel in pipelines, never one per shard
 
+    @property
+    def client(self) -> Any:
+        """The Redis client the scripts run on (for plain commands next to them)."""
+        return self._redis
+
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
@@ -274,20 +286,31 @@ class Scripts:
                               f"{sorted(result.failed.items())[:3]!r}")
         return result.scheduled
 
-    async def upsert_keys(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> UpsertResult:
-        """Schedule the groups' keys; the keys Redis failed on are skipped and returned."""
-        keys = [shard.meta, shard.next_wake]
-        args: list[Any] = [shard.wake_channel]
+    async def upsert_keys(self, shard: ShardKeys, groups: Sequence[UpsertGroup],
+                          gen: int = 1) -> UpsertResult:
+        """Schedule the groups' keys, written with layout generation ``gen``; the keys
+        Redis failed on are skipped and returned. LayoutMovedError: the shard follows a
+        newer layout, and nothing was written."""
+        keys = [shard.meta, shard.next_wake, shard.layout]
+        args: list[Any] = [shard.wake_channel, gen]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
-            args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+            args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
+                     1 if g.held else 0]
         items = _upsert_items(groups)
         if items:
             args += [shard.items_prefix, *items]
         result = await self._run("upsert", keys, args)
+        if int(result[0]) == 0:
+            raise LayoutMovedError(shard.shard, int(result[1]))
         failed = result[3] if len(result) > 3 else []
         return UpsertResult(int(result[1]),
-                            {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)})
+                            {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)},
+                            tuple(str(k) for k in result[4]) if len(result) > 4 else ())
+
+    async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script ``name`` (for the typed wrappers of other modules: store/layout.py)."""
+        return await self._run(name, keys, args)
 
     async def claim(self, shard: ShardKeys, *, leader: str, node_id: str,
                     claim_lease_ms: int, sleep_cap_ms: int,
@@ -442,18 +465,18 @@ class Scripts:
         return int(result[0]), [Peer(str(rest[i]), int(float(rest[i + 1])), str(rest[i + 2]))
                                 for i in range(0, len(rest), 3)]
 
-    async def node_lease(self, leases: str, *, node_id: str, lease_ms: int, period_ms: int = 0,
-                         forgotten: Sequence[str] = ()) -> NodeLeases:
+    async def node_lease(self, leases: str, layout: str, *, node_id: str, lease_ms: int,
+                         period_ms: int = 0, forgotten: Sequence[str] = ()) -> NodeLeases:
         """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
         multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
         nodes whose shard entries this node removed."""
-        now, lapsed, every = await self._run(
-            "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
+        now, lapsed, every, gen = await self._run(
+            "node_lease", [leases, layout], [node_id, lease_ms, period_ms, *forgotten])
         now = int(now)
         ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
         return NodeLeases(now, bool(int(lapsed)),
                           {n: e for n, e in ends.items() if e >= now},
-                          [n for n, e in ends.items() if e < now])
+                          [n for n, e in ends.items() if e < now], int(gen))
 
     async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
         """Drop a node whose lease lapsed from every shard's node set and rules registry:

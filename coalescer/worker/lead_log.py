@@ -25,7 +25,7 @@ class LeadLog:
 
     def __init__(self, node_id: str, total: int, led: set[int]) -> None:
         self._node_id = node_id
-        self._total = total
+        self.total = total
         self.led = led  # the shards the node leads now, shared with its leaderships
         self._logged: frozenset[int] = frozenset()
         self._seen: frozenset[int] = frozenset()
@@ -61,7 +61,7 @@ class LeadLog:
 
     def _summarise(self, now: frozenset[int]) -> None:
         log.info("%s leads %d of %s (+%d, -%d)", self._node_id, len(now),
-                 plural(self._total, "shard"),
+                 plural(self.total, "shard"),
                  len(now - self._logged), len(self._logged - now))
         self._logged = now
         self._changed_at = None

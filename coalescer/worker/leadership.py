@@ -45,13 +45,13 @@ class Leadership:
     def __init__(self, ctx: NodeContext, *, poller: Poller, node_lease: NodeLease,
                  adopter: Adopter | None = None, lead_log: LeadLog) -> None:
         """Leads the shard of ``poller``; ``lead_log.led`` is the set of shards this
-        node leads, which every shard's leadership shares."""
+        node leads, which every shard's leadership shares (``lead_log.total``: how
+        many shards there are now)."""
         self._shard = poller.shard_keys
         self._scripts = ctx.scripts
         self.poller = poller
         self._node_id = ctx.node_id
         self._lease = ctx.leader_lease
-        self._total = ctx.config.shards
         self._led = lead_log.led
         self._metrics = ctx.metrics
         self.adopter = adopter
@@ -105,7 +105,7 @@ class Leadership:
             self.poller.poke()
 
     def _fair_share(self, live: int) -> int:
-        return math.ceil(self._total / max(1, live))
+        return math.ceil(self._lead_log.total / max(1, live))
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, logs once, backs off."""

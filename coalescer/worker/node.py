@@ -24,11 +24,13 @@ from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config, HttpHandler, Rule
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
+from coalescer.store.layout import LayoutInfo, Layouts
 from coalescer.store.scripts import Scripts
 from coalescer.worker.adopter import Adopter
 from coalescer.worker.invoke import Invoke, invoker_for
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.leadership import Leadership
+from coalescer.worker.mover import Mover
 from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
 from coalescer.worker.registry import RegistryWatch
@@ -54,6 +56,7 @@ class NodeContext:
     node_id: str
     config: Config
     hints: CommandHints = field(default_factory=CommandHints)  # for commands the log suggests
+    layouts: Layouts | None = None  # the namespace's layout (a node's is always given)
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -96,14 +99,19 @@ class Node:
         """``pubsub`` is the client whose connection the wake listener subscribes on."""
         self.ctx = ctx
         self.led: set[int] = set()
-        self.lead_log = LeadLog(ctx.node_id, ctx.config.shards, self.led)
+        self.span = ctx.keyspace.span  # the shards led or stood by for: 0 .. span - 1
+        self.lead_log = LeadLog(ctx.node_id, self.span, self.led)
         self.summary = RefreshSummary(ctx.node_id, ctx.metrics, [r.name for r in ctx.rules])
         self.runner = Runner(ctx, invokers=invokers, on_slot_free=self.slot_freed)
         self.registry = RegistryWatch(ctx)
         self.node_lease = NodeLease(ctx, on_live=self._live_changed, on_lapse=self._lapsed)
-        self.leaderships = [self._shard(ctx, shard) for shard in range(ctx.config.shards)]
+        self.mover = Mover(ctx, self.led)
+        self.leaderships = [self._shard(ctx, shard) for shard in range(self.span)]
         routes = {ls_.poller_channel: ls_.on_message for ls_ in self.leaderships}
         self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
+        self._spawn: Spawn | None = None
+        if ctx.layouts is not None:
+            ctx.layouts.on_change(self._layout_changed)
 
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
@@ -111,6 +119,31 @@ class Node:
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
         return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
                           lead_log=self.lead_log)
+
+    def _layout_changed(self, info: LayoutInfo) -> None:
+        """The layout changed: stand by for the shards it adds (a reshard began) or
+        stop leading the ones it drops (a reshard to fewer shards ended)."""
+        span = info.keyspace(self.ctx.keyspace.namespace).span
+        if span != self.span:
+            log.info("node %s: shards 0-%d now (was 0-%d)", self.ctx.node_id, span - 1,
+                     self.span - 1)
+        for ls_ in self.leaderships[span:]:
+            ls_.stop()
+        for shard in range(span):
+            if shard >= len(self.leaderships):
+                self.leaderships.append(self._shard(self.ctx, shard))
+            elif shard >= self.span:
+                self.leaderships[shard] = self._shard(self.ctx, shard)
+            else:
+                continue
+            self._start_shard(self.leaderships[shard])
+        self.span = self.lead_log.total = span
+        self.mover.poke()
+
+    def _start_shard(self, ls_: Leadership) -> None:
+        self.wakeups.add_route(ls_.poller_channel, ls_.on_message)
+        if self._spawn is not None:
+            self._spawn(f"shard {ls_.shard}", ls_.run())
 
     def _live_changed(self, live: int) -> None:
         self.registry.nudge(live)
@@ -124,7 +157,7 @@ class Node:
     def rebalance(self) -> None:
         """Above the fair share (``ceil(shards / live nodes)``): hand back the highest
         shards led, so that the other nodes get theirs."""
-        share = math.ceil(self.ctx.config.shards / self.node_lease.live_nodes)
+        share = math.ceil(self.span / self.node_lease.live_nodes)
         surplus = len(self.led) - share
         if surplus <= 0:
             return
@@ -133,6 +166,7 @@ class Node:
 
     def start(self, spawn: Spawn) -> None:
         """Start every loop of the node through ``spawn``."""
+        self._spawn = spawn
         spawn("node lease", self.node_lease.run())
         spawn("wakeups", self.wakeups.run())
         spawn("outbox", self.runner.outbox_loop())
@@ -140,6 +174,7 @@ class Node:
         for ls_ in self.leaderships:
             spawn(f"shard {ls_.shard}", ls_.run())
         spawn("registry", self.registry.run())
+        spawn("mover", self.mover.run())
 
     def leads(self) -> list[int]:
         """The shards this node leads now."""

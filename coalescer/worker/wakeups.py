@@ -32,7 +32,8 @@ class WakeListener:
     def __init__(self, redis: Redis, routes: Mapping[str, Callable[[Any], None]],
                  on_reconnect: Callable[[], None], metrics: Metrics) -> None:
         self._redis = redis
-        self._routes = routes
+        self._routes = dict(routes)
+        self._pubsub: Any = None  # while subscribed
         self._on_reconnect = on_reconnect
         self._metrics = metrics
         self.subscribed = asyncio.Event()
@@ -49,6 +50,7 @@ class WakeListener:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
         try:
             await pubsub.subscribe(*self._routes)
+            self._pubsub = pubsub
             self.subscribed.set()
             self._on_reconnect()
             while True:
@@ -56,7 +58,16 @@ class WakeListener:
                 if message is not None:
                     self._dispatch(message)
         finally:
+            self._pubsub = None
             await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+
+    def add_route(self, channel: str, route: Callable[[Any], None]) -> None:
+        """Route ``channel`` too (a shard added by a reshard), subscribing at once when
+        connected; its confirmation reaches the route as ``SUBSCRIBED``."""
+        self._routes[channel] = route
+        if self._pubsub is not None:
+            task = asyncio.ensure_future(self._pubsub.subscribe(channel))
+            task.add_done_callback(_logged)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         route = self._routes.get(message["channel"])
@@ -67,3 +78,10 @@ class WakeListener:
             route(message["data"])
         elif kind == "subscribe":
             route(SUBSCRIBED)
+
+
+def _logged(task: asyncio.Future[Any]) -> None:
+    """A late subscription failed: the connection is going; subscribing again after the
+    reconnect covers the channel."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("subscribing to a new shard's wake channel failed: %r", task.exception())

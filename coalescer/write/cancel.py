@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +51,13 @@ class CancelOutcome:
                 "states": self.states}
 
 
-def _calls(keyspace: KeySpace,
-           rules: Mapping[str, str]) -> list[tuple[int, list[CancelGroup]]]:
+def _calls(rules: Mapping[str, str],
+           shard_of: Callable[[str], int]) -> list[tuple[int, list[CancelGroup]]]:
     """One script call per shard and BATCH keys (a Redis Cluster runs each on the node of
     its shard's slot), its keys grouped by rule."""
     by_shard: dict[int, list[str]] = defaultdict(list)
     for key in rules:
-        by_shard[keyspace.shard_of(key)].append(key)
+        by_shard[shard_of(key)].append(key)
     calls = []
     for shard, keys in by_shard.items():
         for i in range(0, len(keys), BATCH):
@@ -72,11 +72,14 @@ async def cancel_keys(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, 
                       history: History,
                       buffered: set[str] | frozenset[str] = frozenset()) -> CancelOutcome:
     """Cancel the keys of ``rules`` (key -> its rule's name; see the module), in its
-    order; ``buffered`` are the keys whose buffered touches were dropped already."""
-    calls = _calls(keyspace, rules)
-    answers = await asyncio.gather(*(scripts.cancel(keyspace.shard(shard), groups, history)
-                                      for shard, groups in calls))
-    found = {key: state for answer in answers for key, state in answer.items()}
+    order; ``buffered`` are the keys whose buffered touches were dropped already.
+    While a reshard runs, a key found idle in its old shard is looked for in its new one."""
+    found = await _cancel(scripts, keyspace, rules, keyspace.source_of, history)
+    if keyspace.resharding:
+        moved = {key: rule for key, rule in rules.items() if found[key] == "idle"
+                 and keyspace.shard_of(key) != keyspace.source_of(key)}
+        if moved:
+            found.update(await _cancel(scripts, keyspace, moved, keyspace.shard_of, history))
     outcome = CancelOutcome()
     for key in rules:
         state = found[key]
@@ -85,3 +88,11 @@ async def cancel_keys(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, 
         outcome.states[key] = state
         (outcome.cancelled if state in DROPPED else outcome.not_pending).append(key)
     return outcome
+
+
+async def _cancel(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, str],
+                  shard_of: Callable[[str], int], history: History) -> dict[str, str]:
+    calls = _calls(rules, shard_of)
+    answers = await asyncio.gather(*(scripts.cancel(keyspace.shard(shard), groups, history)
+                                      for shard, groups in calls))
+    return {key: state for answer in answers for key, state in answer.items()}

@@ -24,13 +24,15 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from coalescer.errors import LayoutMovedError
+
 # Error replies that a later try may not get: redis-py raises its own class for most
 # (LOADING is a ConnectionError, MASTERDOWN and CLUSTERDOWN are ClusterErrors) and
 # strips their code; the others keep theirs as the first word.
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MASTERDOWN", "CLUSTERDOWN", "LOADING")
 _TRANSIENT_TYPES = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError,
                     RedisClusterException, ReadOnlyError, TryAgainError, OutOfMemoryError,
-                    AskError)
+                    AskError, LayoutMovedError)
 
 REASON_INVALID = "invalid_key"  # the client could not encode it
 REASON_REDIS = "redis_error"  # Redis answered an error for it

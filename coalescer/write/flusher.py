@@ -21,18 +21,19 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Collection, Iterable
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
-from coalescer.errors import shown_key
+from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace
+from coalescer.store.layout import Layouts
 from coalescer.store.scripts import Scripts, UpsertGroup
 from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
 from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
+from coalescer.write.routing import Routed, mark_held, part, route, route_asked
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ MAX_ITEMS_PER_CALL = 20_000  # keys and items per upsert call, when keys carry i
 IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
 FLUSH_ROUNDS = 3  # flush() writes keys given back by a failed earlier write this often
+MAX_REROUTES = 3  # a write refused for an old layout is routed again this often at most
 FORGET_ROUNDS = 5  # a cancel waits for this many writes of its keys at most (see forget)
 
 
@@ -91,19 +93,11 @@ def _halves(groups: list[UpsertGroup], n: int) -> tuple[list[UpsertGroup], list[
     for g in groups:
         cut = max(0, min(len(g.keys), n))
         if cut:
-            first.append(_part(g, g.keys[:cut]))
+            first.append(part(g, g.keys[:cut]))
         if cut < len(g.keys):
-            second.append(_part(g, g.keys[cut:]))
+            second.append(part(g, g.keys[cut:]))
         n -= cut
     return first, second
-
-
-def _part(group: UpsertGroup, keys: Sequence[str]) -> UpsertGroup:
-    """``group`` with only ``keys`` (and their items)."""
-    if not group.items:
-        return replace(group, keys=keys)
-    items = group.items
-    return replace(group, keys=keys, items={k: items[k] for k in keys if k in items})
 
 
 def _items_of(groups: list[UpsertGroup]) -> ItemSets:
@@ -137,11 +131,11 @@ class Unwritten(Exception):
 class Flusher:
     """Group-commits buffered touches; ``flush()`` waits until Redis holds them."""
 
-    def __init__(self, absorber: Absorber, scripts: Scripts, keyspace: KeySpace,
+    def __init__(self, absorber: Absorber, scripts: Scripts, layouts: Layouts,
                  metrics: Metrics) -> None:
         self._absorber = absorber
         self._scripts = scripts
-        self._keyspace = keyspace
+        self._layouts = layouts
         self._metrics = metrics
         self._event = asyncio.Event()
         self._writes: dict[asyncio.Task[None], Batch] = {}  # every write not yet finished
@@ -255,40 +249,76 @@ class Flusher:
             self._absorber.finished(batch)
 
     async def _send_groups(self, batch: Batch) -> None:
+        keyspace = self._layouts.keyspace
         try:
-            parts = self._groups(batch)
+            parts = self._groups(batch, keyspace)
         except BaseException:
             self._absorber.give_back(batch)
             raise
-        calls = [self._deliver(shard, groups, batch) for shard, groups in parts]
+        await self._deliver_all(keyspace, parts, batch)
+        self._record(len(batch))
+
+    async def _deliver_all(self, keyspace: KeySpace, parts: Routed, batch: Batch,
+                           reroutes: int = 0) -> None:
+        calls = [self._deliver(keyspace, shard, groups, batch, reroutes)
+                 for shard, groups in parts]
         results = await asyncio.gather(*calls, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # transient: those keys were given back
-        self._record(len(batch))
 
-    async def _deliver(self, shard: int, groups: list[UpsertGroup], batch: Batch) -> None:
+    async def _reroute(self, exc: LayoutMovedError, keyspace: KeySpace,
+                       groups: list[UpsertGroup], batch: Batch, reroutes: int) -> None:
+        """A shard follows a newer layout than ``keyspace``: read it, write again."""
+        try:
+            if reroutes >= MAX_REROUTES:
+                raise exc
+            await self._layouts.refresh(newer_than=keyspace.gen)
+        except BaseException:
+            self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
+            raise
+        keyspace = self._layouts.keyspace
+        await self._deliver_all(keyspace, route(keyspace, groups), batch, reroutes + 1)
+
+    async def _deliver(self, keyspace: KeySpace, shard: int, groups: list[UpsertGroup],
+                       batch: Batch, reroutes: int = 0) -> None:
         """Write one call's keys; on a permanent error, split it to find the bad keys."""
         try:
-            result = await self._scripts.upsert_keys(self._keyspace.shard(shard), groups)
+            result = await self._scripts.upsert_keys(keyspace.shard(shard), groups,
+                                                     keyspace.gen)
+        except LayoutMovedError as exc:
+            await self._reroute(exc, keyspace, groups, batch, reroutes)
+            return
         except BaseException as exc:
             if is_transient(exc):
                 self._absorber.give_back(_keys_of(groups, batch), batch.since,
                                          _items_of(groups))
                 raise
-            await self._bisect(shard, groups, batch, exc)
+            await self._bisect(keyspace, shard, groups, batch, exc)
             return
         keys, items = _keys_of(groups, batch), _items_of(groups)
-        if result.failed:
-            bad = {key: keys.pop(key) for key in result.failed if key in keys}
-            for key, error in result.failed.items():
+        if result.asked:
+            for key in result.asked:
+                keys.pop(key, None)
+            items = {k: its for k, its in items.items() if k in keys} if items else items
+        self._written(result.failed, keys, items, batch)
+        if result.asked:  # their old shard no longer holds them: to their new shard
+            asked = route_asked(keyspace, groups, set(result.asked))
+            await self._deliver_all(keyspace, asked, batch, reroutes)
+
+    def _written(self, failed: dict[str, str], keys: dict[str, Rule], items: ItemSets,
+                 batch: Batch) -> None:
+        """Account for a call's keys: the ``failed`` ones dropped, the rest written."""
+        if failed:
+            bad = {key: keys.pop(key) for key in failed if key in keys}
+            for key, error in failed.items():
                 self._drop(key, REASON_REDIS, error)
             self._absorber.discard(bad, batch.since, {k: items[k] for k in bad if k in items})
             items = {k: its for k, its in items.items() if k in keys}
         self._absorber.written(keys, batch.since, items)
 
-    async def _bisect(self, shard: int, groups: list[UpsertGroup], batch: Batch,
-                      exc: BaseException) -> None:
+    async def _bisect(self, keyspace: KeySpace, shard: int, groups: list[UpsertGroup],
+                      batch: Batch, exc: BaseException) -> None:
         total = sum(len(g.keys) for g in groups)
         if total == 1:
             key = groups[0].keys[0]
@@ -297,11 +327,11 @@ class Flusher:
             return
         first, second = _halves(groups, total // 2)
         try:
-            await self._deliver(shard, first, batch)
+            await self._deliver(keyspace, shard, first, batch)
         except BaseException:
             self._absorber.give_back(_keys_of(second, batch), batch.since, _items_of(second))
             raise
-        await self._deliver(shard, second, batch)
+        await self._deliver(keyspace, shard, second, batch)
 
     def _drop(self, key: str, reason: str, error: str) -> None:
         log.error("flusher: dropped key %s, Redis cannot store it (%s): %s",
@@ -315,27 +345,29 @@ class Flusher:
         m.flush_keys.observe(n)
         m.buffered.set(len(a))
 
-    def _groups(self, batch: dict[str, Rule]) -> list[tuple[int, list[UpsertGroup]]]:
+    def _groups(self, batch: dict[str, Rule], keyspace: KeySpace) -> Routed:
         rules: dict[str, Rule] = {}
-        by_shard = self._by_shard(batch, rules)
+        by_shard = self._by_shard(batch, rules, keyspace)
         out = []
         items = batch.item_sets if isinstance(batch, Batch) else NO_ITEMS
         for shard, keys_by_rule in by_shard.items():
             split = (self._split(rules, keys_by_rule) if not items
                      else _split_with_items(rules, keys_by_rule, items))
             for chunk in split:
-                out.append((shard, chunk))
+                out.append((shard, mark_held(keyspace, shard, chunk)))
         return out
 
-    def _by_shard(self, batch: dict[str, Rule],
-                  rules: dict[str, Rule]) -> dict[int, dict[str, list[str]]]:
-        """The batch's keys by shard, then by rule name; fills ``rules`` (name -> rule)."""
-        if self._keyspace.shards == 1 and len(set(map(id, batch.values()))) == 1:
+    @staticmethod
+    def _by_shard(batch: dict[str, Rule], rules: dict[str, Rule],
+                  keyspace: KeySpace) -> dict[int, dict[str, list[str]]]:
+        """The batch's keys by shard (a key's old one while a reshard runs), then by
+        rule name; fills ``rules`` (name -> rule)."""
+        if keyspace.span == 1 and len(set(map(id, batch.values()))) == 1:
             rule = next(iter(batch.values()))  # one shard, one rule: no per-key step
             rules[rule.name] = rule
             return {0: {rule.name: list(batch)}}
         by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-        shard_of = self._keyspace.shard_of
+        shard_of = keyspace.source_of
         for key, rule in batch.items():
             name = rule.name  # group by name: hashing the frozen Rule per key is slow
             rules[name] = rule
@@ -350,11 +382,11 @@ class Flusher:
         size = 0
         for name, keys in keys_by_rule.items():
             rule = rules[name]
-            for part in _chunks(keys, MAX_KEYS_PER_CALL):
-                if size + len(part) > MAX_KEYS_PER_CALL and call:
+            for chunk in _chunks(keys, MAX_KEYS_PER_CALL):
+                if size + len(chunk) > MAX_KEYS_PER_CALL and call:
                     yield call
                     call, size = [], 0
-                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), part))
-                size += len(part)
+                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), chunk))
+                size += len(chunk)
         if call:
             yield call

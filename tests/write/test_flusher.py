@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError
 from coalescer.store import key_states as states
+from coalescer.store.keys import layout
 from coalescer.store.scripts import SCRIPT_NAMES, script_source
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -105,8 +106,9 @@ async def test_flush_returns_once_redis_holds_the_due_times(
         assert before + WINDOW_MS <= score <= after + WINDOW_MS
 
 
-# What one upsert call of new plain keys runs inside Redis, as before items existed.
-PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 1}
+# What one upsert call of new plain keys runs inside Redis, as before items existed
+# (one GET reads the shard's layout marker, one the poller's next wake-up).
+PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 2}
 
 
 async def test_plain_touches_cost_what_they_did_before_items_existed(
@@ -277,6 +279,8 @@ async def test_shards_spread_keys_and_every_key_carries_its_shard_hash_tag(
     assert seen == keys
 
     names = [k async for k in redis_client.scan_iter(match=f"{namespace}:*")]
+    assert layout(namespace) in names  # the namespace's layout: the nodes' tag, no shard's
+    names.remove(layout(namespace))
     assert names
     slots: dict[int, set[int]] = {}
     for name in names:
@@ -319,7 +323,7 @@ class Gate:
     def ended(self, key: str) -> list[int]:
         return [i for i, (what, keys) in enumerate(self.log) if what == "end" and key in keys]
 
-    async def _upsert_keys(self, shard: Any, groups: Any) -> Any:
+    async def _upsert_keys(self, shard: Any, groups: Any, gen: int = 1) -> Any:
         keys = frozenset(k for g in groups for k in g.keys)
         self.log.append(("start", keys))
         try:
@@ -332,7 +336,7 @@ class Gate:
                         self.failures -= 1
                         self.error = None if self.failures <= 0 else error
                     raise error
-            result = await self._real(shard, groups)
+            result = await self._real(shard, groups, gen)
             if held and self.after:
                 await self._open.wait()
             return result

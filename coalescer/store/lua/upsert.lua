@@ -1,10 +1,13 @@
 -- upsert.lua: schedule one batch of touched keys (one shard, one or more rules).
 --
--- KEYS[1]   meta hash          KEYS[2]  next-wake string
--- KEYS[3+2g], KEYS[4+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
--- ARGV[1]   wake channel
--- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, and the N keys
---           joined by NUL characters in one argument (cheap for the client to send)
+-- KEYS[1]   meta hash          KEYS[2]  next-wake string   KEYS[3]  layout marker
+-- KEYS[4+2g], KEYS[5+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
+-- ARGV[1]   wake channel       ARGV[2]  the writer's layout generation
+-- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, the N keys
+--           joined by NUL characters in one argument (cheap for the client to send),
+--           and HELD: 1 for keys of an old shard in a running reshard, written here
+--           only if this shard still holds them (else they are "asked": the writer
+--           writes them to their new shard), else 0
 -- then, only when some key was touched with items (an empty section for plain touches):
 --   ITEMS-PREFIX, then per rule with items: ITEMS_MAX and one argument of fields
 --   joined by NUL: KEY, N, N items, KEY, N, N items, ... (an item "" says that more
@@ -24,10 +27,17 @@
 -- out again, each key on its own guard). An error reply of a Redis command
 -- (READONLY, OOM, WRONGTYPE, ...) is about the server or the shard, not the key: it
 -- fails the whole call. A key that failed gets none of its items either.
+-- A writer whose layout generation is older than the shard's marker wrote with a
+-- mapping that no longer holds: nothing is written, and it reads the layout again.
+-- A newer one raises the marker (see store/layout.py).
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
---          {key, error, key, error, ...} of the keys that failed}.
+--          {key, error, key, error, ...} of the keys that failed, {asked key, ...}},
+-- or {0, MARKER} for a writer of an older layout.
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
+local gen, marker = tonumber(ARGV[2]), tonumber(redis.call('GET', KEYS[3]) or 1)
+if gen < marker then return {0, marker} end
+if gen > marker then redis.call('SET', KEYS[3], gen) end
 local now = now_ms()
 
 local function touch_running(r, window, max_wait)
@@ -128,12 +138,26 @@ local function add_touched_items(at, failed)
   end
 end
 
-local earliest, scheduled, pos, failed = nil, 0, 2, {}
-for g = 0, (#KEYS - 2) / 2 - 1 do
-  local due_key, dead_key = KEYS[3 + 2 * g], KEYS[4 + 2 * g]
+-- The keys (and their states) this shard holds: the others are asked.
+local function held_only(keys, vals, asked)
+  local k, v = {}, {}
+  for i = 1, #keys do
+    if vals[i] then
+      k[#k + 1], v[#v + 1] = keys[i], vals[i]
+    else
+      asked[#asked + 1] = keys[i]
+    end
+  end
+  return k, v
+end
+
+local earliest, scheduled, pos, failed, asked = nil, 0, 3, {}, {}
+for g = 0, (#KEYS - 3) / 2 - 1 do
+  local due_key, dead_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
+  if ARGV[pos + 4] == '1' then keys, vals = held_only(keys, vals, asked) end
   local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed)
   if not ok then p = plan(keys, vals, window, max_wait, true, failed) end
   each_chunk('HSET', meta, p.states)
@@ -141,7 +165,9 @@ for g = 0, (#KEYS - 2) / 2 - 1 do
   each_chunk('ZADD', due_key, p.adds)
   if #p.adds > 0 then earliest = min(earliest, now + window) end
   scheduled = scheduled + p.count
-  pos = pos + 4
+  pos = pos + 5
 end
+for i = 1, #asked do failed[#failed + 1], failed[#failed + 2] = asked[i], '' end
 if ARGV[pos] then add_touched_items(pos, failed) end
-return {now, scheduled, wake(next_key, channel, earliest), failed}
+for i = 1, #asked * 2 do failed[#failed] = nil end
+return {now, scheduled, wake(next_key, channel, earliest), failed, asked}

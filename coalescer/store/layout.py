@@ -1,0 +1,176 @@
+"""The namespace's shard layout, kept in Redis, and the steps of a live reshard.
+
+Which shard holds a key is ``crc32(key) % shards``. The count a namespace uses is not
+each process's rules file but the layout in Redis (``keys.layout``), which every
+process reads when it starts: the first process to use a namespace creates it with
+its own count (generation 1). A worker node whose rules file names another count
+begins a reshard (``reshard_begin.lua``): a new generation maps every key with the
+new count, and the old count stays in ``from`` while the old shards are drained.
+
+While a reshard runs, a key lives in exactly one shard: its old shard until it is
+moved, then its new one. Writers write a key whose two shards differ to its old
+shard "held" (written only if the old shard still holds it, else asked back, see
+upsert.lua) and the asked keys to the new shard; the leader of each old shard moves
+its keys out (``worker/mover.py``: ``reshard_take.lua``, then ``reshard_put.lua`` in
+the new shard). Every shard keeps a marker of the newest generation written to it:
+a writer of an older one is refused and reads the layout again, so no key is ever
+written by the old mapping once its old shard began to drain. When every old shard
+is drained (``reshard_drained.lua``), a last generation ends the reshard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coalescer.store import keys as key_names
+from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.scripts import KEY_SEPARATOR, Scripts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutInfo:
+    """A layout as read from Redis (``gen`` 0: not read yet, the rules file's count)."""
+
+    gen: int
+    shards: int
+    source: int = 0  # the old count while a reshard runs, else 0
+    began_ms: int = 0
+    ended_ms: int = 0
+    moved: int = 0  # keys the movers of the last reshard moved (as they reported)
+    by: str = ""  # the node that began the last reshard
+    drained: frozenset[int] = frozenset()  # old shards emptied by the running reshard
+    was: int = 0  # the count the last reshard that ended came from
+
+    @property
+    def resharding(self) -> bool:
+        return self.source > 0
+
+    def keyspace(self, namespace: str) -> KeySpace:
+        return KeySpace(namespace, self.shards, self.source, self.gen)
+
+
+def parse_layout(reply: Sequence[Any]) -> LayoutInfo:
+    """A layout.lua reply."""
+    gen, shards, source, began, ended, moved, by, drained, was = reply
+    return LayoutInfo(gen=int(gen), shards=int(shards), source=int(source),
+                      began_ms=int(began), ended_ms=int(ended), moved=int(moved), by=str(by),
+                      drained=frozenset(int(n) for n in drained), was=int(was))
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What reshard_take.lua took out of a shard: its fencing tokens so far, the
+    bundles (key -> JSON) and the keys it left because they run now."""
+
+    seq: int
+    bundles: dict[str, str] = field(default_factory=dict)
+    running: tuple[str, ...] = ()
+
+
+def bundle_shard(bundle: str) -> int:
+    """The new shard a bundle of reshard_take.lua goes to."""
+    return int(json.loads(bundle)["d"])
+
+
+class Layouts:
+    """The layout this process follows, shared by its writer and its node; read again
+    on demand (a refused write, a node lease call that saw a new generation)."""
+
+    def __init__(self, scripts: Scripts, namespace: str, configured: int) -> None:
+        self._scripts = scripts
+        self.namespace = namespace
+        self.configured = configured
+        self.info = LayoutInfo(gen=0, shards=configured)
+        self.keyspace = self.info.keyspace(namespace)
+        self._listeners: list[Callable[[LayoutInfo], None]] = []
+        self._lock = asyncio.Lock()
+
+    def on_change(self, listener: Callable[[LayoutInfo], None]) -> None:
+        self._listeners.append(listener)
+
+    def _keys(self) -> list[str]:
+        return [key_names.layout(self.namespace), key_names.drained(self.namespace)]
+
+    async def refresh(self, *, newer_than: int = -1) -> LayoutInfo:
+        """Read the layout (creating it with the configured count if there is none).
+        ``newer_than``: skip the read if a concurrent one already got past it."""
+        async with self._lock:
+            if self.info.gen > newer_than >= 0:
+                return self.info
+            reply = await self._scripts.call("layout", self._keys(), [self.configured])
+            self._set(parse_layout(reply))
+            return self.info
+
+    def _set(self, info: LayoutInfo) -> None:
+        changed = (info.gen, info.drained) != (self.info.gen, self.info.drained)
+        self.info, self.keyspace = info, info.keyspace(self.namespace)
+        if changed:
+            for listener in self._listeners:
+                listener(info)
+
+    async def begin(self, shards: int, node_id: str) -> bool:
+        """Begin a reshard to ``shards`` from the generation last read; True if this
+        call began it (False: another node did, or a reshard runs). Reads again."""
+        began = await self._scripts.call("reshard_begin", self._keys(),
+                                         [self.info.gen, shards, node_id])
+        await self.refresh()
+        return int(began) == 1
+
+    async def drained(self, gen: int, shard: int, moved: int) -> bool:
+        """Old shard ``shard`` is empty; True if that ended the reshard."""
+        ended = await self._scripts.call("reshard_drained", self._keys(), [gen, shard, moved])
+        return int(ended) == 1
+
+    async def take(self, shard: ShardKeys, gen: int, keys: Sequence[str],
+                   dests: Sequence[int], rules: Sequence[str]) -> Taken | None:
+        """Take ``keys`` out of ``shard`` for their new shards ``dests`` (see
+        reshard_take.lua); None if the shard follows a newer generation than ``gen``."""
+        reply = await self._scripts.call(
+            "reshard_take", [shard.meta, shard.moving, shard.seq, shard.layout,
+                             shard.rule_names],
+            [gen, shard.prefix, len(keys), KEY_SEPARATOR.join(keys),
+             KEY_SEPARATOR.join(map(str, dests)), KEY_SEPARATOR.join(rules)])
+        if int(reply[0]) == 0:
+            return None
+        flat = reply[2]
+        return Taken(int(reply[1]), {str(flat[i]): str(flat[i + 1])
+                                     for i in range(0, len(flat), 2)},
+                     tuple(str(k) for k in reply[3]))
+
+    async def put(self, shard: ShardKeys, source_seq: int, bundles: Sequence[str]) -> int:
+        """Put bundles taken from an old shard into their new shard ``shard``."""
+        reply = await self._scripts.call(
+            "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names],
+            [shard.wake_channel, shard.prefix, source_seq, *bundles])
+        return int(reply)
+
+    async def scan(self, shard: ShardKeys, cursor: int, count: int) -> tuple[int, list[str]]:
+        """One HSCAN step over ``shard``'s keys: the next cursor (0: done) and keys."""
+        cursor, fields = await self._scripts.client.hscan(shard.meta, cursor, count=count)
+        return int(cursor), [str(k) for k in fields]
+
+    async def moving(self, shard: ShardKeys) -> dict[str, str]:
+        """The bundles a mover took out of ``shard`` and did not delete (it died)."""
+        found = await self._scripts.client.hgetall(shard.moving)
+        return {str(k): str(v) for k, v in found.items()}
+
+    async def forget_moved(self, shard: ShardKeys, keys: Sequence[str]) -> None:
+        """Delete bundles that are in their new shard now."""
+        if keys:
+            await self._scripts.client.hdel(shard.moving, *keys)
+
+    async def mark_all(self, keyspace: KeySpace) -> None:
+        """Raise every shard's marker to ``keyspace.gen`` (a reshard ended: writers of
+        the generation before it are sent to read the layout, and write straight to
+        each key's shard from then on). Plain SETs in one pipeline."""
+        pipe = self._scripts.client.pipeline(transaction=False)
+        for shard in keyspace.all_shards():
+            pipe.set(shard.layout, keyspace.gen)
+        await pipe.execute()

@@ -1,0 +1,71 @@
+-- reshard_put.lua: put keys taken by reshard_take.lua into their new shard.
+--
+-- KEYS[1] meta   KEYS[2] seq   KEYS[3] next-wake string   KEYS[4] rulenames
+-- ARGV[1] wake channel   ARGV[2] the shard's key prefix
+-- ARGV[3] the old shard's fencing tokens so far (this shard's are raised to it, so a
+--         key's tokens keep growing across its move)
+-- ARGV[4...] BUNDLE, BUNDLE, ... (JSON, see reshard_take.lua), each with its key as
+--         field `k`
+--
+-- A key this shard already holds was touched here while it moved (a writer found it
+-- gone from its old shard): the two merge as one burst would. Pending and pending:
+-- first and last touch widen, the later due time and the higher attempt count win.
+-- Pending into running: a re-arm for when the run ends. Pending into dead: pending
+-- again. A dead bundle into a key with a state: dropped (the newer touch revived it).
+-- Items and claimed items go to the key's items (its next claim gets them all).
+-- Putting a bundle twice (a mover that died before deleting it) can only add a refresh.
+-- Returns the number of bundles put.
+
+local meta = KEYS[1]
+local prefix, earliest = ARGV[2], nil
+if tonumber(redis.call('GET', KEYS[2]) or 0) < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+
+local function merge_pending(b, e, due_key, key)
+  local first, last = math.min(b.first, e.first), math.max(b.last, e.last)
+  local due = math.max(b.due, e.due)
+  redis.call('HSET', meta, key, pending(first, last, math.max(b.attempts, e.attempts), due))
+  redis.call('ZADD', due_key, due, key)
+  return due
+end
+
+local function rearm_running(b, r, key)
+  r.rfirst = r.rfirst and math.min(r.rfirst, b.first) or b.first
+  r.rlast = math.max(r.rlast or 0, b.last)
+  r.rdue = math.max(r.rdue or 0, b.due)
+  redis.call('HSET', meta, key, running(r))
+end
+
+-- Put one pending bundle `b` (decoded state) of `key`; returns its due time.
+local function put_pending(key, b, e, rule)
+  local due_key = prefix .. ':due:' .. rule
+  if e and e.kind == 'P' then return merge_pending(b, e, due_key, key) end
+  if e and e.kind == 'R' then return rearm_running(b, e, key) end
+  if e and e.kind == 'D' then redis.call('ZREM', prefix .. ':dead:' .. rule, key) end
+  schedule(meta, due_key, key, b.first, b.last, b.attempts, b.due)
+  return b.due
+end
+
+local function put(bundle)
+  local key, v, rule = bundle.k, bundle.v, bundle.r
+  local b, ev = decode(v), redis.call('HGET', meta, key)
+  local e = decode(ev)
+  if rule ~= '' then redis.call('SADD', KEYS[4], rule) end
+  if b and b.kind == 'P' and rule ~= '' then
+    earliest = min(earliest, put_pending(key, b, e, rule))
+  elseif not ev then
+    redis.call('HSET', meta, key, v)
+    if rule ~= '' and bundle.z ~= '' then
+      redis.call('ZADD', prefix .. ':dead:' .. rule, bundle.z, key)
+    end
+  end
+  local items = {}
+  for _, x in ipairs(bundle.i) do items[#items + 1] = x end
+  for _, x in ipairs(bundle.c) do items[#items + 1] = x end
+  if #items > 0 then each_chunk('SADD', prefix .. ':items:' .. key, items) end
+end
+
+for i = 4, #ARGV do put(cjson.decode(ARGV[i])) end
+wake(KEYS[3], ARGV[1], earliest)
+return #ARGV - 3

@@ -1,0 +1,142 @@
+"""The mover: while a reshard runs, moves the keys out of the old shards this node leads.
+
+Each pass over an old shard (one of ``0 .. from - 1``) first puts into their new
+shards the bundles a dead mover left in the shard's ``moving`` hash, then scans the
+shard's keys and takes every key whose new shard is another (``reshard_take.lua``:
+the first call of a pass raises the shard's layout marker, so no writer of the old
+mapping writes to it any more), and puts them (``reshard_put.lua``, grouped by new
+shard) before deleting the bundles. A running key stays until it finishes. A pass
+that finds no key of another shard reports the shard drained; the report that
+drains the last old shard ends the reshard, and that mover raises every shard's
+marker to the final generation. See store/layout.py for the whole protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from coalescer.common.retrying import Backoff, keep_running
+from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.layout import LayoutInfo, Taken, bundle_shard
+
+if TYPE_CHECKING:
+    from coalescer.worker.node import NodeContext
+
+log = logging.getLogger(__name__)
+
+SCAN_COUNT = 500  # keys per HSCAN step, and so at most per take call
+BUSY_PAUSE = 0.2  # seconds before another pass over a shard whose keys still run
+LOOK_REST = 1.0  # while a reshard runs: how often to look for old shards led now
+IDLE_REST = 60.0  # seconds between looks when no reshard runs (a layout change wakes it)
+
+
+class Mover:
+    """Drains the old shards this node leads while a reshard runs."""
+
+    def __init__(self, ctx: NodeContext, led: Collection[int]) -> None:
+        assert ctx.layouts is not None
+        self._layouts = ctx.layouts
+        self._node_id = ctx.node_id
+        self._led = led
+        self._rules = [r.name for r in ctx.rules]
+        self._metrics = ctx.metrics
+        self._wake = asyncio.Event()
+        self._moved: dict[int, int] = defaultdict(int)  # shard -> keys moved, unreported
+        self._busy = False
+
+    def poke(self) -> None:
+        """The layout changed: look again."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The background loop: survives Redis errors, logs once, backs off."""
+        await keep_running("reshard mover", self.step, backoff=Backoff(base=0.2, cap=5.0),
+                           logger=log, rest=self._rest,
+                           on_error=lambda _: self._metrics.redis_errors.labels("mover").inc())
+
+    def _todo(self, info: LayoutInfo) -> list[int]:
+        if not info.resharding:
+            return []
+        return sorted(n for n in self._led if n < info.source and n not in info.drained)
+
+    async def _rest(self) -> None:
+        delay = (BUSY_PAUSE if self._busy else
+                 LOOK_REST if self._layouts.info.resharding else IDLE_REST)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+        self._wake.clear()
+
+    async def step(self) -> None:
+        """One pass over every old shard this node leads that is not drained yet."""
+        self._busy = False
+        info = self._layouts.info
+        for shard in self._todo(info):
+            if self._layouts.info.gen != info.gen:
+                return
+            drained = await self._pass(info, shard)
+            self._busy = self._busy or not drained
+            if drained:
+                await self._report(info, shard)
+
+    async def _report(self, info: LayoutInfo, shard: int) -> None:
+        moved = self._moved.pop(shard, 0)
+        ended = await self._layouts.drained(info.gen, shard, moved)
+        log.info("node %s: old shard %d drained (%d keys moved)", self._node_id, shard, moved)
+        latest = await self._layouts.refresh()
+        if ended:
+            await self._layouts.mark_all(self._layouts.keyspace)
+            log.info("node %s: reshard from %d to %d shards done", self._node_id,
+                     info.source, latest.shards)
+
+    async def _pass(self, info: LayoutInfo, shard: int) -> bool:
+        """Move what ``shard`` holds of other shards; True if it held nothing of them."""
+        keyspace = info.keyspace(self._layouts.namespace)
+        keys = keyspace.shard(shard)
+        await self._put_left(keyspace, keys)
+        clean, cursor, first = True, 0, True
+        while first or cursor:
+            cursor, found = await self._layouts.scan(keys, cursor, SCAN_COUNT)
+            others = [k for k in found if keyspace.shard_of(k) != shard]
+            if first or others:  # the first call also raises the shard's marker
+                taken = await self._take(keyspace, keys, others)
+                if taken is None:
+                    return False
+                await self._put(keyspace, keys, taken)
+            clean, first = clean and not others, False
+        return clean
+
+    async def _take(self, keyspace: KeySpace, keys: ShardKeys,
+                    others: list[str]) -> Taken | None:
+        dests = [keyspace.shard_of(k) for k in others]
+        taken = await self._layouts.take(keys, keyspace.gen, others, dests, self._rules)
+        if taken is None:  # the shard follows a newer layout: read it, pass again later
+            await self._layouts.refresh()
+        return taken
+
+    async def _put_left(self, keyspace: KeySpace, keys: ShardKeys) -> None:
+        """Put the bundles a mover that died left behind."""
+        left = await self._layouts.moving(keys)
+        if not left:
+            return
+        log.info("node %s: shard %d: putting %d keys a stopped mover left", self._node_id,
+                 keys.shard, len(left))
+        now = await self._take(keyspace, keys, [])  # the shard's fencing tokens so far
+        if now is not None:
+            await self._put(keyspace, keys, Taken(now.seq, left))
+
+    async def _put(self, keyspace: KeySpace, keys: ShardKeys, taken: Taken) -> None:
+        by_dest: dict[int, list[str]] = defaultdict(list)
+        for bundle in taken.bundles.values():
+            by_dest[bundle_shard(bundle)].append(bundle)
+        seq = taken.seq
+        await asyncio.gather(*(self._layouts.put(keyspace.shard(dest), seq, bundles)
+                               for dest, bundles in by_dest.items()))
+        await self._layouts.forget_moved(keys, list(taken.bundles))
+        self._moved[keys.shard] += len(taken.bundles)
+        self._metrics.reshard_moved.inc(len(taken.bundles))
+

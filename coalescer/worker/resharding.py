@@ -1,0 +1,41 @@
+"""When a worker node begins a reshard: its rules file names another shard count than
+the namespace's layout (see store/layout.py).
+
+A node that starts with a new ``shards`` value begins the reshard; nodes still on
+the old file follow the layout in Redis, whatever their file says. So that a node
+restarted with the old file during a rolling deploy does not undo the change, a
+node whose file names the count the running (or last) reshard came from follows it
+with a warning instead of beginning another; so does any node while a reshard runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from coalescer.store.layout import Layouts
+
+log = logging.getLogger(__name__)
+
+
+async def begin_reshard(layouts: Layouts, wanted: int, node_id: str) -> bool:
+    """Begin a reshard to ``wanted`` shards if this node should (see the module);
+    True if this call began one."""
+    info = layouts.info
+    if info.resharding or wanted == info.was:
+        if wanted not in (info.shards, info.source) or info.resharding is False:
+            log.warning("node %s: its rules file says shards: %d, the namespace has %d "
+                        "(%s): this node follows the namespace", node_id, wanted,
+                        info.shards, _why(info.resharding, info.source or info.was))
+        return False
+    began = await layouts.begin(wanted, node_id)
+    info = layouts.info
+    if began:
+        log.info("node %s: resharding from %d to %d shards: the old shards' leaders move "
+                 "their keys, touches keep working", node_id, info.source, info.shards)
+    return began
+
+
+def _why(resharding: bool, source: int) -> str:
+    if resharding:
+        return f"a reshard from {source} runs"
+    return f"resharded from {source}, the count this file names"
