@@ -67,6 +67,7 @@ class UpsertResult:
     scheduled: int
     failed: dict[str, str]
     asked: tuple[str, ...] = ()
+    seq: int = 0  # the shard's fencing tokens so far, when it asked keys away
 
 
 class ClaimedKey(NamedTuple):
@@ -287,12 +288,13 @@ class Scripts:
         return result.scheduled
 
     async def upsert_keys(self, shard: ShardKeys, groups: Sequence[UpsertGroup],
-                          gen: int = 1) -> UpsertResult:
+                          gen: int = 1, min_seq: int = 0) -> UpsertResult:
         """Schedule the groups' keys, written with layout generation ``gen``; the keys
-        Redis failed on are skipped and returned. LayoutMovedError: the shard follows a
-        newer layout, and nothing was written."""
-        keys = [shard.meta, shard.next_wake, shard.layout]
-        args: list[Any] = [shard.wake_channel, gen]
+        Redis failed on are skipped and returned. ``min_seq``: the tokens granted by
+        the old shard that asked these keys away. LayoutMovedError: the shard follows
+        a newer layout, and nothing was written."""
+        keys = [shard.meta, shard.next_wake, shard.layout, shard.seq]
+        args: list[Any] = [shard.wake_channel, gen, min_seq]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
             args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
@@ -306,7 +308,8 @@ class Scripts:
         failed = result[3] if len(result) > 3 else []
         return UpsertResult(int(result[1]),
                             {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)},
-                            tuple(str(k) for k in result[4]) if len(result) > 4 else ())
+                            tuple(str(k) for k in result[4]) if len(result) > 4 else (),
+                            int(result[5]) if len(result) > 5 else 0)
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` (for the typed wrappers of other modules: store/layout.py)."""

@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import Collection, Iterable
+from typing import NamedTuple
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
@@ -114,6 +115,16 @@ def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Rule]:
         if g.keys:
             out.update(dict.fromkeys(g.keys, batch[g.keys[0]]))
     return out
+
+
+class Hop(NamedTuple):
+    """How a call is written: the layout its shards come from, how often it was routed
+    again for a newer one, and the tokens granted by the old shard that asked its keys
+    away (a reshard; 0 otherwise)."""
+
+    keyspace: KeySpace
+    reroutes: int = 0
+    min_seq: int = 0
 
 
 class Unwritten(Exception):
@@ -255,46 +266,45 @@ class Flusher:
         except BaseException:
             self._absorber.give_back(batch)
             raise
-        await self._deliver_all(keyspace, parts, batch)
+        await self._deliver_all(Hop(keyspace), parts, batch)
         self._record(len(batch))
 
-    async def _deliver_all(self, keyspace: KeySpace, parts: Routed, batch: Batch,
-                           reroutes: int = 0) -> None:
-        calls = [self._deliver(keyspace, shard, groups, batch, reroutes)
-                 for shard, groups in parts]
+    async def _deliver_all(self, hop: Hop, parts: Routed, batch: Batch) -> None:
+        calls = [self._deliver(hop, shard, groups, batch) for shard, groups in parts]
         results = await asyncio.gather(*calls, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # transient: those keys were given back
 
-    async def _reroute(self, exc: LayoutMovedError, keyspace: KeySpace,
-                       groups: list[UpsertGroup], batch: Batch, reroutes: int) -> None:
+    async def _reroute(self, exc: LayoutMovedError, hop: Hop,
+                       groups: list[UpsertGroup], batch: Batch) -> None:
         """A shard follows a newer layout than ``keyspace``: read it, write again."""
         try:
-            if reroutes >= MAX_REROUTES:
+            if hop.reroutes >= MAX_REROUTES:
                 raise exc
-            await self._layouts.refresh(newer_than=keyspace.gen)
+            await self._layouts.refresh(newer_than=hop.keyspace.gen)
         except BaseException:
             self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
             raise
         keyspace = self._layouts.keyspace
-        await self._deliver_all(keyspace, route(keyspace, groups), batch, reroutes + 1)
+        await self._deliver_all(Hop(keyspace, hop.reroutes + 1), route(keyspace, groups), batch)
 
-    async def _deliver(self, keyspace: KeySpace, shard: int, groups: list[UpsertGroup],
-                       batch: Batch, reroutes: int = 0) -> None:
+    async def _deliver(self, hop: Hop, shard: int, groups: list[UpsertGroup],
+                       batch: Batch) -> None:
         """Write one call's keys; on a permanent error, split it to find the bad keys."""
+        keyspace = hop.keyspace
         try:
             result = await self._scripts.upsert_keys(keyspace.shard(shard), groups,
-                                                     keyspace.gen)
+                                                     keyspace.gen, hop.min_seq)
         except LayoutMovedError as exc:
-            await self._reroute(exc, keyspace, groups, batch, reroutes)
+            await self._reroute(exc, hop, groups, batch)
             return
         except BaseException as exc:
             if is_transient(exc):
                 self._absorber.give_back(_keys_of(groups, batch), batch.since,
                                          _items_of(groups))
                 raise
-            await self._bisect(keyspace, shard, groups, batch, exc)
+            await self._bisect(hop, shard, groups, batch, exc)
             return
         keys, items = _keys_of(groups, batch), _items_of(groups)
         if result.asked:
@@ -304,7 +314,7 @@ class Flusher:
         self._written(result.failed, keys, items, batch)
         if result.asked:  # their old shard no longer holds them: to their new shard
             asked = route_asked(keyspace, groups, set(result.asked))
-            await self._deliver_all(keyspace, asked, batch, reroutes)
+            await self._deliver_all(hop._replace(min_seq=result.seq), asked, batch)
 
     def _written(self, failed: dict[str, str], keys: dict[str, Rule], items: ItemSets,
                  batch: Batch) -> None:
@@ -317,7 +327,7 @@ class Flusher:
             items = {k: its for k, its in items.items() if k in keys}
         self._absorber.written(keys, batch.since, items)
 
-    async def _bisect(self, keyspace: KeySpace, shard: int, groups: list[UpsertGroup],
+    async def _bisect(self, hop: Hop, shard: int, groups: list[UpsertGroup],
                       batch: Batch, exc: BaseException) -> None:
         total = sum(len(g.keys) for g in groups)
         if total == 1:
@@ -327,11 +337,11 @@ class Flusher:
             return
         first, second = _halves(groups, total // 2)
         try:
-            await self._deliver(keyspace, shard, first, batch)
+            await self._deliver(hop, shard, first, batch)
         except BaseException:
             self._absorber.give_back(_keys_of(second, batch), batch.since, _items_of(second))
             raise
-        await self._deliver(keyspace, shard, second, batch)
+        await self._deliver(hop, shard, second, batch)
 
     def _drop(self, key: str, reason: str, error: str) -> None:
         log.error("flusher: dropped key %s, Redis cannot store it (%s): %s",

@@ -323,7 +323,7 @@ class Gate:
     def ended(self, key: str) -> list[int]:
         return [i for i, (what, keys) in enumerate(self.log) if what == "end" and key in keys]
 
-    async def _upsert_keys(self, shard: Any, groups: Any, gen: int = 1) -> Any:
+    async def _upsert_keys(self, shard: Any, groups: Any, gen: int = 1, min_seq: int = 0) -> Any:
         keys = frozenset(k for g in groups for k in g.keys)
         self.log.append(("start", keys))
         try:
@@ -336,7 +336,7 @@ class Gate:
                         self.failures -= 1
                         self.error = None if self.failures <= 0 else error
                     raise error
-            result = await self._real(shard, groups, gen)
+            result = await self._real(shard, groups, gen, min_seq)
             if held and self.after:
                 await self._open.wait()
             return result

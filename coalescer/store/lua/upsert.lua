@@ -1,8 +1,12 @@
 -- upsert.lua: schedule one batch of touched keys (one shard, one or more rules).
 --
 -- KEYS[1]   meta hash          KEYS[2]  next-wake string   KEYS[3]  layout marker
--- KEYS[4+2g], KEYS[5+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
+-- KEYS[4]   seq (fencing tokens granted so far)
+-- KEYS[5+2g], KEYS[6+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
 -- ARGV[1]   wake channel       ARGV[2]  the writer's layout generation
+-- ARGV[3]   the fencing tokens an old shard had granted when it asked these keys away
+--           (0 for other writes): this shard's are raised to it first, so that a key's
+--           tokens keep growing when it comes here
 -- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, the N keys
 --           joined by NUL characters in one argument (cheap for the client to send),
 --           and HELD: 1 for keys of an old shard in a running reshard, written here
@@ -31,13 +35,17 @@
 -- mapping that no longer holds: nothing is written, and it reads the layout again.
 -- A newer one raises the marker (see store/layout.py).
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
---          {key, error, key, error, ...} of the keys that failed, {asked key, ...}},
+--          {key, error, key, error, ...} of the keys that failed, {asked key, ...},
+--          this shard's fencing tokens so far when some key was asked, else 0},
 -- or {0, MARKER} for a writer of an older layout.
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
 local gen, marker = tonumber(ARGV[2]), tonumber(redis.call('GET', KEYS[3]) or 1)
 if gen < marker then return {0, marker} end
 if gen > marker then redis.call('SET', KEYS[3], gen) end
+if ARGV[3] ~= '0' and tonumber(redis.call('GET', KEYS[4]) or 0) < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[4], ARGV[3])
+end
 local now = now_ms()
 
 local function touch_running(r, window, max_wait)
@@ -151,9 +159,9 @@ local function held_only(keys, vals, asked)
   return k, v
 end
 
-local earliest, scheduled, pos, failed, asked = nil, 0, 3, {}, {}
-for g = 0, (#KEYS - 3) / 2 - 1 do
-  local due_key, dead_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
+local earliest, scheduled, pos, failed, asked = nil, 0, 4, {}, {}
+for g = 0, (#KEYS - 4) / 2 - 1 do
+  local due_key, dead_key = KEYS[5 + 2 * g], KEYS[6 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
@@ -170,4 +178,5 @@ end
 for i = 1, #asked do failed[#failed + 1], failed[#failed + 2] = asked[i], '' end
 if ARGV[pos] then add_touched_items(pos, failed) end
 for i = 1, #asked * 2 do failed[#failed] = nil end
-return {now, scheduled, wake(next_key, channel, earliest), failed, asked}
+local seq = #asked > 0 and tonumber(redis.call('GET', KEYS[4]) or 0) or 0
+return {now, scheduled, wake(next_key, channel, earliest), failed, asked, seq}

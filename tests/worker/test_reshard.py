@@ -1,0 +1,237 @@
+"""Changing ``shards`` with the fleet running: a node started with a new count begins
+a live reshard; every key, with its claim, items, backoff or dead letter, ends up in
+its new shard; no key runs twice at once and no touch is lost meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from coalescer import Coalescer
+from coalescer.store.keys import KeySpace, layout
+from coalescer.store.layout import Layouts
+from tests.helpers.e2e import Recorder, recorder_rules
+from tests.helpers.servers import wait_until
+
+RULES = """\
+namespace: {ns}
+shards: {shards}
+leader_lease: 1s
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    window: {window}
+    max_wait: {max_wait}
+    handler: {mod}:refresh
+  - name: orders
+    match: "orders:{{id}}"
+    window: {window}
+    max_wait: {max_wait}
+    items: {{max: 100}}
+    handler: {mod}:refresh
+"""
+
+
+def rules(tmp_path: Path, namespace: str, shards: int, *, window: str = "60s",
+          name: str = "", max_wait: str = "10m") -> tuple[Path, Recorder]:
+    folder = tmp_path / f"s{shards}{name}"
+    folder.mkdir(exist_ok=True)
+    return recorder_rules(folder, f"reshard_{namespace}_{shards}{name}",
+                          RULES.format(ns=namespace, shards=shards, window=window,
+                                       max_wait=max_wait, mod="{mod}"))
+
+
+async def layout_of(redis: Redis, namespace: str) -> dict[str, str]:
+    return dict(await redis.hgetall(layout(namespace)))
+
+
+async def reshard_done(redis: Redis, namespace: str, shards: int) -> bool:
+    got = await layout_of(redis, namespace)
+    return got.get("shards") == str(shards) and got.get("from") == "0"
+
+
+async def where(redis: Redis, namespace: str, key: str, span: int) -> list[int]:
+    """The shards whose meta hash holds ``key``."""
+    space = KeySpace(namespace, span)
+    return [n for n in range(span) if await redis.hexists(space.shard(n).meta, key)]
+
+
+async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new_shard(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 2)
+    new, _ = rules(tmp_path, namespace, 8)
+    keys = [f"stats:{i}" for i in range(300)]
+    async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a:
+        for key in keys:
+            a.touch(key)
+        a.touch("orders:1", "row-1")
+        a.touch("orders:1", "row-2")
+        await a.flush()
+        before = await redis_client.hget(a.keyspace.shard(a.keyspace.shard_of("stats:7")).meta,
+                                         "stats:7")
+        async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+            await wait_until(lambda: reshard_done(redis_client, namespace, 8), timeout=30,
+                             message="the reshard from 2 to 8 shards to end")
+            assert a.keyspace.shards == 8  # the node on the old file follows the namespace
+
+    space = KeySpace(namespace, 8)
+    for key in [*keys, "orders:1"]:
+        assert await where(redis_client, namespace, key, 8) == [space.shard_of(key)], key
+    home = space.shard(space.shard_of("stats:7"))
+    assert await redis_client.hget(home.meta, "stats:7") == before  # the same burst
+    assert await redis_client.zscore(home.due("stats"), "stats:7") is not None
+    orders = space.shard(space.shard_of("orders:1"))
+    assert await redis_client.smembers(orders.items("orders:1")) == {"row-1", "row-2"}
+    for n in range(8):  # nothing is left in transit
+        assert await redis_client.hlen(space.shard(n).moving) == 0
+
+
+async def test_touches_during_a_reshard_are_all_refreshed_and_no_key_runs_twice_at_once(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, rec = rules(tmp_path, namespace, 2, window="100ms", max_wait="200ms")
+    new = same_handler(old, 8)
+    keys = [f"stats:{i}" for i in range(60)]
+    last: dict[str, int] = {}
+
+    done = asyncio.Event()
+
+    async def writes(c: Coalescer) -> None:
+        after = 0
+        while after < 3:  # until three rounds after the reshard ended
+            after += done.is_set()
+            for key in keys:
+                c.touch(key)
+            await c.flush()
+            last.update(dict.fromkeys(keys, await server_ms(redis_client)))
+
+    async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a, \
+            Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        writing = asyncio.ensure_future(writes(writer))
+        await wait_until(lambda: len(rec.calls) > 0, message="refreshes before the reshard")
+        async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b") as b:
+            await wait_until(lambda: reshard_done(redis_client, namespace, 8), timeout=30,
+                             message="the reshard to end")
+            done.set()
+            await writing
+            await wait_until(lambda: all_refreshed(rec, last), timeout=30,
+                             message="every key refreshed after its last touch")
+            assert a.keyspace.shards == b.keyspace.shards == 8
+    assert max(rec.max_active.values()) == 1  # one node: one refresh of a key at a time
+    for key in keys:
+        tokens = [c.token for c in rec.calls if c.key == key]
+        assert tokens == sorted(set(tokens)), f"{key}: tokens {tokens} do not only grow"
+
+
+def same_handler(path: Path, shards: int) -> Path:
+    """Another rules file beside ``path``, with ``shards``, calling the same handler."""
+    text = path.read_text()
+    other = path.with_name(f"rules{shards}.yaml")
+    other.write_text(text.replace("shards: ", f"shards: {shards}\n#", 1))
+    return other
+
+
+def all_refreshed(rec: Recorder, last: dict[str, int]) -> bool:
+    started: dict[str, int] = {}
+    for c in rec.succeeded:
+        started[c.key] = max(started.get(c.key, 0), c.last_touch_ms)
+    return all(started.get(key, 0) >= ms - 5 for key, ms in last.items())
+
+
+async def server_ms(redis: Any) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def test_a_node_restarted_with_the_old_file_follows_instead_of_resharding_back(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    old, _ = rules(tmp_path, namespace, 2)
+    new, _ = rules(tmp_path, namespace, 4)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a"):
+        pass
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+    async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a:
+        assert a.keyspace.shards == 4
+    assert (await layout_of(redis_client, namespace))["shards"] == "4"
+    assert "follows the namespace" in caplog.text
+
+
+async def test_a_writer_of_the_old_layout_is_sent_to_read_the_new_one(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 1)
+    new, _ = rules(tmp_path, namespace, 4)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        writer.touch("stats:0")
+        await writer.flush()
+        async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+            await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                             message="the reshard to end")
+        assert writer.keyspace.gen == 1  # nothing told it yet
+        keys = [f"stats:{i}" for i in range(1, 40)]
+        for key in keys:
+            writer.touch(key)
+        await writer.flush()
+        assert writer.keyspace.shards == 4 and writer.keyspace.gen == 3
+    space = KeySpace(namespace, 4)
+    for key in ["stats:0", *keys]:
+        assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)], key
+
+
+async def test_bundles_a_dead_mover_left_are_put_by_the_next_leader(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 1)
+    new, _ = rules(tmp_path, namespace, 4)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        for i in range(20):
+            writer.touch(f"stats:{i}")
+        await writer.flush()
+        # a mover took the keys out of shard 0 and died before putting them
+        layouts = Layouts(writer._run.scripts, namespace, 1)  # type: ignore[arg-type]
+        await layouts.refresh()
+        assert await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        keys = [f"stats:{i}" for i in range(20)]
+        moving = [k for k in keys if space.shard_of(k) != 0]
+        taken = await layouts.take(space.shard(0), space.gen, moving,
+                                   [space.shard_of(k) for k in moving], ["stats"])
+        assert taken is not None and set(taken.bundles) == set(moving)
+        assert await redis_client.hlen(space.shard(0).moving) == len(moving)
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+    final = KeySpace(namespace, 4)
+    for key in keys:
+        assert await where(redis_client, namespace, key, 4) == [final.shard_of(key)], key
+    assert await redis_client.hlen(final.shard(0).moving) == 0
+
+
+async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    """No mover runs here (no worker node): the keys stay in their old shard, and a
+    touch finds them there; a key the old shard does not hold goes to its new one."""
+    path, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
+        stay = [f"stats:{i}" for i in range(40)]
+        for key in stay:
+            writer.touch(key)
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "test")
+        space = writer.keyspace
+        assert space.resharding and space.source == 1 and space.shards == 4
+        fresh = [f"stats:new{i}" for i in range(40)]
+        for key in stay + fresh:
+            writer.touch(key)
+        await writer.flush()
+    for key in stay:
+        assert await where(redis_client, namespace, key, 4) == [0], key
+    for key in fresh:
+        assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)], key
