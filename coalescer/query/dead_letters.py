@@ -16,7 +16,8 @@ from typing import Any
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
-from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.query.layout_read import current_space, home_of
+from coalescer.store.keys import ShardKeys
 
 BATCH = 500
 DEFAULT_PAGE = 20
@@ -69,7 +70,7 @@ async def list_dead(redis: Any, config: Config, *, rule: str | None = None,
     """A page of dead letters (of one rule, or all), oldest first, with the total."""
     if limit < 1 or offset < 0:
         raise ValueError(f"limit must be 1 or more and offset 0 or more, got {limit}, {offset}")
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     sets = [(sk, name) for sk in space.all_shards() for name in _selected(config, rule)]
     pipe = redis.pipeline(transaction=False)
     for sk, name in sets:
@@ -92,10 +93,10 @@ async def list_dead(redis: Any, config: Config, *, rule: str | None = None,
 
 async def look_up_dead(redis: Any, config: Config, keys: Sequence[str]) -> DeadPage:
     """The named keys' dead letters; the keys that are not dead are listed apart."""
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     pipe = redis.pipeline(transaction=False)
     for key in keys:
-        sk = space.shard(space.shard_of(key))
+        sk = space.shard(await home_of(redis, space, key))
         pipe.zscore(sk.dead(config.rule_for(key).name), key)
         pipe.hget(sk.meta, key)
     answers = await pipe.execute()
@@ -108,12 +109,13 @@ async def look_up_dead(redis: Any, config: Config, keys: Sequence[str]) -> DeadP
     return DeadPage(len(entries), 0, len(keys), entries, not_dead)
 
 
-async def act_on_keys(config: Config, action: Action, keys: Iterable[str]) -> DeadOutcome:
+async def act_on_keys(redis: Any, config: Config, action: Action,
+                      keys: Iterable[str]) -> DeadOutcome:
     """Run ``action`` on the named keys, grouped by shard and rule."""
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     groups: dict[tuple[int, str], list[str]] = defaultdict(list)
     for key in keys:
-        groups[(space.shard_of(key), config.rule_for(key).name)].append(key)
+        groups[(await home_of(redis, space, key), config.rule_for(key).name)].append(key)
     done, not_dead = 0, []
     for (shard, rule), group in groups.items():
         for i in range(0, len(group), BATCH):
@@ -126,7 +128,7 @@ async def act_on_keys(config: Config, action: Action, keys: Iterable[str]) -> De
 async def act_on_all(redis: Any, config: Config, action: Action,
                      rule: str | None = None) -> DeadOutcome:
     """Run ``action`` on every dead key (of ``rule``, or of every rule)."""
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     done = 0
     for sk in space.all_shards():
         for name in _selected(config, rule):

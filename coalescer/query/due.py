@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from coalescer.config.rules import Config
-from coalescer.store.keys import KeySpace
+from coalescer.query.layout_read import current_space
 
 DEFAULT_SHOWN = 5
 MAX_SHOWN = 100
@@ -21,7 +21,7 @@ async def next_due(redis: Any, config: Config, per_rule: int = DEFAULT_SHOWN) ->
     """``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``, earliest first."""
     if isinstance(per_rule, bool) or not 1 <= per_rule <= MAX_SHOWN:
         raise ValueError(f"the number of keys per rule must be 1 to {MAX_SHOWN}, got {per_rule!r}")
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     names = [r.name for r in config.rules]
     pipe = redis.pipeline(transaction=False)
     for sk in space.all_shards():

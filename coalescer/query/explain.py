@@ -19,9 +19,9 @@ from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
 from coalescer.query.history import CANCELLED, clock, format_duration_ms, parse_entries
+from coalescer.query.layout_read import current_space, home_of
 from coalescer.store import key_states as states
 from coalescer.store.hints import CommandHints
-from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import OVERFLOW
 
 LAST_REFRESHES = 5
@@ -114,8 +114,8 @@ def describe_state(value: str | None, rule: Rule, scores: dict[str, float | None
 async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]:
     """Everything about ``key``; UnknownKeyError if no rule matches it."""
     rule = config.rule_for(key)
-    space = KeySpace(config.namespace, config.shards)
-    sk = space.shard(space.shard_of(key))
+    space = await current_space(redis, config)
+    sk = space.shard(await home_of(redis, space, key))
     pipe = redis.pipeline(transaction=False)
     pipe.time()
     pipe.hget(sk.meta, key)

@@ -18,7 +18,8 @@ from typing import Any
 
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
-from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.query.layout_read import current_space
+from coalescer.store.keys import ShardKeys
 
 FAILED_OUTCOMES = ("failure", "timeout", "lost")
 CANCELLED = "cancelled"  # a cancel's entry (cancel.lua): no refresh ran
@@ -138,8 +139,8 @@ async def read_history(redis: Any, config: Config, query: HistoryQuery) -> list[
     Unfiltered, each shard's newest ``limit`` entries are read; filtered, each
     whole (capped) stream is.
     """
-    space = KeySpace(config.namespace, config.shards)
-    shards = ([space.shard(space.shard_of(query.key))] if query.key is not None
+    space = await current_space(redis, config)
+    shards = ([space.shard(n) for n in space.homes(query.key)] if query.key is not None
               else space.all_shards())
     found = await read_streams(redis, shards, None if query.filtered else query.limit)
     picked = [r for r in found if query.wants(r)]
@@ -151,7 +152,7 @@ async def recent_by_rule(redis: Any, config: Config,
                          per_shard: int = RECENT) -> dict[str, dict[str, int]]:
     """Per rule, how many of the shards' newest refreshes ran and how many failed."""
     out = {rule.name: {"refreshes": 0, "failed": 0} for rule in config.rules}
-    space = KeySpace(config.namespace, config.shards)
+    space = await current_space(redis, config)
     for r in await read_streams(redis, space.all_shards(), per_shard):
         counts = out.get(r.rule)
         if counts is not None and r.outcome != CANCELLED:

@@ -98,5 +98,5 @@ class Query:
                        rule: str | None) -> DeadOutcome:
         redis, scripts = self._connected()
         if keys is not None:
-            return await act_on_keys(self._config(), action(scripts), keys)
+            return await act_on_keys(redis, self._config(), action(scripts), keys)
         return await act_on_all(redis, self._config(), action(scripts), rule)

@@ -9,12 +9,14 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
 from coalescer.query.history import RECENT, recent_by_rule
+from coalescer.query.layout_read import read_layout
 from coalescer.query.rate_status import add_rates, format_rates
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
 from coalescer.store.hints import CommandHints
-from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.keys import ShardKeys
+from coalescer.store.layout import LayoutInfo
 
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
@@ -54,7 +56,8 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     every count and head, then the state of the dead letters listed. A Redis
     Cluster pipeline sends each node the reads of its own slots.
     """
-    space = KeySpace(config.namespace, config.shards)
+    layout = await read_layout(redis, config)
+    space = layout.keyspace(config.namespace)
     names = [r.name for r in config.rules]
     rules: dict[str, dict[str, Any]] = {
         name: new_entry() for name in names}
@@ -71,11 +74,11 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
         for name in names:
             listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
     dead = await _dead_letters(redis, listed[:DEAD_LISTED])
-    recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
+    recent = await recent_by_rule(redis, config, recent_per_shard(space.span))
     for name, counts in recent.items():
         rules[name]["recent"] = counts
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
-              "dead_letters": dead}
+              "dead_letters": dead, "layout": layout_entry(layout)}
     await add_registry(redis, config, status)
     await add_sources(redis, config, status)
     await add_rates(redis, config, status)
@@ -135,7 +138,8 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     ``hints``: the options the commands it suggests need (see coalescer.store.hints).
     Keys, names and errors are shown with their control characters escaped."""
     status = printable_values(status)
-    lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
+    lines = [f"namespace {status['namespace']}", *layout_lines(status.get("layout"), now_ms),
+             shard_summary(status["shards"])]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
         lines += [f"{s['shard']:<6} {s['leader'] or '(none)'}" for s in status["shards"]]
@@ -149,6 +153,33 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += format_sources(status)
     lines += _dead_lines(status, hints or CommandHints())
     return "\n".join(lines)
+
+
+def layout_entry(layout: LayoutInfo) -> dict[str, Any]:
+    """The status's ``layout``: the shard count, and the running or last reshard."""
+    return {"generation": layout.gen, "shards": layout.shards,
+            "resharding_from": layout.source or None,
+            "drained": sorted(layout.drained) if layout.resharding else None,
+            "last_from": layout.was or None, "began_ms": layout.began_ms or None,
+            "ended_ms": layout.ended_ms or None, "moved": layout.moved}
+
+
+def layout_lines(layout: dict[str, Any] | None, now_ms: int) -> list[str]:
+    """A line while a reshard runs (how many old shards are drained), and one for the
+    last reshard once it ended."""
+    if not layout:
+        return []
+    source, shards = layout["resharding_from"], layout["shards"]
+    if source:
+        drained = len(layout["drained"] or ())
+        return [f"resharding from {source} to {shards} shards (began "
+                f"{_when(layout['began_ms'], now_ms)}): {drained} of {source} old shards "
+                f"drained, {plural(layout['moved'], 'key')} moved so far"]
+    if layout["last_from"] and layout["ended_ms"]:
+        return [f"resharded from {layout['last_from']} to {shards} shards, done "
+                f"{_when(layout['ended_ms'], now_ms)} ({plural(layout['moved'], 'key')} "
+                "moved)"]
+    return []
 
 
 def _dead_lines(status: dict[str, Any], hints: CommandHints) -> list[str]:

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from coalescer import Coalescer
 from coalescer.store.keys import KeySpace, layout
+from coalescer.query.status import format_status
 from coalescer.store.layout import Layouts
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.servers import wait_until
@@ -235,3 +236,90 @@ async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_sh
         assert await where(redis_client, namespace, key, 4) == [0], key
     for key in fresh:
         assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)], key
+
+
+FAILING = """\
+namespace: {ns}
+shards: {shards}
+leader_lease: 1s
+rules:
+  - name: fails
+    match: "fails:{{id}}"
+    window: 100ms
+    retry: {{attempts: {attempts}, backoff: 10m, max_backoff: 10m}}
+    handler: {mod}:refresh
+"""
+
+
+async def test_a_dead_letter_and_a_retry_backoff_move_with_their_key(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    path, rec = recorder_rules(tmp_path, f"fails_{namespace}",
+                               FAILING.format(ns=namespace, shards=1, attempts=1, mod="{mod}"))
+    retrying = tmp_path / "retrying.yaml"
+    retrying.write_text(path.read_text().replace("attempts: 1", "attempts: 3"))
+
+    async def boom(claim: Any) -> None:
+        raise RuntimeError(f"no {claim.key}")
+
+    rec.hook = boom
+    dead_keys = [f"fails:d{i}" for i in range(6)]
+    async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="a") as a:
+        for key in dead_keys:
+            a.touch(key)
+        await wait_until(lambda: dead_count(a, 6), message="six dead letters")
+    async with Coalescer.from_yaml(retrying, redis_url=redis_url, node_id="a") as a:
+        a.touch("fails:later")
+        await wait_until(lambda: len(rec.of("fails:later")) == 1, message="a first failure")
+        await wait_until(lambda: backing_off(a, "fails:later"), message="its backoff")
+    bigger = same_handler(retrying, 4)
+    async with Coalescer.from_yaml(bigger, redis_url=redis_url, node_id="b") as b:
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+        page = await b.query.dead_letters(limit=10)
+        assert sorted(e["key"] for e in page.entries) == dead_keys
+        assert {e["attempts"] for e in page.entries} == {1}
+        assert all("RuntimeError" in e["error"] for e in page.entries)
+        explained = await b.query.explain("fails:later")
+        assert explained["shard"] == b.keyspace.shard_of("fails:later")
+        assert explained["state"] == "backoff" and explained["attempts"] == 1
+        rec.hook = None
+        outcome = await b.query.retry_dead(dead_keys)
+        assert outcome.done == 6
+        await wait_until(lambda: all(len(rec.of(k)) == 2 for k in dead_keys),
+                         message="every dead key re-run in its new shard")
+    for key in dead_keys:  # refreshed for good: no state left anywhere else
+        found = await where(redis_client, namespace, key, 4)
+        assert set(found) <= {KeySpace(namespace, 4).shard_of(key)}, key
+
+
+async def dead_count(c: Coalescer, n: int) -> bool:
+    return (await c.query.dead_letters(limit=50)).total == n
+
+
+async def backing_off(c: Coalescer, key: str) -> bool:
+    explained = await c.query.explain(key)
+    return bool(explained.get("state") == "backoff" and explained.get("attempts") == 1)
+
+
+async def test_status_shows_a_reshard_while_it_runs_and_when_it_ended(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    path, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
+        writer.touch("stats:1")
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "test")
+        status = await writer.query.status()
+        assert status["layout"]["resharding_from"] == 1 and status["layout"]["shards"] == 4
+        assert len(status["shards"]) == 4
+        text = format_status(status, await server_ms(redis_client))
+        assert "resharding from 1 to 4 shards" in text and "0 of 1 old shards drained" in text
+    bigger = same_handler(path, 4)
+    async with Coalescer.from_yaml(bigger, redis_url=redis_url, node_id="b") as b:
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+        status = await b.query.status()
+        text = format_status(status, await server_ms(redis_client))
+    assert status["layout"]["resharding_from"] is None and status["layout"]["last_from"] == 1
+    assert "resharded from 1 to 4 shards, done" in text
+    assert status["rules"]["stats"]["pending"] == 1
