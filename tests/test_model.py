@@ -42,6 +42,7 @@ import pytest_asyncio
 from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.store.keys import KeySpace
+from coalescer.store.keys import layout as lay
 from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
 from tests.helpers.model_history import (
     Cancel,
@@ -199,14 +200,16 @@ _STEPS: dict[str, Callable[[random.Random], Step]] = {
     "burst": lambda rng: ("burst", rng.choice(KEYS), rng.randint(200, 1200)),
     "restart": lambda rng: ("restart", rng.randint(0, 1)),
     "cancel": lambda rng: ("cancel", rng.sample(KEYS, rng.randint(1, 2)), rng.choice(CANCELS)),
+    "reshard": lambda rng: ("reshard", rng.choice(SHARD_COUNTS), rng.randint(0, 30)),
 }
+SHARD_COUNTS = (1, 3, 4, 6)  # a reshard step changes ``shards`` (2 at first) to one of these
 
 
 def program(seed: int, steps: int = STEPS) -> list[Step]:
     """A random program; the same seed gives the same steps."""
     rng = random.Random(seed)
     kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3 + ["cancel"] * 4
-             + ["settle", "restart", "kill"] + ["item"] * 6)
+             + ["settle", "restart", "kill", "reshard"] + ["item"] * 6)
     out: list[Step] = [("plan", key, rng.choice(OUTCOMES)) for key in KEYS]
     for _ in range(steps):
         kind = rng.choice(kinds)
@@ -248,6 +251,20 @@ class World:
             self.nodes[slot] = node
         else:
             self.nodes.append(node)
+
+    async def reshard(self, shards: int, kill_after_ms: int) -> None:
+        """Deploy a rules file with another ``shards``: node 0 restarts on it (and begins
+        a live reshard), the child is SIGKILLed ``kill_after_ms`` later (a mover may die
+        mid-move) and comes back on the new file. The toucher keeps the old file."""
+        text = self.rules.read_text()
+        start = text.index("shards: ")
+        end = text.index("\n", start)
+        path = self.rules.with_name(f"rules-{self.incarnation}.yaml")
+        path.write_text(text[:start] + f"shards: {shards}" + text[end:])
+        self.rules = path
+        await self.restart(0)
+        await asyncio.sleep(kill_after_ms / 1000)  # the model lets time pass
+        await self.kill()
 
     def start_child(self) -> None:
         self.incarnation += 1
@@ -295,24 +312,36 @@ class World:
             for _ in range(n):
                 self.items_made += 1
                 pairs.append((key, f"i{self.items_made}"))
-        t0, seqs0 = await self.clock_and_seqs()
+        t0, before = await self.clock_and_seqs()
         self.toucher.touch_items(pairs)
         await self.toucher.flush()
-        t1, seqs1 = await self.clock_and_seqs()
-        shard_of = self.toucher.keyspace.shard_of
+        t1, after = await self.clock_and_seqs()
         self.history.touches.extend(_touches(keys, t0, t1))  # touches like any other
         self.history.item_touches.extend(
-            ItemTouch(key, item, t0, t1, seqs0[shard_of(key)], seqs1[shard_of(key)])
+            ItemTouch(key, item, t0, t1, before(key, min), after(key, max))
             for key, item in pairs)
 
-    async def clock_and_seqs(self) -> tuple[int, list[int]]:
-        """The server clock (us) and every shard's fencing-token counter, read at once."""
+    async def clock_and_seqs(self) -> tuple[int, Callable[[str, Callable[..., int]], int]]:
+        """The server clock (us), and a key's fencing-token counter at that instant:
+        ``seq(key, min)``. While a reshard runs a key may be claimed in its old shard
+        or its new one: ``min`` or ``max`` of the two; and an item in transit with its
+        key reaches the refresh after the first claimed in the new shard, so the
+        first claimed after it need not have it (``max`` is then unbounded)."""
+        layout = self.toucher.keyspace  # for the namespace; the counts are read below
         pipe = self.r.pipeline(transaction=True)
         pipe.time()
-        for shard in self.toucher.keyspace.all_shards():
-            pipe.get(shard.seq)
-        (seconds, micros), *seqs = await pipe.execute()
-        return int(seconds) * 1_000_000 + int(micros), [int(s or 0) for s in seqs]
+        pipe.hmget(lay(layout.namespace), "shards", "from")
+        for n in range(max(SHARD_COUNTS) + 2):
+            pipe.get(layout.shard(n).seq)
+        (seconds, micros), (shards, source), *seqs = await pipe.execute()
+        space = KeySpace(layout.namespace, int(shards or 2), int(source or 0))
+
+        def seq(key: str, pick: Callable[..., int]) -> int:
+            if space.resharding and pick is max:
+                return 2**62
+            return int(pick(int(seqs[n] or 0) for n in space.homes(key)))
+
+        return int(seconds) * 1_000_000 + int(micros), seq
 
     async def burst(self, key: str, duration_ms: int) -> None:
         gap = self.config.rule_for(key).window * 0.4
@@ -445,10 +474,12 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
                   if '"batch": 2' in line and '"start"' in line)
     cancels = Counter(c.state for c in world.history.cancels)
     overflowed = sum(1 for rs in runs.values() for r in rs if r.overflowed)
+    reshards = [step[1] for step in steps if step[0] == "reshard"]
     print(f"\nmodel seed {seed}: {len(world.history.touches)} touches ({during} during a "
           f"run of their key), {len(world.history.item_touches)} items ({overflowed} runs "
           f"told they overflowed), {sum(map(len, runs.values()))} runs ({batched} in batches "
-          f"of 2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}")
+          f"of 2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}, "
+          f"reshards to {reshards} shards")
     assert not violations, (
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)

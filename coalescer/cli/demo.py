@@ -24,7 +24,7 @@ from coalescer.coalescer import Coalescer
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
 from coalescer.store.embedded import project_root
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, drained, layout
 
 USERS = 50
 HOT_TOUCHES = 10_000
@@ -75,10 +75,10 @@ def demo_config(rules: str) -> Config:
 
 def demo_keys(config: Config) -> list[str]:
     """Every Redis key a run of the demo can leave in its namespace."""
-    found: list[str] = []
+    found: list[str] = [layout(config.namespace), drained(config.namespace)]
     for sk in KeySpace(config.namespace, config.shards).all_shards():
         found += [sk.leader, sk.epoch, sk.seq, sk.next_wake, sk.nodes, sk.rules,
-                  sk.rule_names, sk.meta, sk.history]
+                  sk.rule_names, sk.meta, sk.history, sk.layout, sk.moving]
         for rule in config.rules:
             found += [sk.due(rule.name), sk.inflight(rule.name), sk.dead(rule.name)]
     return found

@@ -78,9 +78,10 @@ class Mover:
         for shard in self._todo(info):
             if self._layouts.info.gen != info.gen:
                 return
-            drained = await self._pass(info, shard)
-            self._busy = self._busy or not drained
-            if drained:
+            seq = await self._pass(info, shard)
+            self._busy = self._busy or seq is None
+            if seq is not None:
+                await self._raise_tokens(info, shard, seq)
                 await self._report(info, shard)
 
     async def _report(self, info: LayoutInfo, shard: int) -> None:
@@ -93,22 +94,32 @@ class Mover:
             log.info("node %s: reshard from %d to %d shards done", self._node_id,
                      info.source, latest.shards)
 
-    async def _pass(self, info: LayoutInfo, shard: int) -> bool:
-        """Move what ``shard`` holds of other shards; True if it held nothing of them."""
+    async def _pass(self, info: LayoutInfo, shard: int) -> int | None:
+        """Move what ``shard`` holds of other shards. If it held nothing of them, the
+        shard's fencing tokens so far (as the pass began), else None."""
         keyspace = info.keyspace(self._layouts.namespace)
         keys = keyspace.shard(shard)
         await self._put_left(keyspace, keys)
-        clean, cursor, first = True, 0, True
+        clean, cursor, first, seq = True, 0, True, 0
         while first or cursor:
             cursor, found = await self._layouts.scan(keys, cursor, SCAN_COUNT)
             others = [k for k in found if keyspace.shard_of(k) != shard]
             if first or others:  # the first call also raises the shard's marker
                 taken = await self._take(keyspace, keys, others)
                 if taken is None:
-                    return False
+                    return None
+                seq = seq or taken.seq
                 await self._put(keyspace, keys, taken)
             clean, first = clean and not others, False
-        return clean
+        return seq if clean else None
+
+    async def _raise_tokens(self, info: LayoutInfo, shard: int, seq: int) -> None:
+        """Before old shard ``shard`` counts as drained, raise every new shard's fencing
+        tokens to its own: a key idle through the reshard (no state to move) and touched
+        after it gets a token above every one it got here."""
+        keyspace = info.keyspace(self._layouts.namespace)
+        await asyncio.gather(*(self._layouts.put(keyspace.shard(n), seq, [])
+                               for n in range(keyspace.shards) if n != shard))
 
     async def _take(self, keyspace: KeySpace, keys: ShardKeys,
                     others: list[str]) -> Taken | None:

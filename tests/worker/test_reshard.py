@@ -13,8 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from coalescer import Coalescer
-from coalescer.store.keys import KeySpace, layout
 from coalescer.query.status import format_status
+from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.servers import wait_until
