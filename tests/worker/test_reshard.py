@@ -17,7 +17,7 @@ from coalescer.query.status import format_status
 from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts
 from tests.helpers.e2e import Recorder, recorder_rules
-from tests.helpers.servers import wait_until
+from tests.helpers.servers import Cluster, wait_until
 
 RULES = """\
 namespace: {ns}
@@ -323,3 +323,25 @@ async def test_status_shows_a_reshard_while_it_runs_and_when_it_ended(
     assert status["layout"]["resharding_from"] is None and status["layout"]["last_from"] == 1
     assert "resharded from 1 to 4 shards, done" in text
     assert status["rules"]["stats"]["pending"] == 1
+
+
+async def test_on_a_cluster_keys_move_between_masters_and_every_one_is_refreshed(
+        tmp_path: Path, namespace: str, cluster: Cluster) -> None:
+    old, rec = rules(tmp_path, namespace, 2, window="100ms", max_wait="200ms")
+    new = same_handler(old, 6)
+    keys = [f"stats:{i}" for i in range(200)]
+    async with Coalescer.from_yaml(old, redis_url=cluster.urls[0], worker=False) as writer:
+        writer.touch_many(keys)
+        await writer.flush()
+        async with Coalescer.from_yaml(new, redis_url=cluster.urls[1], node_id="b") as b:
+            await wait_until(lambda: reshard_done(b.redis, namespace, 6), timeout=30,
+                             message="the reshard to end")
+            writer.touch_many(keys)  # a writer of the old layout: sent to the new one
+            await writer.flush()
+            await wait_until(lambda: all(len(rec.of(k)) >= 2 for k in keys), timeout=30,
+                             message="every key refreshed again after the reshard")
+            owners = {b.redis.get_node_from_key(sk.meta).name
+                      for sk in KeySpace(namespace, 6).all_shards()}
+            assert writer.keyspace.shards == 6 and len(rec.max_active) == len(keys)
+    assert max(rec.max_active.values()) == 1
+    assert len(owners) > 1  # the shards live on more than one master
