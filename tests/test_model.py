@@ -5,8 +5,10 @@ with a rate of refresh starts, a batch rule whose handler gets up to two claims 
 two of them take items, at most four a refresh) on a real server: touches, touches
 with items (each item unique) and bursts of a few keys, cancels of a few keys (some
 right after a touch still in the toucher's buffer), per-key handler outcomes
-(ok, fail, slow, timeout), clean restarts of in-process nodes and SIGKILLs of a
-`coalescer run` child process. The handler logs every run (server clock) to a
+(ok, fail, slow, timeout), clean restarts of in-process nodes, SIGKILLs of a
+`coalescer run` child process, and live reshards (a node restarts on a rules file with
+another ``shards`` and the child is SIGKILLed moments later; the toucher keeps the old
+file). The handler logs every run (server clock) to a
 file; the checks in ``model_history`` then read the whole history: no lost
 update (for every touch after its key's last cancel), coalescing and the max-wait
 cap, exclusion, retries and dead letters, no refresh of a key cancelled while pending

@@ -165,9 +165,9 @@ async def test_status_reads_in_a_few_round_trips_whatever_the_shard_count(
         status = await gather_status(counting, config)
     finally:
         await conn.close()
-    # counts and leaders, the dead letters' state, recent history, the rules registry
-    # and the server time it is read against
-    assert counting.round_trips <= 5
+    # the shard layout, counts and leaders, the dead letters' state, recent history, the
+    # rules registry and the server time it is read against
+    assert counting.round_trips <= 6
     assert len(status["shards"]) == shards
     assert status["rules"]["a"]["pending"] == 300
     assert status["rules"]["b"]["pending"] == 30
