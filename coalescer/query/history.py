@@ -19,7 +19,7 @@ from typing import Any
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
 from coalescer.query.layout_read import current_space
-from coalescer.store.keys import ShardKeys
+from coalescer.store.keys import KeySpace, ShardKeys
 
 FAILED_OUTCOMES = ("failure", "timeout", "lost")
 CANCELLED = "cancelled"  # a cancel's entry (cancel.lua): no refresh ran
@@ -148,11 +148,12 @@ async def read_history(redis: Any, config: Config, query: HistoryQuery) -> list[
     return picked[:query.limit]
 
 
-async def recent_by_rule(redis: Any, config: Config,
-                         per_shard: int = RECENT) -> dict[str, dict[str, int]]:
-    """Per rule, how many of the shards' newest refreshes ran and how many failed."""
+async def recent_by_rule(redis: Any, config: Config, per_shard: int = RECENT,
+                         space: KeySpace | None = None) -> dict[str, dict[str, int]]:
+    """Per rule, how many of the shards' newest refreshes ran and how many failed
+    (in ``space``'s shards: by default, the namespace's now)."""
     out = {rule.name: {"refreshes": 0, "failed": 0} for rule in config.rules}
-    space = await current_space(redis, config)
+    space = space or await current_space(redis, config)
     for r in await read_streams(redis, space.all_shards(), per_shard):
         counts = out.get(r.rule)
         if counts is not None and r.outcome != CANCELLED:

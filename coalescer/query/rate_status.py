@@ -14,7 +14,7 @@ from typing import Any
 
 from coalescer.common.plural import plural
 from coalescer.config.rules import Config
-from coalescer.query.layout_read import current_space
+from coalescer.store.keys import KeySpace
 
 
 async def add_rates(redis: Any, config: Config, status: dict[str, Any]) -> None:
@@ -27,7 +27,7 @@ async def add_rates(redis: Any, config: Config, status: dict[str, Any]) -> None:
         return
     seconds, micros = await redis.time()
     now = int(seconds) * 1000 + int(micros) // 1000
-    space = await current_space(redis, config)
+    space = KeySpace(config.namespace, len(status["shards"]))  # every shard status read
     pipe = redis.pipeline(transaction=False)
     for sk in space.all_shards():
         for name in rated:

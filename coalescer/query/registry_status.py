@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from coalescer.config.rules import Config
-from coalescer.query.layout_read import current_space
 from coalescer.query.rule_counts import new_entry, queue_rule, read_rule
-from coalescer.store.keys import ShardKeys, node_leases
+from coalescer.store.keys import KeySpace, ShardKeys, node_leases
 from coalescer.store.scripts import Peer
 from coalescer.worker.registry import compare, decode
 
@@ -31,7 +30,7 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
     time, one pipelined read and the leases, plus one for the counts of rules this rules
     file lacks.
     """
-    space = await current_space(redis, config)
+    space = KeySpace(config.namespace, len(status["shards"]))  # every shard status read
     nodes, names = await _read_registry(redis, space.shard(0), config.namespace,
                                         round(config.leader_lease * 1000))
     known = {p.node: decode(p.rules) for p in nodes}

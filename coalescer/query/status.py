@@ -74,7 +74,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
         for name in names:
             listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
     dead = await _dead_letters(redis, listed[:DEAD_LISTED])
-    recent = await recent_by_rule(redis, config, recent_per_shard(space.span))
+    recent = await recent_by_rule(redis, config, recent_per_shard(space.span), space)
     for name, counts in recent.items():
         rules[name]["recent"] = counts
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
