@@ -1232,26 +1232,36 @@ CLUSTER_PROCESSES = 2
 
 
 async def cluster_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[str, Any]:
-    """On a local 3-master Cluster (started here; ``server`` is not used): distinct keys/s
-    from one writer process, then the drain of ``run --processes 2`` at the default and at
-    the tuned concurrency, with lost updates."""
+    """On a local 3-master Cluster (started here): distinct keys/s from one writer process,
+    then the drain of ``run --processes 2`` at the default and at the tuned concurrency,
+    with lost updates; and the same default-concurrency drain on ``server`` (one server,
+    same rules and shards), so the section compares the two in the same run."""
     folder = tmp / f"cluster-{free_port()}"
     with start_cluster(folder / "servers", CLUSTER_MASTERS) as cluster:
         out: dict[str, Any] = {"masters": CLUSTER_MASTERS, "shards": CLUSTER_SHARDS,
                                "processes": CLUSTER_PROCESSES}
         out["distinct"] = await _cluster_distinct(cluster, sizes.distinct)
-        for name, conc in (("drain_default", DEFAULT_CONCURRENCY),
-                           ("drain", sizes.drain_concurrency)):
-            await asyncio.to_thread(_flushall, cluster.nodes)
-            run = folder / name
-            run.mkdir(parents=True)
-            rules = run / "rules.yaml"
-            rules.write_text(rules_text(window=PROCESS_WINDOW, max_wait="10s", concurrency=conc,
-                                        shards=CLUSTER_SHARDS, handler="bench.probe:buffered"))
-            out[name] = await _drain_with(cluster.nodes, sizes.drain_keys, rules,
-                                          CLUSTER_PROCESSES, shards=CLUSTER_SHARDS,
-                                          refresh_log=run / "refresh.log")
-            out[name]["concurrency"] = conc
+        for name, conc, masters in (
+                ("drain_default_one_server", DEFAULT_CONCURRENCY, [server]),
+                ("drain_default", DEFAULT_CONCURRENCY, cluster.nodes),
+                ("drain", sizes.drain_concurrency, cluster.nodes)):
+            out[name] = await _cluster_drain(masters, sizes, folder / name, conc)
+    out["drain_default_ratio"] = (out["drain_default"]["per_second"]
+                                  / out["drain_default_one_server"]["per_second"])
+    return out
+
+
+async def _cluster_drain(masters: list[Server], sizes: Sizes, run: Path,
+                         conc: int) -> dict[str, Any]:
+    """The drain of ``run --processes 2`` on ``masters`` (flushed first), 16 shards."""
+    await asyncio.to_thread(_flushall, masters)
+    run.mkdir(parents=True)
+    rules = run / "rules.yaml"
+    rules.write_text(rules_text(window=PROCESS_WINDOW, max_wait="10s", concurrency=conc,
+                                shards=CLUSTER_SHARDS, handler="bench.probe:buffered"))
+    out = await _drain_with(masters, sizes.drain_keys, rules, CLUSTER_PROCESSES,
+                            shards=CLUSTER_SHARDS, refresh_log=run / "refresh.log")
+    out["concurrency"] = conc
     return out
 
 

@@ -668,6 +668,9 @@ def cluster_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
         ("distinct keys/s into the cluster, one writer process", "distinct.per_second",
          "distinct.coalescer", "per_second"),
         (f"drain, no-op handler, {procs}, default concurrency {F.DEFAULT_CONCURRENCY}, "
+         f"refreshes/s (one server: the same, {F.CLUSTER_SHARDS} shards)",
+         "drain_default.per_second", where, "drain_default_one_server.per_second"),
+        (f"drain, no-op handler, {procs}, default concurrency {F.DEFAULT_CONCURRENCY}, "
          "refreshes/s (one server: one node in process)", "drain_default.per_second",
          "drain.coalescer_default", "per_second"),
         (f"drain, no-op handler, {procs}, concurrency {sizes.drain_concurrency}, refreshes/s "
@@ -683,8 +686,10 @@ def cluster_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     for name, conc in (("drain_default", F.DEFAULT_CONCURRENCY),
                        ("drain", sizes.drain_concurrency)):
         text, _ = t.lost_text(where, f"{name}.g1")
+        single = (t.lost_text(where, "drain_default_one_server.g1")[0]
+                  if name == "drain_default" else "-")
         out.append({"figure": f"lost updates: cluster drain, concurrency {conc}",
-                    "cluster": text, "one server, same run": "-", "ratio": "-"})
+                    "cluster": text, "one server, same run": single, "ratio": "-"})
     return out
 
 
