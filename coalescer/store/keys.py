@@ -41,6 +41,7 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
                                       (the old count while a reshard runs, else 0),
                                       began, ended, moved, by (store/layout.py)
     NS:{NS:nodes}:drained     SET     the old shards a running reshard has emptied
+    NS:{NS:nodes}:layout-changed  channel  a new layout generation, or a drained shard
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -210,6 +211,12 @@ def layout(namespace: str) -> str:
     """The namespace's shard layout (store/layout.py), next to the node leases: the
     node lease call reads its generation in the same slot."""
     return f"{namespace}:{{{namespace}:nodes}}:layout"
+
+
+def layout_channel(namespace: str) -> str:
+    """Where a change of the layout is announced (a reshard began, an old shard was
+    drained, it ended): worker nodes read the layout again when they hear of it."""
+    return f"{namespace}:{{{namespace}:nodes}}:layout-changed"
 
 
 def drained(namespace: str) -> str:

@@ -16,6 +16,10 @@ the new shard). Every shard keeps a marker of the newest generation written to i
 a writer of an older one is refused and reads the layout again, so no key is ever
 written by the old mapping once its old shard began to drain. When every old shard
 is drained (``reshard_drained.lua``), a last generation ends the reshard.
+
+Both steps announce the change on the layout's channel, which worker nodes listen on
+(so an idle node pays nothing to follow the layout); a node also reads it once a
+minute, and writers learn of it from a refused write.
 """
 
 from __future__ import annotations
@@ -92,6 +96,11 @@ class Layouts:
         self._listeners: list[Callable[[LayoutInfo], None]] = []
         self._lock = asyncio.Lock()
 
+    @property
+    def channel(self) -> str:
+        """Where layout changes are announced (worker nodes listen)."""
+        return key_names.layout_channel(self.namespace)
+
     def on_change(self, listener: Callable[[LayoutInfo], None]) -> None:
         self._listeners.append(listener)
 
@@ -119,13 +128,14 @@ class Layouts:
         """Begin a reshard to ``shards`` from the generation last read; True if this
         call began it (False: another node did, or a reshard runs). Reads again."""
         began = await self._scripts.call("reshard_begin", self._keys(),
-                                         [self.info.gen, shards, node_id])
+                                         [self.info.gen, shards, node_id, self.channel])
         await self.refresh()
         return int(began) == 1
 
     async def drained(self, gen: int, shard: int, moved: int) -> bool:
         """Old shard ``shard`` is empty; True if that ended the reshard."""
-        ended = await self._scripts.call("reshard_drained", self._keys(), [gen, shard, moved])
+        ended = await self._scripts.call("reshard_drained", self._keys(),
+                                         [gen, shard, moved, self.channel])
         return int(ended) == 1
 
     async def take(self, shard: ShardKeys, gen: int, keys: Sequence[str],

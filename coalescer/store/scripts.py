@@ -181,7 +181,6 @@ class NodeLeases:
     lapsed: bool
     live: dict[str, int]
     gone: list[str]
-    layout_gen: int = 0  # the namespace's layout generation (0: no layout yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,18 +467,18 @@ class Scripts:
         return int(result[0]), [Peer(str(rest[i]), int(float(rest[i + 1])), str(rest[i + 2]))
                                 for i in range(0, len(rest), 3)]
 
-    async def node_lease(self, leases: str, layout: str, *, node_id: str, lease_ms: int,
+    async def node_lease(self, leases: str, *, node_id: str, lease_ms: int,
                          period_ms: int = 0, forgotten: Sequence[str] = ()) -> NodeLeases:
         """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
         multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
         nodes whose shard entries this node removed."""
-        now, lapsed, every, gen = await self._run(
-            "node_lease", [leases, layout], [node_id, lease_ms, period_ms, *forgotten])
+        now, lapsed, every = await self._run(
+            "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
         now = int(now)
         ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
         return NodeLeases(now, bool(int(lapsed)),
                           {n: e for n, e in ends.items() if e >= now},
-                          [n for n, e in ends.items() if e < now], int(gen))
+                          [n for n, e in ends.items() if e < now])
 
     async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
         """Drop a node whose lease lapsed from every shard's node set and rules registry:

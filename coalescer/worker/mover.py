@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SCAN_COUNT = 500  # keys per HSCAN step, and so at most per take call
 BUSY_PAUSE = 0.2  # seconds before another pass over a shard whose keys still run
 LOOK_REST = 1.0  # while a reshard runs: how often to look for old shards led now
-IDLE_REST = 60.0  # seconds between looks when no reshard runs (a layout change wakes it)
+IDLE_REST = 60.0  # seconds between reads of the layout when no reshard runs (a change wakes it)
 
 
 class Mover:
@@ -72,9 +72,11 @@ class Mover:
         self._wake.clear()
 
     async def step(self) -> None:
-        """One pass over every old shard this node leads that is not drained yet."""
+        """One pass over every old shard this node leads that is not drained yet. The
+        layout is read first (whose changes are announced, see node.py) while a reshard
+        runs, and once a minute otherwise: an announcement missed costs a minute."""
         self._busy = False
-        info = self._layouts.info
+        info = await self._layouts.refresh()
         for shard in self._todo(info):
             if self._layouts.info.gen != info.gen:
                 return

@@ -107,11 +107,14 @@ class Node:
         self.node_lease = NodeLease(ctx, on_live=self._live_changed, on_lapse=self._lapsed)
         self.mover = Mover(ctx, self.led)
         self.leaderships = [self._shard(ctx, shard) for shard in range(self.span)]
-        routes = {ls_.poller_channel: ls_.on_message for ls_ in self.leaderships}
-        self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
-        self._spawn: Spawn | None = None
+        routes: dict[str, Callable[[Any], None]] = {
+            ls_.poller_channel: ls_.on_message for ls_ in self.leaderships}
+        self._reading: asyncio.Task[Any] | None = None
         if ctx.layouts is not None:
             ctx.layouts.on_change(self._layout_changed)
+            routes[ctx.layouts.channel] = self._layout_announced
+        self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
+        self._spawn: Spawn | None = None
 
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
@@ -119,6 +122,20 @@ class Node:
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
         return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
                           lead_log=self.lead_log)
+
+    def _layout_announced(self, _message: Any) -> None:
+        """The layout changed (or its channel's subscription began: a change may have
+        been missed): read it again, once at a time."""
+        if self._reading is not None and not self._reading.done():
+            return
+        assert self.ctx.layouts is not None
+        self._reading = asyncio.ensure_future(self.ctx.layouts.refresh())
+        self._reading.add_done_callback(self._layout_read)
+
+    def _layout_read(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("node %s: reading the shard layout failed: %r (read again at the "
+                        "next announcement or reconnect)", self.ctx.node_id, task.exception())
 
     def _layout_changed(self, info: LayoutInfo) -> None:
         """The layout changed: stand by for the shards it adds (a reshard began) or

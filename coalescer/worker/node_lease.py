@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
-from coalescer.store.keys import layout, node_leases
+from coalescer.store.keys import node_leases
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -47,7 +47,6 @@ class NodeLease:
                  on_lapse: Callable[[], None]) -> None:
         self._scripts = ctx.scripts
         self._key = node_leases(ctx.keyspace.namespace)
-        self._layout_key = layout(ctx.keyspace.namespace)
         self._layouts = ctx.layouts
         self._keyspace = ctx.keyspace
         self._node_id = ctx.node_id
@@ -93,7 +92,7 @@ class NodeLease:
         loop = asyncio.get_running_loop()
         self._wake.clear()  # a watch from now on asks for another call
         sent = loop.time()
-        state = await self._scripts.node_lease(self._key, self._layout_key, node_id=self._node_id,
+        state = await self._scripts.node_lease(self._key, node_id=self._node_id,
                                                lease_ms=round(self._lease * 1000),
                                                period_ms=self._period_ms)
         got = loop.time()
@@ -111,8 +110,6 @@ class NodeLease:
         live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
         self.read_sent = sent
         self._set_live(live)
-        if self._layouts is not None and state.layout_gen != self._layouts.info.gen:
-            await self._layouts.refresh()  # a reshard began, moved on or ended
         if state.gone and self._node_id == min(live, default=self._node_id):
             await self._forget(state.gone)  # one node does it: the live one with the lowest id
 
@@ -131,7 +128,7 @@ class NodeLease:
                       else self._keyspace).all_shards()
             await self._scripts.forget(shards, node)
             log.info("node %s: forgot node %s, whose lease lapsed", self._node_id, node)
-        await self._scripts.node_lease(self._key, self._layout_key, node_id=self._node_id,
+        await self._scripts.node_lease(self._key, node_id=self._node_id,
                                        lease_ms=round(self._lease * 1000),
                                        period_ms=self._period_ms, forgotten=gone)
 
@@ -157,5 +154,5 @@ class NodeLease:
         self._leaving = True
         self._wake.set()
         self.holding.clear()
-        await self._scripts.node_lease(self._key, self._layout_key, node_id=self._node_id,
+        await self._scripts.node_lease(self._key, node_id=self._node_id,
                                        lease_ms=0)

@@ -15,7 +15,7 @@ import redis.asyncio
 from coalescer.errors import NotLeaderError, ScriptError
 from coalescer.store import key_states as states
 from coalescer.store.connection import connect
-from coalescer.store.keys import ShardKeys, layout, node_leases
+from coalescer.store.keys import ShardKeys, node_leases
 from coalescer.store.scripts import (
     CancelGroup,
     ClaimBatch,
@@ -758,17 +758,16 @@ async def test_a_take_over_needs_the_holder_value_seen_lapsing_and_fences_the_ol
 
 async def test_node_leases_renew_with_one_call_and_report_lapsed_nodes(shard: Shard) -> None:
     s, leases = shard.scripts, node_leases(shard.keys.namespace)
-    lay = layout(shard.keys.namespace)
-    first = await s.node_lease(leases, lay, node_id="a", lease_ms=10_000)
+    first = await s.node_lease(leases, node_id="a", lease_ms=10_000)
     assert first.lapsed and set(first.live) == {"a"}  # never held: counts as lapsed
-    assert not (await s.node_lease(leases, lay, node_id="a", lease_ms=10_000)).lapsed
-    short = await s.node_lease(leases, lay, node_id="b", lease_ms=20)
+    assert not (await s.node_lease(leases, node_id="a", lease_ms=10_000)).lapsed
+    short = await s.node_lease(leases, node_id="b", lease_ms=20)
     await shard.after(short.now_ms + 20)
-    seen = await s.node_lease(leases, lay, node_id="a", lease_ms=10_000)
+    seen = await s.node_lease(leases, node_id="a", lease_ms=10_000)
     assert set(seen.live) == {"a"} and seen.gone == ["b"]
-    await s.node_lease(leases, lay, node_id="a", lease_ms=10_000, forgotten=["b", "a"])
+    await s.node_lease(leases, node_id="a", lease_ms=10_000, forgotten=["b", "a"])
     assert await shard.r.zrange(leases, 0, -1) == ["a"]  # a lives: only b is dropped
-    await s.node_lease(leases, lay, node_id="a", lease_ms=0)
+    await s.node_lease(leases, node_id="a", lease_ms=0)
     assert await shard.r.zrange(leases, 0, -1) == []
 
 

@@ -1,7 +1,6 @@
 -- node_lease.lua: renew (or give up) a worker node's lease; read every node's.
 --
 -- KEYS[1] leases (ZSET node id -> lease end, server ms)
--- KEYS[2] the namespace's shard layout (HASH, see layout.lua): its generation is read
 -- ARGV[1] node id   ARGV[2] lease ms (0: leave: the caller's lease is dropped)
 -- ARGV[3] renewal period ms: leases end on its multiples plus the lease (0: now + lease)
 -- ARGV[4...] nodes whose lease lapsed and whose shard entries the caller forgot: dropped
@@ -14,9 +13,7 @@
 -- sees every node that failed to renew. The key has a hash tag of its own; on a Redis
 -- Cluster it is one call to one master.
 -- Returns {now, 1 if the caller's lease had lapsed (or was never taken) else 0,
---          {NODE, LEASE-END, ...} of every node, lapsed ones included,
---          the layout's generation (0: none yet)}: a node reads the layout again when
---          it changed (a reshard began, a shard was drained, or it ended).
+--          {NODE, LEASE-END, ...} of every node, lapsed ones included}.
 
 local node, lease, period, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), now_ms()
 local before = tonumber(redis.call('ZSCORE', KEYS[1], node))
@@ -32,5 +29,4 @@ for i = 4, #ARGV do
   local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]))
   if ends and ends < now then redis.call('ZREM', KEYS[1], ARGV[i]) end
 end
-return {now, lapsed, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'),
-        tonumber(redis.call('HGET', KEYS[2], 'gen') or 0)}
+return {now, lapsed, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
