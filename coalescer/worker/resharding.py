@@ -21,11 +21,13 @@ async def begin_reshard(layouts: Layouts, wanted: int, node_id: str) -> bool:
     """Begin a reshard to ``wanted`` shards if this node should (see the module);
     True if this call began one."""
     info = layouts.info
-    if info.resharding or wanted == info.was:
-        if wanted not in (info.shards, info.source) or info.resharding is False:
-            log.warning("node %s: its rules file says shards: %d, the namespace has %d "
-                        "(%s): this node follows the namespace", node_id, wanted,
-                        info.shards, _why(info.resharding, info.source or info.was))
+    if info.resharding:
+        if wanted not in (info.shards, info.source):
+            _follow(node_id, wanted, info.shards, f"a reshard from {info.source} runs")
+        return False
+    if wanted == info.was:
+        _follow(node_id, wanted, info.shards,
+                f"resharded from {info.was}, the count this file names")
         return False
     began = await layouts.begin(wanted, node_id)
     info = layouts.info
@@ -35,7 +37,6 @@ async def begin_reshard(layouts: Layouts, wanted: int, node_id: str) -> bool:
     return began
 
 
-def _why(resharding: bool, source: int) -> str:
-    if resharding:
-        return f"a reshard from {source} runs"
-    return f"resharded from {source}, the count this file names"
+def _follow(node_id: str, wanted: int, shards: int, why: str) -> None:
+    log.warning("node %s: its rules file says shards: %d, the namespace has %d (%s): this "
+                "node follows the namespace", node_id, wanted, shards, why)

@@ -345,3 +345,19 @@ async def test_on_a_cluster_keys_move_between_masters_and_every_one_is_refreshed
             assert writer.keyspace.shards == 6 and len(rec.max_active) == len(keys)
     assert max(rec.max_active.values()) == 1
     assert len(owners) > 1  # the shards live on more than one master
+
+
+async def test_a_node_with_a_third_count_during_a_reshard_follows_it_and_says_so(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    path, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(path, redis_url=redis_url, worker=False) as writer:
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "test")
+    third = same_handler(path, 8)
+    async with Coalescer.from_yaml(third, redis_url=redis_url, node_id="c") as c:
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the running reshard (to 4) to end")
+        assert c.keyspace.shards == 4
+    assert "says shards: 8, the namespace has 4 (a reshard from 1 runs)" in caplog.text
