@@ -14,7 +14,7 @@ from django.db import connection, transaction
 
 from coalescer import Coalescer, InvalidKeyError, UnknownKeyError
 from coalescer.config.rules import Config
-from coalescer.integrations.django import touch_in_transaction
+from coalescer.integrations.django import outbox_touches, touch_in_transaction
 from tests.helpers.django_db import configure
 from tests.helpers.outbox import pending_keys
 from tests.helpers.servers import wait_until
@@ -72,6 +72,28 @@ def test_one_call_is_one_insert() -> None:
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
     assert len(inserts) == 1
     assert len(rows()) == 300
+
+
+def test_touches_collected_in_a_block_are_one_insert_for_the_transaction() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(), \
+            outbox_touches(rules=RULES) as touch:
+        for n in range(50):
+            touch(f"stats:customer:{n}")
+        touch("stats:customer:7")  # twice in the block: one row
+        with pytest.raises(UnknownKeyError):
+            touch("orders:1")  # refused at once: adds nothing
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1
+    assert sorted(rows()) == sorted((f"stats:customer:{n}", None) for n in range(50))
+
+
+def test_a_block_that_raises_writes_nothing() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic(), outbox_touches() as touch:
+        touch("stats:customer:1")
+        raise RuntimeError("the request failed")
+    assert rows() == []
 
 
 def test_keys_are_checked_at_the_call() -> None:

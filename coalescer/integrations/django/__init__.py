@@ -4,7 +4,10 @@
 model (``coalescer.integrations.django.models.OutboxTouch``, table
 ``coalescer_outbox``) in the current transaction of the database ``using``: one
 multi-row ``INSERT`` per call, committed or rolled back with the data (a rolled-back
-savepoint takes its rows along, as the database does). A node reads the table as a
+savepoint takes its rows along, as the database does). Django has no hook just before
+a commit, so a view that touches keys in several places collects them with
+``outbox_touches(using=None)``, a block that writes them all as one ``INSERT`` when it
+ends: one per transaction, however many keys. A node reads the table as a
 ``type: outbox`` source. Add ``"coalescer.integrations.django"`` to ``INSTALLED_APPS``
 and run ``migrate``: the migration creates the table and, on PostgreSQL, the trigger
 that NOTIFYs the nodes. Outside ``atomic()`` (autocommit) the rows commit at once.
@@ -20,6 +23,8 @@ atomic block (autocommit) they are touched at once. ``coalescer`` is typically a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -28,7 +33,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from coalescer.integrations import Toucher, checked_keys
 from coalescer.integrations.outbox_rows import ROWS_PER_INSERT, checked_rows
 
-__all__ = ["touch_in_transaction", "touch_on_commit"]
+__all__ = ["outbox_touches", "touch_in_transaction", "touch_on_commit"]
 
 
 def touch_in_transaction(*keys: str, using: str | None = None, item: str | None = None,
@@ -40,9 +45,34 @@ def touch_in_transaction(*keys: str, using: str | None = None, item: str | None 
     ``rules``, a ``Config``, ``Coalescer`` or ``SyncCoalescer``, UnknownKeyError for a
     key no rule matches): a refused call writes nothing.
     """
+    _insert(list(dict.fromkeys(checked_rows(keys, item, rules))), using)
+
+
+@contextmanager
+def outbox_touches(using: str | None = None,
+                   rules: Any = None) -> Iterator[Callable[..., None]]:
+    """Collect touches in a block and write them as outbox rows of the database
+    ``using`` in one multi-row ``INSERT`` when the block ends (nothing if it raises).
+    Use it inside ``transaction.atomic()``, so that the rows commit with the data::
+
+        with transaction.atomic(), outbox_touches() as touch:
+            order.save()
+            touch(f"stats:customer:{order.customer_id}", item=str(order.id))
+
+    ``touch(*keys, item=None)`` checks its keys at once, as ``touch_in_transaction``
+    does (a refused call adds nothing)."""
+    rows: list[tuple[str, str | None]] = []
+
+    def touch(*keys: str, item: str | None = None) -> None:
+        rows.extend(checked_rows(keys, item, rules))
+
+    yield touch
+    _insert(list(dict.fromkeys(rows)), using)
+
+
+def _insert(rows: list[tuple[str, str | None]], using: str | None) -> None:
     from coalescer.integrations.django.models import OutboxTouch
 
-    rows = list(dict.fromkeys(checked_rows(keys, item, rules)))
     if rows:
         OutboxTouch.objects.using(using or DEFAULT_DB_ALIAS).bulk_create(
             [OutboxTouch(key=key, item=row_item) for key, row_item in rows],
