@@ -32,6 +32,8 @@ Per shard::
                                       read the layout again (see store/layout.py)
     NS:{NS:N}:moving          HASH    key -> its whole state, taken out of this shard by
                                       a reshard and not yet put into its new shard
+    NS:{NS:N}:arrived         HASH    key -> the id of the last such state put into this
+                                      shard (a state is put once; deleted when it ends)
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
@@ -132,6 +134,10 @@ class ShardKeys:
     @property
     def moving(self) -> str:
         return f"{self.prefix}:moving"
+
+    @property
+    def arrived(self) -> str:
+        return f"{self.prefix}:arrived"
 
     def items(self, key: str) -> str:
         """The items touched with ``key`` since its last claim. Whatever drops a key's

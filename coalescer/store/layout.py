@@ -155,9 +155,11 @@ class Layouts:
                      tuple(str(k) for k in reply[3]))
 
     async def put(self, shard: ShardKeys, source_seq: int, bundles: Sequence[str]) -> int:
-        """Put bundles taken from an old shard into their new shard ``shard``."""
+        """Put bundles taken from an old shard into their new shard ``shard`` (one put
+        already is skipped); returns how many were put."""
         reply = await self._scripts.call(
-            "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names],
+            "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names,
+                            shard.arrived],
             [shard.wake_channel, shard.prefix, source_seq, *bundles])
         return int(reply)
 
@@ -179,8 +181,10 @@ class Layouts:
     async def mark_all(self, keyspace: KeySpace) -> None:
         """Raise every shard's marker to ``keyspace.gen`` (a reshard ended: writers of
         the generation before it are sent to read the layout, and write straight to
-        each key's shard from then on). Plain SETs in one pipeline."""
+        each key's shard from then on), and drop what the shards kept of the bundles
+        put. Plain commands in one pipeline."""
         pipe = self._scripts.client.pipeline(transaction=False)
         for shard in keyspace.all_shards():
             pipe.set(shard.layout, keyspace.gen)
+            pipe.delete(shard.arrived)
         await pipe.execute()

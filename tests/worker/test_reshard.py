@@ -361,3 +361,35 @@ async def test_a_node_with_a_third_count_during_a_reshard_follows_it_and_says_so
                          message="the running reshard (to 4) to end")
         assert c.keyspace.shards == 4
     assert "says shards: 8, the namespace has 4 (a reshard from 1 runs)" in caplog.text
+
+
+async def test_a_bundle_put_before_its_mover_died_is_not_put_again(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 1)
+    new, _ = rules(tmp_path, namespace, 4, name="new")
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        keys = [f"stats:{i}" for i in range(20)]
+        writer.touch_many(keys)
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        moving = [k for k in keys if space.shard_of(k) != 0]
+        taken = await layouts.take(space.shard(0), space.gen, moving,
+                                   [space.shard_of(k) for k in moving], ["stats"])
+        assert taken is not None
+        for key, bundle in taken.bundles.items():  # put, then the mover died
+            assert await layouts.put(space.shard(space.shard_of(key)), taken.seq,
+                                     [bundle]) == 1
+        gone = moving[0]  # refreshed since in its new shard: no state left
+        home = space.shard(space.shard_of(gone))
+        await redis_client.hdel(home.meta, gone)
+        await redis_client.zrem(home.due("stats"), gone)
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+    assert await where(redis_client, namespace, gone, 4) == []  # not brought back
+    for key in moving[1:]:
+        assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)], key
+    for n in range(4):
+        assert not await redis_client.exists(space.shard(n).arrived)  # dropped at the end

@@ -1,6 +1,7 @@
 -- reshard_put.lua: put keys taken by reshard_take.lua into their new shard.
 --
 -- KEYS[1] meta   KEYS[2] seq   KEYS[3] next-wake string   KEYS[4] rulenames
+-- KEYS[5] arrived (HASH key -> the id of the last bundle of it put here)
 -- ARGV[1] wake channel   ARGV[2] the shard's key prefix
 -- ARGV[3] the old shard's fencing tokens so far (this shard's are raised to it, so a
 --         key's tokens keep growing across its move)
@@ -13,8 +14,10 @@
 -- Pending into running: a re-arm for when the run ends. Pending into dead: pending
 -- again. A dead bundle into a key with a state: dropped (the newer touch revived it).
 -- Items and claimed items go to the key's items (its next claim gets them all).
--- Putting a bundle twice (a mover that died before deleting it) can only add a refresh.
--- Returns the number of bundles put.
+-- A bundle already put (its mover died before deleting it from the old shard) is
+-- skipped: `arrived` holds the id of the last bundle put per key, for as long as the
+-- reshard runs.
+-- Returns the number of bundles put (not skipped).
 
 local meta = KEYS[1]
 local prefix, earliest = ARGV[2], nil
@@ -49,6 +52,8 @@ end
 
 local function put(bundle)
   local key, v, rule = bundle.k, bundle.v, bundle.r
+  if redis.call('HGET', KEYS[5], key) == bundle.id then return 0 end
+  redis.call('HSET', KEYS[5], key, bundle.id)
   local b, ev = decode(v), redis.call('HGET', meta, key)
   local e = decode(ev)
   if rule ~= '' then redis.call('SADD', KEYS[4], rule) end
@@ -64,8 +69,10 @@ local function put(bundle)
   for _, x in ipairs(bundle.i) do items[#items + 1] = x end
   for _, x in ipairs(bundle.c) do items[#items + 1] = x end
   if #items > 0 then each_chunk('SADD', prefix .. ':items:' .. key, items) end
+  return 1
 end
 
-for i = 4, #ARGV do put(cjson.decode(ARGV[i])) end
+local n = 0
+for i = 4, #ARGV do n = n + put(cjson.decode(ARGV[i])) end
 wake(KEYS[3], ARGV[1], earliest)
-return #ARGV - 3
+return n

@@ -11,7 +11,8 @@
 -- older layout is sent to read the layout again (upsert.lua), so no key can be
 -- written here by the old mapping any more. Then, per key: a pending or dead key is
 -- taken whole (its state, its due or dead score, its items and claimed items) into
--- `moving`, as a JSON bundle, and out of every other key of the shard; a running key
+-- `moving`, as a JSON bundle with an id of its own, and out of every other key of the
+-- shard; a running key
 -- stays (it finishes here, and is taken once pending again); a key with no state is
 -- skipped. reshard_put.lua puts bundles into their new shard, and the mover then
 -- deletes them from `moving`; a mover that dies in between leaves them there, and
@@ -45,6 +46,8 @@ local function find(key, kind)
   return nil, nil
 end
 
+local t = redis.call('TIME')
+local stamp = t[1] .. t[2] .. ':' .. prefix .. ':'  -- with `i`, a bundle's unique id
 local bundles, busy = {}, {}
 for i, key in ipairs(keys) do
   local v = redis.call('HGET', KEYS[1], key)
@@ -54,7 +57,7 @@ for i, key in ipairs(keys) do
     local kind = string.sub(v, 1, 1) == 'D' and 'dead' or 'due'
     local rule, score = find(key, kind)
     local items, claimed = prefix .. ':items:' .. key, prefix .. ':claimed:' .. key
-    local b = cjson.encode({k = key, d = tonumber(dests[i]), r = rule or '', v = v, z = score or '',
+    local b = cjson.encode({id = stamp .. i, k = key, d = tonumber(dests[i]), r = rule or '', v = v, z = score or '',
                             i = redis.call('SMEMBERS', items),
                             c = redis.call('SMEMBERS', claimed)})
     redis.call('HSET', KEYS[2], key, b)
