@@ -455,6 +455,12 @@ class Scripts:
                           {n: e for n, e in ends.items() if e >= now},
                           [n for n, e in ends.items() if e < now])
 
+    async def lease_ends(self, leases: str) -> dict[str, int]:
+        """Every node's lease end (server ms), lapsed ones included: one plain ZRANGE,
+        no script (a look between renewals, see node_lease.py)."""
+        every = await self._redis.zrange(leases, 0, -1, withscores=True)
+        return {str(node): int(float(ends)) for node, ends in every}
+
     async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
         """Drop a node whose lease lapsed from every shard's node set and rules registry:
         plain commands in one pipeline (on a Redis Cluster, one per master)."""
