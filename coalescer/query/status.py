@@ -14,11 +14,12 @@ from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
 from coalescer.store.hints import CommandHints
-from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.keys import KeySpace, ShardKeys, node_leases
 
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
+LAPSED = "lease lapsed, takeover pending"  # a leader whose node lease ended
 
 
 def recent_per_shard(shards: int) -> int:
@@ -70,6 +71,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
                        "epoch": int(leader.split("|", 1)[0]) if leader else None})
         for name in names:
             listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
+    await _mark_lapsed(redis, config.namespace, shards)
     dead = await _dead_letters(redis, listed[:DEAD_LISTED])
     recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
     for name, counts in recent.items():
@@ -80,6 +82,17 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     await add_sources(redis, config, status)
     await add_rates(redis, config, status)
     return status
+
+
+async def _mark_lapsed(redis: Any, namespace: str, shards: list[dict[str, Any]]) -> None:
+    """Set each shard's ``lease_lapsed``: its leader key names a node whose node lease
+    has ended (or is gone), so a standby is about to take the shard over."""
+    secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    live = {str(node) for node in
+            await redis.zrangebyscore(node_leases(namespace), now_ms, "+inf")}
+    for s in shards:
+        s["lease_lapsed"] = s["leader"] is not None and s["leader"] not in live
 
 
 async def _dead_letters(redis: Any,
@@ -116,10 +129,13 @@ def ranges(numbers: list[int], most: int = SHOWN_RANGES) -> str:
 
 
 def shard_summary(shards: list[dict[str, Any]]) -> str:
-    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none"."""
+    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none" (a
+    leader whose node lease lapsed: "n1 leads 3 (lease lapsed, takeover pending)")."""
     counts = Counter(s["leader"] for s in shards if s["leader"])
+    lapsed = {s["leader"] for s in shards if s.get("lease_lapsed")}
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    leads = [f"{node} leads {n}" for node, n in ranked[:SHOWN_LEADERS]]
+    leads = [f"{node} leads {n}" + (f" ({LAPSED})" if node in lapsed else "")
+             for node, n in ranked[:SHOWN_LEADERS]]
     if len(ranked) > SHOWN_LEADERS:
         others = ranked[SHOWN_LEADERS:]
         leads.append(f"{plural(len(others), 'more node')} lead {sum(n for _, n in others)}")
@@ -138,7 +154,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines = [f"namespace {status['namespace']}", shard_summary(status["shards"])]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
-        lines += [f"{s['shard']:<6} {s['leader'] or '(none)'}" for s in status["shards"]]
+        lines += [f"{s['shard']:<6} {_leader_text(s)}" for s in status["shards"]]
     lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
@@ -149,6 +165,12 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += format_sources(status)
     lines += _dead_lines(status, hints or CommandHints())
     return "\n".join(lines)
+
+
+def _leader_text(shard: dict[str, Any]) -> str:
+    if not shard["leader"]:
+        return "(none)"
+    return f"{shard['leader']} ({LAPSED})" if shard.get("lease_lapsed") else shard["leader"]
 
 
 def _dead_lines(status: dict[str, Any], hints: CommandHints) -> list[str]:
