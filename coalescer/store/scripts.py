@@ -266,6 +266,11 @@ class Scripts:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
+    async def _run_now(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One call sent at once, not queued behind the batcher's (on a Redis Cluster, a
+        node's lease renewal would otherwise wait behind its shards' calls, and lapse)."""
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
         """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
         result = await self.upsert_keys(shard, groups)
@@ -447,7 +452,7 @@ class Scripts:
         """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
         multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
         nodes whose shard entries this node removed."""
-        now, lapsed, every = await self._run(
+        now, lapsed, every = await self._run_now(
             "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
         now = int(now)
         ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
