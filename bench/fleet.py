@@ -11,7 +11,9 @@ prints, step by step:
 (a) converge: every node started at once; seconds until every node leads an even share
     (``ceil(shards / nodes)`` or one less), and the share per node;
 (c) idle: commands/s the three masters ran (``INFO commandstats``, commands inside
-    scripts included) over a quiet window, by command;
+    scripts included) over a quiet window of whole lease periods (every node renews on
+    the same instants: a window of another length counts a renewal more or less of
+    each), by command;
 (d) load: distinct keys touched by one writer at 5,000/s (window 500 ms: 5,000 due
     keys/s) for a while; refreshes per node, start lag p50 / p99 (lag = refresh start
     minus due time) and keys never refreshed;
@@ -50,6 +52,7 @@ from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.query.status import gather_status
 from coalescer.store.keys import KeySpace
+from coalescer.worker.node_lease import RENEW_SHARE
 
 from .figures import NS, Sizes, _flushall, _spawn, _stop, key, rules_text
 from .fleet_probe import read_records
@@ -63,6 +66,7 @@ RATE = 5_000  # due keys/s of the load
 WINDOW = "500ms"
 GROW_FROM = 4
 POOL = 30_000  # keys the growth load touches again and again
+TARGET_S = 10.0  # seconds after the start the shares should be even by
 CONVERGE_TIMEOUT = 90.0  # seconds: a step that takes longer is reported as not converged
 DRAIN_TIMEOUT = 60.0
 
@@ -71,7 +75,7 @@ DRAIN_TIMEOUT = 60.0
 class Plan:
     """How long each step runs (``quick()``: shorter)."""
 
-    idle_seconds: float = 20.0
+    idle_periods: int = 9  # the idle window, in lease periods (leases renew on the same instants)
     settle_seconds: float = 5.0
     load_seconds: float = 15.0
     grow_every: float = 1.0  # seconds between node starts while growing
@@ -79,7 +83,7 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(idle_seconds=10.0, settle_seconds=3.0, load_seconds=6.0, grow_every=0.5,
+        return cls(idle_periods=4, settle_seconds=3.0, load_seconds=6.0, grow_every=0.5,
                    grow_after=3.0)
 
 
@@ -147,15 +151,20 @@ def even(led: list[str | None], nodes: list[str]) -> bool:
 
 
 async def until_even(r: Any, shards: int, nodes: list[str], t0: float) -> dict[str, Any]:
-    """Poll the leaders until ``nodes`` lead even shares (or CONVERGE_TIMEOUT)."""
+    """Poll the leaders until ``nodes`` lead even shares (or CONVERGE_TIMEOUT); also the
+    shares at the first read past TARGET_S."""
+    at_target: dict[str, Any] | None = None
     while True:
         led = await leaders(r, shards)
         now = time.monotonic()
+        counts = Counter(led)
+        if at_target is None and now - t0 >= TARGET_S:
+            shares = [counts[n] for n in nodes]
+            at_target = {"min": min(shares), "max": max(shares), "unled": counts[None]}
         if even(led, nodes) or now - t0 > CONVERGE_TIMEOUT:
-            counts = Counter(led)
             return {"converged": even(led, nodes), "seconds": now - t0,
-                    "shares": {n: counts[n] for n in nodes},
-                    "unled": counts[None]}
+                    "shares": {n: counts[n] for n in nodes}, "unled": counts[None],
+                    "at_target": at_target}
         await asyncio.sleep(0.2)
 
 
@@ -350,7 +359,7 @@ async def run(tmp: Path, plan: Plan, *, nodes: int = NODES, shards: int = SHARDS
             out["converge"] = await converge(fleet, r, names)
             show("converge", out)
             await asyncio.sleep(plan.settle_seconds)
-            out["idle"] = await idle(fleet, plan.idle_seconds)
+            out["idle"] = await idle(fleet, plan.idle_periods * LEASE * RENEW_SHARE)
             show("idle", out)
             async with _writer(fleet) as writer:
                 out["load"] = await load(fleet, writer, names, plan.load_seconds, rate)
@@ -400,12 +409,21 @@ def _shares(shares: dict[str, int]) -> str:
     return " ".join(f"{n}:{c}" for n, c in shares.items())
 
 
+def _at_target(res: dict[str, Any]) -> str:
+    at = res["at_target"]
+    if at is None:
+        return ""
+    return (f"; at {TARGET_S:g} s a node led {at['min']} to {at['max']} shards, "
+            f"{at['unled']} unled")
+
+
 def _print(step: str, out: dict[str, Any]) -> None:
     res = out[step]
     if step == "converge":
         print(f"(a) converge: {out['nodes']} nodes, {out['shards']} shards: "
               f"{'even shares' if res['converged'] else 'NOT even'} after {res['seconds']:.1f} s "
-              f"(target <= 10 s); shares: {_shares(res['shares'])}", flush=True)
+              f"(target <= {TARGET_S:g} s{_at_target(res)}); shares: {_shares(res['shares'])}",
+              flush=True)
     elif step == "idle":
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(res["by_command"].items())[:6])
         print(f"(c) idle: {res['per_second']:.1f} Redis commands/s over the {MASTERS} masters "
