@@ -14,7 +14,7 @@ from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
 from coalescer.store.hints import CommandHints
-from coalescer.store.keys import KeySpace, ShardKeys, node_leases
+from coalescer.store.keys import KeySpace, ShardKeys
 
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
@@ -71,7 +71,6 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
                        "epoch": int(leader.split("|", 1)[0]) if leader else None})
         for name in names:
             listed += [(sk, key, name, since) for key, since in read_rule(rules[name], replies)]
-    await _mark_lapsed(redis, config.namespace, shards)
     dead = await _dead_letters(redis, listed[:DEAD_LISTED])
     recent = await recent_by_rule(redis, config, recent_per_shard(config.shards))
     for name, counts in recent.items():
@@ -82,17 +81,6 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     await add_sources(redis, config, status)
     await add_rates(redis, config, status)
     return status
-
-
-async def _mark_lapsed(redis: Any, namespace: str, shards: list[dict[str, Any]]) -> None:
-    """Set each shard's ``lease_lapsed``: its leader key names a node whose node lease
-    has ended (or is gone), so a standby is about to take the shard over."""
-    secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
-    now_ms = int(secs) * 1000 + int(micros) // 1000
-    live = {str(node) for node in
-            await redis.zrangebyscore(node_leases(namespace), now_ms, "+inf")}
-    for s in shards:
-        s["lease_lapsed"] = s["leader"] is not None and s["leader"] not in live
 
 
 async def _dead_letters(redis: Any,
