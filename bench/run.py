@@ -34,6 +34,7 @@ from typing import Any
 from . import batches as B
 from . import check as CK
 from . import figures as F
+from . import fleet as FL
 from . import idle_shards as S
 from . import items as I
 from . import outbox as O
@@ -95,6 +96,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
               ("coalescer_distinct", F.distinct_coalescer, ())],
     "check": [("coalescer", CK.check_indexed, (10_000,)),
               ("baseline", CK.check_pairwise, (300,))],
+    "fleet": [("coalescer", FL.fleet_coalescer, ("TMP",))],
     "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
                ("coalescer_cost", O.outbox_cost, ()),
@@ -105,6 +107,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
 PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median over theirs
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
+GROUP_TIMEOUTS = {"fleet": 600.0}  # groups whose one measurement runs many steps
 
 
 async def run_group(name: str, sizes: F.Sizes, tmp: Path, results: dict[str, Any],
@@ -120,7 +123,8 @@ async def run_group(name: str, sizes: F.Sizes, tmp: Path, results: dict[str, Any
             try:
                 fresh_heap()
                 with Server(tmp, f"{name}-{system}-{i}") as server:
-                    runs.append(await _bounded(measure(server, sizes, *args), name, system))
+                    runs.append(await _bounded(measure(server, sizes, *args), name, system,
+                                               GROUP_TIMEOUTS.get(name, MEASURE_TIMEOUT)))
                 if "skipped" in runs[-1]:  # a peer that cannot run here: once is enough
                     break
             except Exception as exc:  # one broken figure must not hide the others
@@ -139,21 +143,21 @@ def fresh_heap() -> None:
     gc.freeze()
 
 
-async def _bounded(coro: Awaitable[dict[str, Any]], name: str,
-                   system: str) -> dict[str, Any]:
-    """Run one measurement for at most MEASURE_TIMEOUT; a stuck one is reported, not waited on."""
+async def _bounded(coro: Awaitable[dict[str, Any]], name: str, system: str,
+                   timeout: float = MEASURE_TIMEOUT) -> dict[str, Any]:
+    """Run one measurement for at most ``timeout``; a stuck one is reported, not waited on."""
     task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait([task], timeout=MEASURE_TIMEOUT)
+    done, _ = await asyncio.wait([task], timeout=timeout)
     if task in done:
         return task.result()
-    print(f"\n{name}/{system} still running after {MEASURE_TIMEOUT:g}s; its tasks:",
+    print(f"\n{name}/{system} still running after {timeout:g}s; its tasks:",
           file=sys.stderr)
     for t in asyncio.all_tasks():
         if t is not asyncio.current_task():
             t.print_stack(limit=8, file=sys.stderr)
     task.cancel()
     await asyncio.wait([task], timeout=10)
-    raise TimeoutError(f"{name}/{system} took over {MEASURE_TIMEOUT:g}s")
+    raise TimeoutError(f"{name}/{system} took over {timeout:g}s")
 
 
 def run_in_loop(coro: Awaitable[None]) -> None:
@@ -538,11 +542,28 @@ def _outbox_rows(t: Rows) -> None:
              fmt=lambda v: _fmt(v, digits=0))
 
 
+def _fleet_rows(t: Rows) -> None:
+    where = "fleet.coalescer"
+    fleet = f"{FL.NODES} node processes, {FL.SHARDS:,} shards, {FL.MASTERS}-master cluster"
+    t.figure(f"fleet ({fleet}): seconds to even shares", t.spread(where, "converge_s"),
+             None, fmt=lambda v: _fmt(v, " s", 1), target="<= 10 s", ok=lambda c: c <= 10)
+    t.figure(f"fleet ({fleet}), idle: Redis commands/s over the masters (server-counted)",
+             t.spread(where, "idle_per_second"), None, fmt=lambda v: _fmt(v, digits=1),
+             target="<= 50", ok=lambda c: c <= 50)
+    t.figure(f"fleet: node SIGKILL -> its shards led by others (lease {FL.LEASE:g} s)",
+             t.spread(where, "takeover_s"), None, fmt=lambda v: _fmt(v, " s", 2),
+             target=f"<= {FL.LEASE + 0.5:g} s", ok=lambda c: c <= FL.LEASE + 0.5)
+    t.figure(f"fleet: start lag p99 at {FL.RATE:,} due keys/s over the nodes",
+             t.spread(where, "lag_p99_ms"), None, fmt=lambda v: _fmt(v, " ms", 1))
+    t.lost(f"lost updates: fleet grown from {FL.GROW_FROM} to {FL.NODES} nodes under load",
+           where, "fleet.none", "grow_counts", peers=False)
+
+
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows):
+                 _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _fleet_rows):
         part(t)
     return t.out
 

@@ -4,6 +4,8 @@ Adds to the status dict:
 
 - ``nodes``: ``[{"node", "last_seen_ms", "rules": {NAME: FINGERPRINT}}]``, the live
   worker nodes (those whose node lease lives);
+- per shard: ``lease_lapsed`` (true when its leader's node lease has ended: a standby
+  is about to take it over);
 - ``rules_mismatch``: ``{"missing": {RULE: [nodes lacking it]}, "differing":
   {RULE: {NODE: FINGERPRINT}}}``, both empty when every live node runs the same rules;
 - per rule: ``known_by`` (the live nodes that serve it) and ``unserved`` (true while
@@ -31,8 +33,10 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
     file lacks.
     """
     space = KeySpace(config.namespace, len(status["shards"]))  # every shard status read
-    nodes, names = await _read_registry(redis, space.shard(0), config.namespace,
-                                        round(config.leader_lease * 1000))
+    nodes, names, leased = await _read_registry(redis, space.shard(0), config.namespace,
+                                                round(config.leader_lease * 1000))
+    for shard in status["shards"]:  # a leader whose node lease ended: a take-over is due
+        shard["lease_lapsed"] = shard["leader"] is not None and shard["leader"] not in leased
     known = {p.node: decode(p.rules) for p in nodes}
     status["nodes"] = [{"node": p.node, "last_seen_ms": p.last_seen_ms, "rules": known[p.node]}
                        for p in nodes]
@@ -49,8 +53,9 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
 
 
 async def _read_registry(redis: Any, sk: ShardKeys, namespace: str,
-                         lease_ms: int) -> tuple[list[Peer], set[str]]:
-    """The live worker nodes of shard ``sk`` (sorted by id), and every rule name registered."""
+                         lease_ms: int) -> tuple[list[Peer], set[str], set[str]]:
+    """The live worker nodes of shard ``sk`` (sorted by id), every rule name registered,
+    and every node whose node lease lives."""
     secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
     now_ms = int(secs) * 1000 + int(micros) // 1000
     pipe = redis.pipeline(transaction=False)
@@ -62,7 +67,7 @@ async def _read_registry(redis: Any, sk: ShardKeys, namespace: str,
     leases = dict(live)
     peers = [Peer(str(node), int(leases[node]) - lease_ms, str(entries.get(node, "")))
              for node in sorted(seen) if node in leases]
-    return peers, {str(n) for n in names}
+    return peers, {str(n) for n in names}, {str(n) for n in leases}
 
 
 async def _counts(redis: Any, shards: list[ShardKeys],

@@ -21,6 +21,7 @@ from coalescer.store.layout import LayoutInfo
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
+LAPSED = "lease lapsed, takeover pending"  # a leader whose node lease ended
 
 
 def recent_per_shard(shards: int) -> int:
@@ -119,10 +120,13 @@ def ranges(numbers: list[int], most: int = SHOWN_RANGES) -> str:
 
 
 def shard_summary(shards: list[dict[str, Any]]) -> str:
-    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none"."""
+    """One line: "shards: 512 — node-a leads 256, node-b leads 256; unled: none" (a
+    leader whose node lease lapsed: "n1 leads 3 (lease lapsed, takeover pending)")."""
     counts = Counter(s["leader"] for s in shards if s["leader"])
+    lapsed = {s["leader"] for s in shards if s.get("lease_lapsed")}
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    leads = [f"{node} leads {n}" for node, n in ranked[:SHOWN_LEADERS]]
+    leads = [f"{node} leads {n}" + (f" ({LAPSED})" if node in lapsed else "")
+             for node, n in ranked[:SHOWN_LEADERS]]
     if len(ranked) > SHOWN_LEADERS:
         others = ranked[SHOWN_LEADERS:]
         leads.append(f"{plural(len(others), 'more node')} lead {sum(n for _, n in others)}")
@@ -142,7 +146,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
              shard_summary(status["shards"])]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
-        lines += [f"{s['shard']:<6} {s['leader'] or '(none)'}" for s in status["shards"]]
+        lines += [f"{s['shard']:<6} {_leader_text(s)}" for s in status["shards"]]
     lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
@@ -180,6 +184,12 @@ def layout_lines(layout: dict[str, Any] | None, now_ms: int) -> list[str]:
                 f"{_when(layout['ended_ms'], now_ms)} ({plural(layout['moved'], 'key')} "
                 "moved)"]
     return []
+
+
+def _leader_text(shard: dict[str, Any]) -> str:
+    if not shard["leader"]:
+        return "(none)"
+    return f"{shard['leader']} ({LAPSED})" if shard.get("lease_lapsed") else shard["leader"]
 
 
 def _dead_lines(status: dict[str, Any], hints: CommandHints) -> list[str]:

@@ -278,6 +278,11 @@ class Scripts:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._batcher.call(self._scripts[name], list(keys), list(args))
 
+    async def _run_now(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One call sent at once, not queued behind the batcher's (on a Redis Cluster, a
+        node's lease renewal would otherwise wait behind its shards' calls, and lapse)."""
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
         """Schedule the groups' keys; returns how many. ScriptError if a key failed."""
         result = await self.upsert_keys(shard, groups)
@@ -472,13 +477,19 @@ class Scripts:
         """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
         multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
         nodes whose shard entries this node removed."""
-        now, lapsed, every = await self._run(
+        now, lapsed, every = await self._run_now(
             "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
         now = int(now)
         ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
         return NodeLeases(now, bool(int(lapsed)),
                           {n: e for n, e in ends.items() if e >= now},
                           [n for n, e in ends.items() if e < now])
+
+    async def lease_ends(self, leases: str) -> dict[str, int]:
+        """Every node's lease end (server ms), lapsed ones included: one plain ZRANGE,
+        no script (a look between renewals, see node_lease.py)."""
+        every = await self._redis.zrange(leases, 0, -1, withscores=True)
+        return {str(node): int(float(ends)) for node, ends in every}
 
     async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
         """Drop a node whose lease lapsed from every shard's node set and rules registry:

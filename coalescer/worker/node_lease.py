@@ -9,8 +9,13 @@ of the server clock (multiples of the period), so every node's lease ends at the
 instant. Between calls a node sleeps until its next renewal or until just after the
 earliest other lease would end: a standby hears of a dead leader within
 ``LAPSE_MARGIN`` of its lease's end, and wakes the shards that wait on that node
-(``watch``) to take them over; and a node makes two calls a period however many nodes
-there are (one alone: one).
+(``watch``) to take them over. That second look of a period renews nothing, so it is
+no script call but one plain read of the leases (``ZRANGE``, one command where the
+renewal is five): which leases ended is judged against the server clock as the last
+renewal read it, advanced by the loop's clock from when that renewal answered to when
+the look was sent (never later than the server's own clock, so a live lease is never
+taken for a lapsed one). An idle node makes one renewal and one look a period, however
+many nodes there are (one alone: the renewal only).
 
 A call that finds this node's own lease lapsed (the process stalled longer than a
 lease), or no call succeeding before the lease ends, tells every led shard to stop
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 RENEW_SHARE = 0.75  # of the lease: when a node renews its own (an idle node: 0.44 calls/s)
 LAPSE_MARGIN = 0.05  # seconds after another node's lease would end before looking again
 START_MARGIN = 0.02  # seconds past a period's start (server clock) before renewing
+EARLY = 0.005  # seconds: a wake this close to the renewal renews (no look just before it)
 
 
 class NodeLease:
@@ -60,6 +66,7 @@ class NodeLease:
         self._deadline = 0.0  # loop clock: our lease has ended by then at the latest
         self.read_sent = 0.0  # loop clock: when the call that read ``live`` was sent
         self._next = 0.0  # loop clock: when to renew next (the next period's start)
+        self._anchor: tuple[float, int] | None = None  # last renewal: (answered, server ms)
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._wake = asyncio.Event()
         self._leaving = False
@@ -88,7 +95,39 @@ class NodeLease:
                            stop=lambda: self._leaving)
 
     async def renew(self) -> None:
-        """One call: renew our lease, read the others', act on what changed."""
+        """One call: renew our lease (a look at the others' when the renewal is not due
+        and our lease lives), act on what changed."""
+        if self._look_suffices() and await self._look():
+            return
+        await self._renew()
+
+    def _look_suffices(self) -> bool:
+        return (self._anchor is not None and self.holding.is_set() and not self._leaving
+                and asyncio.get_running_loop().time() < self._next - EARLY)
+
+    async def _look(self) -> bool:
+        """Read every lease with one plain command; False (renew instead) when our own
+        lease is not among the live ones."""
+        assert self._anchor is not None
+        loop = asyncio.get_running_loop()
+        self._wake.clear()
+        sent = loop.time()
+        answered, server_ms = self._anchor
+        now_ms = server_ms + int((sent - answered) * 1000)  # at most the server's clock
+        ends = await self._scripts.lease_ends(self._key)
+        if ends.get(self._node_id, -1) < now_ms:
+            return False
+        live = {node: answered + (end - server_ms) / 1000
+                for node, end in ends.items() if end >= now_ms}
+        self.read_sent = sent
+        self._set_live(live)
+        gone = [node for node, end in ends.items() if end < now_ms]
+        if gone and self._node_id == min(live, default=self._node_id):
+            await self._forget(gone)
+        return True
+
+    async def _renew(self) -> None:
+        """The script call: renew our lease, read the others', act on what changed."""
         loop = asyncio.get_running_loop()
         self._wake.clear()  # a watch from now on asks for another call
         sent = loop.time()
@@ -107,6 +146,7 @@ class NodeLease:
         start = (state.now_ms // period + 1) * period
         self._next = got + (start - state.now_ms) / 1000 + START_MARGIN
         self.holding.set()
+        self._anchor = (got, state.now_ms)
         live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
         self.read_sent = sent
         self._set_live(live)

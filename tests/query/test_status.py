@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from coalescer.query.status import format_status, shard_summary
+from redis.asyncio import Redis
+
+from coalescer.config.rules import Config
+from coalescer.query.status import format_status, gather_status, shard_summary
+from coalescer.store.keys import KeySpace, node_leases
+from tests.conftest import RulesFactory
+from tests.helpers.e2e import server_ms
 
 STATUS = {
     "namespace": "app",
@@ -62,3 +68,40 @@ def test_the_dead_letter_section_says_when_more_exist_than_it_lists() -> None:
                                 "user-stats": {**STATUS["rules"]["user-stats"], "dead": 135}}}
     text = format_status(many, now_ms=10_000)
     assert "DEAD LETTERS (1 of 135 shown; every one with `coalescer dead list`;" in text
+
+
+async def test_a_leader_whose_node_lease_lapsed_shows_as_such_until_taken_over(
+        redis_client: Redis, namespace: str, rules_file: RulesFactory) -> None:
+    config = Config.from_yaml(rules_file(f"""\
+namespace: {namespace}
+shards: 4
+rules:
+  - name: stats
+    match: "stats:{{id}}"
+    handler: handlers:refresh
+""", "def refresh(claim):\n    pass\n"))
+    space = KeySpace(namespace, 4)
+    dead = "n1\x1b[2J"  # a hostile node id: shown escaped
+    now_ms = await server_ms(redis_client)
+    await redis_client.zadd(node_leases(namespace),
+                            {dead: now_ms - 10_000, "n2": now_ms + 60_000})
+    for shard, node in enumerate([dead, dead, "n2", "n2"]):
+        await redis_client.set(space.shard(shard).leader, f"7|{node}")
+
+    status = await gather_status(redis_client, config)
+    assert [s["lease_lapsed"] for s in status["shards"]] == [True, True, False, False]
+    text = format_status(status, now_ms=now_ms, every_shard=True)
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert lines[1] == (r"shards: 4 — n1\x1b[2J leads 2 (lease lapsed, takeover pending), "
+                        "n2 leads 2; unled: none")
+    assert lines[lines.index("SHARD  LEADER") + 1].split(None, 1) == [
+        "0", r"n1\x1b[2J (lease lapsed, takeover pending)"]
+    assert lines[lines.index("SHARD  LEADER") + 3].split() == ["2", "n2"]
+
+    await redis_client.set(space.shard(0).leader, "8|n2")  # a standby took one over
+    await redis_client.zrem(node_leases(namespace), dead)  # and forgot the node
+    status = await gather_status(redis_client, config)
+    assert [s["lease_lapsed"] for s in status["shards"]] == [False, True, False, False]
+    assert shard_summary(status["shards"]).startswith(
+        "shards: 4 — n2 leads 3, n1\x1b[2J leads 1 (lease lapsed, takeover pending)")

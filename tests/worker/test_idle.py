@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,45 @@ async def test_an_idle_node_costs_the_same_commands_per_lease_period_at_1_and_51
     # a spare one for the renewal the window may cut: nothing per shard
     assert one <= 5 * 8
     assert many <= 5 * 8, f"{many} commands at 512 shards, {one} at 1"
+
+
+async def fleet_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
+                         nodes: int) -> tuple[int, int]:
+    """Commands the server ran, and script calls among them, while ``nodes`` idle nodes
+    sharing the shards renewed their leases: the window is four renewals of the first."""
+    path, _ = recorder_rules(tmp_path, f"fleet_{namespace}",
+                             RULES.format(ns=namespace, shards=nodes, mod="{mod}"))
+    client = server.client()
+    try:
+        async with AsyncExitStack() as stack:
+            started = [await stack.enter_async_context(
+                Coalescer.from_yaml(path, redis_url=server.url, node_id=f"n{i}"))
+                for i in range(nodes)]
+            await wait_until(lambda: all(len(n.leads()) == 1 for n in started), timeout=60,
+                             message="every node leads one shard")
+            probe = started[0].redis
+            await renewals(probe, namespace, "n0", 2)
+            before = calls(client)
+            await renewals(probe, namespace, "n0", 4)
+            after = calls(client)
+    finally:
+        client.close()
+    delta = {name: n - before.get(name, 0) for name, n in after.items()
+             if name not in (PROBE, "info")}
+    return sum(delta.values()), delta.get("evalsha", 0) + delta.get("eval", 0)
+
+
+async def test_idle_nodes_renew_with_one_script_call_a_period_and_look_with_one_command(
+        own_server: ValkeyProcess, namespace: str, tmp_path: Path) -> None:
+    nodes = 3
+    total, scripts = await fleet_commands(own_server, tmp_path, namespace, nodes)
+    # each node, each period: one renewal (the script call and the four commands it runs)
+    # and one look just after the others' leases would end (one plain ZRANGE): six, so
+    # sixteen nodes with a 3 s lease (a period of 2.25 s) make under 50 commands/s.
+    # Four periods, and a spare one for the period the window may cut.
+    assert scripts <= 5 * nodes, f"{scripts} script calls"
+    assert total <= 5 * nodes * 6, f"{total} commands for {nodes} nodes over 4 periods"
+    assert total / 4 / nodes * 16 / 2.25 <= 50
 
 
 async def test_a_lapsed_node_lease_stops_the_shard_another_node_took_and_keeps_the_other(
