@@ -23,7 +23,10 @@ prints, step by step:
     (keys from a pool, touched again and again); every touched key must be refreshed
     after its last touch: touches, keys, refreshes, lost (none refreshed after its last
     touch), and seconds until the 16 lead even shares;
-(f) reshard 64 -> 1,024 shards under load: a placeholder (``reshard_under_load``).
+(f) reshard: 16 nodes on ``shards: 64`` under the pool load, then a rolling deploy of
+    ``shards: 1024`` (each node stopped and started again on the new file, the first
+    one back begins a live reshard): seconds until the reshard ended, keys moved, and
+    every touched key refreshed after its last touch (lost: none may be).
 
 Figures only: nothing here asserts a time.
 """
@@ -51,7 +54,7 @@ from redis.asyncio import RedisCluster
 from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.query.status import gather_status
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, layout
 from coalescer.worker.node_lease import RENEW_SHARE
 
 from .figures import NS, Sizes, _flushall, _spawn, _stop, key, rules_text
@@ -67,6 +70,7 @@ WINDOW = "500ms"
 GROW_FROM = 4
 POOL = 30_000  # keys the growth load touches again and again
 TARGET_S = 10.0  # seconds after the start the shares should be even by
+RESHARD_FROM, RESHARD_TO = 64, 1024
 CONVERGE_TIMEOUT = 90.0  # seconds: a step that takes longer is reported as not converged
 DRAIN_TIMEOUT = 60.0
 
@@ -116,6 +120,10 @@ class Fleet:
                                    self.cluster.url, "--http", "off", "--node-id", name,
                                    "--grace", "2"],
                                   self.log(name), self.folder / f"node-{name}.out")
+
+    def stop(self, name: str) -> None:
+        """SIGTERM one node and wait for it (it releases its shards)."""
+        _stop(self.procs.pop(name))
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -327,14 +335,58 @@ async def grow(fleet: Fleet, r: Any, writer: Coalescer, plan: Plan, *, nodes: in
             "lost_sample": lost[:5], "drained": empty}
 
 
-async def reshard_under_load(fleet: Fleet, r: Any, writer: Coalescer,
-                             plan: Plan) -> dict[str, Any] | None:
-    """(f) RESHARD HOOK, not measured yet: start the fleet on ``shards: 64``, put the
-    load on, then start nodes whose rules say ``shards: 1024`` (a node started with
-    another ``shards`` than the namespace's starts a live reshard); figures to print:
-    the time the reshard takes, touches lost (must be 0), start lag p99 during it.
-    Returns None until it is written."""
-    return None
+async def reshard_under_load(cluster: Cluster, r: Any, tmp: Path, plan: Plan, *,
+                             nodes: int, rate: int) -> dict[str, Any]:
+    """(f) ``nodes`` nodes on ``shards: 64`` under the pool load, then a rolling deploy
+    of a rules file with ``shards: 1024``: each node is stopped and started again on it
+    (the first one back begins the live reshard). Every touched key must be refreshed
+    after its last touch."""
+    fleet = Fleet(cluster, tmp / "reshard", RESHARD_FROM)
+    names = [f"r{i:02d}" for i in range(nodes)]
+    try:
+        async with _writer(fleet) as writer:
+            start = await converge(fleet, r, names)
+            feed = Load(writer, rate, pool=POOL)
+            await asyncio.sleep(plan.grow_every * 2)
+            old_rules, fleet.rules = fleet.rules, fleet.folder / "rules-1024.yaml"
+            fleet.rules.write_text(old_rules.read_text().replace(
+                f"shards: {RESHARD_FROM}", f"shards: {RESHARD_TO}"))
+            t0 = time.monotonic()
+            for name in names:  # a rolling deploy: one node at a time
+                fleet.stop(name)
+                fleet.start(name)
+                await asyncio.sleep(plan.grow_every)
+            done = await until_resharded(r, t0)
+            await asyncio.sleep(plan.grow_after)
+            await feed.stop()
+            empty = await drained(writer, fleet.config)
+            fleet.stop_all()
+            records = fleet.records(names)
+    finally:
+        fleet.stop_all()
+    latest: dict[str, float] = {}
+    lags = []
+    for rows in records.values():
+        for t, due_ms, k in rows:
+            latest[k] = max(latest.get(k, 0.0), t)
+            lags.append(t * 1000 - due_ms)
+    lost = [k for k, touched in feed.last.items() if latest.get(k, 0.0) <= touched]
+    return {"from": RESHARD_FROM, "to": RESHARD_TO, "nodes": nodes, "start": start,
+            "reshard_s": done["seconds"], "resharded": done["done"], "moved": done["moved"],
+            "touches": feed.touches, "keys": len(feed.last),
+            "refreshes": sum(len(v) for v in records.values()), "lost": len(lost),
+            "lost_sample": lost[:5], "drained": empty, "lag_p99_ms": _pct(lags, 0.99)}
+
+
+async def until_resharded(r: Any, t0: float) -> dict[str, Any]:
+    """Poll the namespace's layout until a reshard to RESHARD_TO ended."""
+    while True:
+        found = await r.hgetall(layout(NS))
+        ended = found.get("shards") == str(RESHARD_TO) and found.get("from") == "0"
+        if ended or time.monotonic() - t0 > CONVERGE_TIMEOUT:
+            return {"done": ended, "seconds": time.monotonic() - t0,
+                    "moved": int(found.get("moved", 0))}
+        await asyncio.sleep(0.1)
 
 
 # -- the whole run ---------------------------------------------------------------------------
@@ -373,10 +425,12 @@ async def run(tmp: Path, plan: Plan, *, nodes: int = NODES, shards: int = SHARDS
                 async with _writer(grow_fleet) as writer:
                     out["grow"] = await grow(grow_fleet, r, writer, plan, nodes=nodes, rate=rate)
                     show("grow", out)
-                    out["reshard"] = await reshard_under_load(grow_fleet, r, writer, plan)
-                    show("reshard", out)
             finally:
                 grow_fleet.stop_all()
+            await asyncio.to_thread(_flushall, cluster.nodes)
+            out["reshard"] = await reshard_under_load(cluster, r, tmp, plan, nodes=nodes,
+                                                      rate=rate)
+            show("reshard", out)
         finally:
             fleet.stop_all()
             await r.aclose()
@@ -398,7 +452,10 @@ def _flat(out: dict[str, Any]) -> dict[str, Any]:
                "takeover_s": out["failover"]["takeover_s"],
                "lag_p99_ms": out["load"]["lag_p99_ms"],
                "grow_counts": {"lost": out["grow"]["lost"],
-                                   "touches": out["grow"]["keys"]}}
+                                   "touches": out["grow"]["keys"]},
+               "reshard_counts": {"lost": out["reshard"]["lost"],
+                                  "touches": out["reshard"]["keys"]},
+               "reshard_s": out["reshard"]["reshard_s"]}
     return {**out, **figures}
 
 
@@ -453,9 +510,12 @@ def _print(step: str, out: dict[str, Any]) -> None:
               f"({'converged' if g['converged'] else 'NOT converged'}: {_shares(g['shares'])})",
               flush=True)
     elif step == "reshard":
-        print("(f) reshard 64 -> 1,024 shards under load: not measured yet (placeholder: "
-              "bench.fleet.reshard_under_load)" if res is None else f"(f) reshard: {res}",
-              flush=True)
+        print(f"(f) reshard {res['from']} -> {res['to']} shards under {out['rate']:,} "
+              f"touches/s, a rolling deploy of {res['nodes']} nodes: "
+              f"{'ended' if res['resharded'] else 'NOT ended'} {res['reshard_s']:.1f} s after "
+              f"the first restart, {res['moved']:,} keys moved; {res['touches']:,} touches "
+              f"of {res['keys']:,} keys, {res['refreshes']:,} refreshes, lost {res['lost']} "
+              f"(target 0); start lag p99 {res['lag_p99_ms']:.0f} ms", flush=True)
 
 
 def main() -> None:

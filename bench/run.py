@@ -557,6 +557,12 @@ def _fleet_rows(t: Rows) -> None:
              t.spread(where, "lag_p99_ms"), None, fmt=lambda v: _fmt(v, " ms", 1))
     t.lost(f"lost updates: fleet grown from {FL.GROW_FROM} to {FL.NODES} nodes under load",
            where, "fleet.none", "grow_counts", peers=False)
+    t.lost(f"lost updates: fleet resharded from {FL.RESHARD_FROM} to {FL.RESHARD_TO:,} "
+           "shards under load (a rolling deploy)", where, "fleet.none", "reshard_counts",
+           peers=False)
+    t.figure(f"fleet: reshard {FL.RESHARD_FROM} -> {FL.RESHARD_TO:,}, seconds from the first "
+             "restart to its end", t.spread(where, "reshard_s"), None,
+             fmt=lambda v: _fmt(v, " s", 1))
 
 
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
