@@ -44,6 +44,7 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
                                       began, ended, moved, by (store/layout.py)
     NS:{NS:nodes}:drained     SET     the old shards a running reshard has emptied
     NS:{NS:nodes}:layout-changed  channel  a new layout generation, or a drained shard
+    NS:{NS:nodes}:nodes-changed   channel  a worker node that joined or left
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -223,6 +224,12 @@ def layout_channel(namespace: str) -> str:
     """Where a change of the layout is announced (a reshard began, an old shard was
     drained, it ended): worker nodes read the layout again when they hear of it."""
     return f"{namespace}:{{{namespace}:nodes}}:layout-changed"
+
+
+def nodes_channel(namespace: str) -> str:
+    """Where a worker node announces that it joined (its first lease) or left: the
+    others read the leases at once and share the shards again."""
+    return f"{namespace}:{{{namespace}:nodes}}:nodes-changed"
 
 
 def drained(namespace: str) -> str:

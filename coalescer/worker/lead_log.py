@@ -27,6 +27,7 @@ class LeadLog:
         self._node_id = node_id
         self.total = total
         self.led = led  # the shards the node leads now, shared with its leaderships
+        self.asking: set[int] = set()  # the shards whose acquire call is in flight
         self._logged: frozenset[int] = frozenset()
         self._seen: frozenset[int] = frozenset()
         self._changed_at: float | None = None

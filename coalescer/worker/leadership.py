@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A standby at its node's fair share waits this share of the lease before asking for a
+# free shard, at most this many times while it stays at its share (then it asks anyway:
+# a free shard is never left without a leader for long).
+POLITE_SHARE = 0.1
+POLITE_ROUNDS = 5
+
 
 class Leadership:
     """Runs for one shard: stands by, or leads by running its poller."""
@@ -143,12 +149,20 @@ class Leadership:
         await self._holding()
         if self._stopping:
             return
+        await self._wait_turn()
+        if self._stopping:
+            return
         self.released.clear()  # before asking: a release announced after it must count
         take_from, self._take_from = self._take_from, ""
-        state = await self._scripts.acquire(self._shard, node_id=self._node_id,
-                                            lease_ms=round(self._lease * 1000),
-                                            mine=self.value or "", rules=self._rules_entry,
-                                            take_from=take_from)
+        asking = self._lead_log.asking
+        asking.add(self._shard.shard)
+        try:
+            state = await self._scripts.acquire(self._shard, node_id=self._node_id,
+                                                lease_ms=round(self._lease * 1000),
+                                                mine=self.value or "",
+                                                rules=self._rules_entry, take_from=take_from)
+        finally:
+            asking.discard(self._shard.shard)
         if not state.granted:
             self._step_down(forget=True)
             await self._stand_by(state, asyncio.get_running_loop().time())
@@ -176,6 +190,22 @@ class Leadership:
         finally:
             waiter.cancel()
             stop.cancel()
+
+    async def _wait_turn(self) -> None:
+        """While this node is at its fair share, let the standbys below theirs go first."""
+        for _ in range(POLITE_ROUNDS):
+            if self._stopping or not self._at_share():
+                return
+            await self._pause(self._lease * POLITE_SHARE)
+
+    def _at_share(self) -> bool:
+        """Whether this node, not leading the shard, already leads (or is asking for) its
+        fair share: when a node hands many shards back at once, the standbys below their
+        share take them, not the first node to wake (which would hand them back again)."""
+        if self.leading or self.value is not None or self._take_from:
+            return False
+        held = len(self._led) + len(self._lead_log.asking)
+        return held >= self._fair_share(self._node_lease.live_nodes)
 
     def _keep_leading(self) -> bool:
         """False once stopping, asked to hand the shard back, or our node lease lapsed."""

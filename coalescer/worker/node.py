@@ -36,7 +36,7 @@ from coalescer.worker.poller import Poller
 from coalescer.worker.registry import RegistryWatch
 from coalescer.worker.runner import Runner
 from coalescer.worker.summary import RefreshSummary
-from coalescer.worker.wakeups import WakeListener
+from coalescer.worker.wakeups import SUBSCRIBED, WakeListener
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class Node:
         if ctx.layouts is not None:
             ctx.layouts.on_change(self._layout_changed)
             routes[ctx.layouts.channel] = self._layout_announced
+        routes[self.node_lease.channel] = self._node_announced
         self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
         self._spawn: Spawn | None = None
 
@@ -122,6 +123,11 @@ class Node:
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
         return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
                           lead_log=self.lead_log)
+
+    def _node_announced(self, message: Any) -> None:
+        """A node joined or left: read the leases now (and share the shards again)."""
+        if message != SUBSCRIBED:
+            self.node_lease.poke(str(message))
 
     def _layout_announced(self, _message: Any) -> None:
         """The layout changed (or its channel's subscription began: a change may have

@@ -15,7 +15,9 @@ renewal is five): which leases ended is judged against the server clock as the l
 renewal read it, advanced by the loop's clock from when that renewal answered to when
 the look was sent (never later than the server's own clock, so a live lease is never
 taken for a lapsed one). An idle node makes one renewal and one look a period, however
-many nodes there are (one alone: the renewal only).
+many nodes there are (one alone: the renewal only). A node that starts (after its
+first renewal) or shuts down announces it on the nodes' channel; every node that hears
+it looks at once, so the shards are shared again without waiting for a period.
 
 A call that finds this node's own lease lapsed (the process stalled longer than a
 lease), or no call succeeding before the lease ends, tells every led shard to stop
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
-from coalescer.store.keys import node_leases
+from coalescer.store.keys import node_leases, nodes_channel
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -53,6 +55,8 @@ class NodeLease:
                  on_lapse: Callable[[], None]) -> None:
         self._scripts = ctx.scripts
         self._key = node_leases(ctx.keyspace.namespace)
+        self.channel = nodes_channel(ctx.keyspace.namespace)
+        self._announced = False
         self._layouts = ctx.layouts
         self._keyspace = ctx.keyspace
         self._node_id = ctx.node_id
@@ -152,6 +156,14 @@ class NodeLease:
         self._set_live(live)
         if state.gone and self._node_id == min(live, default=self._node_id):
             await self._forget(state.gone)  # one node does it: the live one with the lowest id
+        if not self._announced:  # the others learn of us now, not at their next look
+            await self._scripts.client.publish(self.channel, self._node_id)
+            self._announced = True
+
+    def poke(self, node: str) -> None:
+        """``node`` announced that it joined or left: read the leases at once."""
+        if node != self._node_id:
+            self._wake.set()
 
     def _set_live(self, live: dict[str, float]) -> None:
         counted = len(live) != len(self.live)
@@ -196,3 +208,4 @@ class NodeLease:
         self.holding.clear()
         await self._scripts.node_lease(self._key, node_id=self._node_id,
                                        lease_ms=0)
+        await self._scripts.client.publish(self.channel, self._node_id)
