@@ -226,6 +226,7 @@ class Runner:
             if c.overflowed:
                 self._metrics.item_overflows.labels(name).inc()
             job = Job(shard, rule, claim, renewed, renewed, clock_offset_ms)
+            self._supersede(jobs.get(claim.key))
             jobs[claim.key] = job
             fresh.append(job)
             for recorder in self.recorders:
@@ -441,8 +442,21 @@ class Runner:
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
         self._release_slot(job)
-        self._jobs.pop(job.claim.key, None)
+        if self._jobs.get(job.claim.key) is job:  # not a newer claim of the same key
+            del self._jobs[job.claim.key]
         self._check_idle()
+
+    def _supersede(self, old: Job | None) -> None:
+        """A newer claim of ``old``'s key came (its lease expired and the key was claimed
+        again, here): the old claim is not ours any more, so it is neither renewed nor
+        run on (its result, if it has one, is recorded as stale)."""
+        if old is None:
+            return
+        old.lost = True
+        if old.queued:
+            self._drop(old)
+        elif old.task is not None and not old.task.done():
+            old.task.cancel()
 
     def _release_slot(self, job: Job) -> None:
         if job.batch is not None:
@@ -570,23 +584,26 @@ class Runner:
         by_shard: dict[int, dict[str, list[tuple[str, int]]]] = defaultdict(
             lambda: defaultdict(list))
         for job in self._jobs.values():
-            by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
+            if not job.lost:  # a lost claim is left to its lease: never extended
+                by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
         lease_ms = round(self._claim_lease * 1000)
         for shard, groups in by_shard.items():
             sent = time.monotonic()
             lost = await self._scripts.renew(self._keyspace.shard(shard), lease_ms,
                                              list(groups.items()))
-            renewed = {key for items in groups.values() for key, _ in items} - set(lost)
-            for key in renewed:
+            tokens = {key: token for items in groups.values() for key, token in items}
+            for key in tokens.keys() - set(lost):
                 held = self._jobs.get(key)
-                if held is not None:
+                if held is not None and held.claim.token == tokens[key]:
                     held.renewed = max(held.renewed, sent)
             for key in lost:
-                self._lose(key)
+                self._lose(key, tokens.get(key))
 
-    def _lose(self, key: str) -> None:
+    def _lose(self, key: str, token: int | None = None) -> None:
+        """The claim of ``key`` (with ``token``, if given: a renewal sent before a newer
+        claim of the key came answers for the older one) is no longer held."""
         job = self._jobs.get(key)
-        if job is None:
+        if job is None or (token is not None and job.claim.token != token):
             return
         job.lost = True
         if job.queued:
