@@ -175,10 +175,9 @@ class NodeLease:
             self._on_live(self.live_nodes)
 
     async def _forget(self, gone: list[str]) -> None:
+        space = self._layouts.keyspace if self._layouts is not None else self._keyspace
         for node in gone:
-            shards = (self._layouts.keyspace if self._layouts is not None
-                      else self._keyspace).all_shards()
-            await self._scripts.forget(shards, node)
+            await self._scripts.forget(space.all_shards(), node)
             log.info("node %s: forgot node %s, whose lease lapsed", self._node_id, node)
         await self._scripts.node_lease(self._key, node_id=self._node_id,
                                        lease_ms=round(self._lease * 1000),

@@ -377,7 +377,8 @@ class Flusher:
             rules[rule.name] = rule
             return {0: {rule.name: list(batch)}}
         by_shard: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-        shard_of = keyspace.source_of
+        # one call per key on the hot path: source_of only while a reshard runs
+        shard_of = keyspace.source_of if keyspace.resharding else keyspace.shard_of
         for key, rule in batch.items():
             name = rule.name  # group by name: hashing the frozen Rule per key is slow
             rules[name] = rule
