@@ -6,6 +6,7 @@ included); a window is a number of the node's lease renewals, never a duration.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from contextlib import AsyncExitStack
@@ -183,3 +184,23 @@ async def test_a_sigkilled_leader_of_many_shards_hands_every_one_to_the_survivor
 
 async def _all(leaders: Any, node: str) -> bool:
     return all(leader_node(v) == node for v in await leaders())
+
+
+async def test_a_node_that_joins_is_counted_by_the_others_before_their_next_renewal(
+        redis_url: str, namespace: str, tmp_path: Path) -> None:
+    """A joining node announces itself: a running node reads the leases at once, not at
+    its next renewal (a period later), and hands back the shards above its new share."""
+    text = RULES.format(ns=namespace, shards=8, mod="{mod}").replace("leader_lease: 1s",
+                                                                     "leader_lease: 30s")
+    path, _ = recorder_rules(tmp_path, f"join_{namespace}", text)
+    async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="a") as a:
+        await wait_until(lambda: len(a.leads()) == 8, message="a leads every shard")
+        node = a._run.node
+        assert node is not None
+        renewal_due = node.node_lease._next  # a's next renewal: 22.5 s away
+        async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="b") as b:
+            await wait_until(lambda: node.node_lease.live_nodes == 2,
+                             message="a counts b")
+            assert asyncio.get_running_loop().time() < renewal_due  # heard, not renewed
+            await wait_until(lambda: len(a.leads()) == 4 and len(b.leads()) == 4,
+                             timeout=30, message="four shards each")
