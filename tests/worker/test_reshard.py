@@ -66,7 +66,8 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
     old, _ = rules(tmp_path, namespace, 2)
     new, _ = rules(tmp_path, namespace, 8)
-    keys = [f"stats:{i}" for i in range(300)]
+    hostile = ["stats:\x1b[2J\x1b]52;c;aGk=\x07", "stats:line1\nFAKE", "stats:é\u200b\"{}"]
+    keys = [f"stats:{i}" for i in range(300)] + hostile  # bytes that JSON must carry
     async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a:
         for key in keys:
             a.touch(key)
@@ -81,6 +82,7 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
             assert a.keyspace.shards == 8  # the node on the old file follows the namespace
 
     space = KeySpace(namespace, 8)
+    assert any(KeySpace(namespace, 2).shard_of(k) != space.shard_of(k) for k in hostile)
     for key in [*keys, "orders:1"]:
         assert await where(redis_client, namespace, key, 8) == [space.shard_of(key)], key
     home = space.shard(space.shard_of("stats:7"))
