@@ -68,6 +68,9 @@ class UpsertResult:
     failed: dict[str, str]
     asked: tuple[str, ...] = ()
     seq: int = 0  # the shard's fencing tokens so far, when it asked keys away
+    # bundles of asked keys still in transit (taken out by a mover, not yet deleted):
+    # the writer puts them into their new shard before its touch
+    transit: tuple[str, ...] = ()
 
 
 class ClaimedKey(NamedTuple):
@@ -297,7 +300,7 @@ class Scripts:
         Redis failed on are skipped and returned. ``min_seq``: the tokens granted by
         the old shard that asked these keys away. LayoutMovedError: the shard follows
         a newer layout, and nothing was written."""
-        keys = [shard.meta, shard.next_wake, shard.layout, shard.seq]
+        keys = [shard.meta, shard.next_wake, shard.layout, shard.seq, shard.moving]
         args: list[Any] = [shard.wake_channel, gen, min_seq]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
@@ -313,7 +316,8 @@ class Scripts:
         return UpsertResult(int(result[1]),
                             {str(failed[i]): str(failed[i + 1]) for i in range(0, len(failed), 2)},
                             tuple(str(k) for k in result[4]) if len(result) > 4 else (),
-                            int(result[5]) if len(result) > 5 else 0)
+                            int(result[5]) if len(result) > 5 else 0,
+                            tuple(str(b) for b in result[6]) if len(result) > 6 else ())
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` (for the typed wrappers of other modules: store/layout.py)."""

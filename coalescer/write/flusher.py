@@ -30,8 +30,8 @@ from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace
-from coalescer.store.layout import Layouts
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.layout import Layouts, bundle_shard
+from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
 from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
 from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
 from coalescer.write.routing import Routed, mark_held, part, route, route_asked
@@ -314,7 +314,25 @@ class Flusher:
         self._written(result.failed, keys, items, batch)
         if result.asked:  # their old shard no longer holds them: to their new shard
             asked = route_asked(keyspace, groups, set(result.asked))
+            if result.transit:
+                await self._carry(keyspace, result, asked, batch)
             await self._deliver_all(hop._replace(min_seq=result.seq), asked, batch)
+
+    async def _carry(self, keyspace: KeySpace, result: UpsertResult, asked: Routed,
+                     batch: Batch) -> None:
+        """Put the asked keys still in transit (their mover has not put them: it died,
+        or is slow) into their new shards before touching them there, so that no claim
+        there misses what they held in their old shard."""
+        by_shard: dict[int, list[str]] = defaultdict(list)
+        for bundle in result.transit:
+            by_shard[bundle_shard(bundle)].append(bundle)
+        try:
+            await asyncio.gather(*(self._layouts.put(keyspace.shard(n), result.seq, bundles)
+                                   for n, bundles in by_shard.items()))
+        except BaseException:
+            groups = [g for _, gs in asked for g in gs]
+            self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
+            raise
 
     def _written(self, failed: dict[str, str], keys: dict[str, Rule], items: ItemSets,
                  batch: Batch) -> None:

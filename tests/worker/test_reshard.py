@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from coalescer import Coalescer
 from coalescer.query.status import format_status
@@ -214,6 +215,66 @@ async def test_bundles_a_dead_mover_left_are_put_by_the_next_leader(
     for key in keys:
         assert await where(redis_client, namespace, key, 4) == [final.shard_of(key)], key
     assert await redis_client.hlen(final.shard(0).moving) == 0
+
+
+async def test_a_touch_of_a_key_a_dead_mover_left_in_transit_brings_it_along(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    """A mover took keys out of their old shard and died before putting them. A touch
+    of such a key puts what its old shard held into its new shard first: the refresh
+    claimed there gets the items touched before the move too, and runs once."""
+    old, _ = rules(tmp_path, namespace, 1, window="200ms")
+    new, rec = rules(tmp_path, namespace, 4, window="200ms", name="new")
+    keys = [f"orders:{i}" for i in range(20)]
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        for key in keys:
+            writer.touch(key, "before")
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        moving = [k for k in keys if space.shard_of(k) != 0]
+        taken = await layouts.take(space.shard(0), space.gen, moving,
+                                   [space.shard_of(k) for k in moving], ["orders"])
+        assert taken is not None and set(taken.bundles) == set(moving)
+        for key in moving:
+            writer.touch(key, "after")
+        await writer.flush()
+        for key in moving:
+            home = space.shard(space.shard_of(key))
+            assert await redis_client.smembers(home.items(key)) == {"before", "after"}, key
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+        await wait_until(lambda: all(rec.of(k) for k in keys), timeout=30,
+                         message="every key refreshed")
+    for key in moving:
+        assert [sorted(c.items) for c in rec.of(key)] == [["after", "before"]], key
+    assert await redis_client.hlen(space.shard(0).moving) == 0
+
+
+async def test_a_key_in_transit_whose_new_shard_refuses_it_stays_buffered_until_it_can(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        key = next(f"orders:{i}" for i in range(100) if KeySpace(namespace, 4).shard_of(
+            f"orders:{i}") != 0)
+        writer.touch(key, "before")
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        home = space.shard(space.shard_of(key))
+        assert await layouts.take(space.shard(0), space.gen, [key], [space.shard_of(key)],
+                                  ["orders"]) is not None
+        await redis_client.set(home.arrived, "not a hash")  # the put fails: WRONGTYPE
+        writer.touch(key, "after")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await writer.flush()
+        assert not await redis_client.hexists(home.meta, key)
+        assert len(writer._run.absorber) == 1  # given back, not lost
+        await redis_client.delete(home.arrived)
+        await writer.flush()  # the touch was kept: written now, with what it carried
+        assert await redis_client.smembers(home.items(key)) == {"before", "after"}
 
 
 async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(

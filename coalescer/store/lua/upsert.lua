@@ -2,7 +2,9 @@
 --
 -- KEYS[1]   meta hash          KEYS[2]  next-wake string   KEYS[3]  layout marker
 -- KEYS[4]   seq (fencing tokens granted so far)
--- KEYS[5+2g], KEYS[6+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
+-- KEYS[5]   moving (the bundles of keys taken out of this shard by a reshard's mover
+--           and not yet deleted, see reshard_take.lua)
+-- KEYS[6+2g], KEYS[7+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
 -- ARGV[1]   wake channel       ARGV[2]  the writer's layout generation
 -- ARGV[3]   the fencing tokens an old shard had granted when it asked these keys away
 --           (0 for other writes): this shard's are raised to it first, so that a key's
@@ -34,9 +36,15 @@
 -- A writer whose layout generation is older than the shard's marker wrote with a
 -- mapping that no longer holds: nothing is written, and it reads the layout again.
 -- A newer one raises the marker (see store/layout.py).
+-- An asked key still in `moving` is in transit: its mover took it and has not
+-- deleted it (it may have died, or be slow). Its bundle is returned with it, and the
+-- writer puts it into the new shard before its own touch (reshard_put.lua skips a
+-- bundle already put), so the new shard never claims the key without the touches
+-- and items it had here.
 -- Returns {server time ms, keys scheduled, 1 if a poller was woken else 0,
 --          {key, error, key, error, ...} of the keys that failed, {asked key, ...},
---          this shard's fencing tokens so far when some key was asked, else 0},
+--          this shard's fencing tokens so far when some key was asked, else 0,
+--          {bundle, ...} of the asked keys in transit},
 -- or {0, MARKER} for a writer of an older layout.
 
 local meta, next_key, channel = KEYS[1], KEYS[2], ARGV[1]
@@ -160,8 +168,8 @@ local function held_only(keys, vals, asked)
 end
 
 local earliest, scheduled, pos, failed, asked = nil, 0, 4, {}, {}
-for g = 0, (#KEYS - 4) / 2 - 1 do
-  local due_key, dead_key = KEYS[5 + 2 * g], KEYS[6 + 2 * g]
+for g = 0, (#KEYS - 5) / 2 - 1 do
+  local due_key, dead_key = KEYS[6 + 2 * g], KEYS[7 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
@@ -178,5 +186,11 @@ end
 for i = 1, #asked do failed[#failed + 1], failed[#failed + 2] = asked[i], '' end
 if ARGV[pos] then add_touched_items(pos, failed) end
 for i = 1, #asked * 2 do failed[#failed] = nil end
-local seq = #asked > 0 and tonumber(redis.call('GET', KEYS[4]) or 0) or 0
-return {now, scheduled, wake(next_key, channel, earliest), failed, asked, seq}
+local seq, transit = 0, {}
+if #asked > 0 then
+  seq = tonumber(redis.call('GET', KEYS[4]) or 0)
+  for _, b in ipairs(read_fields(KEYS[5], asked)) do
+    if b then transit[#transit + 1] = b end
+  end
+end
+return {now, scheduled, wake(next_key, channel, earliest), failed, asked, seq, transit}
