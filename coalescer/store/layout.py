@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,29 @@ class Taken:
 def bundle_shard(bundle: str) -> int:
     """The new shard a bundle of reshard_take.lua goes to."""
     return int(json.loads(bundle)["d"])
+
+
+async def put_bundles(scripts: Scripts, shard: ShardKeys, source_seq: int,
+                      bundles: Sequence[str]) -> int:
+    """Put bundles taken from an old shard (``source_seq``: its fencing tokens so far)
+    into their new shard ``shard``; one put already is skipped. How many were put."""
+    reply = await scripts.call(
+        "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names,
+                        shard.arrived],
+        [shard.wake_channel, shard.prefix, source_seq, *bundles])
+    return int(reply)
+
+
+async def carry(scripts: Scripts, keyspace: KeySpace, source_seq: int,
+                bundles: Sequence[str]) -> None:
+    """Put bundles still in transit (their mover has not put them yet: it died, or is
+    slow) into their new shards of ``keyspace``, one call per shard: a writer or a
+    cancel that met them in their old shard does so before acting in the new one."""
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for bundle in bundles:
+        by_shard[bundle_shard(bundle)].append(bundle)
+    await asyncio.gather(*(put_bundles(scripts, keyspace.shard(n), source_seq, part)
+                           for n, part in by_shard.items()))
 
 
 class Layouts:
@@ -157,11 +181,7 @@ class Layouts:
     async def put(self, shard: ShardKeys, source_seq: int, bundles: Sequence[str]) -> int:
         """Put bundles taken from an old shard into their new shard ``shard`` (one put
         already is skipped); returns how many were put."""
-        reply = await self._scripts.call(
-            "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names,
-                            shard.arrived],
-            [shard.wake_channel, shard.prefix, source_seq, *bundles])
-        return int(reply)
+        return await put_bundles(self._scripts, shard, source_seq, bundles)
 
     async def scan(self, shard: ShardKeys, cursor: int, count: int) -> tuple[int, list[str]]:
         """One HSCAN step over ``shard``'s keys: the next cursor (0: done) and keys."""

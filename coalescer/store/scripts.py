@@ -98,6 +98,17 @@ class CancelGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """What a cancel call found: each key's state (one of CANCEL_STATES), and the
+    bundles of its idle keys still in transit to a new shard (a reshard), with the
+    shard's fencing tokens so far (to put them there, see store/layout.py)."""
+
+    states: dict[str, str]
+    seq: int = 0
+    transit: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimBatch:
     """What a claim call returned: the claims and when to look again."""
 
@@ -427,21 +438,22 @@ class Scripts:
         return int(result[0]), [str(k) for k in result[1:]]
 
     async def cancel(self, shard: ShardKeys, groups: Sequence[CancelGroup],
-                     history: History = NO_HISTORY) -> dict[str, str]:
+                     history: History = NO_HISTORY) -> CancelAnswer:
         """Drop the groups' keys' pending refreshes (and the re-arms of running ones):
-        each key with the state it was found in, one of CANCEL_STATES."""
-        keys = [shard.meta, shard.history]
+        each key with the state it was found in, and the keys in transit."""
+        keys = [shard.meta, shard.history, shard.moving, shard.seq]
         args: list[Any] = [history.node_id, history.length, shard.items_prefix,
                            shard.claimed_prefix]
         for g in groups:
             keys.append(shard.due(g.rule))
             args += [g.rule, len(g.keys), KEY_SEPARATOR.join(g.keys)]
-        _, found = await self._run("cancel", keys, args)
+        _, found, seq, transit = await self._run("cancel", keys, args)
         names = [k for g in groups for k in g.keys]
         states = [str(s) for s in found]
         if len(states) != len(names) or not set(states) <= set(CANCEL_STATES):
             raise ScriptError(f"cancel answered {found!r} for {plural(len(names), 'key')}")
-        return dict(zip(names, states, strict=True))
+        return CancelAnswer(dict(zip(names, states, strict=True)), int(seq),
+                            tuple(str(b) for b in transit))
 
     async def acquire(self, shard: ShardKeys, *, node_id: str, lease_ms: int,
                       mine: str, rules: str = "", take_from: str = "") -> LeaseState:

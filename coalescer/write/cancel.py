@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coalescer.store.keys import KeySpace
+from coalescer.store.layout import carry
 from coalescer.store.scripts import CancelGroup, History, Scripts
 
 BATCH = 500  # keys per script call: a few ms of Redis time at most
@@ -73,13 +74,17 @@ async def cancel_keys(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, 
                       buffered: set[str] | frozenset[str] = frozenset()) -> CancelOutcome:
     """Cancel the keys of ``rules`` (key -> its rule's name; see the module), in its
     order; ``buffered`` are the keys whose buffered touches were dropped already.
-    While a reshard runs, a key found idle in its old shard is looked for in its new one."""
-    found = await _cancel(scripts, keyspace, rules, keyspace.source_of, history)
+    While a reshard runs, a key found idle in its old shard is looked for in its new
+    one (put there first if it was in transit: its mover had not put it yet)."""
+    found, seq, transit = await _cancel(scripts, keyspace, rules, keyspace.source_of, history)
     if keyspace.resharding:
         moved = {key: rule for key, rule in rules.items() if found[key] == "idle"
                  and keyspace.shard_of(key) != keyspace.source_of(key)}
+        if transit:
+            await carry(scripts, keyspace, seq, transit)
         if moved:
-            found.update(await _cancel(scripts, keyspace, moved, keyspace.shard_of, history))
+            found.update((await _cancel(scripts, keyspace, moved, keyspace.shard_of,
+                                        history))[0])
     outcome = CancelOutcome()
     for key in rules:
         state = found[key]
@@ -91,8 +96,13 @@ async def cancel_keys(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, 
 
 
 async def _cancel(scripts: Scripts, keyspace: KeySpace, rules: Mapping[str, str],
-                  shard_of: Callable[[str], int], history: History) -> dict[str, str]:
+                  shard_of: Callable[[str], int],
+                  history: History) -> tuple[dict[str, str], int, list[str]]:
+    """The state each key was found in, and the bundles of the keys in transit with
+    the highest fencing tokens of their shards."""
     calls = _calls(rules, shard_of)
     answers = await asyncio.gather(*(scripts.cancel(keyspace.shard(shard), groups, history)
                                       for shard, groups in calls))
-    return {key: state for answer in answers for key, state in answer.items()}
+    found = {key: state for answer in answers for key, state in answer.states.items()}
+    return (found, max((a.seq for a in answers), default=0),
+            [b for a in answers for b in a.transit])

@@ -30,7 +30,7 @@ from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace
-from coalescer.store.layout import Layouts, bundle_shard
+from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
 from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
 from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
@@ -323,12 +323,8 @@ class Flusher:
         """Put the asked keys still in transit (their mover has not put them: it died,
         or is slow) into their new shards before touching them there, so that no claim
         there misses what they held in their old shard."""
-        by_shard: dict[int, list[str]] = defaultdict(list)
-        for bundle in result.transit:
-            by_shard[bundle_shard(bundle)].append(bundle)
         try:
-            await asyncio.gather(*(self._layouts.put(keyspace.shard(n), result.seq, bundles)
-                                   for n, bundles in by_shard.items()))
+            await carry(self._scripts, keyspace, result.seq, result.transit)
         except BaseException:
             groups = [g for _, gs in asked for g in gs]
             self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))

@@ -548,7 +548,7 @@ async def test_cancel_drops_pending_refreshes_and_re_arms_and_leaves_every_other
         CancelGroup(RULE, ["p", "rearm|ü", "plain", "dead", "idle", "corrupt"]),
         CancelGroup("s", ["q"])], History("canceller", 100))
 
-    assert found == {"p": "pending", "rearm|ü": "rearm", "plain": "running", "dead": "dead",
+    assert found.states == {"p": "pending", "rearm|ü": "rearm", "plain": "running", "dead": "dead",
                      "idle": "idle", "corrupt": "pending", "q": "pending"}
     for key, rule in (("p", RULE), ("q", "s"), ("corrupt", RULE)):
         assert await shard.state(key) is None
@@ -577,7 +577,8 @@ async def test_a_touch_after_a_cancel_of_a_running_key_re_arms_it(shard: Shard) 
     await shard.touch("k")
     claim = await shard.claim_one("k")
     await shard.touch("k", window=LONG)
-    assert await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])]) == {"k": "rearm"}
+    found = await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])])
+    assert found.states == {"k": "rearm"}
     after = await shard.now()
     await shard.touch("k", window=0)
     fields = await shard.fields("k")
@@ -593,7 +594,8 @@ async def test_cancel_rewrites_an_older_running_state_without_its_re_arm(shard: 
     claim = await shard.claim_one("k")
     now = await shard.now()
     await shard.r.hset(shard.keys.meta, "k", f"R|{claim.token}|1|1|1|1|{now + LONG}|{now}|{now}")
-    assert await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])]) == {"k": "rearm"}
+    found = await shard.scripts.cancel(shard.keys, [CancelGroup(RULE, ["k"])])
+    assert found.states == {"k": "rearm"}
     assert await shard.state("k") == f"R|{claim.token}|1|1|1|1||||"
     assert await shard.ack("k", claim.token) == []
     assert await shard.state("k") is None
@@ -601,7 +603,7 @@ async def test_cancel_rewrites_an_older_running_state_without_its_re_arm(shard: 
 
 async def test_a_cancel_answer_that_does_not_fit_the_keys_is_a_script_error(
         shard: Shard, monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = iter([[0, ["pending"]], [0, ["pending", "gone"]]])
+    answers = iter([[0, ["pending"], 0, []], [0, ["pending", "gone"], 0, []]])
 
     async def run(name: str, keys: Any, args: Any) -> Any:
         return next(answers)

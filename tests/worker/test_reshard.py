@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from coalescer import Coalescer
+from coalescer.query.history import HistoryQuery
 from coalescer.query.status import format_status
 from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts
@@ -275,6 +276,34 @@ async def test_a_key_in_transit_whose_new_shard_refuses_it_stays_buffered_until_
         await redis_client.delete(home.arrived)
         await writer.flush()  # the touch was kept: written now, with what it carried
         assert await redis_client.smembers(home.items(key)) == {"before", "after"}
+
+
+async def test_a_cancel_of_a_key_in_transit_cancels_it_and_a_later_mover_does_not_bring_it_back(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    old, _ = rules(tmp_path, namespace, 1)
+    new, _ = rules(tmp_path, namespace, 4, name="new")
+    keys = [f"orders:{i}" for i in range(20)]
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        for key in keys:
+            writer.touch(key, "row")
+        await writer.flush()
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        moving = [k for k in keys if space.shard_of(k) != 0]
+        assert await layouts.take(space.shard(0), space.gen, moving,
+                                  [space.shard_of(k) for k in moving], ["orders"])
+        outcome = await writer.cancel_many(moving)  # their mover died before putting them
+        assert outcome.cancelled == moving and set(outcome.states.values()) == {"pending"}
+        entries = await writer.query.history(HistoryQuery(key=moving[0]))
+        assert [e.outcome for e in entries] == ["cancelled"]
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+    for key in moving:
+        assert await where(redis_client, namespace, key, 4) == [], key  # not brought back
+    for key in set(keys) - set(moving):
+        assert await where(redis_client, namespace, key, 4) == [0], key
 
 
 async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(

@@ -1,7 +1,8 @@
 -- cancel.lua: drop the pending refreshes of keys (one shard, one or more rules).
 --
--- KEYS[1] meta   KEYS[2] history
--- KEYS[3+g]      due:RULE of group g (g = 0, 1, ...)
+-- KEYS[1] meta   KEYS[2] history   KEYS[3] moving (bundles of keys a reshard's mover
+-- took out of this shard and has not deleted, see reshard_take.lua)   KEYS[4] seq
+-- KEYS[5+g]      due:RULE of group g (g = 0, 1, ...)
 -- ARGV[1] node id (who cancels, for the history)   ARGV[2] history length (0: none)
 -- ARGV[3] ITEMS-PREFIX   ARGV[4] CLAIMED-PREFIX (a key's item sets: the prefix and the key)
 -- then per group g: RULE, N, and its N keys joined by NUL characters in one argument
@@ -17,11 +18,14 @@
 --                               re-arm: "rearm"
 --   running, nothing to re-arm  left alone: "running"
 --   dead                        left alone (coalescer dead purge deletes it): "dead"
---   no state                    "idle"
+--   no state                    "idle"; if the key is in transit (in `moving`), its
+--                               bundle is returned: the caller puts it into the
+--                               key's new shard, and cancels it there
 -- A touch after the cancel arms the key again, as any touch does. Each key whose
 -- refresh was dropped ("pending", "rearm") gets a history entry: outcome
 -- "cancelled", its rule, the cancelling node, the due time dropped, start = now.
--- Returns {server time ms, {the state found, per key, in ARGV order}}.
+-- Returns {server time ms, {the state found, per key, in ARGV order},
+--          this shard's fencing tokens so far, {bundle, ...} of the keys in transit}.
 
 local meta, history = KEYS[1], KEYS[2]
 local node, maxlen = ARGV[1], tonumber(ARGV[2])
@@ -50,12 +54,13 @@ local function cancel_one(due_key, key)
   return 'pending', s and s.due or nil
 end
 
-local found, pos = {}, 5
-for g = 0, #KEYS - 3 do
-  local due_key, rule = KEYS[3 + g], ARGV[pos]
+local found, pos, idle = {}, 5, {}
+for g = 0, #KEYS - 5 do
+  local due_key, rule = KEYS[5 + g], ARGV[pos]
   for _, key in ipairs(split_keys(ARGV[pos + 2], tonumber(ARGV[pos + 1]))) do
     local state, due = cancel_one(due_key, key)
     found[#found + 1] = state
+    if state == 'idle' then idle[#idle + 1] = key end
     if state == 'pending' or state == 'rearm' then
       record(history, maxlen, key, rule, node, '', '', due and int(due) or '', now, 0,
              'cancelled')
@@ -63,4 +68,10 @@ for g = 0, #KEYS - 3 do
   end
   pos = pos + 3
 end
-return {now, found}
+local transit = {}
+if #idle > 0 then
+  for _, b in ipairs(read_fields(KEYS[3], idle)) do
+    if b then transit[#transit + 1] = b end
+  end
+end
+return {now, found, #transit > 0 and tonumber(redis.call('GET', KEYS[4]) or 0) or 0, transit}
