@@ -7,7 +7,8 @@ The node imports this file as ``customer_stats`` (rules.yaml names
 the rules file's folder is first on sys.path
 there); the app and the import script import it as ``examples.stats_app.customer_stats``.
 The database is ``$STATS_DB``, else ``stats.db`` beside this file: a SQLite file, or a
-PostgreSQL URL (``postgresql://user:password@host/dbname``, read with psycopg 3).
+PostgreSQL URL (``postgresql://user:password@host/dbname``, read with psycopg 3; the
+SQLAlchemy spelling ``postgresql+psycopg://...`` that the outbox source reads works too).
 
 Everything that differs between the two is in ``Db`` and the two schemas below; every
 other statement is the same on both (``ON CONFLICT ... DO UPDATE ... WHERE`` included).
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 DB_ENV = "STATS_DB"
 DEFAULT_DB = Path(__file__).resolve().with_name("stats.db")
 KEY_FORMAT = "stats:customer:{}"
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -144,7 +145,16 @@ def database() -> str:
 
 
 def is_postgres(target: str | os.PathLike[str]) -> bool:
-    return str(target).startswith(POSTGRES_SCHEMES)
+    """A PostgreSQL URL (``postgresql://``, ``postgres://``, or with a SQLAlchemy driver
+    name: ``postgresql+psycopg://``), not a SQLite file."""
+    scheme, sep, _ = str(target).partition("://")
+    return bool(sep) and scheme.split("+", 1)[0] in POSTGRES_SCHEMES
+
+
+def libpq_url(url: str) -> str:
+    """``url`` as psycopg reads it: a SQLAlchemy driver name (``+psycopg``) left out."""
+    scheme, sep, rest = url.partition("://")
+    return scheme.split("+", 1)[0] + sep + rest
 
 
 class Cursor(Protocol):
@@ -167,7 +177,7 @@ class Db:
         if self.postgres:
             import psycopg  # only needed for PostgreSQL
 
-            self.conn: Any = psycopg.connect(str(target), autocommit=True)
+            self.conn: Any = psycopg.connect(libpq_url(str(target)), autocommit=True)
         else:
             self.conn = sqlite3.connect(target, timeout=30.0, isolation_level=None)
             self.conn.execute("PRAGMA busy_timeout = 30000")
