@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from coalescer.cli.errors import UsageError, http_address
+from coalescer.cli.parser import http_limit_argv, http_limits
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
@@ -278,6 +279,9 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     address = http_address(args.http)
+    if address is None and http_limits(args):
+        raise UsageError(f"{http_limit_argv(args)[0]} limits the HTTP API, which --http off "
+                         "turns off: give --http HOST:PORT, or leave the limit out")
     if address is not None and not args.open_http:
         from coalescer.web.api import refuse_open
         refuse_open(*address, os.environ.get("COALESCER_TOKEN"), allowed="--insecure-no-token")
@@ -291,7 +295,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
     _refuse_unset_secrets(node.config)
     async with node as c:
-        api = await _start_http(c, address, args.http, allow_open=args.open_http)
+        api = await _start_http(c, address, args.http, allow_open=args.open_http,
+                                limits=http_limits(args))
         print(f"coalescer {c.node_id} running, {_using(args, c)}"
               + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
               flush=True)
@@ -303,14 +308,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str, *,
-                      allow_open: bool) -> Any:
-    """The HTTP API on ``address`` (None: off); a UsageError naming ``--http`` when it
-    cannot listen there."""
+                      allow_open: bool, limits: dict[str, Any]) -> Any:
+    """The HTTP API on ``address`` (None: off), with the connection ``limits`` given;
+    a UsageError naming ``--http`` when it cannot listen there."""
     if address is None:
         return None
     from coalescer.web.api import HttpApi
     api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"),
-                  allow_open=allow_open)
+                  allow_open=allow_open, **limits)
     try:
         await api.start()
     except OSError as exc:

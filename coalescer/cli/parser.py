@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve the HTTP API on an address that is not loopback without "
                           "COALESCER_TOKEN (refused otherwise); anyone who reaches it can "
                           "touch keys and read status")
+    _http_limits(run)
     run.add_argument("--node-id", default=None, metavar="ID", help="node id (default HOST:PID)")
     run.add_argument("--grace", type=_grace, default=30.0, metavar="SECONDS",
                      help="how long SIGTERM waits for running refreshes (default 30)")
@@ -78,6 +79,61 @@ def build_parser() -> argparse.ArgumentParser:
             rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
     return p
+
+
+def _http_limits(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group("HTTP connection limits")
+    for flag, dest, kind, text in HTTP_LIMITS:
+        group.add_argument(flag, type=kind, default=None, dest=f"http_{dest}",
+                           metavar="N" if dest == "max_connections" else "SECONDS", help=text)
+
+
+def http_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The HTTP limits given on the command line, as HttpApi keywords."""
+    given = {dest: getattr(args, f"http_{dest}", None) for _, dest, _, _ in HTTP_LIMITS}
+    return {dest: value for dest, value in given.items() if value is not None}
+
+
+def http_limit_argv(args: argparse.Namespace) -> list[str]:
+    """The HTTP limits given on the command line, as arguments again (for children)."""
+    limits = http_limits(args)
+    return [part for flag, dest, _, _ in HTTP_LIMITS if dest in limits
+            for part in (flag, repr(limits[dest]))]
+
+
+def _connections(value: str) -> int:
+    """An argparse type for --http-max-connections: a whole number of 2 or more (one
+    connection is kept for /healthz)."""
+    if not value.isdigit() or int(value) < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of 2 or more (one is kept for /healthz), not {value!r}")
+    return int(value)
+
+
+def _seconds(value: str) -> float:
+    """An argparse type: a duration over 0 ("10", "2.5", "10s", "1m")."""
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds over 0 (or 10s, 1m), not {value!r}")
+    return seconds
+
+
+# the HTTP API's connection limits: (flag, HttpApi keyword, argparse type, help)
+HTTP_LIMITS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--http-max-connections", "max_connections", _connections,
+     "connections open at once (default: half the file limit less 64, from 8 to 1024); "
+     "at the cap the oldest idle or unfinished one is closed to make room"),
+    ("--http-header-timeout", "header_timeout", _seconds,
+     "seconds a request's headers may take to arrive (default 10)"),
+    ("--http-body-timeout", "body_timeout", _seconds,
+     "seconds a request's body may take to arrive (default 30): 408 after it"),
+    ("--http-idle-timeout", "idle_timeout", _seconds,
+     "seconds an idle kept-alive connection stays open (default 30)"),
+)
 
 
 def _count(value: str) -> int:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from coalescer.cli.parser import http_limit_argv
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 
@@ -49,6 +50,7 @@ class ChildPlan:
     grace: float
     verbose: bool
     open_http: bool = False  # --insecure-no-token
+    http_limits: tuple[str, ...] = ()  # --http-max-connections N ... as given
 
     def argv(self, k: int) -> list[str]:
         """The command line of child ``k``."""
@@ -62,7 +64,7 @@ class ChildPlan:
             cmd.append("-v")
         if self.open_http:
             cmd.append("--insecure-no-token")
-        return cmd
+        return cmd + list(self.http_limits)
 
     def _http(self, k: int) -> str:
         if self.http is None:
@@ -79,7 +81,8 @@ def plan_from_args(args: Any, http: tuple[str, int] | None) -> ChildPlan:
                           f"{MAX_PORT}", file="--http")
     return ChildPlan(processes=args.processes, rules=args.rules, redis=args.redis,
                      node_id=args.node_id, http=http, grace=args.grace,
-                     verbose=bool(args.verbose), open_http=bool(args.open_http))
+                     verbose=bool(args.verbose), open_http=bool(args.open_http),
+                     http_limits=tuple(http_limit_argv(args)))
 
 
 def _die_with_parent() -> None:

@@ -170,6 +170,10 @@ class Metrics:
         self._held: dict[str, dict[int, int]] = {}  # rule -> shard -> keys held by its rate
         self.http_connections = Gauge(
             "coalescer_http_connections", "connections open on the HTTP API", registry=r)
+        self.http_connections_max = Gauge(
+            "coalescer_http_connections_max",
+            "the HTTP API's connection cap (--http-max-connections, else from the file "
+            "limit)", registry=r)
         self.http_cut_off = Counter(
             "coalescer_http_connections_closed_total",
             "HTTP API connections closed or turned away by its limits, by reason: "

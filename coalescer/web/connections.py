@@ -270,6 +270,8 @@ class ConnectionGuard:
         self._accept_error = ""
         self.pressure = PressureLog(self._describe, period)
         _warn_over_file_limit(limits.max_connections)
+        if metrics is not None:
+            metrics.http_connections_max.set(self.cap)
 
     @property
     def open(self) -> int:
