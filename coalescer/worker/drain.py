@@ -139,11 +139,11 @@ async def local_runner(ctx: NodeContext, *, invokers: dict[str, Invoke]
                        ) -> AsyncIterator[Runner]:
     """A runner for a coalescer that is not a worker, living as long as one drain.
 
-    Its outbox and lease renewal run meanwhile; claims still running when it ends
+    Its results loop and lease renewal run meanwhile; claims still running when it ends
     (a drain that timed out) are cancelled and left to their leases.
     """
     runner = Runner(ctx, invokers=invokers, on_slot_free=lambda: None)
-    tasks = [asyncio.create_task(runner.outbox_loop(), name="drain outbox"),
+    tasks = [asyncio.create_task(runner.results_loop(), name="drain results"),
              asyncio.create_task(runner.renew_loop(), name="drain renew")]
     try:
         yield runner
@@ -151,7 +151,7 @@ async def local_runner(ctx: NodeContext, *, invokers: dict[str, Invoke]
         if runner.holding:
             await runner.drain(0.0)
         with contextlib.suppress(Exception):
-            await runner.flush_outbox()
+            await runner.flush_results()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

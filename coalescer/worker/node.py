@@ -192,7 +192,7 @@ class Node:
         self._spawn = spawn
         spawn("node lease", self.node_lease.run())
         spawn("wakeups", self.wakeups.run())
-        spawn("outbox", self.runner.outbox_loop())
+        spawn("results", self.runner.results_loop())
         spawn("renew", self.runner.renew_loop())
         for ls_ in self.leaderships:
             spawn(f"shard {ls_.shard}", ls_.run())
@@ -242,7 +242,7 @@ class Node:
         ``RECORD_TIMEOUT``) and log what the summary has not reported yet."""
         await self.runner.drain(grace)
         try:
-            await asyncio.wait_for(self.runner.flush_outbox(), RECORD_TIMEOUT)
+            await asyncio.wait_for(self.runner.flush_results(), RECORD_TIMEOUT)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("shutdown: record results failed: %r", exc)
         finally:

@@ -6,7 +6,7 @@ most ``MAX_QUEUED`` more): ``concurrency`` of them run, the others wait in
 process for a slot and start the moment one frees, while the poller's next claim
 call is already on its way. Claim calls then overlap with the refreshes instead
 of alternating with them; at most ``concurrency`` refreshes of a rule ever run at
-once on a node. A claim's outcome goes to an outbox that is
+once on a node. A claim's outcome goes to its shard's results box, which is
 group-committed to Redis (one ack and one fail call per shard). While a claim
 is held (running, or finished but not yet acked) its lease is renewed every
 third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 MAX_ERROR_TEXT = 200
-# The outbox waits this long after its first result before committing, so the results
+# The results loop waits this long after its first result before committing, so the results
 # of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
 # commit per batch of 16 cost as many round trips as the claims themselves).
 ACK_GATHER = 0.002
@@ -105,7 +105,7 @@ class Batch:
 
 
 @dataclass(slots=True)
-class Outbox:
+class Results:
     """Finished claims of one shard whose results Redis does not hold yet."""
 
     acks: list[Job] = field(default_factory=list)
@@ -114,7 +114,7 @@ class Outbox:
     def __bool__(self) -> bool:
         return bool(self.acks or self.fails)
 
-    def merge(self, other: Outbox) -> None:
+    def merge(self, other: Results) -> None:
         self.acks[:0] = other.acks
         self.fails[:0] = other.fails
 
@@ -148,8 +148,8 @@ class Runner:
         self._batch_timers: dict[str, asyncio.TimerHandle] = {}  # a batch waiting to fill
         self._last_call = 0  # batch handler calls numbered on this node
         self._slot_free_due = False
-        self._outboxes: dict[int, Outbox] = defaultdict(Outbox)
-        self._outbox_event = asyncio.Event()
+        self._results: dict[int, Results] = defaultdict(Results)
+        self._results_event = asyncio.Event()
         self._idle_event = asyncio.Event()
         self._idle_event.set()
         self._random = random.Random()
@@ -329,7 +329,7 @@ class Runner:
         batch.timer = loop.call_later(rule.timeout, batch.time_out)
 
     async def _run_batch(self, rule: Rule, batch: Batch, jobs: list[Job]) -> None:
-        """One call of a batch handler; each key's outcome goes to the outbox."""
+        """One call of a batch handler; each key's outcome goes to its results box."""
         spent = [j for j in jobs if j.claim.attempt > rule.retry.attempts]
         for job in spent:
             self._finish(job, TimeoutError("claim lease expired on every attempt"))
@@ -395,7 +395,7 @@ class Runner:
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
         rule, claim = job.rule, job.claim
-        box = self._outboxes[job.shard]
+        box = self._results[job.shard]
         if exc is None:
             box.acks.append(job)
             self._metrics.rule(rule.name).outcomes["success"] += 1
@@ -409,8 +409,8 @@ class Runner:
             box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
                                            outcome, job.start_ms, job.duration_ms)))
         self._release_slot(job)
-        if not self._outbox_event.is_set():
-            self._outbox_event.set()
+        if not self._results_event.is_set():
+            self._results_event.set()
 
     def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
         """The first failure of a key (on this node) with its traceback, each later
@@ -489,27 +489,27 @@ class Runner:
 
     # -- outcomes out ----------------------------------------------------------------
 
-    async def outbox_loop(self) -> None:
+    async def results_loop(self) -> None:
         """Group-commit acks and failures; survives Redis errors and retries them."""
-        await keep_running("outbox: recording results", self._commit_next, logger=log,
+        await keep_running("results: recording refresh outcomes", self._commit_next, logger=log,
                            on_error=lambda _: self._metrics.redis_errors.labels(
-                               "outbox").inc())
+                               "results").inc())
 
     async def _commit_next(self) -> None:
         """Wait for results, then commit them; on an error they wait for the next try."""
-        await self._outbox_event.wait()
+        await self._results_event.wait()
         await asyncio.sleep(ACK_GATHER)  # let more results join this commit
-        self._outbox_event.clear()
-        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        self._results_event.clear()
+        boxes, self._results = self._results, defaultdict(Results)
         try:
             await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
         except Exception:
             for shard, box in boxes.items():
-                self._outboxes[shard].merge(box)
-            self._outbox_event.set()
+                self._results[shard].merge(box)
+            self._results_event.set()
             raise
 
-    async def _commit(self, shard: int, box: Outbox) -> None:
+    async def _commit(self, shard: int, box: Results) -> None:
         keys = self._keyspace.shard(shard)
         stale: list[str] = []
         if box.acks:
@@ -543,9 +543,9 @@ class Runner:
                 del self._jobs[job.claim.key]
         self._check_idle()
 
-    async def flush_outbox(self) -> None:
+    async def flush_results(self) -> None:
         """Record every finished claim's result now (used at shutdown)."""
-        boxes, self._outboxes = self._outboxes, defaultdict(Outbox)
+        boxes, self._results = self._results, defaultdict(Results)
         await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
 
     # -- leases ------------------------------------------------------------------------
