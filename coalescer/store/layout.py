@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,9 @@ async def carry(scripts: Scripts, keyspace: KeySpace, source_seq: int,
                            for n, part in by_shard.items()))
 
 
+RECHECK = 5.0  # seconds between two reads of the layout by a writer while a reshard runs
+
+
 class Layouts:
     """The layout this process follows, shared by its writer and its node; read again
     on demand (a refused write, a node lease call that saw a new generation)."""
@@ -119,6 +123,7 @@ class Layouts:
         self.keyspace = self.info.keyspace(namespace)
         self._listeners: list[Callable[[LayoutInfo], None]] = []
         self._lock = asyncio.Lock()
+        self._rechecked = time.monotonic()
 
     @property
     def channel(self) -> str:
@@ -140,6 +145,17 @@ class Layouts:
             reply = await self._scripts.call("layout", self._keys(), [self.configured])
             self._set(parse_layout(reply))
             return self.info
+
+    async def recheck(self) -> None:
+        """While a reshard runs, read the layout again once RECHECK seconds passed since
+        the last look: a writer then learns that the reshard ended even if no shard
+        refuses its writes (the node that ended it died before raising the shards'
+        markers), instead of routing through the old shards for as long as it runs.
+        Errors are raised (the caller goes on with the layout it has)."""
+        now = time.monotonic()
+        if self.info.resharding and now - self._rechecked >= RECHECK:
+            self._rechecked = now
+            await self.refresh()
 
     def _set(self, info: LayoutInfo) -> None:
         changed = (info.gen, info.drained) != (self.info.gen, self.info.drained)

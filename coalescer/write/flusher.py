@@ -260,6 +260,10 @@ class Flusher:
             self._absorber.finished(batch)
 
     async def _send_groups(self, batch: Batch) -> None:
+        try:
+            await self._layouts.recheck()
+        except Exception as exc:  # the write meets the same error, and says so
+            log.info("reading the shard layout again failed: %r", exc)
         keyspace = self._layouts.keyspace
         try:
             parts = self._groups(batch, keyspace)

@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 from coalescer import Coalescer
 from coalescer.query.history import HistoryQuery
 from coalescer.query.status import format_status
+from coalescer.store import layout as layout_module
 from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts
 from tests.helpers.e2e import Recorder, recorder_rules
@@ -304,6 +305,54 @@ async def test_a_cancel_of_a_key_in_transit_cancels_it_and_a_later_mover_does_no
         assert await where(redis_client, namespace, key, 4) == [], key  # not brought back
     for key in set(keys) - set(moving):
         assert await where(redis_client, namespace, key, 4) == [0], key
+
+
+async def test_a_writer_learns_that_a_reshard_ended_though_no_shard_refused_its_writes(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node that ended a reshard died before raising the shards' markers: nothing
+    refuses the writer's held writes, so it reads the layout again on its own."""
+    monkeypatch.setattr(layout_module, "RECHECK", 0.0)  # at once, not 5 s later
+    old, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "ghost")
+        space = layouts.keyspace
+        assert await layouts.drained(space.gen, 0, 0)  # ended; the markers stay as they were
+        assert writer.keyspace.resharding
+        key = next(k for k in (f"stats:{i}" for i in range(100)) if space.shard_of(k) != 0)
+        writer.touch(key)
+        await writer.flush()
+        assert not writer.keyspace.resharding and writer.keyspace.shards == 4
+        writer.touch(key)
+        await writer.flush()
+    assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)]
+
+
+async def test_a_writer_that_cannot_read_the_layout_again_writes_with_the_one_it_has(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path, *,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(layout_module, "RECHECK", 0.0)
+    caplog.set_level(logging.INFO, logger="coalescer.write.flusher")
+    old, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        layouts = writer._run.layouts
+        assert layouts is not None and await layouts.begin(4, "test")
+        space = layouts.keyspace
+        saved = await redis_client.hgetall(layout(namespace))
+        await redis_client.delete(layout(namespace))
+        await redis_client.set(layout(namespace), "not a hash")  # the read fails: WRONGTYPE
+        try:
+            key = next(k for k in (f"stats:{i}" for i in range(100)) if space.shard_of(k) != 0)
+            writer.touch(key)
+            await writer.flush()  # held in the old shard, asked, written to the new one
+        finally:
+            await redis_client.delete(layout(namespace))
+            await redis_client.hset(layout(namespace), mapping=saved)
+    assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)]
+    lines = [r.getMessage() for r in caplog.records
+             if "reading the shard layout again failed" in r.getMessage()]
+    assert lines and all("ResponseError" in line for line in lines)
 
 
 async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(
