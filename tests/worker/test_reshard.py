@@ -18,7 +18,7 @@ from coalescer.query.history import HistoryQuery
 from coalescer.query.status import format_status
 from coalescer.store import layout as layout_module
 from coalescer.store.keys import KeySpace, layout
-from coalescer.store.layout import Layouts
+from coalescer.store.layout import Layouts, Taken
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.servers import Cluster, wait_until
 
@@ -219,6 +219,27 @@ async def test_bundles_a_dead_mover_left_are_put_by_the_next_leader(
     assert await redis_client.hlen(final.shard(0).moving) == 0
 
 
+async def taken_by_a_dead_mover(writer: Coalescer, keys: list[str], rule: str,
+                                item: str | None = None) -> tuple[KeySpace, list[str], Taken]:
+    """Touch ``keys`` (with ``item``), begin a reshard from 1 to 4 shards, and take the
+    keys bound for other shards out of shard 0 as a mover that then died would: the
+    layout, those keys and what the take returned."""
+    for key in keys:
+        if item is None:
+            writer.touch(key)
+        else:
+            writer.touch(key, item)
+    await writer.flush()
+    layouts = writer._run.layouts
+    assert layouts is not None and await layouts.begin(4, "ghost")
+    space = layouts.keyspace
+    moving = [k for k in keys if space.shard_of(k) != 0]
+    taken = await layouts.take(space.shard(0), space.gen, moving,
+                               [space.shard_of(k) for k in moving], [rule])
+    assert taken is not None and set(taken.bundles) == set(moving)
+    return space, moving, taken
+
+
 async def test_a_touch_of_a_key_a_dead_mover_left_in_transit_brings_it_along(
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
     """A mover took keys out of their old shard and died before putting them. A touch
@@ -228,16 +249,7 @@ async def test_a_touch_of_a_key_a_dead_mover_left_in_transit_brings_it_along(
     new, rec = rules(tmp_path, namespace, 4, window="200ms", name="new")
     keys = [f"orders:{i}" for i in range(20)]
     async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
-        for key in keys:
-            writer.touch(key, "before")
-        await writer.flush()
-        layouts = writer._run.layouts
-        assert layouts is not None and await layouts.begin(4, "ghost")
-        space = layouts.keyspace
-        moving = [k for k in keys if space.shard_of(k) != 0]
-        taken = await layouts.take(space.shard(0), space.gen, moving,
-                                   [space.shard_of(k) for k in moving], ["orders"])
-        assert taken is not None and set(taken.bundles) == set(moving)
+        space, moving, _ = await taken_by_a_dead_mover(writer, keys, "orders", "before")
         for key in moving:
             writer.touch(key, "after")
         await writer.flush()
@@ -285,15 +297,7 @@ async def test_a_cancel_of_a_key_in_transit_cancels_it_and_a_later_mover_does_no
     new, _ = rules(tmp_path, namespace, 4, name="new")
     keys = [f"orders:{i}" for i in range(20)]
     async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
-        for key in keys:
-            writer.touch(key, "row")
-        await writer.flush()
-        layouts = writer._run.layouts
-        assert layouts is not None and await layouts.begin(4, "ghost")
-        space = layouts.keyspace
-        moving = [k for k in keys if space.shard_of(k) != 0]
-        assert await layouts.take(space.shard(0), space.gen, moving,
-                                  [space.shard_of(k) for k in moving], ["orders"])
+        _, moving, _ = await taken_by_a_dead_mover(writer, keys, "orders", "row")
         outcome = await writer.cancel_many(moving)  # their mover died before putting them
         assert outcome.cancelled == moving and set(outcome.states.values()) == {"pending"}
         entries = await writer.query.history(HistoryQuery(key=moving[0]))
@@ -510,15 +514,9 @@ async def test_a_bundle_put_before_its_mover_died_is_not_put_again(
     new, _ = rules(tmp_path, namespace, 4, name="new")
     async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
         keys = [f"stats:{i}" for i in range(20)]
-        writer.touch_many(keys)
-        await writer.flush()
+        space, moving, taken = await taken_by_a_dead_mover(writer, keys, "stats")
         layouts = writer._run.layouts
-        assert layouts is not None and await layouts.begin(4, "ghost")
-        space = layouts.keyspace
-        moving = [k for k in keys if space.shard_of(k) != 0]
-        taken = await layouts.take(space.shard(0), space.gen, moving,
-                                   [space.shard_of(k) for k in moving], ["stats"])
-        assert taken is not None
+        assert layouts is not None
         for key, bundle in taken.bundles.items():  # put, then the mover died
             assert await layouts.put(space.shard(space.shard_of(key)), taken.seq,
                                      [bundle]) == 1
