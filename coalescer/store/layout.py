@@ -172,6 +172,18 @@ class Layouts:
         await self.refresh()
         return int(began) == 1
 
+    async def raise_markers(self) -> None:
+        """Raise every old shard's marker to the running reshard's generation, as each
+        old shard's mover does with its first call: from then on no writer that has not
+        read the new layout writes to an old shard by the old mapping (it is sent to read
+        it), so a key never gets a burst in both of its shards. One call per old shard."""
+        info = self.info
+        if not info.resharding:
+            return
+        keyspace = info.keyspace(self.namespace)
+        await asyncio.gather(*(self.take(keyspace.shard(n), info.gen, [], [], [])
+                               for n in range(info.source)))
+
     async def drained(self, gen: int, shard: int, moved: int) -> bool:
         """Old shard ``shard`` is empty; True if that ended the reshard."""
         ended = await self._scripts.call("reshard_drained", self._keys(),

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 # every node lease call reports; this slow period only catches a node that came
 # back under the same id with other rules. An idle node's extra cost: 1/60 command/s.
 CHECK_INTERVAL = 60.0
+# A node is counted live (its node lease) a moment before its rules reach the registry
+# (its first shard call): a read that finds fewer entries than live nodes reads again
+# this soon, a few times at most.
+SOON = 0.5
+SOON_TRIES = 10
 
 
 def fingerprint(rule: Rule) -> str:
@@ -108,12 +113,14 @@ class RegistryWatch:
         self._missing: set[str] = set()
         self._differing: set[tuple[str, str, str]] = set()
         self._live = 0
+        self._soon = 0  # quick reads left while some live node has no entry yet
         self._changed = asyncio.Event()
 
     def nudge(self, live_nodes: int) -> None:
         """A node lease call counted ``live_nodes``: read the registry if that changed."""
         if live_nodes != self._live:
             self._live = live_nodes
+            self._soon = SOON_TRIES
             self._changed.set()
 
     async def run(self) -> None:
@@ -123,7 +130,10 @@ class RegistryWatch:
                            backoff=Backoff(base=1.0, cap=CHECK_INTERVAL), logger=log,
                            on_error=lambda _: self._metrics.redis_errors.labels(
                                "registry").inc(),
-                           pause=self._wait, rest=lambda: self._wait(CHECK_INTERVAL))
+                           pause=self._wait, rest=self._rest)
+
+    async def _rest(self) -> None:
+        await self._wait(SOON if self._soon else CHECK_INTERVAL)
 
     async def _wait(self, delay: float) -> None:
         """Wait ``delay`` seconds, or less if the count of live nodes changed."""
@@ -134,6 +144,7 @@ class RegistryWatch:
     async def check(self) -> None:
         """Read the registry once; warn about new mismatches, update the gauges."""
         _, peers = await self._scripts.peers(self._shard, self._live_ms)
+        self._soon = self._soon - 1 if self._soon and len(peers) < self._live else 0
         others = [p for p in peers if p.node != self._node_id]
         self._note_missing(others)
         self._note_differing(others)

@@ -32,6 +32,7 @@ async def begin_reshard(layouts: Layouts, wanted: int, node_id: str) -> bool:
     began = await layouts.begin(wanted, node_id)
     info = layouts.info
     if began:
+        await layouts.raise_markers()
         log.info("node %s: resharding from %d to %d shards: the old shards' leaders move "
                  "their keys, touches keep working", node_id, info.source, info.shards)
     return began

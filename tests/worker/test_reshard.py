@@ -19,6 +19,7 @@ from coalescer.query.status import format_status
 from coalescer.store import layout as layout_module
 from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts, Taken
+from coalescer.worker.resharding import begin_reshard
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.servers import Cluster, wait_until
 
@@ -357,6 +358,25 @@ async def test_a_writer_that_cannot_read_the_layout_again_writes_with_the_one_it
     lines = [r.getMessage() for r in caplog.records
              if "reading the shard layout again failed" in r.getMessage()]
     assert lines and all("ResponseError" in line for line in lines)
+
+
+async def test_a_writer_of_the_old_layout_is_sent_to_read_it_as_soon_as_a_reshard_begins(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    """No mover has run yet (no worker node): the node that began the reshard raised the
+    old shards' markers, so a writer still on 1 shard does not write by it any more."""
+    old, _ = rules(tmp_path, namespace, 1)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        assert writer.keyspace.shards == 1 and not writer.keyspace.resharding
+        node = Layouts(writer._run.scripts, namespace, 4)  # type: ignore[arg-type]
+        await node.refresh()
+        assert await begin_reshard(node, 4, "b")
+        space = node.keyspace
+        assert await redis_client.get(space.shard(0).layout) == str(space.gen)
+        key = next(k for k in (f"stats:{i}" for i in range(100)) if space.shard_of(k) != 0)
+        writer.touch(key)
+        await writer.flush()
+        assert writer.keyspace.resharding  # refused once, read the layout, wrote again
+    assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)]
 
 
 async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(

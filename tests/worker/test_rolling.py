@@ -22,7 +22,8 @@ import pytest_asyncio
 
 from coalescer import Claim, Coalescer
 from coalescer.config.rules import Config
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, node_leases
+from coalescer.worker.registry import encode
 from tests.helpers.e2e import Recorder, server_ms
 from tests.helpers.servers import wait_until
 
@@ -205,6 +206,35 @@ async def test_with_the_only_node_knowing_a_rule_gone_its_keys_wait_until_it_ret
     await wait_until(lambda: all_refreshed([node_a.rec], ["a:2"]), message="A2 refreshes a:2")
     assert b.leads() == [0]
     assert not (await b.query.status())["rules"]["only-a"]["unserved"]
+
+
+async def test_a_node_counted_live_before_its_rules_reach_the_registry_is_compared_soon(
+        rules_file: RulesFactory, namespace: str, start: Start,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A node's lease comes a moment before its first shard call registers its rules: the
+    others read the registry again soon, not at the next change or a minute later."""
+    caplog.set_level(logging.WARNING)
+    b = await start(Node(rules_file, text(namespace, 1, ITEM)), "B")
+    await wait_until(lambda: b.leads() == [0], message="B leads")
+    scripts = b._run.scripts
+    assert scripts is not None
+    reads = Counter[str]()
+    peers = scripts.peers
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        found = await peers(*args, **kwargs)
+        reads["registry"] += 1
+        return found
+
+    scripts.peers = counted  # type: ignore[method-assign]
+    await scripts.node_lease(node_leases(namespace), node_id="ghost", lease_ms=60_000)
+    await wait_until(lambda: reads["registry"] > 0, message="B reads the registry")
+    assert not warned(caplog, "lacks rule")  # the ghost's rules are not there yet
+    await scripts.acquire(KeySpace(namespace, 1).shard(0), node_id="ghost", lease_ms=60_000,
+                          mine="", rules=encode(Node(rules_file, text(
+                              namespace, 1, ITEM, ONLY_A)).config.rules))
+    await wait_until(lambda: warned(caplog, "lacks rule 'only-a'", "ghost"),
+                     message="B warns")
 
 
 async def _past(r: Any, ms: float) -> bool:
