@@ -18,13 +18,21 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
-from coalescer.query.history import CANCELLED, clock, format_duration_ms, parse_entries
+from coalescer.config.schema import MAX_HISTORY
+from coalescer.query.history import (
+    CANCELLED,
+    HistoryQuery,
+    clock,
+    format_duration_ms,
+    read_history,
+)
 from coalescer.query.layout_read import current_space, home_of
 from coalescer.store import key_states as states
 from coalescer.store.hints import CommandHints
 from coalescer.store.scripts import OVERFLOW
 
 LAST_REFRESHES = 5
+EVERY_ENTRY = 3 * MAX_HISTORY  # all of a key's entries: its streams are 3 at most
 SLACK_MS = 1  # rounding of window / max_wait to whole ms
 
 
@@ -121,13 +129,13 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
     pipe.hget(sk.meta, key)
     pipe.zscore(sk.inflight(rule.name), key)
     pipe.zscore(sk.dead(rule.name), key)
-    pipe.xrevrange(sk.history, "+", "-")
     if rule.items is not None:
         pipe.smembers(sk.items(key))
         pipe.smembers(sk.claimed_items(key))
-    (sec, usec), value, inflight, dead, entries, *item_sets = await pipe.execute()
+    (sec, usec), value, inflight, dead, *item_sets = await pipe.execute()
     now = int(sec) * 1000 + int(usec) // 1000
-    mine = [r for i, f in entries for r in parse_entries(i, f) if r.key == key]
+    # the key's entries in every stream that may hold them (a reshard leaves them behind)
+    mine = await read_history(redis, config, HistoryQuery(key=key, limit=EVERY_ENTRY))
     info: dict[str, Any] = {"key": key, "shard": sk.shard, "now_ms": now,
                             "rule": rule_settings(rule)}
     info |= describe_state(value, rule, {"inflight": inflight, "dead": dead}, now)

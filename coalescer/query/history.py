@@ -18,7 +18,7 @@ from typing import Any
 
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
-from coalescer.query.layout_read import current_space
+from coalescer.query.layout_read import current_space, history_shards
 from coalescer.store.keys import KeySpace, ShardKeys
 
 FAILED_OUTCOMES = ("failure", "timeout", "lost")
@@ -139,9 +139,8 @@ async def read_history(redis: Any, config: Config, query: HistoryQuery) -> list[
     Unfiltered, each shard's newest ``limit`` entries are read; filtered, each
     whole (capped) stream is.
     """
-    space = await current_space(redis, config)
-    shards = ([space.shard(n) for n in space.homes(query.key)] if query.key is not None
-              else space.all_shards())
+    shards = [ShardKeys(config.namespace, n)
+              for n in await history_shards(redis, config, query.key)]
     found = await read_streams(redis, shards, None if query.filtered else query.limit)
     picked = [r for r in found if query.wants(r)]
     picked.sort(key=lambda r: r.order, reverse=True)

@@ -40,3 +40,18 @@ async def home_of(redis: Any, space: KeySpace, key: str) -> int:
     if len(homes) == 1 or await redis.hexists(space.shard(homes[0]).meta, key):
         return homes[0]
     return homes[-1]
+
+
+async def history_shards(redis: Any, config: Config, key: str | None) -> list[int]:
+    """The shards whose history streams may hold ``key``'s refreshes (every key's, for
+    None): where it lives now, and where it lived under the count the last reshard came
+    from (an entry stays in the stream of the shard that ran it)."""
+    info = await read_layout(redis, config)
+    space = info.keyspace(config.namespace)
+    past = KeySpace(config.namespace, info.was) if info.was and not space.resharding else None
+    if key is None:
+        return list(range(max(space.span, past.shards if past else 0)))
+    homes = set(space.homes(key))
+    if past is not None:
+        homes.add(past.shard_of(key))
+    return sorted(homes)

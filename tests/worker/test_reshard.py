@@ -379,6 +379,34 @@ async def test_a_writer_of_the_old_layout_is_sent_to_read_it_as_soon_as_a_reshar
     assert await where(redis_client, namespace, key, 4) == [space.shard_of(key)]
 
 
+@pytest.mark.parametrize(("before", "after"), [(1, 4), (4, 1)])
+async def test_refreshes_before_a_reshard_stay_in_the_history(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path, before: int,
+        after: int) -> None:
+    """A history entry stays in the stream of the shard that ran it: after the reshard,
+    ``history`` reads that shard too, by key and unfiltered."""
+    old, rec = rules(tmp_path, namespace, before, window="100ms")
+    new = same_handler(old, after)
+    keys = [f"stats:{i}" for i in range(12)]
+    moved = [k for k in keys if KeySpace(namespace, before).shard_of(k)
+             != KeySpace(namespace, after).shard_of(k)]
+    assert moved
+    async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a:
+        a.touch_many(keys)
+        await wait_until(lambda: {c.key for c in rec.succeeded} >= set(keys),
+                         message="every key refreshed")
+    async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b") as b:
+        await wait_until(lambda: reshard_done(redis_client, namespace, after), timeout=30,
+                         message="the reshard to end")
+        for key in moved:
+            entries = await b.query.history(HistoryQuery(key=key))
+            assert [(e.key, e.outcome) for e in entries] == [(key, "success")], key
+            explained = await b.query.explain(key)
+            assert [r["outcome"] for r in explained["last_refreshes"]] == ["success"], key
+        everything = await b.query.history(HistoryQuery(limit=100))
+        assert {e.key for e in everything} >= set(keys)
+
+
 async def test_while_a_reshard_runs_a_key_not_moved_yet_is_touched_in_its_old_shard(
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
     """No mover runs here (no worker node): the keys stay in their old shard, and a
