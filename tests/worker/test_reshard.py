@@ -381,7 +381,7 @@ async def test_a_writer_of_the_old_layout_is_sent_to_read_it_as_soon_as_a_reshar
 
 @pytest.mark.parametrize(("before", "after"), [(1, 4), (4, 1)])
 async def test_refreshes_before_a_reshard_stay_in_the_history(
-        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path, before: int,
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path, *, before: int,
         after: int) -> None:
     """A history entry stays in the stream of the shard that ran it: after the reshard,
     ``history`` reads that shard too, by key and unfiltered."""
