@@ -41,7 +41,8 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
                                       one lease per node for all the shards it leads
     NS:{NS:nodes}:layout      HASH    the namespace's shard layout: gen, shards, from
                                       (the old count while a reshard runs, else 0),
-                                      began, ended, moved, by (store/layout.py)
+                                      began, ended, moved, by, was (the count the
+                                      last reshard came from; store/layout.py)
     NS:{NS:nodes}:drained     SET     the old shards a running reshard has emptied
     NS:{NS:nodes}:layout-changed  channel  a new layout generation, or a drained shard
     NS:{NS:nodes}:nodes-changed   channel  a worker node that joined or left

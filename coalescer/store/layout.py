@@ -13,13 +13,18 @@ shard "held" (written only if the old shard still holds it, else asked back, see
 upsert.lua) and the asked keys to the new shard; the leader of each old shard moves
 its keys out (``worker/mover.py``: ``reshard_take.lua``, then ``reshard_put.lua`` in
 the new shard). Every shard keeps a marker of the newest generation written to it:
-a writer of an older one is refused and reads the layout again, so no key is ever
-written by the old mapping once its old shard began to drain. When every old shard
-is drained (``reshard_drained.lua``), a last generation ends the reshard.
+a writer of an older one is refused and reads the layout again. The node that begins
+a reshard raises the old shards' markers at once (and each old shard's mover does so
+again with its first call), so no key is written by the old mapping once the reshard
+began. A key taken out of its old shard but not yet put into its new one (its mover
+died, or is slow) is put there by the first writer or cancel that meets it (``carry``).
+When every old shard is drained (``reshard_drained.lua``), a last generation ends the
+reshard.
 
 Both steps announce the change on the layout's channel, which worker nodes listen on
 (so an idle node pays nothing to follow the layout); a node also reads it once a
-minute, and writers learn of it from a refused write.
+minute, and writers learn of it from a refused write, or read it again every
+``RECHECK`` seconds while they believe a reshard runs.
 """
 
 from __future__ import annotations
@@ -210,6 +215,10 @@ class Layouts:
         """Put bundles taken from an old shard into their new shard ``shard`` (one put
         already is skipped); returns how many were put."""
         return await put_bundles(self._scripts, shard, source_seq, bundles)
+
+    async def carry(self, keyspace: KeySpace, source_seq: int, bundles: Sequence[str]) -> None:
+        """Put ``bundles`` into their new shards of ``keyspace`` (see ``carry``)."""
+        await carry(self._scripts, keyspace, source_seq, bundles)
 
     async def scan(self, shard: ShardKeys, cursor: int, count: int) -> tuple[int, list[str]]:
         """One HSCAN step over ``shard``'s keys: the next cursor (0: done) and keys."""

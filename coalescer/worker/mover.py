@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.layout import LayoutInfo, Taken, bundle_shard
+from coalescer.store.layout import LayoutInfo, Taken
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -143,12 +143,7 @@ class Mover:
             await self._put(keyspace, keys, Taken(now.seq, left))
 
     async def _put(self, keyspace: KeySpace, keys: ShardKeys, taken: Taken) -> None:
-        by_dest: dict[int, list[str]] = defaultdict(list)
-        for bundle in taken.bundles.values():
-            by_dest[bundle_shard(bundle)].append(bundle)
-        seq = taken.seq
-        await asyncio.gather(*(self._layouts.put(keyspace.shard(dest), seq, bundles)
-                               for dest, bundles in by_dest.items()))
+        await self._layouts.carry(keyspace, taken.seq, list(taken.bundles.values()))
         await self._layouts.forget_moved(keys, list(taken.bundles))
         self._moved[keys.shard] += len(taken.bundles)
         self._metrics.reshard_moved.inc(len(taken.bundles))

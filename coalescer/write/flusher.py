@@ -288,7 +288,7 @@ class Flusher:
                 raise exc
             await self._layouts.refresh(newer_than=hop.keyspace.gen)
         except BaseException:
-            self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
+            self._give_back(groups, batch)
             raise
         keyspace = self._layouts.keyspace
         await self._deliver_all(Hop(keyspace, hop.reroutes + 1), route(keyspace, groups), batch)
@@ -305,8 +305,7 @@ class Flusher:
             return
         except BaseException as exc:
             if is_transient(exc):
-                self._absorber.give_back(_keys_of(groups, batch), batch.since,
-                                         _items_of(groups))
+                self._give_back(groups, batch)
                 raise
             await self._bisect(hop, shard, groups, batch, exc)
             return
@@ -330,9 +329,12 @@ class Flusher:
         try:
             await carry(self._scripts, keyspace, result.seq, result.transit)
         except BaseException:
-            groups = [g for _, gs in asked for g in gs]
-            self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
+            self._give_back([g for _, gs in asked for g in gs], batch)
             raise
+
+    def _give_back(self, groups: list[UpsertGroup], batch: Batch) -> None:
+        """The groups' keys (and items) go back to the buffer: their write failed."""
+        self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
 
     def _written(self, failed: dict[str, str], keys: dict[str, Rule], items: ItemSets,
                  batch: Batch) -> None:
@@ -357,7 +359,7 @@ class Flusher:
         try:
             await self._deliver(hop, shard, first, batch)
         except BaseException:
-            self._absorber.give_back(_keys_of(second, batch), batch.since, _items_of(second))
+            self._give_back(second, batch)
             raise
         await self._deliver(hop, shard, second, batch)
 

@@ -32,6 +32,18 @@ rules:
     handler: {mod}:refresh
 """
 
+async def over_four_renewals(client: Any, probe: Any, namespace: str,
+                             node: str) -> dict[str, int]:
+    """The commands the server ran, by name, over four lease renewals of ``node`` (after
+    two to settle), the probe's own reads left out."""
+    await renewals(probe, namespace, node, 2)
+    before = calls(client)
+    await renewals(probe, namespace, node, 4)
+    after = calls(client)
+    return {name: n - before.get(name, 0) for name, n in after.items()
+            if name not in (PROBE, "info")}
+
+
 async def idle_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
                         shards: int) -> int:
     """Commands the server ran while an idle node leading ``shards`` renewed its lease
@@ -45,15 +57,10 @@ async def idle_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
         async with Coalescer.from_yaml(path, redis_url=server.url, node_id="idle") as node:
             await wait_until(lambda: len(node.leads()) == shards, timeout=60,
                              message="the node leads every shard")
-            probe = node.redis
-            await renewals(probe, namespace, "idle", 2)
-            before = calls(client)
-            await renewals(probe, namespace, "idle", 4)
-            after = calls(client)
+            delta = await over_four_renewals(client, node.redis, namespace, "idle")
     finally:
         client.close()
-    return sum(n - before.get(name, 0) for name, n in after.items()
-               if name not in (PROBE, "info"))
+    return sum(delta.values())
 
 
 async def test_an_idle_node_costs_the_same_commands_per_lease_period_at_1_and_512_shards(
@@ -80,15 +87,9 @@ async def fleet_commands(server: ValkeyProcess, tmp_path: Path, namespace: str,
                 for i in range(nodes)]
             await wait_until(lambda: all(len(n.leads()) == 1 for n in started), timeout=60,
                              message="every node leads one shard")
-            probe = started[0].redis
-            await renewals(probe, namespace, "n0", 2)
-            before = calls(client)
-            await renewals(probe, namespace, "n0", 4)
-            after = calls(client)
+            delta = await over_four_renewals(client, started[0].redis, namespace, "n0")
     finally:
         client.close()
-    delta = {name: n - before.get(name, 0) for name, n in after.items()
-             if name not in (PROBE, "info")}
     return sum(delta.values()), delta.get("evalsha", 0) + delta.get("eval", 0)
 
 

@@ -540,6 +540,30 @@ async def test_on_a_cluster_keys_move_between_masters_and_every_one_is_refreshed
     assert len(owners) > 1  # the shards live on more than one master
 
 
+async def test_on_a_cluster_a_touch_brings_a_key_left_in_transit_to_another_master(
+        tmp_path: Path, namespace: str, cluster: Cluster) -> None:
+    old, _ = rules(tmp_path, namespace, 1, window="200ms")
+    new, rec = rules(tmp_path, namespace, 4, window="200ms", name="new")
+    keys = [f"orders:{i}" for i in range(20)]
+    async with Coalescer.from_yaml(old, redis_url=cluster.urls[0], worker=False) as writer:
+        space, moving, _ = await taken_by_a_dead_mover(writer, keys, "orders", "before")
+        for key in moving:
+            writer.touch(key, "after")
+        await writer.flush()
+        r = writer.redis
+        masters = {r.get_node_from_key(space.shard(space.shard_of(k)).meta).name
+                   for k in moving}
+        assert masters - {r.get_node_from_key(space.shard(0).meta).name}
+        for key in moving:
+            home = space.shard(space.shard_of(key))
+            assert await r.smembers(home.items(key)) == {"before", "after"}, key
+    async with Coalescer.from_yaml(new, redis_url=cluster.urls[1], node_id="b"):
+        await wait_until(lambda: all(rec.of(k) for k in keys), timeout=30,
+                         message="every key refreshed")
+    for key in moving:
+        assert [sorted(c.items) for c in rec.of(key)] == [["after", "before"]], key
+
+
 async def test_a_node_with_a_third_count_during_a_reshard_follows_it_and_says_so(
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
