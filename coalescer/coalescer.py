@@ -480,7 +480,7 @@ class Coalescer:
         self._state = "starting"
         run = self._run
         conn = await self._connect(run)
-        run.scripts = scripts = Scripts(conn.client)
+        run.scripts = scripts = Scripts(conn.client, self.config.durability)
         run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
         await self._read_layout(run.layouts)
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)

@@ -137,3 +137,19 @@ class ScriptError(CoalescerError):
 
 class WebhookError(CoalescerError):
     """A webhook call that failed: a non-2xx answer, a connection error, a missing secret."""
+
+
+class ReplicationError(CoalescerError):
+    """A write reached the Redis primary, but fewer replicas than ``durability: replicas``
+    acknowledged it within ``durability: timeout``: it is not counted as written (a
+    flush keeps the touches buffered and writes them again; a node does not run such a
+    claim). ``acknowledged`` replicas held it, ``wanted`` were asked for."""
+
+    def __init__(self, acknowledged: int, wanted: int, timeout: float,
+                 result: object = None) -> None:
+        super().__init__(f"only {acknowledged} of {wanted} Redis replicas acknowledged the "
+                         f"write within {timeout:g}s (durability: replicas: {wanted})")
+        self.acknowledged = acknowledged
+        self.wanted = wanted
+        self.timeout = timeout
+        self.result = result  # what the primary answered (the write did run there)

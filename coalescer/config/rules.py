@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from coalescer.config.durability import NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve
 from coalescer.config.lint import (
@@ -47,6 +48,7 @@ class Config:
     source: str
     history: int = DEFAULT_HISTORY
     sources: tuple[SourceConfig, ...] = ()
+    durability: Durability = NO_REPLICAS
     matches: tuple[RuleMatch, ...] = field(default=(), repr=False, compare=False)
     secrets: tuple[RuleSecret, ...] = field(default=(), repr=False, compare=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
@@ -175,7 +177,8 @@ def _config(schema: RulesSchema, document: Document | None) -> Config | None:
     return Config(namespace=document.namespace, shards=document.shards,
                   leader_lease=document.leader_lease, claim_lease=document.claim_lease,
                   rules=document.rules, source=schema.file, history=document.history,
-                  sources=document.sources, matches=tuple(schema.matches),
+                  sources=document.sources, durability=document.durability,
+                  matches=tuple(schema.matches),
                   secrets=tuple(schema.secrets))
 
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from coalescer.common.redact import redact
+from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
 from coalescer.config.lint import RuleMatch, RuleSecret
@@ -46,8 +47,9 @@ MAX_SHARDS = 16384
 HTTP_METHODS = ("POST", "PUT", "PATCH")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "defaults",
-               "rules", "sources")
+_TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "durability",
+               "defaults", "rules", "sources")
+_DURABILITY_FIELDS = ("replicas", "timeout")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
 _RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items")
 _BATCH_FIELDS = ("max", "wait")
@@ -83,6 +85,7 @@ class Document:
     history: int
     rules: tuple[Rule, ...]
     sources: tuple[SourceConfig, ...]
+    durability: Durability = NO_REPLICAS
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,7 @@ class RulesSchema(YamlReader):
                                       TOP_DEFAULTS[name])
                   for name in ("leader_lease", "claim_lease")}
         history = self.optional(entries, "", "history", self.history, DEFAULT_HISTORY)
+        durability = self.optional(entries, "", "durability", self.durability, NO_REPLICAS)
         defaults = self.defaults(entries)
         node = self.attempt(self.require, entries, "rules", root, "", "the rules file")
         rules = self.attempt(self.rules, node, defaults) if node is not None else None
@@ -140,7 +144,7 @@ class RulesSchema(YamlReader):
             return None
         return Document(namespace=namespace, shards=shards,
                         leader_lease=leases["leader_lease"], claim_lease=leases["claim_lease"],
-                        history=history, rules=rules, sources=sources)
+                        history=history, rules=rules, sources=sources, durability=durability)
 
     def namespace(self, node: Node, field: str) -> str:
         return self.identifier(node, field, "namespace")
@@ -154,6 +158,30 @@ class RulesSchema(YamlReader):
             raise self.error(f"must be a whole number from 0 (no history) to {MAX_HISTORY}: "
                              f"refreshes kept per shard, got {raw!r}", node, field)
         return raw
+
+    def durability(self, node: Node, field: str) -> Durability:
+        """``durability: {replicas: N, timeout: DURATION}``: replicas defaults to 0."""
+        entries = self.mapping(node, field, _DURABILITY_FIELDS, "durability")
+        replicas = self.optional(entries, field, "replicas", self.replicas, 0)
+        timeout = self.optional(entries, field, "timeout", self.replica_timeout,
+                                NO_REPLICAS.timeout)
+        return Durability(replicas=replicas, timeout=timeout)
+
+    def replicas(self, node: Node, field: str) -> int:
+        raw = self.value(node, field)
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_REPLICAS:
+            raise self.error(f"must be a whole number from 0 (no waiting) to {MAX_REPLICAS}: "
+                             f"replicas that must hold each write, got {shown(raw)}", node,
+                             field)
+        return raw
+
+    def replica_timeout(self, node: Node, field: str) -> float:
+        timeout = self.positive_duration(node, field)
+        if timeout > MAX_TIMEOUT:
+            raise self.error(f"must be at most {format_duration(MAX_TIMEOUT)}, got "
+                             f"{format_duration(timeout)}: each write waits this long for "
+                             "its replicas", node, field)
+        return timeout
 
     def defaults(self, entries: Entries) -> Settings:
         settings = {name: _Setting(value) for name, value in RULE_DEFAULTS.items()}

@@ -25,6 +25,18 @@ call of a pipeline whose connection failed, and a call whose slot has no known
 master go once more through redis-py's own cluster execution, which refreshes the
 slot map, follows redirections and retries (at most ``MAX_CLUSTER_CALLS`` such
 calls at once, below the pool bound of a node).
+
+With ``durability: replicas: N`` (N > 0) a pipeline that holds a durable call (an
+upsert, a claim, an ack) ends with ``WAIT N TIMEOUT`` on the same connection: the
+primary answers it once N replicas hold every write the connection made before it.
+When fewer did in time, each durable call of the pipeline fails with
+``ReplicationError`` (which carries what the primary answered: the write ran there, it
+is only not known to be replicated). A durable call that has to go alone is sent
+with ``EVAL`` and ``WAIT`` on a held connection on a single server; in a Redis
+Cluster it goes through redis-py's own path, on a connection coalescer does not hold,
+so it cannot be confirmed and fails with ``ReplicationError`` (0 acknowledged) after
+it ran: the writer writes it again, a node leaves such a claim to its lease. With
+``replicas: 0`` nothing of this is sent.
 """
 
 from __future__ import annotations
@@ -48,6 +60,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from coalescer.config.durability import NO_REPLICAS, Durability
+from coalescer.errors import ReplicationError
+
 log = logging.getLogger(__name__)
 
 MAX_PIPELINES = 4  # pipelines in flight at once per destination: the connections calls use
@@ -65,6 +80,7 @@ class _Call:
     keys: list[str]
     args: list[Any]
     future: asyncio.Future[Any]
+    durable: bool = False  # confirmed by WAIT when the deployment asks for replicas
 
 
 class _Links(Protocol):
@@ -114,8 +130,9 @@ class _Lane:
     """The queued calls of one destination and the senders that send them."""
 
     def __init__(self, links: _Links, alone: Callable[[_Call], Awaitable[None]],
-                 sent: Counter[str], name: str) -> None:
+                 sent: Counter[str], name: str, durability: Durability = NO_REPLICAS) -> None:
         self.links = links
+        self._durability = durability
         self._alone = alone  # one call through redis-py's own execution
         self._sent = sent  # round trips made, by destination
         self._name = name
@@ -162,23 +179,55 @@ class _Lane:
         await self._each_alone(batch)  # redis-py's cluster path refreshes the slot map
 
     async def _each_alone(self, batch: list[_Call]) -> None:
-        await asyncio.gather(*(self._alone(c) for c in batch if not c.future.done()))
+        await asyncio.gather(*(self._go_alone(c) for c in batch if not c.future.done()))
 
     async def _send(self, batch: list[_Call]) -> None:
         commands = [("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args) for c in batch]
-        replies = await self._exchange(commands)
+        wait = self._wait(batch)
+        replies = await self._exchange(commands + wait)
+        short = self._shortfall(replies.pop()) if wait else None
         retry = []
         for call, reply in zip(batch, replies, strict=True):
             if self._again(reply):
                 retry.append(call)
-            elif call.future.done():
-                continue
-            elif isinstance(reply, Exception):
-                call.future.set_exception(reply)
             else:
-                call.future.set_result(reply)
+                _settle(call, reply, short)
         if retry:
-            await asyncio.gather(*(self._alone(c) for c in retry))
+            await asyncio.gather(*(self._go_alone(c) for c in retry))
+
+    def _wait(self, batch: list[_Call]) -> list[tuple[Any, ...]]:
+        """``[WAIT N TIMEOUT]`` when a call of ``batch`` is durable and replicas are asked for."""
+        wanted = self._durability.replicas
+        if not wanted or not any(c.durable for c in batch):
+            return []
+        return [("WAIT", wanted, self._durability.timeout_ms)]
+
+    def _shortfall(self, acked: Any) -> ReplicationError | None:
+        """None when WAIT's answer ``acked`` counts enough replicas, else the error
+        (an error reply counts as none)."""
+        count = acked if isinstance(acked, int) else 0
+        if count >= self._durability.replicas:
+            return None
+        return ReplicationError(count, self._durability.replicas, self._durability.timeout)
+
+    async def _go_alone(self, call: _Call) -> None:
+        """A call redis-py's path must send; a durable one on a single server is sent
+        with its source (the server may have lost the script) and WAIT, here."""
+        if call.durable and self._durability.replicas and not self.links.cluster:
+            await self._send_source(call)
+        else:
+            await self._alone(call)
+
+    async def _send_source(self, call: _Call) -> None:
+        wanted, timeout_ms = self._durability.replicas, self._durability.timeout_ms
+        try:
+            reply, acked = await self._exchange([
+                ("EVAL", call.script.script, len(call.keys), *call.keys, *call.args),
+                ("WAIT", wanted, timeout_ms)])
+        except Exception as exc:
+            _fail_all([call], exc)
+            return
+        _settle(call, reply, self._shortfall(acked))
 
     def _again(self, reply: Any) -> bool:
         """Whether the call goes once more alone: the server lost the script (redis-py
@@ -220,6 +269,20 @@ async def _round_trip(connection: Any, packed: list[bytes], n: int) -> list[Any]
     return replies
 
 
+def _settle(call: _Call, reply: Any, short: ReplicationError | None) -> None:
+    """Answer ``call`` with ``reply``; a durable call's success with ``short`` when its
+    WAIT fell short (carrying the reply)."""
+    if call.future.done():
+        return
+    if isinstance(reply, Exception):
+        call.future.set_exception(reply)
+    elif call.durable and short is not None:
+        call.future.set_exception(ReplicationError(short.acknowledged, short.wanted,
+                                                   short.timeout, reply))
+    else:
+        call.future.set_result(reply)
+
+
 def _fail_all(batch: list[_Call], exc: BaseException) -> None:
     for call in batch:
         if not call.future.done():
@@ -229,8 +292,9 @@ def _fail_all(batch: list[_Call], exc: BaseException) -> None:
 class ScriptBatcher:
     """Queues script calls and sends them in pipelines, per master in a Redis Cluster."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, durability: Durability = NO_REPLICAS) -> None:
         self._redis = redis
+        self._durability = durability
         self.round_trips: Counter[str] = Counter()  # pipelines sent, by destination
         self._cluster = isinstance(redis, RedisCluster)
         self._alone_slots = asyncio.Semaphore(MAX_CLUSTER_CALLS) if self._cluster else None
@@ -238,11 +302,13 @@ class ScriptBatcher:
         self._masters: dict[str, _MasterLinks] = {}
         if not self._cluster:
             self._lanes[""] = _Lane(_ServerLinks(redis), self._call_alone,
-                                    self.round_trips, "server")
+                                    self.round_trips, "server", durability)
 
-    async def call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    async def call(self, script: Any, keys: list[str], args: list[Any], *,
+                   durable: bool = False) -> Any:
+        """Run ``script``; a ``durable`` call is confirmed by WAIT (see the module)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        call = _Call(script, keys, args, future)
+        call = _Call(script, keys, args, future, durable)
         lane = self._lane(keys)
         if lane is None:
             await self._call_alone(call)
@@ -260,7 +326,7 @@ class ScriptBatcher:
         if lane is None:
             self._masters[node.name] = links = _MasterLinks(node)
             lane = self._lanes[node.name] = _Lane(links, self._call_alone, self.round_trips,
-                                                  node.name)
+                                                  node.name, self._durability)
         else:
             self._masters[node.name].node = node  # the master's object in the current map
         return lane
@@ -279,8 +345,25 @@ class ScriptBatcher:
         if self._alone_slots is None:
             await _run_alone(call)
             return
+        if call.durable and self._durability.replicas:
+            await self._unconfirmed(call)
+            return
         async with self._alone_slots:
             await _run_alone(call)
+
+    async def _unconfirmed(self, call: _Call) -> None:
+        """A durable call through redis-py's cluster path: no WAIT can follow it on the
+        connection it used, so a success is answered as confirmed by no replica."""
+        ran = _Call(call.script, call.keys, call.args,
+                    asyncio.get_running_loop().create_future())
+        async with self._alone_slots or asyncio.Semaphore():
+            await _run_alone(ran)
+        if ran.future.exception() is not None:
+            _fail_all([call], ran.future.exception() or RuntimeError())
+            return
+        durability = self._durability
+        _settle(call, ran.future.result(),
+                ReplicationError(0, durability.replicas, durability.timeout))
 
 
 async def _run_alone(call: _Call) -> None:

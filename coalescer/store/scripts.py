@@ -8,20 +8,28 @@ script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
 
 from coalescer.common.plural import plural
+from coalescer.config.durability import NO_REPLICAS, Durability
 from coalescer.config.model import RateLimit
-from coalescer.errors import LayoutMovedError, NotLeaderError, ScriptError
+from coalescer.errors import LayoutMovedError, NotLeaderError, ReplicationError, ScriptError
 from coalescer.store.batching import ScriptBatcher
 from coalescer.store.keys import ShardKeys
+
+log = logging.getLogger(__name__)
 
 KEY_SEPARATOR = "\0"  # one argument for a batch's keys: far cheaper to encode than many
 OVERFLOW = ""  # the member of a key's items set that says its items overflowed (_lib.lua)
 NO_ITEM_RULES: Mapping[str, int] = {}
+
+# The writes that count only once ``durability: replicas`` hold them (batching.py):
+# touches (a flush), claims (fencing tokens and in-flight state) and acks.
+DURABLE = frozenset({"upsert", "claim", "adopt", "take", "ack"})
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
@@ -279,10 +287,12 @@ def _held(encoded: Sequence[str]) -> dict[int, int]:
 class Scripts:
     """The registered scripts of one Redis (or Redis Cluster) client."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, durability: Durability = NO_REPLICAS) -> None:
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
-        self._batcher = ScriptBatcher(redis)  # calls travel in pipelines, never one per shard
+        # calls travel in pipelines, never one per shard; DURABLE ones end with WAIT
+        self._batcher = ScriptBatcher(redis, durability)
+        self._acks_unreplicated = False  # an ack's WAIT fell short (logged once a run)
 
     @property
     def client(self) -> Any:
@@ -290,7 +300,8 @@ class Scripts:
         return self._redis
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._batcher.call(self._scripts[name], list(keys), list(args))
+        return await self._batcher.call(self._scripts[name], list(keys), list(args),
+                                        durable=name in DURABLE)
 
     async def _run_now(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One call sent at once, not queued behind the batcher's (on a Redis Cluster, a
@@ -376,8 +387,23 @@ class Scripts:
         if item_rules and any(group[0] in item_rules for group in groups):
             args += [shard.claimed_prefix,
                      *("1" if group[0] in item_rules else "0" for group in groups)]
-        result = await self._run("ack", keys, args)
+        try:
+            result = await self._run("ack", keys, args)
+        except ReplicationError as exc:
+            result = self._unreplicated_ack(shard, exc)
+        else:
+            self._acks_unreplicated = False
         return [str(k) for k in result[2:]]
+
+    def _unreplicated_ack(self, shard: ShardKeys, exc: ReplicationError) -> Any:
+        """An ack the primary recorded but too few replicas confirmed: it is not sent again
+        (the claim is finished there); a failover before the replicas catch up runs the
+        refresh once more (never loses it). Logged once until an ack is confirmed."""
+        if not self._acks_unreplicated:
+            self._acks_unreplicated = True
+            log.warning("shard %d: refresh results recorded on the primary, but %s; a "
+                        "failover now would run those refreshes again", shard.shard, exc)
+        return exc.result
 
     async def fail(
         self, shard: ShardKeys, groups: Sequence[tuple[str, int, Sequence[Failure]]],

@@ -322,6 +322,30 @@ local function claim_items(c, rule_index, take, n, before)
   end
 end
 
+-- Fencing tokens. A token must be above every token handed out before for its key,
+-- whatever failover happened: a replica promoted after lagging holds a counter that
+-- missed the last claims, and a plain counter would hand their tokens out again.
+-- So a token is the larger of the shard's counter + 1 and the server clock in ms
+-- times TOKEN_TICKS (2^11): after a failover the new primary's clock has moved on
+-- (a failover takes longer than the clocks of primary and replica differ), so its
+-- first token is above every token of before, counter behind or not; between
+-- failovers the counter keeps tokens strictly growing even if the clock steps back,
+-- and more than TOKEN_TICKS claims in one millisecond just run ahead of the clock.
+-- A token stays a whole number below 2^53 (exact in Lua, JSON and JavaScript) until
+-- the year 2109. Tokens from before this rule (small counter values) are all below
+-- the clock's, so an upgrade keeps them growing too. The counter holds the last
+-- token handed out (seq: what upsert, cancel and a reshard read and carry).
+local TOKEN_TICKS = 2048
+
+-- Take `count` tokens from the shard's counter `seq_key` at server time `now`;
+-- returns the token before the first of them (the caller adds 1 per claim).
+local function take_tokens(seq_key, count, now)
+  local last = tonumber(redis.call('GET', seq_key) or 0)
+  local first = math.max(last + 1, now * TOKEN_TICKS)
+  redis.call('SET', seq_key, int(first + count - 1))
+  return first - 1
+end
+
 -- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
 -- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
 -- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
@@ -346,14 +370,14 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   end
   if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
   if n == 0 then return end
-  local token = redis.call('INCRBY', c.seq, n / 2) - n / 2
+  local token = take_tokens(c.seq, n / 2, c.now)
   local states_out, leases, claims = {}, {}, c.claims
   local before = #claims
   local tail = '||||' .. c.node
   for i = 1, n, 2 do
     local key = take[i + 1]
     token = token + 1
-    local head = token .. '|' .. take[i]
+    local head = int(token) .. '|' .. take[i]
     states_out[i], states_out[i + 1] = key, 'R|' .. head .. tail
     leases[i], leases[i + 1] = c.lease_until, key
     claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. key
