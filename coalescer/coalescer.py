@@ -29,22 +29,26 @@ from coalescer.config.rules import Config
 from coalescer.errors import (
     BackpressureError,
     ClosedError,
+    CoalescerError,
     ConfigError,
     InvalidItemError,
     UnknownKeyError,
+    UnwrittenTouchesError,
 )
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
+from coalescer.store.eviction import PolicyWatch, check_at_start
 from coalescer.store.hints import CommandHints
 from coalescer.store.keycheck import check_item, check_key, key_problem
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import Layouts
 from coalescer.store.scripts import History, Scripts
 from coalescer.worker.drain import Drainer, local_runner
-from coalescer.worker.node import Handlers, Node, NodeContext
+from coalescer.worker.handlers import Handlers
+from coalescer.worker.node import Node, NodeContext
 from coalescer.worker.resharding import begin_reshard
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
@@ -55,6 +59,7 @@ from coalescer.write.room import DEFAULT_TIMEOUT, touch_blocking, touch_waiting
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BUFFERED = 100_000
+CLOSE_FLUSH_TIMEOUT = 10.0  # seconds close() keeps trying to write the buffered touches
 
 
 def default_node_id() -> str:
@@ -75,6 +80,7 @@ class Run:
         self.scripts: Scripts | None = None
         self.layouts: Layouts | None = None
         self.flusher: Flusher | None = None
+        self.policy: PolicyWatch | None = None
         self.node: Node | None = None
         self.handlers: Handlers | None = None
         self.sources: list[Source] = []
@@ -471,7 +477,12 @@ class Coalescer:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
+        try:
+            await self.close()
+        except UnwrittenTouchesError:
+            if exc is None:
+                raise
+            # the body's own error goes on; the unwritten keys were logged by close()
 
     async def start(self) -> None:
         self.after_fork()
@@ -480,12 +491,15 @@ class Coalescer:
         self._state = "starting"
         run = self._run
         conn = await self._connect(run)
-        run.scripts = scripts = Scripts(conn.client, self.config.durability)
+        await self._check_policy(run, conn)
+        run.scripts = scripts = Scripts(conn.client)
         run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
         await self._read_layout(run.layouts)
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)
         run.spawn("flusher", run.flusher.run())
         run.spawn("metrics", self._metrics_loop(run))
+        assert run.policy is not None
+        run.spawn("maxmemory-policy", run.policy.run())
         if self.worker:
             self._start_worker(run)
         self._state = "running"
@@ -517,6 +531,25 @@ class Coalescer:
             raise
         return run.conn
 
+    async def _check_policy(self, run: Run, conn: Connection) -> None:
+        """Refuse to start on a server whose maxmemory-policy may evict our keys."""
+        try:
+            policies = await check_at_start(conn.client)
+        except BaseException:
+            await run.close_resources()
+            self._state = "closed"
+            raise
+        run.policy = PolicyWatch(conn.client, run.metrics, policies)
+
+    def health_problems(self) -> list[str]:
+        """What makes /healthz answer 503 apart from reachability and the age of the
+        oldest unwritten touch: Redis refusing writes (with its reply), and a
+        maxmemory-policy that may evict coalescer's keys."""
+        run = self._run
+        found = [run.absorber.refused_by,
+                 run.policy.reason if run.policy is not None else None]
+        return [problem for problem in found if problem]
+
     def _start_worker(self, run: Run) -> None:
         assert run.conn is not None
         run.handlers = Handlers(self.config)
@@ -541,10 +574,13 @@ class Coalescer:
             if run.node is not None:
                 run.node.tick()
 
-    async def close(self) -> None:
+    async def close(self, *, flush_timeout: float = CLOSE_FLUSH_TIMEOUT) -> None:
         """Stop taking work, flush, drain refreshes up to ``grace``, release leases.
 
-        Idempotent: a second call waits for the first to finish.
+        The buffered touches are written for up to ``flush_timeout`` seconds (retried
+        while Redis is unreachable or refuses writes); if some could not be, everything
+        is still closed and released, then UnwrittenTouchesError is raised with their
+        ``keys`` and ``count``. Idempotent: a second call waits for the first to finish.
         """
         if self._state in ("closing", "closed"):
             await self._closed.wait()
@@ -555,28 +591,58 @@ class Coalescer:
             return
         self._state = "closing"
         try:
-            await self._shutdown(self._run)
+            unwritten = await self._shutdown(self._run, flush_timeout)
         finally:
             self._state = "closed"
             self._closed.set()
+        if unwritten is not None:
+            raise unwritten
 
-    async def _shutdown(self, run: Run) -> None:
+    async def _shutdown(self, run: Run, flush_timeout: float) -> UnwrittenTouchesError | None:
         run.absorber.close_waits()  # touches waiting for room end: no new ones come in
         await self._quietly("stop sources", run.stop_sources())
         if run.node is not None:
             run.node.stop_claiming()
-        await self._quietly("flush", self._final_flush(run))
+        failure = await self._final_flush(run, flush_timeout)
         if run.node is not None:
             await self._quietly("release leases", run.node.release())
             await run.node.finish(self.grace)
         await run.stop_tasks()
+        unwritten = await self._unwritten(run, failure)
         await run.close_resources()
         log.info("coalescer %s closed", self.node_id)
+        return unwritten
 
-    async def _final_flush(self, run: Run) -> None:
+    async def _final_flush(self, run: Run, timeout: float) -> str | None:
+        """Write the buffered touches, trying again until ``timeout``; None once
+        written, else why not."""
         assert run.flusher is not None
-        await run.flusher.flush()
-        self.sync_metrics()
+        deadline = time.monotonic() + timeout
+        why = "the flush timed out"
+        while True:
+            try:
+                await asyncio.wait_for(run.flusher.flush(), max(0.0, deadline - time.monotonic()))
+                self.sync_metrics()
+                return None
+            except CoalescerError as exc:  # RedisWriteError, or a layout that kept moving
+                why = str(exc)
+            except TimeoutError:
+                pass
+            if time.monotonic() >= deadline:
+                log.warning("shutdown: flush failed: %s", why)
+                return why
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    async def _unwritten(self, run: Run, failure: str | None) -> UnwrittenTouchesError | None:
+        """The error close() raises for the touches left unwritten, if any."""
+        assert run.flusher is not None
+        await run.flusher.settle()
+        keys = run.absorber.unwritten_keys()
+        if not keys:
+            return None
+        error = UnwrittenTouchesError(keys, failure or "the flush did not end")
+        log.error("shutdown: %s", error)
+        return error
 
     async def _quietly(self, what: str, aw: Any, timeout: float = 10.0) -> None:
         try:

@@ -113,6 +113,46 @@ class BackpressureError(CoalescerError):
     """The in-process buffer is full: the touch was not accepted (G8)."""
 
 
+class RedisWriteError(CoalescerError):
+    """``flush()`` could not write every touch to Redis; the touches stay buffered and
+    are written once Redis takes them (unless the coalescer closes first)."""
+
+
+class RedisUnreachableError(RedisWriteError):
+    """Redis could not be reached (refused connection, timeout, reset)."""
+
+
+class RedisRefusesWritesError(RedisWriteError):
+    """Redis answered an error that is not about any key (MISCONF, READONLY, OOM,
+    NOREPLICAS, NOPERM, BUSY, LOADING, ...): it refuses writes for now. ``code`` is the
+    reply's first word ("UNKNOWN" when it has none), ``reply`` its whole text."""
+
+    def __init__(self, code: str, reply: str) -> None:
+        super().__init__(f"Redis refuses writes: {reply}")
+        self.code = code
+        self.reply = reply
+
+
+class UnwrittenTouchesError(CoalescerError):
+    """``close()`` could not write every accepted touch to Redis before its flush
+    timeout: ``keys`` (sorted) and ``count`` are the keys left unwritten, whose touches
+    are lost with this process. Everything else was closed and released."""
+
+    def __init__(self, keys: Sequence[str], reason: str) -> None:
+        self.keys = sorted(keys)
+        self.count = len(self.keys)
+        self.reason = reason
+        shown = ", ".join(shown_key(key) for key in self.keys[:5])
+        more = f" and {self.count - 5} more" if self.count > 5 else ""
+        super().__init__(f"close(): {self.count} touched keys were not written to Redis "
+                         f"({reason}): {shown}{more}")
+
+
+class EvictionPolicyError(CoalescerError):
+    """The Redis server's ``maxmemory-policy`` may evict coalescer's keys (pending
+    touches, claims, leases would vanish without a trace): refused at start."""
+
+
 class ClosedError(CoalescerError):
     """touch() or flush() on a coalescer that is closed or not started."""
 

@@ -11,9 +11,9 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from coalescer.coalescer import Coalescer
+from coalescer.coalescer import CLOSE_FLUSH_TIMEOUT, Coalescer
 from coalescer.common import forksafe
-from coalescer.errors import BackpressureError, ClosedError
+from coalescer.errors import BackpressureError, ClosedError, UnwrittenTouchesError
 from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
 
@@ -165,18 +165,22 @@ class SyncCoalescer:
         self.coalescer.touch_blocking([], timeout=timeout, what=what, pairs=pairs)
 
     def flush(self, timeout: float | None = 30.0) -> None:
-        """Block until Redis holds every touch made before this call."""
+        """Block until Redis holds every touch made before this call; see
+        ``Coalescer.flush`` for what it raises."""
         self.after_fork()
         self._call("flush()", self.coalescer.flush(), timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Flush, stop and join the loop thread; idempotent."""
+    def close(self, timeout: float | None = None, *,
+              flush_timeout: float = CLOSE_FLUSH_TIMEOUT) -> None:
+        """Flush, stop and join the loop thread; idempotent. Touches that could not be
+        written within ``flush_timeout`` raise UnwrittenTouchesError, once everything
+        is stopped (see ``Coalescer.close``)."""
         self.after_fork()
         self._restart = False
         if self._loop is None:
             return
         try:
-            self._call("close()", self.coalescer.close(), timeout)
+            self._call("close()", self.coalescer.close(flush_timeout=flush_timeout), timeout)
         finally:
             self._stop_loop()
 
@@ -191,7 +195,12 @@ class SyncCoalescer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        try:
+            self.close()
+        except UnwrittenTouchesError:
+            if exc is None:
+                raise
+            # the body's own error goes on; the unwritten keys were logged by close()
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None) -> None:

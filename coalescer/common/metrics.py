@@ -130,6 +130,19 @@ class Metrics:
             "coalescer_dropped_keys_total",
             "touched keys dropped because Redis refused them for good, by reason",
             ["reason"], registry=r)
+        self.refused_writes = Counter(
+            "coalescer_redis_refused_writes_total",
+            "writes of touches Redis answered with an error reply that is not about a key "
+            "(MISCONF, READONLY, OOM, NOPERM, ...; the touches stay buffered and are "
+            "retried), by the reply's code", ["code"], registry=r)
+        self.refusing_writes = Gauge(
+            "coalescer_redis_refusing_writes",
+            "1 while Redis refuses this process's writes (since the last refused write, "
+            "until one is taken)", registry=r)
+        self.evicting = Gauge(
+            "coalescer_redis_evicting_policy",
+            "1 while a Redis server's maxmemory-policy may evict coalescer's keys "
+            "(allkeys-*), as last checked", registry=r)
         self.cancels = Counter(
             "coalescer_cancels_total",
             "keys whose pending refresh (or re-arm) a cancel dropped, by rule", ["rule"],

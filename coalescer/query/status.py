@@ -14,6 +14,7 @@ from coalescer.query.rate_status import add_rates, format_rates
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.source_status import add_sources, format_sources
+from coalescer.store.eviction import policy_lines, policy_status
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import ShardKeys
 from coalescer.store.layout import LayoutInfo
@@ -83,6 +84,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     await add_registry(redis, config, status)
     await add_sources(redis, config, status)
     await add_rates(redis, config, status)
+    status["memory"] = await policy_status(redis)
     return status
 
 
@@ -143,7 +145,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     Keys, names and errors are shown with their control characters escaped."""
     status = printable_values(status)
     lines = [f"namespace {status['namespace']}", *layout_lines(status.get("layout"), now_ms),
-             shard_summary(status["shards"])]
+             shard_summary(status["shards"]), *policy_lines(status)]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
         lines += [f"{s['shard']:<6} {_leader_text(s)}" for s in status["shards"]]

@@ -107,6 +107,8 @@ class Node(PageNode, Protocol):
 
     def dropped_keys(self) -> list[dict[str, Any]]: ...
 
+    def health_problems(self) -> list[str]: ...
+
     def sync_metrics(self) -> None: ...
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
@@ -359,11 +361,14 @@ class HttpApi:
             return False
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable or a
-        touch has waited over ``max_unwritten_age`` to be written. Served without the
-        token: it shows counts (``dropped_keys: N``), never key names or Redis errors."""
+        """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable,
+        refuses writes (its reply: "Redis refuses writes: MISCONF ..."), has a
+        maxmemory-policy that may evict coalescer's keys, or a touch has waited over
+        ``max_unwritten_age`` to be written. Served without the token: it shows counts
+        (``dropped_keys: N``), never key names."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
+        errors += self._c.health_problems()
         age = self._c.unwritten_age()
         if age is not None:
             body["unwritten_age_s"] = round(age, 3)

@@ -110,10 +110,15 @@ class Absorber:
         self.fresh = 0  # touches that buffered a key not buffered yet
         self.absorbed = 0  # touches of a key already buffered
         self.waits = 0  # times a waiting touch found the buffer full
+        self.refused_by: str | None = None  # why Redis refuses writes now (see refusals.py)
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """``wake`` tells the flusher there is something to send now."""
         self._wake = wake
+
+    def why_unwritten(self) -> str:
+        """What a full buffer's BackpressureError says keeps the keys from Redis."""
+        return self.refused_by or "is Redis reachable?"
 
     @property
     def max_keys(self) -> int:
@@ -139,7 +144,7 @@ class Absorber:
             if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
                 raise BackpressureError(
                     f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
-                    "and not yet written to Redis (is Redis reachable?)")
+                    f"and not yet written to Redis ({self.why_unwritten()})")
             self.fresh += 1
             self._pending[key] = rule
             if self._pending_since is None:
@@ -168,7 +173,7 @@ class Absorber:
                 raise BackpressureError(
                     f"{len(new_keys)} new keys refused: {len(self._pending)} keys are "
                     f"already buffered (the bound is {self._max_keys}) and not yet written "
-                    "to Redis (is Redis reachable?)")
+                    f"to Redis ({self.why_unwritten()})")
             if self._item_count + len(checked) > self._max_items:
                 raise self._items_full(f"{len(checked)} items")
             for key, rule, item in checked:
@@ -197,14 +202,14 @@ class Absorber:
         if key not in self._pending and len(self._pending) + self._taken >= self._max_keys:
             raise BackpressureError(
                 f"touch({key!r}, {item!r}) refused: {self._max_keys} keys are already "
-                "buffered and not yet written to Redis (is Redis reachable?)")
+                f"buffered and not yet written to Redis ({self.why_unwritten()})")
         if self._item_count >= self._max_items:
             raise self._items_full(f"touch({key!r}, {item!r})")
 
     def _items_full(self, what: str) -> BackpressureError:
         return BackpressureError(
             f"{what} refused: {self._item_count} items are already buffered (the bound is "
-            f"{self._max_items}) and not yet written to Redis (is Redis reachable?)")
+            f"{self._max_items}) and not yet written to Redis ({self.why_unwritten()})")
 
     def _item_locked(self, key: str, rule: Rule, item: str) -> None:
         """Buffer a checked touch of ``key`` with ``item`` (lock held, room checked)."""
@@ -326,7 +331,7 @@ class Absorber:
                 raise BackpressureError(
                     f"{len(new)} new keys refused: {len(self._pending)} keys are already "
                     f"buffered (the bound is {self._max_keys}) and not yet written to Redis "
-                    "(is Redis reachable?)")
+                    f"({self.why_unwritten()})")
             self._pending.update(rules)
             if new and self._pending_since is None:
                 self._pending_since = time.monotonic()
@@ -484,6 +489,15 @@ class Absorber:
             self._finish(batch, since)
             self._item_count -= _count(items)
             self._freed_locked()
+
+    def unwritten_keys(self) -> list[str]:
+        """The keys accepted and not yet in Redis: buffered, or in a write not yet
+        finished (whose outcome is not known)."""
+        with self._lock:
+            keys = set(self._pending)
+            for batch in self._writing:
+                keys.update(batch)
+        return sorted(keys)
 
     def oldest_unwritten(self) -> float | None:
         """When the oldest touch not yet in Redis was made (``time.monotonic()``), or None."""

@@ -5,10 +5,13 @@ encoded while Redis runs the previous one, so neither side waits for the other.
 A key touched again while a write of it is in flight is held by the absorber until
 that write ends, and written by a later one.
 
-A write that fails for a transient reason (see failures.py) is given back and
-retried with backoff, losing nothing. A write that fails for good is split in
-halves until the keys Redis refuses are found: those are dropped (logged once
-each, counted, listed in ``dropped``) and every other key is written.
+A write that fails for a reason that is not about a key (the connection, or an
+error reply such as MISCONF, READONLY or OOM: see failures.py) is given back and
+retried with backoff, losing nothing; an error reply starts an episode of refused
+writes (refusals.py: logged once, counted, shown by /healthz). A write that fails
+for a key's own sake is split in halves until the keys Redis refuses are found:
+those are dropped (logged once each, counted, listed in ``dropped``) and every
+other key is written.
 
 Items touched with keys travel with their keys, in the same upsert call (the touch
 and its items are one atomic step); a batch without items is grouped and sent
@@ -33,7 +36,16 @@ from coalescer.store.keys import KeySpace
 from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
 from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
-from coalescer.write.failures import REASON_REDIS, DroppedKey, drop_reason, is_transient
+from coalescer.write.failures import (
+    KEY,
+    REASON_REDIS,
+    REFUSED,
+    DroppedKey,
+    classify,
+    drop_reason,
+    write_error,
+)
+from coalescer.write.refusals import Refusals
 from coalescer.write.routing import Routed, mark_held, part, route, route_asked
 
 log = logging.getLogger(__name__)
@@ -45,6 +57,7 @@ IDLE_CHECK = 1.0
 DROPPED_SHOWN = 20  # the last dropped keys kept for /healthz
 FLUSH_ROUNDS = 3  # flush() writes keys given back by a failed earlier write this often
 MAX_REROUTES = 3  # a write refused for an old layout is routed again this often at most
+SETTLE_TIMEOUT = 5.0  # seconds close() waits for the writes in flight to end
 FORGET_ROUNDS = 5  # a cancel waits for this many writes of its keys at most (see forget)
 
 
@@ -136,7 +149,9 @@ class Unwritten(Exception):
         self.cause = cause
 
     def __repr__(self) -> str:
-        return f"{plural(self.keys, 'key')} not written yet: {self.cause!r}"
+        # an error reply is logged once per episode (refusals.py), with its text
+        cause = "Redis refuses writes" if classify(self.cause) == REFUSED else repr(self.cause)
+        return f"{plural(self.keys, 'key')} not written yet: {cause}"
 
 
 class Flusher:
@@ -153,6 +168,7 @@ class Flusher:
         self._running: dict[asyncio.Task[None], int] = {}  # the loop's writes -> their keys
         self._loop = asyncio.get_running_loop()
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
+        self.refusals = Refusals(metrics)
         absorber.set_waker(self._wake)
 
     def _wake(self) -> None:
@@ -221,7 +237,14 @@ class Flusher:
         """Return once Redis holds every touch buffered before this call. A write
         already in flight that fails gives its keys back; they are written again here
         (a few rounds at most), so a write that failed before Redis came back does not
-        fail this call."""
+        fail this call. Raises RedisUnreachableError or RedisRefusesWritesError (the
+        keys stay buffered, and the background loop goes on writing them)."""
+        try:
+            await self._flush_rounds()
+        except Exception as exc:
+            raise write_error(exc) from exc
+
+    async def _flush_rounds(self) -> None:
         earlier = list(self._writes)
         for _ in range(FLUSH_ROUNDS):
             batch = self._absorber.take(everything=True)
@@ -233,6 +256,13 @@ class Flusher:
                 return
             earlier = list(self._writes)  # the keys given back may be on their way again
         raise failed[0]
+
+    async def settle(self, timeout: float = SETTLE_TIMEOUT) -> None:
+        """Wait (up to ``timeout``) for the writes in flight to end, each written or
+        given back (closing: what is still buffered then was not written)."""
+        writes = list(self._writes)
+        if writes:
+            await asyncio.wait(writes, timeout=timeout)
 
     async def forget(self, keys: Collection[str]) -> set[str]:
         """Drop the buffered touches of ``keys`` (a cancel); returns the keys that had
@@ -304,11 +334,13 @@ class Flusher:
             await self._reroute(exc, hop, groups, batch)
             return
         except BaseException as exc:
-            if is_transient(exc):
+            if classify(exc) != KEY:
+                self._not_taken(exc)
                 self._give_back(groups, batch)
                 raise
             await self._bisect(hop, shard, groups, batch, exc)
             return
+        self._taken()
         keys, items = _keys_of(groups, batch), _items_of(groups)
         if result.asked:
             for key in result.asked:
@@ -320,6 +352,16 @@ class Flusher:
             if result.transit:
                 await self._carry(keyspace, result, asked, batch)
             await self._deliver_all(hop._replace(min_seq=result.seq), asked, batch)
+
+    def _not_taken(self, exc: BaseException) -> None:
+        if classify(exc) == REFUSED:
+            self.refusals.refused(exc)
+            self._absorber.refused_by = self.refusals.reason
+
+    def _taken(self) -> None:
+        if self._absorber.refused_by is not None:
+            self.refusals.taken()
+            self._absorber.refused_by = None
 
     async def _carry(self, keyspace: KeySpace, result: UpsertResult, asked: Routed,
                      batch: Batch) -> None:

@@ -40,9 +40,10 @@ def _timed_out(absorber: Absorber, what: str, done: int, total: int,
     head = (f"{what} refused" if total == 1 else
             f"{what}: {done} of {plural(total, 'key')} buffered, the other {total - done} "
             "refused")
+    why = absorber.refused_by or "is Redis reachable, or keeping up?"
     return BackpressureError(
         f"{head} after waiting {timeout:g}s for room: {absorber.max_keys} keys are buffered "
-        "and not yet written to Redis (is Redis reachable, or keeping up?)")
+        f"and not yet written to Redis ({why})")
 
 
 def _entries(absorber: Absorber, keys: Sequence[str],

@@ -46,6 +46,9 @@ class StubNode:
     def dropped_keys(self) -> list[dict[str, Any]]:
         return []
 
+    def health_problems(self) -> list[str]:
+        return []
+
     def sync_metrics(self) -> None:
         pass
 

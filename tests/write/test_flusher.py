@@ -17,9 +17,9 @@ import pytest_asyncio
 import redis.asyncio
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError
+from coalescer.errors import RedisUnreachableError
 from coalescer.store import key_states as states
 from coalescer.store.keys import layout
 from coalescer.store.scripts import SCRIPT_NAMES, script_source
@@ -184,7 +184,7 @@ async def test_touches_survive_redis_being_down_and_are_written_once_it_is_back(
     keys = [f"stats:{i}" for i in range(50)]
     for key in keys:
         c.touch(key)  # accepted: touch() never waits for Redis
-    with pytest.raises(RedisError):
+    with pytest.raises(RedisUnreachableError):
         await c.flush()
     await wait_until(lambda: buffered(c) == len(keys), message="50 keys buffered")
 
@@ -440,7 +440,7 @@ async def test_flush_raises_when_redis_still_refuses_what_failed_in_flight(
     for _ in range(5):
         await asyncio.sleep(0)
     gate.release()
-    with pytest.raises(RedisConnectionError, match="injected"):
+    with pytest.raises(RedisUnreachableError, match="injected"):
         await flush
     assert len(c._run.absorber) == 2  # given back, not lost
 

@@ -22,6 +22,8 @@ from redis.exceptions import (
     ClusterDownError,
     DataError,
     MasterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
     TryAgainError,
@@ -233,8 +235,15 @@ async def test_upsert_raises_script_error_naming_a_failed_key(
     TryAgainError("Multiple keys request during rehashing of slot"),
     ResponseError("BUSY Redis is busy running a script."), ConnectionResetError(),
     TimeoutError(), asyncio.CancelledError(),
+    ResponseError("MISCONF Errors writing to the AOF file", status_code="MISCONF"),
+    ResponseError("MISCONF Redis is configured to save RDB snapshots"),
+    OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+    NoPermissionError("this user has no permissions to access one of the keys"),
+    ResponseError("NOREPLICAS Not enough good replicas to write."),
+    ResponseError("ERR a reply coalescer has never seen"), ResponseError("no code at all"),
+    ScriptError("claim answered 7"),
 ])
-def test_transient_errors_are_retried(exc: BaseException) -> None:
+def test_errors_that_are_not_about_a_key_are_retried(exc: BaseException) -> None:
     assert is_transient(exc)
 
 
@@ -242,9 +251,9 @@ def test_transient_errors_are_retried(exc: BaseException) -> None:
     ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
     ResponseError("user_script:1: attempt to perform arithmetic on a nil value"),
     DataError("Invalid input"), UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates"),
-    ScriptError("claim answered 7"), ValueError("a bug"),
+    ValueError("a value the client cannot encode"),
 ])
-def test_permanent_errors_are_split_and_dropped(exc: BaseException) -> None:
+def test_errors_about_a_key_are_split_and_dropped(exc: BaseException) -> None:
     assert not is_transient(exc)
 
 
