@@ -111,10 +111,10 @@ class PolicyWatch:
     """Reads the policy every ``CHECK_EVERY`` seconds; ``reason`` says what is wrong."""
 
     def __init__(self, client: Any, metrics: Metrics, policies: Policies,
-                 every: float = CHECK_EVERY) -> None:
+                 every: float | None = None) -> None:
         self._client = client
         self._metrics = metrics
-        self._every = every
+        self._every = every if every is not None else CHECK_EVERY
         self._policies = policies
         self.reason: str | None = problem(policies)
         metrics.evicting.set(1 if self.reason else 0)
