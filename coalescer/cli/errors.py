@@ -14,8 +14,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError
 from coalescer.store.embedded import ENV_REDIS_URL
+from coalescer.store.sentinel import FORM, is_sentinel_url, parse_sentinel_url
 
-SCHEMES = ("redis://", "rediss://", "unix://")
+SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 MAX_PORT = 65535
 
 
@@ -41,7 +42,8 @@ def _shown(value: str) -> str:
 
 def _suggestion(value: str) -> str:
     if "://" in value:
-        return "write redis://HOST:PORT/0 (rediss:// for TLS, unix:///PATH for a socket)"
+        return ("write redis://HOST:PORT/0 (rediss:// for TLS, unix:///PATH for a socket, "
+                "redis+sentinel://HOST:PORT/SERVICE for Redis Sentinel)")
     host = value if ":" in value.rpartition("@")[2] else f"{value}:6379"
     return f"write redis://{_shown(host)}{'' if '/' in value else '/0'}"
 
@@ -54,6 +56,13 @@ def check_redis_url(explicit: str | None) -> None:
     value, where = source
     if not value.startswith(SCHEMES):
         raise UsageError(f"{where}: {_shown(value)!r} is not a Redis URL; {_suggestion(value)}")
+    if is_sentinel_url(value):
+        try:
+            parse_sentinel_url(value)
+        except ValueError as exc:
+            raise UsageError(f"{where}: {_shown(value)!r} is not a usable Redis Sentinel "
+                             f"URL: {exc}; write {FORM}") from None
+        return
     try:
         parse_url(value)
     except ValueError as exc:

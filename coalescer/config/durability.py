@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_REPLICAS = 16  # replicas a write may wait for, at most
-MAX_TIMEOUT = 60.0  # seconds a write waits for its replicas, at most
+MAX_TIMEOUT = 5.0  # seconds a write waits for its replicas, at most (below the socket timeout)
 DEFAULT_TIMEOUT = 1.0
 
 

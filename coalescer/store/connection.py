@@ -5,7 +5,8 @@ deployment may have up to 16,384 shards, so connections must not grow with the
 shard count: script calls travel in a few pipelines at a time (``batching``),
 and a single server is reached through a bounded blocking pool (a caller waits
 for a free connection, up to ``POOL_TIMEOUT``, instead of failing). A Redis
-Cluster's per-node pools have the same bound.
+Cluster's per-node pools have the same bound. A ``redis+sentinel://`` URL names a
+master monitored by Redis Sentinel (see sentinel.py): its client follows failovers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coalescer.common.redact import redact
+from coalescer.store.sentinel import is_sentinel_url, sentinel_client
 
 MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
 POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
@@ -63,9 +65,7 @@ async def connect(url: str) -> Connection:
     In a cluster, PUBLISH reaches subscribers on every node, so pub/sub uses a
     plain connection to the node the URL names.
     """
-    pool = BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS,
-                                           timeout=POOL_TIMEOUT, **_options())
-    plain = Redis.from_pool(pool)
+    plain = _server_client(url, MAX_CONNECTIONS, _options())
     try:
         info = await plain.info("cluster")
     except BaseException:
@@ -86,6 +86,15 @@ def bytes_client(conn: Connection, *, connections: int, read_timeout: float) -> 
     options = _options() | {"decode_responses": False, "socket_timeout": read_timeout}
     if conn.cluster:
         return RedisCluster.from_url(conn.url, max_connections=connections, **options)
-    pool = BlockingConnectionPool.from_url(conn.url, max_connections=connections,
+    return _server_client(conn.url, connections, options)
+
+
+def _server_client(url: str, connections: int, options: dict[str, Any]) -> Redis:
+    """A client of one server (or of the master a Sentinel URL names) with a bounded,
+    blocking pool of ``connections``."""
+    if is_sentinel_url(url):
+        return sentinel_client(url, max_connections=connections, timeout=POOL_TIMEOUT,
+                               options=options)
+    pool = BlockingConnectionPool.from_url(url, max_connections=connections,
                                            timeout=POOL_TIMEOUT, **options)
     return Redis.from_pool(pool)

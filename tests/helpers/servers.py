@@ -216,3 +216,86 @@ class ValkeyProcess:
 
     def __repr__(self) -> str:
         return f"ValkeyProcess(port={self.port}, running={self.running})"
+
+
+# -- replication and Sentinel ------------------------------------------------------------
+
+
+def replica_of(primary: ValkeyProcess, dir: Path) -> ValkeyProcess:
+    """A real replica of ``primary`` (``--replicaof``), started and in sync."""
+    primary_client = primary.client()
+    try:  # a full sync at once, not after the default 5 s wait for more replicas
+        primary_client.config_set("repl-diskless-sync-delay", 0)
+    finally:
+        primary_client.close()
+    replica = ValkeyProcess(dir=dir, extra_args=["--replicaof", HOST, str(primary.port)])
+    client = replica.client()
+    try:
+        poll_until(lambda: client.info("replication").get("master_link_status") == "up",
+                   message=f"{replica} in sync with {primary}")
+    finally:
+        client.close()
+    return replica
+
+
+def freeze(server: ValkeyProcess) -> None:
+    """SIGSTOP the server: it answers nothing (a replica stops acknowledging) until thaw()."""
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+
+
+def thaw(server: ValkeyProcess) -> None:
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGCONT)
+
+
+class SentinelProcess(ValkeyProcess):
+    """A real Redis Sentinel (``valkey-server CONF --sentinel``) monitoring ``primary``
+    as ``service``; quorum 2, so three of them elect a new master between them."""
+
+    def __init__(self, primary: ValkeyProcess, dir: Path, *, service: str,
+                 down_after_ms: int = 500, failover_timeout_ms: int = 2000) -> None:
+        self.conf_text = textwrap.dedent(f"""\
+            port {{port}}
+            bind {HOST}
+            dir {Path(dir).absolute()}
+            sentinel monitor {service} {HOST} {primary.port} 2
+            sentinel down-after-milliseconds {service} {down_after_ms}
+            sentinel failover-timeout {service} {failover_timeout_ms}
+            sentinel parallel-syncs {service} 1
+            """)
+        super().__init__(dir=dir)
+
+    def command(self) -> list[str]:
+        conf = self.dir / f"sentinel-{self.port}.conf"
+        if not conf.exists():  # the sentinel rewrites it with what it learns
+            conf.write_text(self.conf_text.replace("{port}", str(self.port)))
+        return [str(server_binary()), str(conf), "--sentinel"]
+
+    def stop(self) -> None:
+        self.kill()
+
+
+def start_sentinels(primary: ValkeyProcess, dir: Path, *, service: str,
+                    count: int = 3) -> list[SentinelProcess]:
+    """``count`` sentinels monitoring ``primary``, each seeing the others and the replicas."""
+    sentinels = [SentinelProcess(primary, dir, service=service) for _ in range(count)]
+
+    def ready() -> bool:
+        for sentinel in sentinels:
+            client = sentinel.client()
+            try:
+                master = client.execute_command("SENTINEL", "MASTER", service)
+            finally:
+                client.close()
+            state = dict(zip(master[::2], master[1::2], strict=True))
+            if int(state["num-other-sentinels"]) < count - 1:
+                return False
+        return True
+    poll_until(ready, timeout=15.0, message="the sentinels to find each other")
+    return sentinels
+
+
+def sentinel_url(sentinels: Sequence[ValkeyProcess], service: str) -> str:
+    hosts = ",".join(f"{HOST}:{s.port}" for s in sentinels)
+    return f"redis+sentinel://{hosts}/{service}/0"

@@ -1,0 +1,199 @@
+"""Replicated Redis: a real primary and replica (``--replicaof``), and ``durability:
+replicas`` making every write wait for the replica (WAIT).
+
+A replica that lags is made real with SIGSTOP: it stops reading what the primary sends
+and acknowledging it, as a replica on a saturated link or a stalled host does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coalescer import Coalescer
+from coalescer.errors import ReplicationError
+from coalescer.store.keys import KeySpace
+from tests.conftest import Start
+from tests.helpers.e2e import Recorder, recorder_rules
+from tests.helpers.servers import ValkeyProcess, freeze, replica_of, thaw, wait_until
+
+RULES = """\
+namespace: {ns}
+leader_lease: 1s
+claim_lease: 1s
+{durability}
+defaults:
+  window: 50ms
+  max_wait: 1s
+  absorb: 10ms
+  timeout: 5s
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+def rules(tmp_path: Path, namespace: str, durability: str = "") -> tuple[Path, Recorder]:
+    text = RULES.format(ns=namespace, durability=durability)
+    return recorder_rules(tmp_path, f"rec_{namespace}", text)
+
+
+def rules_without_replicas(path: Path) -> Path:
+    """The rules of ``path`` with no ``durability:`` (for a primary left with no replica)."""
+    alone = path.with_name("alone.yaml")
+    alone.write_text("\n".join(line for line in path.read_text().splitlines()
+                               if not line.startswith("durability:")))
+    return alone
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[ValkeyProcess, ValkeyProcess]]:
+    """A primary and its replica, in sync."""
+    primary = ValkeyProcess(dir=tmp_path / "primary")
+    try:
+        replica = replica_of(primary, tmp_path / "replica")
+    except BaseException:
+        primary.stop()
+        raise
+    try:
+        yield primary, replica
+    finally:
+        thaw(replica)
+        replica.stop()
+        primary.stop()
+
+
+def blocked_in_wait(server: ValkeyProcess) -> bool:
+    """Whether a client of ``server`` waits in WAIT for its replicas now."""
+    client = server.client()
+    try:
+        return any(c.get("cmd") == "wait" and "b" in c.get("flags", "")
+                   for c in client.client_list())
+    finally:
+        client.close()
+
+
+def promote(replica: ValkeyProcess) -> None:
+    client = replica.client()
+    try:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    finally:
+        client.close()
+
+
+def pending_on(server: ValkeyProcess, namespace: str, keys: list[str]) -> list[str]:
+    """The ``keys`` that ``server`` holds a pending refresh (or a run) of."""
+    client = server.client()
+    try:
+        meta = KeySpace(namespace, 1).shard(0).meta
+        found = client.hmget(meta, keys)
+    finally:
+        client.close()
+    return [key for key, state in zip(keys, found, strict=True) if state is not None]
+
+
+async def test_a_flush_returns_only_once_the_replica_holds_the_touches_and_they_survive_a_failover(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start) -> None:
+    primary, replica = pair
+    path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 5s}")
+    writer = Coalescer.from_yaml(path, redis_url=primary.url, worker=False)
+    await writer.start()
+    keys = [f"item:{i}" for i in range(200)]
+    freeze(replica)  # lagging: it holds none of what follows
+    for key in keys:
+        writer.touch(key)
+    flushing = asyncio.ensure_future(writer.flush())
+    await wait_until(lambda: blocked_in_wait(primary), message="the flush waiting for a replica")
+    assert not flushing.done()
+    thaw(replica)
+    await flushing
+    primary.kill()  # at once: whatever the replica does not hold by now is lost
+    await writer.close()
+    promote(replica)
+
+    assert pending_on(replica, namespace, keys) == keys
+    await start(rules_without_replicas(path), redis_url=replica.url, node_id="after-failover")
+    await wait_until(lambda: set(keys) <= {c.key for c in rec.calls}, timeout=15.0,
+                     message="every acknowledged key refreshed on the promoted replica")
+
+
+async def test_a_flush_the_replica_does_not_acknowledge_in_time_raises_and_keeps_the_touches(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start) -> None:
+    primary, replica = pair
+    path, _ = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 100ms}")
+    writer = await start(path, redis_url=primary.url, worker=False)
+    keys = [f"item:{i}" for i in range(20)]
+    freeze(replica)
+    for key in keys:
+        writer.touch(key)
+    with pytest.raises(ReplicationError) as failed:
+        await writer.flush()
+    assert (failed.value.acknowledged, failed.value.wanted) == (0, 1)
+    assert "only 0 of 1 Redis replicas acknowledged" in str(failed.value)
+
+    thaw(replica)
+    await writer.flush()  # the touches were kept, and are written (and replicated) now
+    assert pending_on(replica, namespace, keys) == keys
+
+
+async def test_without_replicas_a_flush_does_not_wait_for_a_stalled_replica(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start) -> None:
+    primary, replica = pair
+    path, _ = rules(tmp_path, namespace)
+    writer = await start(path, redis_url=primary.url, worker=False)
+    freeze(replica)
+    writer.touch("item:1")
+    await writer.flush()  # no WAIT: acknowledged by the primary alone
+    assert not blocked_in_wait(primary)
+    thaw(replica)
+
+
+async def test_fencing_tokens_grow_across_the_promotion_of_a_replica_that_missed_claims(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start) -> None:
+    primary, replica = pair
+    path, rec = rules(tmp_path, namespace)
+    node = await start(path, redis_url=primary.url, node_id="before")
+    await refresh_once(node, rec, "item:1")
+    await wait_until(lambda: not pending_on(primary, namespace, ["item:1"]),
+                     message="the first refresh acknowledged")
+    await wait_until(lambda: replica_caught_up(primary), message="the replica in sync")
+    promote(replica)  # cut off: from here on it misses every claim of the primary
+    for _ in range(3):
+        await refresh_once(node, rec, "item:1")
+    before = [c.token for c in rec.of("item:1")]
+    await node.close()
+    primary.kill()
+
+    after = await start(path, redis_url=replica.url, node_id="after")
+    await refresh_once(after, rec, "item:1")
+    tokens = [c.token for c in rec.of("item:1")]
+    assert tokens[-1] > max(before), tokens
+    assert tokens == sorted(set(tokens)), tokens
+    assert all(0 < t < 2**53 for t in tokens), tokens
+
+
+async def refresh_once(c: Coalescer, rec: Recorder, key: str) -> None:
+    seen = len(rec.of(key))
+    c.touch(key)
+    await c.flush()
+    await wait_until(lambda: len(rec.of(key)) > seen, message=f"a refresh of {key}")
+
+
+def replica_caught_up(primary: ValkeyProcess) -> bool:
+    client = primary.client()
+    try:
+        info: dict[str, Any] = client.info("replication")
+    finally:
+        client.close()
+    offset = int(info["master_repl_offset"])
+    replica = info.get("slave0") or {}
+    return isinstance(replica, dict) and int(replica.get("offset", -1)) == offset
