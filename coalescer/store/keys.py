@@ -34,6 +34,9 @@ Per shard::
                                       a reshard and not yet put into its new shard
     NS:{NS:N}:arrived         HASH    key -> the id of the last such state put into this
                                       shard (a state is put once; deleted when it ends)
+    NS:{NS:N}:acked:NODE      STRING  the last ack call of NODE here and what it answered,
+                                      for 60 s (PX): a call replayed after a connection
+                                      reset gets that answer again (see lua/ack.lua)
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
 
@@ -149,6 +152,10 @@ class ShardKeys:
     def claimed_items(self, key: str) -> str:
         """The items of ``key``'s current claim, until a success is acked."""
         return self.claimed_prefix + key
+
+    def acked(self, node: str) -> str:
+        """The receipt of ``node``'s last ack call on this shard (see lua/ack.lua)."""
+        return f"{self.prefix}:acked:{node}"
 
     def due(self, rule: str) -> str:
         return f"{self.prefix}:due:{rule}"

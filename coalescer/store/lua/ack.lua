@@ -9,6 +9,8 @@
 -- the number of keys of the batch handler call whose claims the group holds, or ""
 -- then, only when some group's rule has items: CLAIMED-PREFIX, and per group g "1" if
 -- its rule has items (else "0"), from ARGV[4+4G] (G groups)
+-- then, only when the call has a receipt: its key last in KEYS (acked:NODE) and its
+-- call id last in ARGV
 --
 -- A claim is finished only by the holder of its fencing token: an ack that
 -- carries an older token (the lease expired and the key was claimed again) is
@@ -17,7 +19,11 @@
 -- were delivered; a stale ack leaves them to the claim that holds them now.
 -- A key touched while it ran goes back to pending with its re-armed due time.
 -- Each refresh is appended to the history: outcome "success", or "lost" for a
--- refused (stale) ack. A batch group's successes share one entry: its fields
+-- refused (stale) ack.
+-- A call with a receipt leaves its id and answer there for RECEIPT_MS: the same call
+-- replayed (its reply was lost to a connection reset, and the client sent it again)
+-- finds it and gets the same answer, and changes nothing: its claims, acked by the
+-- first try, are not reported as taken over. A batch group's successes share one entry: its fields
 -- "keys" (NUL-joined), "tokens", "attempts" and "dues" (comma-joined, in the same
 -- order) and "batch" (how many keys the handler call had) stand for one each.
 -- Returns {acked, re-armed, stale keys...}.
@@ -25,6 +31,25 @@
 local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
 local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 4
+local RECEIPT_MS = 60000
+local receipt, call_id = false, nil
+if (#KEYS - 3) % 2 == 1 then receipt, call_id = KEYS[#KEYS], ARGV[#ARGV] end
+
+-- The answer recorded by the first try of this very call, if this is a replay.
+local function replayed()
+  if not receipt then return nil end
+  local seen = redis.call('GET', receipt)
+  if not seen then return nil end
+  local parts = {}
+  for part in string.gmatch(seen .. '\0', '([^%z]*)%z') do parts[#parts + 1] = part end
+  if parts[1] ~= call_id then return nil end
+  local answer = {tonumber(parts[2]), tonumber(parts[3])}
+  for i = 4, #parts do if parts[i] ~= '' then answer[#answer + 1] = parts[i] end end
+  return answer
+end
+
+local again = replayed()
+if again then return again end
 
 -- The claims of a group's argument, as four lists: keys, tokens, starts, durations.
 local function claims_of(joined, n)
@@ -63,7 +88,7 @@ local function record_batch(rule, done, n, start, ms)
              'outcome', 'success')
 end
 
-local groups = (#KEYS - 3) / 2
+local groups = math.floor((#KEYS - 3) / 2)
 local claimed_prefix, item_flags = ARGV[4 + 4 * groups], 5 + 4 * groups
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
 for g = 0, groups - 1 do
@@ -116,4 +141,8 @@ for g = 0, groups - 1 do
   pos = pos + 4
 end
 wake(next_key, ARGV[1], earliest)
+if receipt then
+  redis.call('SET', receipt, table.concat({call_id, acked, rearmed, unpack(stale)}, '\0'),
+             'PX', RECEIPT_MS)
+end
 return {acked, rearmed, unpack(stale)}
