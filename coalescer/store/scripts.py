@@ -9,6 +9,7 @@ script that the server lost (``SCRIPT FLUSH``, a restart, a failover).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -387,6 +388,9 @@ class Scripts:
         if item_rules and any(group[0] in item_rules for group in groups):
             args += [shard.claimed_prefix,
                      *("1" if group[0] in item_rules else "0" for group in groups)]
+        if history.node_id:  # a receipt: this call replayed gets the same answer
+            keys.append(shard.acked(history.node_id))
+            args.append(uuid.uuid4().hex)
         try:
             result = await self._run("ack", keys, args)
         except ReplicationError as exc:
