@@ -38,6 +38,7 @@ from coalescer.errors import (
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
+from coalescer.store import embedded_watch
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
 from coalescer.store.eviction import PolicyWatch, check_at_start
@@ -500,6 +501,8 @@ class Coalescer:
         run.spawn("metrics", self._metrics_loop(run))
         assert run.policy is not None
         run.spawn("maxmemory-policy", run.policy.run())
+        if run.embedded is not None:
+            run.spawn("embedded server watch", embedded_watch.follow(run.embedded, conn))
         if self.worker:
             self._start_worker(run)
         self._state = "running"

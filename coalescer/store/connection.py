@@ -11,11 +11,12 @@ master monitored by Redis Sentinel (see sentinel.py): its client follows failove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,6 +27,7 @@ from coalescer.store.sentinel import is_sentinel_url, sentinel_client
 
 MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
 POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
+_WHERE = ("host", "port", "username", "password", "db")  # what a URL says of a server
 
 
 def _options() -> dict[str, Any]:
@@ -49,9 +51,28 @@ class Connection:
     client: Any
     pubsub_client: Redis
     cluster: bool
+    more_pools: list[Any] = field(default_factory=list)  # of bytes_client's clients
 
     def __repr__(self) -> str:
         return f"Connection(url={redact(self.url)!r}, cluster={self.cluster})"
+
+    async def move_to(self, url: str) -> None:
+        """Point every client of this single-server connection at ``url``: the embedded
+        server serving its folder was replaced, on another port. Each connection, the
+        ones held by their users too, reconnects there on its next command."""
+        if self.cluster or is_sentinel_url(url) or is_sentinel_url(self.url):
+            raise ValueError("only a single server's connection can move")
+        target = {name: value for name, value in parse_url(url).items()
+                  if name in _WHERE}
+        for pool in [self.client.connection_pool, *self.more_pools]:
+            pool.connection_kwargs.update(target)
+            # redis-py keeps no public list of a pool's connections; a connection held
+            # by its user (the batcher's senders) would otherwise reconnect to the old port
+            for connection in [*pool._available_connections, *pool._in_use_connections]:
+                for name, value in target.items():
+                    setattr(connection, name, value)
+            await pool.disconnect(inuse_connections=True)
+        self.url = url
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -86,7 +107,9 @@ def bytes_client(conn: Connection, *, connections: int, read_timeout: float) -> 
     options = _options() | {"decode_responses": False, "socket_timeout": read_timeout}
     if conn.cluster:
         return RedisCluster.from_url(conn.url, max_connections=connections, **options)
-    return _server_client(conn.url, connections, options)
+    client = _server_client(conn.url, connections, options)
+    conn.more_pools.append(client.connection_pool)
+    return client
 
 
 def _server_client(url: str, connections: int, options: dict[str, Any]) -> Redis:

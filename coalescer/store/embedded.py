@@ -25,6 +25,11 @@ The first ``acquire()`` starts the server (daemonized, so it outlives the proces
 started it); later ones reuse it after checking it answers PING as the recorded
 process.  ``release()`` unregisters the caller and, when no live user remains, stops
 the server with ``SHUTDOWN`` (which flushes the AOF) and waits for it to exit.
+
+The password is only ever sent to a port the recorded process listens on (read from
+/proc where there is one): a recorded server that died may have left its port to
+anyone. A running user whose server died or was replaced (``moved()``) calls
+``reacquire()`` for the one serving the folder now, started if none is.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ ROOT_NAME = ".coalescer"
 HOST = "127.0.0.1"
 _START_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
+_LISTEN = "0A"  # a listening socket's state in /proc/net/tcp
 
 
 PRIVATE_DIR = 0o700  # the folders; the server runs with umask 077, so its files are 0600
@@ -140,6 +146,45 @@ def _is_valkey(pid: int) -> bool:
     except OSError:
         return False
     return b"valkey-server" in cmdline or b"redis-server" in cmdline
+
+
+def _socket_inodes(pid: int) -> set[str] | None:
+    """The inodes of the sockets ``pid`` holds open; None where /proc cannot tell."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    inodes = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def _listening(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` listens on TCP ``port`` (None where /proc cannot tell)."""
+    inodes = _socket_inodes(pid)
+    if inodes is None:
+        return None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl local rem st ... inode (10th)
+            if (len(cols) > 9 and cols[3] == _LISTEN and cols[9] in inodes
+                    and int(cols[1].rsplit(":", 1)[1], 16) == port):
+                return True
+    return False
+
+
+def _serves(pid: int, port: int) -> bool:
+    """True if ``pid`` is alive and, where /proc tells, listens on ``port``: only then may
+    the password be sent there."""
+    return _pid_alive(pid) and _listening(pid, port) is not False
 
 
 def _wait_exit(pid: int, timeout: float) -> bool:
@@ -229,6 +274,7 @@ class EmbeddedServer:
         self.lock_timeout = lock_timeout
         self._user_file: Path | None = None
         self._url: str | None = None
+        self._record: _Record | None = None  # the server the last acquire() handed out
         self._owner = 0  # the pid that registered _user_file
 
     # -- public API --
@@ -250,8 +296,34 @@ class EmbeddedServer:
             if record is None:
                 record = self._start()
             self._user_file = self._register_user()
-        self._url, self._owner = record.url, os.getpid()
+        self._url, self._owner, self._record = record.url, os.getpid(), record
         logger.debug("acquired embedded server %s (pid %d)", redact(record.url), record.pid)
+        return record.url
+
+    def moved(self) -> bool:
+        """True when the server handed out by ``acquire()`` is gone: its process died,
+        or the folder's record names another server (a later command replaced it)."""
+        mine = self._record
+        if mine is None or self._url is None:
+            return False
+        if not _pid_alive(mine.pid):
+            return True
+        now = self._read_record()
+        return now is not None and (now.port, now.pid) != (mine.port, mine.pid)
+
+    def reacquire(self) -> str:
+        """After ``moved()``: the URL of the server serving the folder now (checked to
+        be ours before the password goes to it), started if none is."""
+        self._forget_if_forked()
+        self._make_dirs()
+        with self._locked():
+            self._prune_users()
+            record = self._live_record() or self._start()
+            if self._user_file is None or not self._user_file.exists():
+                self._user_file = self._register_user()
+        self._url, self._owner, self._record = record.url, os.getpid(), record
+        logger.warning("embedded server in %s: now on %s (pid %d)", self.root,
+                       redact(record.url), record.pid)
         return record.url
 
     def release(self) -> None:
@@ -263,6 +335,7 @@ class EmbeddedServer:
             self._user_file.unlink(missing_ok=True)
             self._user_file = None
             self._url = None
+            self._record = None
             if self._prune_users() == 0:
                 self._stop()
 
@@ -366,7 +439,9 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return None
-        if _server_identity(record.port, record.password) == (record.pid, record.run_id):
+        if (_serves(record.pid, record.port)
+                and _server_identity(record.port, record.password) == (record.pid,
+                                                                      record.run_id)):
             return record
         logger.warning("embedded server recorded in %s (pid %d, port %d) is gone or does "
                        "not take its password; replacing it",
@@ -452,7 +527,9 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return
-        if _server_identity(record.port, record.password) == (record.pid, record.run_id):
+        if (_serves(record.pid, record.port)
+                and _server_identity(record.port, record.password) == (record.pid,
+                                                                      record.run_id)):
             client = sync_client(record.port, timeout=self.stop_timeout,
                                  password=record.password)
             try:

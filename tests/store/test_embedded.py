@@ -371,3 +371,110 @@ def test_a_server_that_refuses_the_password_is_replaced(root: Path) -> None:
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# -- a running coalescer whose embedded server dies -------------------------------------
+
+NODE_RULES = """\
+namespace: followed
+rules:
+  - name: stats
+    match: "stats:{id}"
+    window: 50ms
+    absorb: 10ms
+    handler: handlers:refresh
+"""
+NODE_HANDLERS = """\
+seen = []
+
+async def refresh(claim):
+    seen.append(claim.key)
+"""
+
+
+def _seen() -> list[str]:
+    seen: list[str] = sys.modules["handlers"].seen
+    return seen
+
+
+async def _node(root: Path, rules_file: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from coalescer import Coalescer
+
+    monkeypatch.delenv(ENV_REDIS_URL, raising=False)
+    path = rules_file(NODE_RULES, NODE_HANDLERS)
+    c = Coalescer.from_yaml(path, embedded_root=root, node_id="n1", grace=1.0)
+    await c.start()
+    return c
+
+
+async def _refreshed(c: Any, key: str) -> None:
+    from tests.helpers.servers import wait_until
+
+    c.touch(key)
+    await wait_until(lambda: key in _seen(), timeout=15, message=f"{key} refreshed")
+
+
+async def test_a_node_whose_embedded_server_dies_reconnects_to_a_new_one(
+        root: Path, rules_file: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    c = await _node(root, rules_file, monkeypatch)
+    try:
+        await _refreshed(c, "stats:before")
+        dead = _pid(root)
+        os.kill(dead, signal.SIGKILL)
+        poll_until(lambda: not _alive(dead), message="the server to die")
+        await _refreshed(c, "stats:after")  # on the server the node started
+        assert _pid(root) != dead
+        assert _port(c.redis_url) == _record(root)["port"]
+        assert any("embedded server in" in r.getMessage() and "is gone" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        await c.close()
+    assert not (root / "server.json").exists()  # its last user stopped it
+
+
+async def test_a_node_moves_to_the_server_another_command_started(
+        root: Path, rules_file: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await _node(root, rules_file, monkeypatch)
+    try:
+        first = _port(c.redis_url)
+        dead = _pid(root)
+        os.kill(dead, signal.SIGKILL)
+        poll_until(lambda: not _alive(dead), message="the server to die")
+        with EmbeddedServer(root) as url:  # e.g. a `coalescer touch` meanwhile
+            replacement = _port(url)
+        assert replacement != first
+        await _refreshed(c, "stats:after")
+        assert _port(c.redis_url) == replacement == _record(root)["port"]
+    finally:
+        await c.close()
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="needs /proc to tell who listens on a port")
+def test_the_password_never_goes_to_a_port_the_recorded_server_does_not_listen_on(
+        root: Path) -> None:
+    import socket
+
+    root.mkdir(parents=True)
+    holder = EmbeddedServer(root)
+    holder.acquire()
+    password = (root / "password").read_text().strip()
+    os.kill(_pid(root), signal.SIGKILL)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        # the record names a live process, but the port is someone else's now
+        (root / "server.json").write_text(json.dumps(
+            {"port": listener.getsockname()[1], "pid": sleeper.pid, "run_id": "x" * 40}))
+        try:
+            with EmbeddedServer(root) as url:
+                assert _pings(url) and _port(url) != listener.getsockname()[1]
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected: nothing, no password, was sent
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+            holder.release()
+    assert password
