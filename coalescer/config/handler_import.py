@@ -7,6 +7,7 @@ write-path process keeps each one as a ``HandlerImport`` and never imports its m
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
@@ -83,6 +84,14 @@ def on_path(base_dir: Path | None, *, fresh: bool = True) -> Iterator[None]:
     if fresh:
         importlib.invalidate_caches()
     yield
+
+
+def is_async(fn: Callable[..., object]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (an ``async def`` function, a partial of
+    one, or an object whose ``__call__`` is one)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    method = type(target).__call__ if not inspect.isroutine(target) else None
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
 
 
 def signature_problem(fn: Callable[..., object]) -> str | None:

@@ -9,11 +9,12 @@ import random
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
-from coalescer.config.handler_import import HandlerImport
+from coalescer.config.handler_import import HandlerImport, is_async
 from coalescer.config.patterns import KeyPattern
 
 URL_FIELD_RE = re.compile(r"\{([^{}]*)\}")
@@ -106,6 +107,29 @@ class HttpHandler:
         return f"{self.method} {redact(self.url)}"
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessIsolation:
+    """A rule's ``isolation: process``: its plain-function handler runs in child
+    processes, killed at the timeout, when the claim is lost and at the end of the
+    shutdown grace. Only for a Python handler that is not ``async def``."""
+
+    base_dir: Path | None  # the folder a child imports the handler from (the rules file's)
+    file: str  # where the rules file says so
+    line: int
+    field: str
+
+    def problem(self, handler: object) -> str | None:
+        """Why ``handler`` cannot run in a child process, or None when it can."""
+        if isinstance(handler, HttpHandler):
+            return ("isolation: process runs a Python handler in a child process; an http "
+                    "handler has nothing to isolate: remove isolation (or use thread)")
+        if callable(handler) and is_async(handler):
+            return ("isolation: process is for a plain (sync) function handler; this one is "
+                    "async def and runs on the node's event loop: make it a plain function, "
+                    "or remove isolation")
+        return None
+
+
 Handler = Callable[..., object] | HttpHandler | HandlerImport
 """A rule's handler: a Python callable, a webhook, or a Python handler not imported yet
 (a process that only writes touches never imports handler modules)."""
@@ -129,6 +153,7 @@ class Rule:
     rate: RateLimit | None = None  # None: starts are not throttled
     batch: BatchPolicy | None = None  # None: one handler call per key
     items: ItemsPolicy | None = None  # None: touches of its keys carry no item
+    isolation: ProcessIsolation | None = None  # None: a plain handler runs on threads
 
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
@@ -157,6 +182,9 @@ class Rule:
         if self.items is not None:
             lines.append(f"  items: max {self.items.max} (claim.items; past it, "
                          "claim.items_overflowed)")
+        if self.isolation is not None:
+            lines.append("  isolation: process (a child process each run, killed at the "
+                         "timeout)")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

@@ -106,6 +106,7 @@ class Config:
             if isinstance(rule.handler, HandlerImport):
                 try:
                     rule = replace(rule, handler=resolve(rule.handler))  # noqa: PLW2901
+                    _check_isolation(rule)
                 except ConfigError as exc:
                     errors.append(exc)
             rules.append(rule)
@@ -180,6 +181,16 @@ def _config(schema: RulesSchema, document: Document | None) -> Config | None:
                   sources=document.sources, durability=document.durability,
                   matches=tuple(schema.matches),
                   secrets=tuple(schema.secrets))
+
+
+def _check_isolation(rule: Rule) -> None:
+    """ConfigError (at its ``isolation`` field) when the rule's handler, now imported,
+    cannot run in a child process (an ``async def`` one)."""
+    isolation = rule.isolation
+    problem = isolation.problem(rule.handler) if isolation is not None else None
+    if isolation is not None and problem is not None:
+        raise ConfigError(problem, file=isolation.file, line=isolation.line,
+                          field=isolation.field)
 
 
 def _indent(text: str, prefix: str) -> str:

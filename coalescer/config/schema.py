@@ -26,6 +26,7 @@ from coalescer.config.model import (
     Handler,
     HttpHandler,
     ItemsPolicy,
+    ProcessIsolation,
     RateLimit,
     RetryPolicy,
     Rule,
@@ -51,7 +52,9 @@ _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", 
                "defaults", "rules", "sources")
 _DURABILITY_FIELDS = ("replicas", "timeout")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
-_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items")
+_RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items",
+                "isolation")
+ISOLATIONS = ("thread", "process")
 _BATCH_FIELDS = ("max", "wait")
 _ITEMS_FIELDS = ("max",)
 MAX_ITEMS = 100_000  # distinct items a key's refresh gets at most
@@ -253,6 +256,9 @@ class RulesSchema(YamlReader):
         items = self.optional(entries, prefix, "items", self.items, None)
         if batch is not None and handler is not None:
             self.attempt(self.batch_handler, handler[0], entries, prefix)
+        isolation = self.optional(entries, prefix, "isolation", self.isolation, None)
+        if isolation is not None and handler is not None:
+            self.attempt(self.isolated_handler, handler[0], isolation)
         self.settle(before)
         if name is None or pattern is None or handler is None or _any_bad(settings):
             raise Abandon
@@ -264,7 +270,7 @@ class RulesSchema(YamlReader):
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
                     handler=handler[0], handler_ref=handler[1], line=line_of(node),
-                    rate=rate, batch=batch, items=items)
+                    rate=rate, batch=batch, items=items, isolation=isolation)
 
     def batch(self, node: Node, prefix: str) -> BatchPolicy:
         """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""
@@ -287,6 +293,24 @@ class RulesSchema(YamlReader):
                              "url cannot use a {capture}; read each key's captures from the "
                              "claims' params in the body", entries["batch"][0],
                              join(prefix, "batch"))
+
+    def isolation(self, node: Node, field: str) -> ProcessIsolation | None:
+        """``thread`` (the default: a plain handler runs on the node's threads) or
+        ``process`` (in child processes the node kills at the timeout)."""
+        raw = self.value(node, field)
+        if raw not in ISOLATIONS:
+            raise self.error(f"isolation must be thread or process, got {shown(raw)}", node,
+                             field)
+        if raw == "thread":
+            return None
+        return ProcessIsolation(base_dir=self.base_dir, file=self.file, line=line_of(node),
+                                field=field)
+
+    def isolated_handler(self, handler: Handler, isolation: ProcessIsolation) -> None:
+        problem = isolation.problem(handler)
+        if problem is not None:
+            raise ConfigError(problem, file=isolation.file, line=isolation.line,
+                              field=isolation.field)
 
     def batch_wait(self, node: Node, field: str) -> float:
         wait = self.duration(node, field, positive=False)

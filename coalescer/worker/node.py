@@ -2,8 +2,8 @@
 stopped together.
 
 ``NodeContext`` holds what every part of a node shares (its scripts, key space,
-metrics, id and rules); ``Handlers`` what runs the handlers (an invoker per rule,
-a thread pool for sync handlers, the webhook client); ``Node`` builds the runner,
+metrics, id and rules); ``worker.handlers`` holds what runs the handlers; ``Node``
+builds the runner,
 the rules registry watch, the node lease, one poller, adopter and leadership per shard,
 the wake listener and the lead log, starts their loops and stops them in order.
 """
@@ -14,20 +14,19 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
-from coalescer.config.rules import Config, HttpHandler, Rule
+from coalescer.config.rules import Config, Rule
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import LayoutInfo, Layouts
 from coalescer.store.scripts import Scripts
 from coalescer.worker.adopter import Adopter
-from coalescer.worker.invoke import Invoke, invoker_for
+from coalescer.worker.invoke import Invoke
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.leadership import Leadership
 from coalescer.worker.mover import Mover
@@ -69,27 +68,6 @@ class NodeContext:
     @property
     def claim_lease(self) -> float:
         return self.config.claim_lease
-
-
-class Handlers:
-    """Runs the handlers of a config's rules: sync ones on a thread pool of their own,
-    webhooks through one HTTP client (created only when a rule has one)."""
-
-    def __init__(self, config: Config) -> None:
-        sync_slots = sum(r.concurrency for r in config.rules if callable(r.handler))
-        self._executor = ThreadPoolExecutor(max_workers=max(4, min(64, sync_slots)),
-                                            thread_name_prefix="coalescer-handler")
-        self._webhooks: Any = None
-        if any(isinstance(r.handler, HttpHandler) for r in config.rules):
-            from coalescer.worker.webhooks import Webhooks
-            self._webhooks = Webhooks()
-        self.invokers: dict[str, Invoke] = {
-            r.name: invoker_for(r, self._executor, self._webhooks) for r in config.rules}
-
-    async def close(self) -> None:
-        if self._webhooks is not None:
-            await self._webhooks.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class Node:

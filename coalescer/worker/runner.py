@@ -16,6 +16,14 @@ A batch rule (``batch: {max, wait}``) runs its claims as handler calls of up to
 process until ``max`` of them are there or the oldest has waited ``wait``; each
 key keeps its own outcome (the handler's answer says which failed, see
 ``worker.batches``), and the call's timeout and cancellation apply to all of them.
+
+A handler that goes on past its run (a plain function's thread, which nothing can
+stop, or a child process being killed: see ``worker.invoke``) keeps the run's slot
+until it has ended: its timeout or loss is recorded at once (the key is retried per its
+backoff, here or elsewhere), but the rule runs one refresh fewer meanwhile, and this
+node starts no other run of that key: a new claim of it waits in process, and fails as
+"never started" if the old run has not ended within the rule's timeout. At shutdown,
+``drain`` waits for them within the grace too, then names the ones it abandons.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
 from coalescer.worker.batches import BatchAnswerError, failed_keys
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
-from coalescer.worker.invoke import Invoke
+from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -56,6 +64,10 @@ MAX_ERROR_TEXT = 200
 ACK_GATHER = 0.002
 TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
 MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
+# After the grace, cancelled runs get this long to end (a child process is stopped
+# with SIGTERM, then SIGKILL) before the drain names what it abandons.
+AFTER_GRACE = 1.0
+ABANDONED_SHOWN = 20  # keys named in the line of the runs abandoned at shutdown
 
 
 @dataclass(slots=True)
@@ -78,6 +90,8 @@ class Job:
     start_ms: int = 0  # when the handler started, server clock (for the history)
     duration_ms: int = 0
     took_ms: float = 0.0  # duration_ms unrounded, for the log
+    ends: asyncio.Future[object] | None = None  # its handler goes on past the run until done
+    waiting: asyncio.TimerHandle | None = None  # queued behind an older run of its key
 
 
 @dataclass(slots=True)
@@ -124,6 +138,20 @@ def _error_text(exc: BaseException) -> str:
     return text[:MAX_ERROR_TEXT]
 
 
+def _ends(exc: asyncio.CancelledError) -> asyncio.Future[object] | None:
+    """The future of a handler that goes on past its cancelled run (None: it ended)."""
+    ends = exc.ends if isinstance(exc, RunCancelled) else None
+    return ends if ends is not None and not ends.done() else None
+
+
+def _cut_short(rule: Rule, exc: asyncio.CancelledError, what: str = "handler") -> Exception:
+    """The error of a run its timeout cancelled: it timed out, or never started."""
+    if isinstance(exc, RunCancelled) and not exc.started:
+        return NotStartedError(f"never started: {exc.why} within the timeout of "
+                               f"{rule.timeout:g}s")
+    return TimeoutError(f"{what} ran past its timeout of {rule.timeout:g}s")
+
+
 class Runner:
     """Holds this node's claims and runs their handlers."""
 
@@ -144,6 +172,10 @@ class Runner:
         self._running: dict[str, int] = defaultdict(int)  # refreshes running, per rule
         self._queued: dict[str, deque[Job]] = defaultdict(deque)  # claimed, waiting for a slot
         self._freed: dict[str, int] = defaultdict(int)  # slots ever freed, per rule
+        # Keys whose last run on this node has not ended yet (cancelled, or past its
+        # timeout): no other run of the key starts here meanwhile.
+        self._ending: dict[str, Job] = {}
+        self._held: dict[str, int] = defaultdict(int)  # slots they hold, per rule
         self._calls: dict[str, int] = defaultdict(int)  # batch handler calls running, per rule
         self._batch_timers: dict[str, asyncio.TimerHandle] = {}  # a batch waiting to fill
         self._last_call = 0  # batch handler calls numbered on this node
@@ -238,11 +270,58 @@ class Runner:
             self._queued[name].extend(fresh)
             self._fill(rule)
             return
-        now = max(0, min(len(fresh), int(rule.concurrency) - self._running[name]))
-        self._launch(rule, fresh[:now])
-        for job in fresh[now:]:
+        self._enqueue(rule, fresh)
+
+    def _enqueue(self, rule: Rule, fresh: list[Job]) -> None:
+        """Queue fresh claims of ``rule`` (not a batch rule) and start those it has a free
+        slot for."""
+        name = rule.name
+        for job in fresh:
             job.queued = True
-        self._queued[name].extend(fresh[now:])
+        self._queued[name].extend(fresh)
+        self._launch(rule, self._take(rule, int(rule.concurrency) - self._running[name]))
+        if self._held[name]:  # runs past their end hold slots: the others may never free
+            for job in fresh:
+                if job.queued:
+                    self._wait_at_most(job)
+
+    def _take(self, rule: Rule, most: int) -> list[Job]:
+        """Up to ``most`` queued claims of ``rule`` that can start now, in order; one whose
+        key's last run here has not ended stays queued (see ``_wait_at_most``)."""
+        queue, jobs = self._queued[rule.name], list[Job]()
+        kept: list[Job] = []
+        while queue and len(jobs) < most:
+            job = queue.popleft()
+            if self._ending and job.claim.key in self._ending:
+                self._wait_at_most(job)
+                kept.append(job)
+                continue
+            job.queued = False
+            jobs.append(job)
+        queue.extendleft(reversed(kept))
+        return jobs
+
+    def _wait_at_most(self, job: Job) -> None:
+        """``job`` waits behind a run that went on past its end (of its key, or holding a
+        slot of its rule): it fails as never started if it has not started within its
+        rule's timeout (a claim waiting only behind runs that end in time never does)."""
+        if job.waiting is None:
+            log.debug("claim of %s waits behind runs that went on past their end",
+                      job.claim.key)
+            job.waiting = asyncio.get_running_loop().call_later(
+                job.rule.timeout, self._never_started, job)
+
+    def _never_started(self, job: Job) -> None:
+        job.waiting = None
+        if not job.queued or self._jobs.get(job.claim.key) is not job:
+            return
+        if job.claim.key in self._ending:
+            why = "its previous run on this node had not ended"
+        else:
+            why = "no free slot: runs of its rule went on past their timeout"
+        job.start_ms = round(time.time() * 1000 + job.clock_offset_ms)
+        self._finish(job, NotStartedError(
+            f"never started: {why} within the timeout of {job.rule.timeout:g}s"))
 
     def _launch(self, rule: Rule, jobs: list[Job]) -> None:
         """Run ``jobs`` (of ``rule``) now, as one batch with one timeout timer."""
@@ -273,12 +352,7 @@ class Runner:
             if rule.batch is not None:
                 self._fill(rule)
                 continue
-            jobs: list[Job] = []
-            while queue and self._running[name] + len(jobs) < int(rule.concurrency):
-                job = queue.popleft()
-                job.queued = False
-                jobs.append(job)
-            self._launch(rule, jobs)
+            self._launch(rule, self._take(rule, int(rule.concurrency) - self._running[name]))
 
     # -- batch rules ---------------------------------------------------------------------
 
@@ -294,9 +368,9 @@ class Runner:
             if len(queue) < size and waited < wait:
                 self._fill_later(rule, wait - waited)
                 return
-            jobs = [queue.popleft() for _ in range(min(size, len(queue)))]
-            for job in jobs:
-                job.queued = False
+            jobs = self._take(rule, size)
+            if not jobs:
+                return
             self._launch_batch(rule, jobs)
 
     def _fill_later(self, rule: Rule, delay: float) -> None:
@@ -334,25 +408,39 @@ class Runner:
         for job in spent:
             self._finish(job, TimeoutError("claim lease expired on every attempt"))
         jobs = [j for j in jobs if j.claim.attempt <= rule.retry.attempts]
-        started = time.monotonic()
+        started, ends = time.monotonic(), None
         try:
             errors = await self._call_batch(rule, jobs)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            ends = _ends(exc)
+            for job in jobs:
+                job.ends = ends
             if not any(job.timed_out for job in jobs):
-                self._calls[rule.name] -= 1
+                self._end_call(rule, ends)
                 for job in jobs:
                     if job.batch is batch:
                         self._drop(job)
                 raise
-            timeout = TimeoutError(f"batch handler ran past its timeout of {rule.timeout:g}s")
-            errors = dict.fromkeys((job.claim.key for job in jobs), timeout)
+            errors = dict.fromkeys((job.claim.key for job in jobs),
+                                   _cut_short(rule, exc, "batch handler"))
         took = time.monotonic() - started
         self._metrics.rule(rule.name).duration.observe(took)
-        self._calls[rule.name] -= 1
+        self._end_call(rule, ends)
         for job in jobs:
             job.took_ms = took * 1000
             job.duration_ms = round(job.took_ms)
             self._finish(job, errors.get(job.claim.key))
+
+    def _end_call(self, rule: Rule, ends: asyncio.Future[object] | None) -> None:
+        """A batch handler call ended; one whose handler goes on counts until ``ends``."""
+        if ends is None:
+            self._calls[rule.name] -= 1
+            return
+
+        def ended(_: object) -> None:
+            self._calls[rule.name] -= 1
+            self._slots_freed(rule.name)
+        ends.add_done_callback(ended)
 
     async def _call_batch(self, rule: Rule, jobs: list[Job]) -> dict[str, BaseException]:
         """The failed keys of one batch handler call, each with its error."""
@@ -377,12 +465,12 @@ class Runner:
         started = time.monotonic()
         try:
             await invoke(claim)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            job.ends = _ends(exc)
             if not job.timed_out:
                 self._drop(job)
                 raise
-            error: Exception | None = TimeoutError(
-                f"handler ran past its timeout of {rule.timeout:g}s")
+            error: Exception | None = _cut_short(rule, exc)
         except Exception as exc:  # a handler's failure is data, not a crash
             error = exc
         else:
@@ -456,6 +544,7 @@ class Runner:
         if old.queued:
             self._drop(old)
         elif old.task is not None and not old.task.done():
+            self._ending.setdefault(old.claim.key, old)  # the newer one waits for its end
             old.task.cancel()
 
     def _release_slot(self, job: Job) -> None:
@@ -464,11 +553,32 @@ class Runner:
             job.batch = None
         if job.queued:  # never started
             job.queued = False
+            if job.waiting is not None:
+                job.waiting.cancel()
+                job.waiting = None
             self._queued[job.rule.name].remove(job)
+        elif job.ends is not None:  # its handler goes on: the slot is held until it ends
+            self._hold_slot(job, job.ends)
+            return
         elif job.rule.batch is None:  # a batch rule counts its calls (_calls)
             self._running[job.rule.name] -= 1
+        if self._ending.get(job.claim.key) is job:
+            del self._ending[job.claim.key]
         self._active[job.rule.name] -= 1
         self._slots_freed(job.rule.name)
+
+    def _hold_slot(self, job: Job, ends: asyncio.Future[object]) -> None:
+        name = job.rule.name
+        self._ending[job.claim.key] = job
+        self._held[name] += 1
+        for waiting in self._queued[name]:
+            self._wait_at_most(waiting)
+
+        def ended(_: object) -> None:
+            job.ends = None
+            self._held[name] -= 1
+            self._release_slot(job)
+        ends.add_done_callback(ended)
 
     def _slots_freed(self, rule_name: str) -> None:
         # Counted at once (a poller compares readings taken around its claim call);
@@ -635,16 +745,38 @@ class Runner:
     # -- shutdown ----------------------------------------------------------------------
 
     async def drain(self, grace: float) -> None:
-        """Wait up to ``grace`` for held claims to finish, then cancel the rest."""
+        """Wait up to ``grace`` for held claims to finish and for handlers that went on
+        past their run to end, then cancel the rest (a child process is killed) and name
+        the runs abandoned: a thread in a handler cannot be stopped, it ends with the
+        process (its threads never keep the process from exiting)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
         try:
             await asyncio.wait_for(self._idle_event.wait(), grace)
         except TimeoutError:
-            for job in [j for j in self._jobs.values() if j.queued]:
-                self._drop(job)  # never started: re-run once its claim lease expires
-            tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
-            log.warning("shutdown: cancelling %s still running after %.1fs; "
-                        "they re-run once their claim lease expires",
-                        plural(len(tasks), "refresh", "refreshes"), grace)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._cancel_all(grace)
+        ending = [j.ends for j in self._ending.values() if j.ends is not None]
+        if ending:
+            await asyncio.wait(ending, timeout=max(end - loop.time(), AFTER_GRACE))
+        self._log_abandoned()
+
+    async def _cancel_all(self, grace: float) -> None:
+        for job in [j for j in self._jobs.values() if j.queued]:
+            self._drop(job)  # never started: re-run once its claim lease expires
+        tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
+        log.warning("shutdown: cancelling %s still running after %.1fs; "
+                    "they re-run once their claim lease expires",
+                    plural(len(tasks), "refresh", "refreshes"), grace)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _log_abandoned(self) -> None:
+        keys = [key for key, job in self._ending.items() if job.ends is not None]
+        if not keys:
+            return
+        shown = ", ".join(printable(key) for key in keys[:ABANDONED_SHOWN])
+        more = len(keys) - ABANDONED_SHOWN
+        log.warning("shutdown: abandoning %s still running past the grace (a thread in a "
+                    "handler ends with the process): %s%s", plural(len(keys), "handler"),
+                    shown, f" and {more} more" if more > 0 else "")
