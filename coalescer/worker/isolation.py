@@ -148,27 +148,29 @@ class ChildPool:
         return asyncio.ensure_future(self._stop(child))
 
     async def _stop(self, child: Child) -> None:
-        process = child.process
         try:
-            if child.launched is not None:
-                with contextlib.suppress(Exception):  # its failure was the run's
-                    await asyncio.shield(child.launched)
-            if process.pid is None or process.exitcode is not None:
-                return
-            process.terminate()
-            if not await _exited(process, STOP_WAIT):
-                process.kill()
-                await _exited(process, REAP_WAIT)
-            log.info("rule %s: killed handler child process %d (exit code %s)", self._rule,
-                     process.pid, process.exitcode)
+            await self._end(child)
+        except Exception as exc:  # the child is killed below all the same
+            log.warning("rule %s: stopping a handler child process failed: %r", self._rule,
+                        exc)
         finally:
             _kill(child)
             self._children.discard(child)
 
-    @property
-    def pids(self) -> list[int]:
-        """The children's process ids (started ones)."""
-        return [c.process.pid for c in self._children if c.process.pid is not None]
+    async def _end(self, child: Child) -> None:
+        """SIGTERM, then SIGKILL if ``child`` is still there ``STOP_WAIT`` seconds later."""
+        process = child.process
+        if child.launched is not None:
+            with contextlib.suppress(Exception):  # its failure was the run's
+                await asyncio.shield(child.launched)
+        if process.pid is None or process.exitcode is not None:
+            return
+        process.terminate()
+        if not await _exited(process, STOP_WAIT):
+            process.kill()
+            await _exited(process, REAP_WAIT)
+        log.info("rule %s: killed handler child process %d (exit code %s)", self._rule,
+                 process.pid, process.exitcode)
 
     def close(self) -> None:
         """Kill every child now (SIGKILL: the grace is over) and reap it. Idempotent."""

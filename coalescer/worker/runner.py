@@ -372,6 +372,9 @@ class Runner:
             if not jobs:
                 return
             self._launch_batch(rule, jobs)
+        if queue and self._held[name]:  # calls past their end hold slots: may never free
+            for job in queue:
+                self._wait_at_most(job)
 
     def _fill_later(self, rule: Rule, delay: float) -> None:
         if rule.name in self._batch_timers:
@@ -578,7 +581,17 @@ class Runner:
             job.ends = None
             self._held[name] -= 1
             self._release_slot(job)
+            if not self._held[name]:
+                self._stop_waiting(name)
         ends.add_done_callback(ended)
+
+    def _stop_waiting(self, name: str) -> None:
+        """No run of rule ``name`` holds a slot past its end any more: its queued claims
+        wait for runs that end in time, never failed as never started."""
+        for job in self._queued[name]:
+            if job.waiting is not None and job.claim.key not in self._ending:
+                job.waiting.cancel()
+                job.waiting = None
 
     def _slots_freed(self, rule_name: str) -> None:
         # Counted at once (a poller compares readings taken around its claim call);

@@ -31,17 +31,25 @@ running = {}  # runs of each key going on now
 overlaps = []  # keys that had two runs at once
 done = []  # keys refreshed by healthy()
 
-def hang(claim):
+def hang_keys(keys):
     with lock:
-        running[claim.key] = running.get(claim.key, 0) + 1
-        if running[claim.key] > 1:
-            overlaps.append(claim.key)
-        entered.append(claim.key)
+        for key in keys:
+            running[key] = running.get(key, 0) + 1
+            if running[key] > 1:
+                overlaps.append(key)
+            entered.append(key)
     try:
         release.wait()
     finally:
         with lock:
-            running[claim.key] -= 1
+            for key in keys:
+                running[key] -= 1
+
+def hang(claim):
+    hang_keys([claim.key])
+
+def hang_batch(claims):
+    hang_keys([claim.key for claim in claims])
 
 def healthy(claim):
     done.append(claim.key)
@@ -126,6 +134,40 @@ async def test_a_timed_out_run_still_going_is_not_started_again_on_the_node(
     await wait_until(refreshed, message="hung:1 refreshed once its thread returned")
     assert module.overlaps == []
     assert module.entered.count("hung:1") >= 2
+
+
+BATCH_RULES = """\
+namespace: {ns}
+rules:
+  - name: hung
+    match: "hung:{{id}}"
+    window: 100ms
+    timeout: 300ms
+    concurrency: 1
+    batch: {{max: 2}}
+    retry: {{attempts: 20, backoff: 50ms, max_backoff: 50ms}}
+    handler: handlers:hang_batch
+"""
+
+
+async def test_a_timed_out_batch_call_still_going_holds_its_keys_until_it_returns(
+        start: Start, rules_file: RulesFactory, namespace: str, redis_url: str,
+        handlers: list[ModuleType]) -> None:
+    c = await start(rules_file(BATCH_RULES.format(ns=namespace), HANDLERS),
+                    redis_url=redis_url)
+    module = sys.modules["handlers"]
+    handlers.append(module)
+    keys = ["hung:1", "hung:2"]
+    c.touch_many(keys)
+    failed = await _failed_at_least(c, "hung", 4)
+    assert any(f.error.startswith("NotStartedError: never started") for f in failed)
+    module.release.set()
+
+    async def refreshed() -> bool:
+        history = await c.query.history(HistoryQuery(rule="hung", limit=100))
+        return {r.key for r in history if r.outcome == "success"} == set(keys)
+    await wait_until(refreshed, message="both keys refreshed once the call returned")
+    assert module.overlaps == []
 
 
 async def test_a_claim_that_never_started_is_not_dead_lettered_as_timed_out(
