@@ -67,6 +67,9 @@ async def _settled(c: Coalescer, expected: int, records: list[Any]) -> None:
         await asyncio.sleep(0.05)
 
 
+DEMO_NODE = "demo"  # the demo node's id (its ack receipts are named for it)
+
+
 def demo_config(rules: str) -> Config:
     """The rules of ``rules`` in a fresh namespace: ``demo-`` and 8 random hex digits."""
     config = Config.from_yaml(rules)
@@ -78,7 +81,8 @@ def demo_keys(config: Config) -> list[str]:
     found: list[str] = [layout(config.namespace), drained(config.namespace)]
     for sk in KeySpace(config.namespace, config.shards).all_shards():
         found += [sk.leader, sk.epoch, sk.seq, sk.next_wake, sk.nodes, sk.rules,
-                  sk.rule_names, sk.meta, sk.history, sk.layout, sk.moving, sk.arrived]
+                  sk.rule_names, sk.meta, sk.history, sk.layout, sk.moving, sk.arrived,
+                  sk.acked(DEMO_NODE)]
         for rule in config.rules:
             found += [sk.due(rule.name), sk.inflight(rule.name), sk.dead(rule.name)]
     return found
@@ -104,7 +108,8 @@ async def run_demo(rules: str | None, redis_url: str | None) -> int:
 
 
 async def _show(config: Config, redis_url: str | None, root: Path | None) -> None:
-    async with Coalescer(config, redis_url=redis_url, node_id="demo", embedded_root=root) as c:
+    async with Coalescer(config, redis_url=redis_url, node_id=DEMO_NODE,
+                         embedded_root=root) as c:
         print(f"coalescer demo on {redact(c.redis_url or '')}, rules {config.source}, "
               f"namespace {config.namespace} (deleted afterwards)")
         for rule in c.config.rules:

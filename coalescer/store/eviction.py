@@ -120,8 +120,17 @@ class PolicyWatch:
         metrics.evicting.set(1 if self.reason else 0)
 
     async def run(self) -> None:
-        await keep_running("maxmemory-policy check", self.check, logger=log,
-                           rest=lambda: asyncio.sleep(self._every))
+        """Read the policy every ``CHECK_EVERY`` seconds (it was read at start)."""
+        await self._rest()
+        await keep_running("maxmemory-policy check", self.check, logger=log, rest=self._rest)
+
+    async def _rest(self) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Python 3.11's wait_for (redis-py connects with it) can swallow a cancel
+            # that comes as its inner call ends: stop anyway
+            raise asyncio.CancelledError
+        await asyncio.sleep(self._every)
 
     async def check(self) -> None:
         """Read the policies once; report a change."""

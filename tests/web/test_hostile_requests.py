@@ -161,11 +161,12 @@ async def test_healthz_is_503_while_a_touch_waits_on_a_read_only_redis(
 
         async def unhealthy() -> Any:
             status, body = await _health(node)
-            return body if status == 503 else None
+            return body if status == 503 and "oldest" in body["error"] else None
 
         body = await wait_until(unhealthy, timeout=10, message="/healthz to say 503")
         assert body["ok"] is False
         assert "oldest unwritten touch" in body["error"] and "bound 0.3 s" in body["error"]
+        assert "Redis refuses writes: READONLY" in body["error"]
         assert "not reachable" not in body["error"]  # Redis answers; it refuses writes
         assert body["unwritten_age_s"] >= 0.3  # shown to a tenth of a second
 
