@@ -49,6 +49,7 @@ from coalescer.store.layout import Layouts
 from coalescer.store.scripts import History, Scripts
 from coalescer.worker.drain import Drainer, local_runner
 from coalescer.worker.handlers import Handlers
+from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.node import Node, NodeContext
 from coalescer.worker.resharding import begin_reshard
 from coalescer.worker.runner import Runner
@@ -418,10 +419,11 @@ class Coalescer:
 
     def _context(self) -> NodeContext:
         run = self._run
-        assert run.scripts is not None and run.layouts is not None
+        assert run.scripts is not None and run.layouts is not None and run.conn is not None
         return NodeContext(scripts=run.scripts, keyspace=self.keyspace, layouts=run.layouts,
                            metrics=run.metrics,
-                           node_id=self.node_id, config=self.config, hints=self.hints)
+                           node_id=self.node_id, config=self.config, hints=self.hints,
+                           clock=None if run.conn.cluster else ServerClock())
 
     # -- the connection and reads ----------------------------------------------------
 
@@ -493,7 +495,10 @@ class Coalescer:
         run = self._run
         conn = await self._connect(run)
         await self._check_policy(run, conn)
-        run.scripts = scripts = Scripts(conn.client)
+        leases = await conn.leases() if self.worker else None
+        run.scripts = scripts = Scripts(conn.client, self.config.durability, leases=leases)
+        if self.worker:
+            await scripts.preload()
         run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
         await self._read_layout(run.layouts)
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)

@@ -11,6 +11,7 @@ master monitored by Redis Sentinel (see sentinel.py): its client follows failove
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from coalescer.store.sentinel import is_sentinel_url, sentinel_client
 
 MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
 POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
+LEASE_CONNECTIONS = 4  # the leases' own: a node lease call and three claim renewals at once
 _WHERE = ("host", "port", "username", "password", "db")  # what a URL says of a server
 
 
@@ -52,6 +54,7 @@ class Connection:
     pubsub_client: Redis
     cluster: bool
     more_pools: list[Any] = field(default_factory=list)  # of bytes_client's clients
+    _leases: Any = None  # the leases' own client (see ``leases``)
 
     def __repr__(self) -> str:
         return f"Connection(url={redact(self.url)!r}, cluster={self.cluster})"
@@ -74,7 +77,24 @@ class Connection:
             await pool.disconnect(inuse_connections=True)
         self.url = url
 
+    async def leases(self) -> Any:
+        """A client of its own for lease calls, its connections opened now (a renewal
+        never waits for a connection behind other calls, nor for a new one's handshake,
+        round trips that a slow link makes long)."""
+        if self._leases is None:
+            if self.cluster:
+                self._leases = RedisCluster.from_url(self.url, max_connections=LEASE_CONNECTIONS,
+                                                     **_options())
+                await self._leases.initialize()
+            else:
+                self._leases = _server_client(self.url, LEASE_CONNECTIONS, _options())
+                self.more_pools.append(self._leases.connection_pool)
+            await asyncio.gather(*(self._leases.ping() for _ in range(LEASE_CONNECTIONS)))
+        return self._leases
+
     async def close(self) -> None:
+        if self._leases is not None:
+            await self._leases.aclose()
         await self.client.aclose()
         if self.pubsub_client is not self.client:
             await self.pubsub_client.aclose()

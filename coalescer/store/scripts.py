@@ -31,6 +31,7 @@ NO_ITEM_RULES: Mapping[str, int] = {}
 # The writes that count only once ``durability: replicas`` hold them (batching.py):
 # touches (a flush), claims (fencing tokens and in-flight state) and acks.
 DURABLE = frozenset({"upsert", "claim", "adopt", "take", "ack"})
+LEASE_CALLS = ("node_lease", "renew")  # sent at once, on the leases' own client if given
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
@@ -196,14 +197,14 @@ class LeaseState:
 
 @dataclass(frozen=True, slots=True)
 class NodeLeases:
-    """What a node_lease call found: the server time, whether the caller's own lease had
-    lapsed before the call renewed it, the live nodes' lease ends (server ms) and the
-    nodes whose lease lapsed."""
+    """What a node_lease call found: the server time, whether the caller's lease was
+    missing from the set before the call (never taken, or dropped by a node that judged
+    it lapsed), and every node's lease end (server ms). Which of them lapsed each reader
+    judges by its own clock (``worker.lease_clock``)."""
 
     now_ms: int
     lapsed: bool
-    live: dict[str, int]
-    gone: list[str]
+    ends: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,12 +289,24 @@ def _held(encoded: Sequence[str]) -> dict[int, int]:
 class Scripts:
     """The registered scripts of one Redis (or Redis Cluster) client."""
 
-    def __init__(self, redis: Any, durability: Durability = NO_REPLICAS) -> None:
+    def __init__(self, redis: Any, durability: Durability = NO_REPLICAS, *,
+                 leases: Any = None) -> None:
+        """``leases``: a client of its own for the lease calls (``LEASE_CALLS``)."""
         self._redis = redis
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        if leases is not None:
+            self._scripts |= {name: leases.register_script(script_source(name))
+                              for name in LEASE_CALLS}
         # calls travel in pipelines, never one per shard; DURABLE ones end with WAIT
         self._batcher = ScriptBatcher(redis, durability)
         self._acks_unreplicated = False  # an ack's WAIT fell short (logged once a run)
+
+    async def preload(self) -> None:
+        """Load the lease calls' scripts now: a first call would otherwise cost two more
+        round trips (NOSCRIPT, then SCRIPT LOAD), which a slow link makes long."""
+        for name in LEASE_CALLS:
+            script = self._scripts[name]
+            await script.registered_client.script_load(script.script)
 
     @property
     def client(self) -> Any:
@@ -435,17 +448,43 @@ class Scripts:
             args.append(len(items))
             for key, token in items:
                 args += [key, token]
-        return [str(k) for k in await self._run("renew", keys, args)]
+        # sent at once, never queued behind the batcher's calls: a renewal has a deadline
+        return [str(k) for k in await self._run_now("renew", keys, args)]
 
     async def recover(self, shard: ShardKeys, rules: Sequence[str], limit: int,
-                      attempts: Sequence[int] = ()) -> int:
+                      attempts: Sequence[int] = (),
+                      lapsed: Sequence[Sequence[tuple[str, int]]] | None = None) -> int:
         """Re-queue claims whose lease expired; returns how many. ``attempts`` are the
-        rules' retry limits, in the order of ``rules`` (none given: no limit)."""
+        rules' retry limits, in the order of ``rules`` (none given: no limit).
+
+        ``lapsed`` (one list per rule, with ``attempts`` given): only these claims, each
+        while its lease score is still the one given (the caller judged them lapsed by
+        its own clock); without it, those expired by the server's clock."""
         keys = [shard.meta, shard.next_wake]
         for rule in rules:
             keys += [shard.due(rule), shard.inflight(rule)]
-        result = await self._run("recover", keys, [shard.wake_channel, limit, *attempts])
+        args: list[Any] = [shard.wake_channel, limit, *attempts]
+        if lapsed is not None:
+            if len(attempts) != len(rules) or len(lapsed) != len(rules):
+                raise ValueError("recover: lapsed claims need every rule's attempts")
+            for pairs in lapsed:
+                args.append(len(pairs))
+                for key, score in pairs:
+                    args += [key, score]
+        result = await self._run("recover", keys, args)
         return int(result[0])
+
+    async def lease_scores(self, shard: ShardKeys, rules: Sequence[str], limit: int,
+                           upto_ms: int | None) -> list[dict[str, int]]:
+        """Per rule, the claims held in the shard with their lease score (the server time
+        their lease was last renewed to): those up to ``upto_ms``, or all (``None``), at
+        most ``limit`` per rule, lowest first. Plain reads, one pipeline."""
+        pipe = self._redis.pipeline(transaction=False)
+        high: int | str = "+inf" if upto_ms is None else upto_ms
+        for rule in rules:
+            pipe.zrangebyscore(shard.inflight(rule), "-inf", high, start=0, num=limit,
+                               withscores=True)
+        return [{str(k): int(v) for k, v in found} for found in await pipe.execute()]
 
     async def requeue(self, shard: ShardKeys, rule: str, dead_keys: Sequence[str]) -> int:
         """Bring dead-lettered keys of ``rule`` back; returns how many."""
@@ -519,23 +558,26 @@ class Scripts:
                                 for i in range(0, len(rest), 3)]
 
     async def node_lease(self, leases: str, *, node_id: str, lease_ms: int,
-                         period_ms: int = 0, forgotten: Sequence[str] = ()) -> NodeLeases:
+                         period_ms: int = 0,
+                         forgotten: Sequence[tuple[str, int]] = ()) -> NodeLeases:
         """Renew this node's lease (``lease_ms`` 0: drop it; ``period_ms``: to end on a
-        multiple of it plus the lease) and read every node's; ``forgotten`` are lapsed
-        nodes whose shard entries this node removed."""
-        now, lapsed, every = await self._run_now(
-            "node_lease", [leases], [node_id, lease_ms, period_ms, *forgotten])
-        now = int(now)
-        ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
-        return NodeLeases(now, bool(int(lapsed)),
-                          {n: e for n, e in ends.items() if e >= now},
-                          [n for n, e in ends.items() if e < now])
+        multiple of it plus the lease) and read every node's; ``forgotten`` are nodes
+        judged lapsed, with the lease end read, whose shard entries this node removed."""
+        args: list[Any] = [node_id, lease_ms, period_ms]
+        for node, ends in forgotten:
+            args += [node, ends]
+        return self._node_leases(await self._run_now("node_lease", [leases], args))
 
-    async def lease_ends(self, leases: str) -> dict[str, int]:
-        """Every node's lease end (server ms), lapsed ones included: one plain ZRANGE,
-        no script (a look between renewals, see node_lease.py)."""
-        every = await self._redis.zrange(leases, 0, -1, withscores=True)
-        return {str(node): int(float(ends)) for node, ends in every}
+    async def lease_look(self, leases: str) -> NodeLeases:
+        """Every node's lease end with the server's time, renewing nothing: one script
+        call, one read inside (a look between renewals, see node_lease.py)."""
+        return self._node_leases(await self._run_now("node_lease", [leases], ["", -1, 0]))
+
+    @staticmethod
+    def _node_leases(result: Any) -> NodeLeases:
+        now, lapsed, every = result
+        ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
+        return NodeLeases(int(now), bool(int(lapsed)), ends)
 
     async def forget(self, shards: Sequence[ShardKeys], node: str) -> None:
         """Drop a node whose lease lapsed from every shard's node set and rules registry:

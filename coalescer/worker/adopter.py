@@ -26,8 +26,9 @@ from coalescer.worker.claims import (
     AdoptBatch,
     claim_into_slots,
     item_rules,
-    recover_expired,
 )
+from coalescer.worker.lapsed import LapsedClaims, expiry_delay
+from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -41,8 +42,12 @@ class Adopter:
     """Claims due keys of adopted rules on one shard, event-driven like the poller."""
 
     def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner,
-                 sleep_cap: float) -> None:
+                 sleep_cap: float, clock: ServerClock) -> None:
+        """``clock`` is the shard's server clock, as its poller observes it."""
         self._shard = shard
+        self._clock = clock
+        self._lapsed = LapsedClaims(ctx.scripts, shard, clock, ctx.claim_lease)
+        self._lapse_wait: float | None = None
         self._scripts = ctx.scripts
         self._runner = runner
         self._by_name = {r.name: r for r in ctx.rules}
@@ -66,6 +71,7 @@ class Adopter:
         self._note(tuple(r.name for r in rules))
         deadline = time.monotonic() + seconds
         gate = self._gate(rules)
+        self._lapsed.restart()
         try:
             while rules and not interrupt.is_set():
                 left = deadline - time.monotonic()
@@ -116,21 +122,25 @@ class Adopter:
                 limits=limits,
                 item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
-            self._runner, self._shard.shard, rules, MAX_CLAIM, call)
+            self._runner, self._shard.shard, rules, MAX_CLAIM, call, clock=self._clock)
         if gate:
             await gate.settle(batch)
         full = any(n > 0 and t == n for n, t in zip(limits, taken, strict=True))
         return batch, full
 
     async def _recover(self, batch: AdoptBatch, rules: list[Rule]) -> bool:
-        return await recover_expired(self._scripts, self._shard, rules, batch.now_ms,
-                                     batch.next_expiry_ms)
+        recovered, self._lapse_wait = await self._lapsed.check(rules, batch.now_ms,
+                                                               batch.next_expiry_ms)
+        return recovered
 
     def _delay(self, batch: AdoptBatch, gate: RateGate) -> float:
-        nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
-                      default=None)
-        delay = self._sleep_cap if nearest is None else min(
-            self._sleep_cap, max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005))
+        delay = self._sleep_cap
+        if batch.next_due_ms is not None:
+            delay = min(delay, max(0.001, (batch.next_due_ms - batch.now_ms) / 1000 + 0.0005))
+        expiry = expiry_delay(batch.now_ms, batch.next_expiry_ms, self._lapse_wait,
+                              self._sleep_cap)
+        if expiry is not None:
+            delay = min(delay, expiry)
         if gate.wait is not None:  # due keys wait for their rule's rate
             delay = min(delay, gate.wait + 0.0005)
         return delay

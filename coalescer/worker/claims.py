@@ -26,17 +26,18 @@ A key's life in Redis, per shard and rule (``due:RULE`` and ``inflight:RULE``):
   ``overflowed``); a success ack deletes that set, a failure and a recovery keep it for
   the next claim. The scripts get an items section only when a rule of the call has
   items (``item_rules``): other rules pay nothing.
-* **recovered** — a claim whose lease expired (its holder died or stopped
-  renewing) goes back to due with its attempt counted (``recover.lua``), checked
-  by the leader, an adopter and a drain whenever a claim call reports an expired
-  lease.
+* **recovered** — a claim whose holder stopped renewing it goes back to due with its
+  attempt counted (``recover.lua``). The leader and an adopter judge that by their own
+  clock (``worker.lapsed``: the lease score unchanged for a full lease as they measure
+  time, so a step of the server's clock expires nothing early); a drain (a test
+  process) by the server's clock.
 
 The scripts are registered once, with typed wrappers, as methods of
 ``store.scripts.Scripts``: ``claim``, ``adopt``, ``take``, ``renew``, ``ack``,
 ``fail`` and ``recover``. Their result types (``ClaimedKey``, ``ClaimBatch``,
 ``AdoptBatch``, ``Failure``, ``AckItem``) are built there, where the replies are
 decoded, and are named here for the worker. This module holds the rest of the
-Python side: the per-call limits, ``recover_expired`` and ``claim_into_slots``, the
+Python side: the per-call limits and ``claim_into_slots``, the
 one way a claim call's grants enter a process's handler slots (the slot
 bookkeeping itself is the runner's).
 """
@@ -49,18 +50,17 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from coalescer.config.rules import Rule
-from coalescer.store.keys import ShardKeys
 from coalescer.store.scripts import (
     AckItem,
     AdoptBatch,
     ClaimBatch,
     ClaimedKey,
     Failure,
-    Scripts,
 )
+from coalescer.worker.lease_clock import ServerClock
 
 __all__ = ["MAX_CLAIM", "RECOVER_BATCH", "AckItem", "AdoptBatch", "ClaimBatch", "ClaimedKey",
-           "Failure", "Taken", "claim_into_slots", "item_rules", "recover_expired"]
+           "Failure", "Taken", "claim_into_slots", "item_rules"]
 
 log = logging.getLogger(__name__)
 
@@ -102,26 +102,13 @@ class Slots(Protocol):
     def unreserve(self, rule: Rule, n: int) -> None: ...
 
     def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
-                  clock_offset_ms: float, taken: list[int]) -> None: ...
-
-
-async def recover_expired(scripts: Scripts, shard: ShardKeys, rules: Sequence[Rule],
-                          now_ms: int, next_expiry_ms: int | None) -> bool:
-    """Re-queue the claims of ``rules`` whose lease expired (their holder stopped
-    renewing); True when some were."""
-    if next_expiry_ms is None or next_expiry_ms > now_ms:
-        return False
-    n = await scripts.recover(shard, [r.name for r in rules], RECOVER_BATCH,
-                              [r.retry.attempts for r in rules])
-    if n:
-        log.warning("shard %d: %d claims whose holder stopped renewing were re-queued",
-                    shard.shard, n)
-    return n > 0
+                  clock_offset_ms: float, *, taken: list[int], sent: float) -> None: ...
 
 
 async def claim_into_slots(
     slots: Slots, shard: int, rules: Sequence[Rule], most: int,
     call: Callable[[list[tuple[str, int]]], Awaitable[Answer]], *, queue: bool = True,
+    clock: ServerClock | None = None,
 ) -> tuple[Answer, list[int], list[int]]:
     """Reserve up to ``most`` free slots per rule, make the claim ``call`` with those
     limits, start what it granted and give back the slots left unused.
@@ -130,15 +117,19 @@ async def claim_into_slots(
     Reserving before the call keeps pollers of several shards from filling the
     same free slots; ``queue=False`` reserves only slots a claim runs in at once.
     The server's clock offset (the answer's ``now_ms`` against the middle of the
-    call) goes with each claim.
+    call) goes with each claim, and so does when the call was sent (monotonic clock):
+    the claims' leases began after it. ``clock`` observes the server's clock.
     """
     limits = [slots.reserve(r, most, queue=queue) for r in rules]
     taken = [0] * len(rules)
     try:
-        sent = time.time() * 1000
+        sent, sent_wall = time.monotonic(), time.time() * 1000
         answer = await call([(r.name, n) for r, n in zip(rules, limits, strict=True)])
-        offset = answer.now_ms - (sent + time.time() * 1000) / 2
-        slots.start_all(shard, rules, answer.claims, offset, taken)
+        got = time.monotonic()
+        if clock is not None:
+            clock.observe(sent, got, answer.now_ms)
+        offset = answer.now_ms - (sent_wall + time.time() * 1000) / 2
+        slots.start_all(shard, rules, answer.claims, offset, taken=taken, sent=sent)
     finally:
         for rule, n, t in zip(rules, limits, taken, strict=True):
             slots.unreserve(rule, n - t)

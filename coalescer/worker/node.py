@@ -29,6 +29,7 @@ from coalescer.worker.adopter import Adopter
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.leadership import Leadership
+from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.mover import Mover
 from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
@@ -56,6 +57,9 @@ class NodeContext:
     config: Config
     hints: CommandHints = field(default_factory=CommandHints)  # for commands the log suggests
     layouts: Layouts | None = None  # the namespace's layout (a node's is always given)
+    # the server's clock against this node's, shared by its parts (None on a Cluster:
+    # each master has a clock of its own, observed per shard)
+    clock: ServerClock | None = None
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -98,7 +102,8 @@ class Node:
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
         poller = Poller(ctx, shard=keys, runner=self.runner)
-        adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap)
+        adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap,
+                          clock=poller.clock)
         return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
                           lead_log=self.lead_log)
 

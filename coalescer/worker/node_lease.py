@@ -2,28 +2,31 @@
 
 A shard's leader key names its holder and never expires (acquire.lua); it counts while
 the holder's node lease lives. So an idle node renews one lease with one script call
-(``node_lease.lua``) every three quarters of ``leader_lease``, whatever the number of
+(``node_lease.lua``) every ``RENEW_SHARE`` of ``leader_lease``, whatever the number of
 shards (on a Redis Cluster the leases key has a tag of its own: one call to one master),
 and learns from the same call every other node's lease end. Renewals start the periods
 of the server clock (multiples of the period), so every node's lease ends at the same
 instant. Between calls a node sleeps until its next renewal or until just after the
-earliest other lease would end: a standby hears of a dead leader within
-``LAPSE_MARGIN`` of its lease's end, and wakes the shards that wait on that node
-(``watch``) to take them over. That second look of a period renews nothing, so it is
-no script call but one plain read of the leases (``ZRANGE``, one command where the
-renewal is five): which leases ended is judged against the server clock as the last
-renewal read it, advanced by the loop's clock from when that renewal answered to when
-the look was sent (never later than the server's own clock, so a live lease is never
-taken for a lapsed one). An idle node makes one renewal and one look a period, however
-many nodes there are (one alone: the renewal only). A node that starts (after its
-first renewal) or shuts down announces it on the nodes' channel; every node that hears
-it looks at once, so the shards are shared again without waiting for a period.
+earliest other lease would lapse: a standby hears of a dead leader within
+``LAPSE_MARGIN`` of then, and wakes the shards that wait on that node (``watch``) to take
+them over. That second look of a period renews nothing (the same script, reading only).
+An idle node makes one renewal and one look a period, however many nodes there are (one
+alone: the renewal only). A node that starts (after its first renewal) or shuts down
+announces it on the nodes' channel; every node that hears it looks at once, so the
+shards are shared again without waiting for a period.
 
-A call that finds this node's own lease lapsed (the process stalled longer than a
-lease), or no call succeeding before the lease ends, tells every led shard to stop
-claiming at once (``on_lapse``): another node may be taking them over. The live node
-with the lowest id, when a call finds another node's lease lapsed, drops that node from
-every shard's node set and rules registry (one pipeline), then from the leases.
+Whether another node's lease lapsed is judged by this node's own clock
+(``worker.lease_clock``): only once its lease end has not changed for a full lease as
+this node measures time, so a step of the server's clock lapses nothing early. Every
+lease call has a deadline of its own (``CALL_SHARE`` of the lease), and this node stops
+claiming when its own lease could have lapsed on a timer of its own (``_arm``), never
+waiting on a reply that may not come. When recent round trips are long (a slow link), a
+renewal goes out early enough for its reply to come back before the lease ends
+(``_schedule``): a round trip of a third of the lease keeps it. A call that
+finds this node's lease dropped (another node judged it lapsed) stops claiming too
+(``on_lapse``). The live node with the lowest id, when it judges another node's lease
+lapsed, drops that node from every shard's node set and rules registry (one
+pipeline), then from the leases, while its lease end is still the one read.
 """
 
 from __future__ import annotations
@@ -31,19 +34,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.store.keys import node_leases, nodes_channel
+from coalescer.store.scripts import NodeLeases
+from coalescer.worker.lease_clock import ServerClock, Sightings
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
 
 log = logging.getLogger(__name__)
 
-RENEW_SHARE = 0.75  # of the lease: when a node renews its own (an idle node: 0.44 calls/s)
-LAPSE_MARGIN = 0.05  # seconds after another node's lease would end before looking again
+RENEW_SHARE = 0.75  # of the lease: a node's renewal period (an idle node: 0.44 calls/s at 3 s)
+SLOW_ROUND_TRIPS = 1.5  # a renewal goes out this many recent round trips before the deadline
+RENEW_SLACK = 0.05  # seconds: and this much earlier still
+CALL_SHARE = 1.0  # of the lease: how long one lease call may take before it is given up
+LAPSE_MARGIN = 0.01  # seconds after another node's lease would lapse before looking again
 START_MARGIN = 0.02  # seconds past a period's start (server clock) before renewing
 EARLY = 0.005  # seconds: a wake this close to the renewal renews (no look just before it)
 
@@ -64,13 +72,17 @@ class NodeLease:
         self._metrics = ctx.metrics
         self._on_live = on_live
         self._on_lapse = on_lapse
-        self.live: dict[str, float] = {}  # node -> when its lease ends (loop clock)
+        # the leases' server's clock (the node's own; on a Cluster, the leases' master's)
+        self.clock = ctx.clock if ctx.clock is not None else ServerClock()
+        self._seen: Sightings[str] = Sightings()  # when each lease end was first read
+        self.live: dict[str, float] = {}  # node -> when its lease lapses (loop clock)
         self.holding = asyncio.Event()  # set while this node's lease lives
         self._period_ms = round(self._lease * RENEW_SHARE * 1000)
         self._deadline = 0.0  # loop clock: our lease has ended by then at the latest
+        self._expiry: asyncio.TimerHandle | None = None  # stops claiming at the deadline
         self.read_sent = 0.0  # loop clock: when the call that read ``live`` was sent
-        self._next = 0.0  # loop clock: when to renew next (the next period's start)
-        self._anchor: tuple[float, int] | None = None  # last renewal: (answered, server ms)
+        self._next = 0.0  # loop clock: when to renew next
+        self._round_trip = 0.0  # the longest recent lease call's round trip, decaying
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._wake = asyncio.Event()
         self._leaving = False
@@ -93,10 +105,13 @@ class NodeLease:
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, logs once, backs off."""
-        await keep_running("node lease renewal", self.renew,
-                           backoff=Backoff(base=0.05, cap=self._lease / 4), logger=log,
-                           on_error=self._failed, rest=self._rest,
-                           stop=lambda: self._leaving)
+        try:
+            await keep_running("node lease renewal", self.renew,
+                               backoff=Backoff(base=0.05, cap=self._lease / 4), logger=log,
+                               on_error=self._failed, rest=self._rest,
+                               stop=lambda: self._leaving)
+        finally:
+            self._disarm()
 
     async def renew(self) -> None:
         """One call: renew our lease (a look at the others' when the renewal is not due
@@ -106,59 +121,96 @@ class NodeLease:
         await self._renew()
 
     def _look_suffices(self) -> bool:
-        return (self._anchor is not None and self.holding.is_set() and not self._leaving
+        return (self.holding.is_set() and not self._leaving
                 and asyncio.get_running_loop().time() < self._next - EARLY)
 
-    async def _look(self) -> bool:
-        """Read every lease with one plain command; False (renew instead) when our own
-        lease is not among the live ones."""
-        assert self._anchor is not None
+    async def _call(self, call: Awaitable[NodeLeases]) -> tuple[NodeLeases, float, float]:
+        """Make a lease call with a deadline of its own; observe the server's clock."""
         loop = asyncio.get_running_loop()
-        self._wake.clear()
+        self._wake.clear()  # a watch from now on asks for another call
         sent = loop.time()
-        answered, server_ms = self._anchor
-        now_ms = server_ms + int((sent - answered) * 1000)  # at most the server's clock
-        ends = await self._scripts.lease_ends(self._key)
-        if ends.get(self._node_id, -1) < now_ms:
+        state = await asyncio.wait_for(call, self._lease * CALL_SHARE)
+        got = loop.time()
+        self.clock.observe(sent, got, state.now_ms)
+        self._round_trip = max(got - sent, self._round_trip * 0.8)
+        return state, sent, got
+
+    async def _look(self) -> bool:
+        """Read every lease, renewing nothing; False (renew instead) when our own lease
+        is not in the set."""
+        state, sent, _ = await self._call(self._scripts.lease_look(self._key))
+        if self._node_id not in state.ends:
             return False
-        live = {node: answered + (end - server_ms) / 1000
-                for node, end in ends.items() if end >= now_ms}
-        self.read_sent = sent
-        self._set_live(live)
-        gone = [node for node, end in ends.items() if end < now_ms]
-        if gone and self._node_id == min(live, default=self._node_id):
-            await self._forget(gone)
+        await self._read(state, sent)
         return True
 
     async def _renew(self) -> None:
         """The script call: renew our lease, read the others', act on what changed."""
-        loop = asyncio.get_running_loop()
-        self._wake.clear()  # a watch from now on asks for another call
-        sent = loop.time()
-        state = await self._scripts.node_lease(self._key, node_id=self._node_id,
-                                               lease_ms=round(self._lease * 1000),
-                                               period_ms=self._period_ms)
-        got = loop.time()
+        state, sent, got = await self._call(self._scripts.node_lease(
+            self._key, node_id=self._node_id, lease_ms=round(self._lease * 1000),
+            period_ms=self._period_ms))
         if state.lapsed and self.holding.is_set():
-            log.warning("node %s: its lease lapsed (no renewal for %.1f s); stopped claiming "
-                        "and leads again only the shards nobody took", self._node_id,
-                        self._lease)
+            log.warning("node %s: its lease was dropped by a node that judged it lapsed; "
+                        "stopped claiming and leads again only the shards nobody took",
+                        self._node_id)
             self._on_lapse()
         # our lease ends no sooner than this, in the loop's clock: sent before the server ran it
-        self._deadline = sent + (state.live.get(self._node_id, state.now_ms) - state.now_ms) / 1000
-        period = self._period_ms
-        start = (state.now_ms // period + 1) * period
-        self._next = got + (start - state.now_ms) / 1000 + START_MARGIN
+        own = state.ends.get(self._node_id, state.now_ms)
+        self._arm(sent + (own - state.now_ms) / 1000)
+        self._schedule(state.now_ms, got)
         self.holding.set()
-        self._anchor = (got, state.now_ms)
-        live = {node: got + (ends - state.now_ms) / 1000 for node, ends in state.live.items()}
-        self.read_sent = sent
-        self._set_live(live)
-        if state.gone and self._node_id == min(live, default=self._node_id):
-            await self._forget(state.gone)  # one node does it: the live one with the lowest id
+        await self._read(state, sent)
         if not self._announced:  # the others learn of us now, not at their next look
             await self._scripts.client.publish(self.channel, self._node_id)
             self._announced = True
+
+    async def _read(self, state: NodeLeases, sent: float) -> None:
+        """Judge which leases lapsed, by this node's clock; forget the lapsed nodes (one
+        node does it: the live one with the lowest id)."""
+        now = asyncio.get_running_loop().time()
+        first = self._seen.see(state.ends, now)
+        grace = self._lease + self.clock.margin()
+        lease_ms = round(self._lease * 1000)
+        live: dict[str, float] = {}
+        gone: list[tuple[str, int]] = []
+        for node, ends in state.ends.items():
+            lapses = self.clock.renewed_at(ends - lease_ms, first[node]) + grace
+            if node == self._node_id or lapses > now:
+                live[node] = lapses
+            else:
+                gone.append((node, ends))
+        self.read_sent = sent
+        self._set_live(live)
+        if gone and self._node_id == min(live, default=self._node_id):
+            await self._forget(gone)
+
+    def _schedule(self, now_ms: int, got: float) -> None:
+        """Renew next at the next period's start (every node's lease then ends at the same
+        instant), or sooner when recent round trips would not leave the renewal time to
+        get through before our lease ends (node_lease.lua then ends it a lease after it)."""
+        start = (now_ms // self._period_ms + 1) * self._period_ms
+        soon = self._deadline - SLOW_ROUND_TRIPS * self._round_trip - RENEW_SLACK
+        self._next = min(got + (start - now_ms) / 1000 + START_MARGIN, max(got, soon))
+
+    def _arm(self, deadline: float) -> None:
+        """Stop claiming at ``deadline`` (loop clock) unless a renewal gets through before:
+        on a timer of its own, never waiting on a reply that may not come."""
+        self._deadline = deadline
+        self._disarm()
+        self._expiry = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def _disarm(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def _expire(self) -> None:
+        self._expiry = None
+        if self.holding.is_set() and not self._leaving:
+            log.warning("node %s: could not renew its lease in time; stopped claiming",
+                        self._node_id)
+            self.holding.clear()
+            self._on_lapse()
 
     def poke(self, node: str) -> None:
         """``node`` announced that it joined or left: read the leases at once."""
@@ -174,9 +226,9 @@ class NodeLease:
         if counted:
             self._on_live(self.live_nodes)
 
-    async def _forget(self, gone: list[str]) -> None:
+    async def _forget(self, gone: list[tuple[str, int]]) -> None:
         space = self._layouts.keyspace if self._layouts is not None else self._keyspace
-        for node in gone:
+        for node, _ in gone:
             await self._scripts.forget(space.all_shards(), node)
             log.info("node %s: forgot node %s, whose lease lapsed", self._node_id, node)
         await self._scripts.node_lease(self._key, node_id=self._node_id,
@@ -184,11 +236,8 @@ class NodeLease:
                                        period_ms=self._period_ms, forgotten=gone)
 
     def _failed(self, exc: Exception) -> None:
+        """A lease call failed; the expiry timer decides when claiming stops."""
         self._metrics.redis_errors.labels("node_lease").inc()
-        if self.holding.is_set() and asyncio.get_running_loop().time() >= self._deadline:
-            log.warning("node %s: could not renew its lease; stopped claiming", self._node_id)
-            self.holding.clear()
-            self._on_lapse()
 
     async def _rest(self) -> None:
         """Until our next renewal, or just after the earliest other lease would end."""
@@ -205,6 +254,7 @@ class NodeLease:
         self._leaving = True
         self._wake.set()
         self.holding.clear()
+        self._disarm()
         await self._scripts.node_lease(self._key, node_id=self._node_id,
                                        lease_ms=0)
         await self._scripts.client.publish(self.channel, self._node_id)

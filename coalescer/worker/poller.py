@@ -37,8 +37,9 @@ from coalescer.worker.claims import (
     ClaimBatch,
     claim_into_slots,
     item_rules,
-    recover_expired,
 )
+from coalescer.worker.lapsed import LapsedClaims, expiry_delay
+from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -69,6 +70,11 @@ class Poller:
         self._freed_at_claim = [0] * len(self._rules)  # the runner's freed() per rule
         self._waiting: list[int] = []  # rules (indices) whose freed slot wakes the sleep
         self._gate = RateGate(ctx, shard=shard.shard, rules=self._rules, slots=runner)
+        # this shard's server's clock: the node's own on one server, this shard's (its
+        # master's) on a Cluster
+        self.clock = ctx.clock if ctx.clock is not None else ServerClock()
+        self._lapsed = LapsedClaims(ctx.scripts, shard, self.clock, ctx.claim_lease)
+        self._lapse_wait: float | None = None
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -83,6 +89,7 @@ class Poller:
     async def lead(self, leader_value: str, keep_leading: Callable[[], bool]) -> None:
         """Poll until the lease is lost (NotLeaderError) or ``keep_leading`` says stop
         (asked before every claim and after it; a ``poke`` wakes the poller to ask)."""
+        self._lapsed.restart()
         try:
             while keep_leading():
                 self._wake.clear()
@@ -110,7 +117,7 @@ class Poller:
                 sleep_cap_ms=NEVER_MS, limits=limits,
                 item_rules=self._item_rules)
         batch, limits, taken = await claim_into_slots(
-            self._runner, self._shard.shard, self._rules, MAX_CLAIM, call)
+            self._runner, self._shard.shard, self._rules, MAX_CLAIM, call, clock=self.clock)
         if self._gate:
             await self._gate.settle(batch)
         return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
@@ -138,8 +145,9 @@ class Poller:
         return False
 
     async def _recover_expired(self, batch: ClaimBatch) -> bool:
-        return await recover_expired(self._scripts, self._shard, self._rules,
-                                     batch.now_ms, batch.next_expiry_ms)
+        recovered, self._lapse_wait = await self._lapsed.check(
+            self._rules, batch.now_ms, batch.next_expiry_ms)
+        return recovered
 
     def _delay(self, batch: ClaimBatch) -> float | None:
         """Seconds to sleep: to the nearest due time or claim lease expiry (at most
@@ -151,15 +159,16 @@ class Poller:
         return delay
 
     def _due_delay(self, batch: ClaimBatch) -> float | None:
-        nearest = min((t for t in (batch.next_due_ms, batch.next_expiry_ms) if t is not None),
-                      default=None)
-        cap = self.sleep_cap if batch.blocked else None
-        if nearest is None:
-            return cap
         # Half a millisecond past the due time: due times are whole milliseconds of the
         # server clock, and waking a hair early would cost a second, empty claim.
-        delay = max(0.001, (nearest - batch.now_ms) / 1000 + 0.0005)
-        return delay if cap is None else min(cap, delay)
+        delays = [self.sleep_cap] if batch.blocked else []
+        if batch.next_due_ms is not None:
+            delays.append(max(0.001, (batch.next_due_ms - batch.now_ms) / 1000 + 0.0005))
+        expiry = expiry_delay(batch.now_ms, batch.next_expiry_ms, self._lapse_wait,
+                              self.sleep_cap)
+        if expiry is not None:
+            delays.append(expiry)
+        return min(delays, default=None)
 
     async def _sleep(self, delay: float | None) -> None:
         if delay is None:

@@ -9,7 +9,8 @@ of alternating with them; at most ``concurrency`` refreshes of a rule ever run a
 once on a node. A claim's outcome goes to its shard's results box, which is
 group-committed to Redis (one ack and one fail call per shard). While a claim
 is held (running, or finished but not yet acked) its lease is renewed every
-third of ``claim_lease``; a claim that Redis says this node lost is cancelled.
+quarter of ``claim_lease`` (``worker.claim_leases``); a claim that Redis says this
+node lost, or that could not be renewed in time, is cancelled.
 
 A batch rule (``batch: {max, wait}``) runs its claims as handler calls of up to
 ``max`` claims each; ``concurrency`` then counts calls. Claimed keys wait in
@@ -48,6 +49,7 @@ from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
 from coalescer.worker.batches import BatchAnswerError, failed_keys
+from coalescer.worker.claim_leases import ClaimLeases
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
 from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
 
@@ -92,6 +94,18 @@ class Job:
     took_ms: float = 0.0  # duration_ms unrounded, for the log
     ends: asyncio.Future[object] | None = None  # its handler goes on past the run until done
     waiting: asyncio.TimerHandle | None = None  # queued behind an older run of its key
+
+    @property
+    def key(self) -> str:
+        return self.claim.key
+
+    @property
+    def token(self) -> int:
+        return self.claim.token
+
+    @property
+    def rule_name(self) -> str:
+        return self.rule.name
 
 
 @dataclass(slots=True)
@@ -188,6 +202,7 @@ class Runner:
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
         # Keys whose failure traceback this node logged (until they succeed or die).
         self._traced: LRUCache[str, bool] = LRUCache(TRACED_KEYS)
+        self._leases = ClaimLeases(ctx, self._jobs, self._lose)
 
     # -- claims in -----------------------------------------------------------------
 
@@ -233,31 +248,33 @@ class Runner:
         return self._freed[rule.name]
 
     def start_all(self, shard: int, rules: Sequence[Rule], claims: Sequence[ClaimedKey],
-                  clock_offset_ms: float, taken: list[int]) -> None:
+                  clock_offset_ms: float, *, taken: list[int], sent: float) -> None:
         """Start the handlers of one claim call's fresh claims, each in a slot ``reserve``
-        took; ``taken[i]`` counts the claims of ``rules[i]`` started."""
+        took; ``taken[i]`` counts the claims of ``rules[i]`` started. ``sent``: when the
+        claim call was sent (monotonic clock), which their leases began after."""
         groups: dict[int, list[ClaimedKey]] = defaultdict(list)
         for claimed in claims:
             groups[claimed.rule_index].append(claimed)
         for index, group in groups.items():
-            self.start(shard, rules[index], group, clock_offset_ms)
+            self.start(shard, rules[index], group, clock_offset_ms, sent)
             taken[index] += len(group)
 
     def start(self, shard: int, rule: Rule, claims: Sequence[ClaimedKey],
-              clock_offset_ms: float) -> None:
+              clock_offset_ms: float, sent: float) -> None:
         """Start the handlers of fresh claims of ``rule``, each in a slot ``reserve`` took;
         those past the rule's ``concurrency`` wait in process for a running one to end."""
         if not claims:
             return
         name, jobs = rule.name, self._jobs
         matcher = rule.params if rule.pattern.names else None
-        renewed = time.monotonic()
+        held_since = time.monotonic()
+        self._leases.claimed(sent)
         fresh = []
         for c in claims:
             claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
             if c.overflowed:
                 self._metrics.item_overflows.labels(name).inc()
-            job = Job(shard, rule, claim, renewed, renewed, clock_offset_ms)
+            job = Job(shard, rule, claim, sent, held_since, clock_offset_ms)
             self._supersede(jobs.get(claim.key))
             jobs[claim.key] = job
             fresh.append(job)
@@ -674,53 +691,13 @@ class Runner:
     # -- leases ------------------------------------------------------------------------
 
     async def renew_loop(self) -> None:
-        """Every third of the claim lease, renew what this node holds; cancel what it lost."""
-        period = self._claim_lease / 3
-
-        async def renew() -> None:
-            try:
-                await self.renew_once()
-            finally:
-                self._stop_unrenewed()
-
-        def failed(_: Exception) -> None:
-            self._metrics.redis_errors.labels("renew").inc()
-        await asyncio.sleep(period)
-        await keep_running("renew: renewing claim leases", renew, logger=log,
-                           on_error=failed, rest=lambda: asyncio.sleep(period),
-                           pause=lambda delay: asyncio.sleep(min(period, delay)))
-
-    def _stop_unrenewed(self) -> None:
-        """Cancel refreshes whose lease may lapse before we can renew it (G4).
-
-        Once a lease expires, the shard's leader hands the key to another run; a
-        holder cut off from Redis stops a quarter-lease before that can happen.
-        """
-        limit = time.monotonic() - self._claim_lease * 0.75
-        for job in list(self._jobs.values()):
-            if job.renewed < limit and not job.lost:
-                log.warning("could not renew the claim of %s in time: stopping its refresh",
-                            job.claim.key)
-                self._lose(job.claim.key)
+        """Renew what this node holds on a fixed beat, stop what could not be renewed in
+        time (``worker.claim_leases``), until cancelled."""
+        await self._leases.run()
 
     async def renew_once(self) -> None:
-        by_shard: dict[int, dict[str, list[tuple[str, int]]]] = defaultdict(
-            lambda: defaultdict(list))
-        for job in self._jobs.values():
-            if not job.lost:  # a lost claim is left to its lease: never extended
-                by_shard[job.shard][job.rule.name].append((job.claim.key, job.claim.token))
-        lease_ms = round(self._claim_lease * 1000)
-        for shard, groups in by_shard.items():
-            sent = time.monotonic()
-            lost = await self._scripts.renew(self._keyspace.shard(shard), lease_ms,
-                                             list(groups.items()))
-            tokens = {key: token for items in groups.values() for key, token in items}
-            for key in tokens.keys() - set(lost):
-                held = self._jobs.get(key)
-                if held is not None and held.claim.token == tokens[key]:
-                    held.renewed = max(held.renewed, sent)
-            for key in lost:
-                self._lose(key, tokens.get(key))
+        """Renew every claim held now (one call per shard)."""
+        await self._leases.renew_once()
 
     def _lose(self, key: str, token: int | None = None) -> None:
         """The claim of ``key`` (with ``token``, if given: a renewal sent before a newer

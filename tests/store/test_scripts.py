@@ -661,6 +661,28 @@ async def test_recover_requeues_only_expired_leases_counting_the_attempt(shard: 
     assert again.attempt == 2 and again.token > dying.token
 
 
+async def test_recover_of_listed_claims_requeues_only_those_whose_lease_was_not_renewed(
+        shard: Shard) -> None:
+    # a leader judging by its own clock lists claims with the lease score it read: one
+    # whose lease is still far ahead by the server's clock is re-queued all the same, one
+    # renewed since the read keeps its claim
+    await shard.lead()
+    await shard.touch("silent")
+    silent = await shard.claim_one("silent", lease=LONG)
+    await shard.touch("renewed")
+    renewed = await shard.claim_one("renewed", lease=LONG)
+    read = await shard.scripts.lease_scores(shard.keys, [RULE], 100, None)
+    assert set(read[0]) == {"silent", "renewed"}
+    await shard.after(read[0]["renewed"] - LONG + 1)
+    assert await shard.scripts.renew(shard.keys, LONG, [(RULE, [("renewed", renewed.token)])]) == []
+    listed = [[("silent", read[0]["silent"]), ("renewed", read[0]["renewed"])]]
+    assert await shard.scripts.recover(shard.keys, [RULE], 100, [5], listed) == 1
+    assert await shard.inflight("silent") is None and await shard.due("silent") is not None
+    assert (await shard.fields("silent"))[3] == "1"  # the attempt that lapsed counts
+    assert (await shard.fields("renewed"))[:2] == ["R", str(renewed.token)]
+    assert (await shard.claim_one("silent")).token > silent.token
+
+
 async def test_recover_gives_a_touch_during_a_dead_last_attempt_a_new_burst(
         shard: Shard) -> None:
     await shard.lead()
@@ -758,19 +780,26 @@ async def test_a_take_over_needs_the_holder_value_seen_lapsing_and_fences_the_ol
     assert again.granted and again.epoch > took.epoch
 
 
-async def test_node_leases_renew_with_one_call_and_report_lapsed_nodes(shard: Shard) -> None:
+async def test_node_leases_renew_with_one_call_and_drop_only_an_unchanged_lapsed_lease(
+        shard: Shard) -> None:
     s, leases = shard.scripts, node_leases(shard.keys.namespace)
     first = await s.node_lease(leases, node_id="a", lease_ms=10_000)
-    assert first.lapsed and set(first.live) == {"a"}  # never held: counts as lapsed
-    assert not (await s.node_lease(leases, node_id="a", lease_ms=10_000)).lapsed
+    assert first.lapsed and set(first.ends) == {"a"}  # never held: counts as lapsed
+    again = await s.node_lease(leases, node_id="a", lease_ms=10_000)
+    assert not again.lapsed and again.ends["a"] != first.ends["a"]  # a renewal writes anew
     short = await s.node_lease(leases, node_id="b", lease_ms=20)
-    await shard.after(short.now_ms + 20)
-    seen = await s.node_lease(leases, node_id="a", lease_ms=10_000)
-    assert set(seen.live) == {"a"} and seen.gone == ["b"]
-    await s.node_lease(leases, node_id="a", lease_ms=10_000, forgotten=["b", "a"])
-    assert await shard.r.zrange(leases, 0, -1) == ["a"]  # a lives: only b is dropped
+    look = await s.lease_look(leases)
+    assert look.ends == {"a": again.ends["a"], "b": short.ends["b"]} and not look.lapsed
+    # a drop names the lease end read: b renewed since, so it stays; then it is dropped
+    await s.node_lease(leases, node_id="b", lease_ms=20)
+    await s.node_lease(leases, node_id="a", lease_ms=10_000, forgotten=[("b", short.ends["b"])])
+    assert set(await shard.r.zrange(leases, 0, -1)) == {"a", "b"}
+    read = (await s.lease_look(leases)).ends["b"]
+    await s.node_lease(leases, node_id="a", lease_ms=10_000, forgotten=[("b", read)])
+    assert await shard.r.zrange(leases, 0, -1) == ["a"]
+    assert (await s.node_lease(leases, node_id="b", lease_ms=20)).lapsed  # it was dropped
     await s.node_lease(leases, node_id="a", lease_ms=0)
-    assert await shard.r.zrange(leases, 0, -1) == []
+    assert await shard.r.zrange(leases, 0, -1) == ["b"]
 
 
 # -- surviving a lost script cache ------------------------------------------------------

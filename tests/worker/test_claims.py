@@ -33,7 +33,7 @@ class Slots:
         self.free[rule.name] += n
 
     def start_all(self, shard: int, rules: Sequence[Any], claims: Sequence[ClaimedKey],
-                  clock_offset_ms: float, taken: list[int]) -> None:
+                  clock_offset_ms: float, *, taken: list[int], sent: float) -> None:
         for c in claims:
             self.started.append((rules[c.rule_index].name, c.key))
             taken[c.rule_index] += 1
