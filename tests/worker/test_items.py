@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from coalescer import Claim, Coalescer, InvalidItemError, InvalidKeyError, SyncCoalescer
 from coalescer.config.rules import Config
-from coalescer.errors import ConfigError
+from coalescer.errors import ConfigError, RedisUnreachableError
 from coalescer.query.explain import format_explain
 from coalescer.store.keycheck import MAX_ITEM_BYTES
 from coalescer.store.keys import KeySpace
@@ -412,7 +412,7 @@ async def test_a_transient_write_error_keeps_the_items_for_the_next_write(
 
     monkeypatch.setattr(scripts, "upsert_keys", flaky)
     c.touch("stats:customer:1", "a")
-    with pytest.raises(RedisConnectionError):
+    with pytest.raises(RedisUnreachableError):
         await c.flush()
     c.touch("stats:customer:1", "b")
     assert [x.items for x in await c.drain()] == [("a", "b")]
