@@ -138,8 +138,9 @@ def write_error(exc: BaseException) -> BaseException:
     """The coalescer error ``flush()`` raises for a write that failed with ``exc``."""
     if isinstance(exc, (CoalescerError, asyncio.CancelledError)):
         return exc
-    if classify(exc) == REFUSED:
-        return RedisRefusesWritesError(reply_code(exc) or UNKNOWN_CODE, reply_text(exc))
+    code = reply_code(exc)
+    if code is not None or classify(exc) == REFUSED:  # an error reply, whatever it says
+        return RedisRefusesWritesError(code or UNKNOWN_CODE, reply_text(exc))
     detail = " ".join(str(exc).split()) or "no detail"
     return RedisUnreachableError(f"Redis could not be reached: {type(exc).__name__}: {detail}")
 

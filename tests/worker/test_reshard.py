@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from coalescer import Coalescer
+from coalescer.errors import RedisRefusesWritesError
 from coalescer.query.history import HistoryQuery
 from coalescer.query.status import format_status
 from coalescer.store import layout as layout_module
@@ -283,7 +283,7 @@ async def test_a_key_in_transit_whose_new_shard_refuses_it_stays_buffered_until_
                                   ["orders"]) is not None
         await redis_client.set(home.arrived, "not a hash")  # the put fails: WRONGTYPE
         writer.touch(key, "after")
-        with pytest.raises(ResponseError, match="WRONGTYPE"):
+        with pytest.raises(RedisRefusesWritesError, match="WRONGTYPE"):
             await writer.flush()
         assert not await redis_client.hexists(home.meta, key)
         assert len(writer._run.absorber) == 1  # given back, not lost
