@@ -123,9 +123,10 @@ class RedisUnreachableError(RedisWriteError):
 
 
 class RedisRefusesWritesError(RedisWriteError):
-    """Redis answered an error that is not about any key (MISCONF, READONLY, OOM,
-    NOREPLICAS, NOPERM, BUSY, LOADING, ...): it refuses writes for now. ``code`` is the
-    reply's first word ("UNKNOWN" when it has none), ``reply`` its whole text."""
+    """Redis answered the writes with an error reply, as a rule one that is not about
+    any key (MISCONF, READONLY, OOM, NOREPLICAS, NOPERM, BUSY, LOADING, ...): it refuses
+    writes for now. ``code`` is the reply's first word ("UNKNOWN" when it has none),
+    ``reply`` its whole text."""
 
     def __init__(self, code: str, reply: str) -> None:
         super().__init__(f"Redis refuses writes: {reply}")
