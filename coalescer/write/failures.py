@@ -20,6 +20,7 @@ redis-py maps some replies to classes of its own and keeps their code in
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -59,8 +60,11 @@ UNKNOWN_CODE = "UNKNOWN"  # the code of a reply whose first word is not one
 # Replies about a key's own data (a WRONGTYPE on it, a value Redis refuses): the key
 # is dropped. Matched on the code, then on the text of a reply coded ERR or none.
 KEY_CODES = frozenset({"WRONGTYPE"})
-KEY_TEXTS = ("user_script:", "wrong kind of value", "value is not an integer",
-             "value is not a valid float", "exceeds maximum allowed size")
+KEY_TEXTS = ("wrong kind of value", "value is not an integer", "value is not a valid float",
+             "exceeds maximum allowed size")
+# A Lua runtime error of the script itself ("user_script:12: attempt to ... "), met on a
+# key's corrupted state; not the "on @user_script:12." every error inside a script ends with.
+_SCRIPT_ERROR = re.compile(r"(?<!@)user_script:\d+:")
 # Errors the client raises before sending: the key or item could not be encoded.
 _KEY_TYPES = (UnicodeError, DataError, ValueError, TypeError)
 
@@ -111,7 +115,7 @@ def _key_reply(code: str | None, exc: BaseException) -> bool:
     if code not in (None, "ERR", UNKNOWN_CODE):
         return False
     text = str(exc)
-    return any(part in text for part in KEY_TEXTS)
+    return any(part in text for part in KEY_TEXTS) or bool(_SCRIPT_ERROR.search(text))
 
 
 def classify(exc: BaseException) -> Fault:

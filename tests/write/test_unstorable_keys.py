@@ -241,6 +241,8 @@ async def test_upsert_raises_script_error_naming_a_failed_key(
     NoPermissionError("this user has no permissions to access one of the keys"),
     ResponseError("NOREPLICAS Not enough good replicas to write."),
     ResponseError("ERR a reply coalescer has never seen"), ResponseError("no code at all"),
+    ResponseError("ERR unknown command 'x' script: 9f86d0, on @user_script:30.",
+                  status_code="ERR"),
     ScriptError("claim answered 7"),
 ])
 def test_errors_that_are_not_about_a_key_are_retried(exc: BaseException) -> None:
