@@ -153,7 +153,8 @@ class Coalescer:
 
     def __init__(self, config: Config, *, redis_url: str | None = None, worker: bool = True,
                  node_id: str | None = None, max_buffered: int = DEFAULT_MAX_BUFFERED,
-                 grace: float = 30.0, embedded_root: Path | None = None) -> None:
+                 grace: float = 30.0, embedded_root: Path | None = None,
+                 refuse_evicting_policy: bool = True) -> None:
         self.config = config.with_handlers() if worker else config  # only workers call them
         if worker:
             _refuse_sources_that_cannot_run(self.config)
@@ -165,6 +166,7 @@ class Coalescer:
         self._redis_url = redis_url
         self._embedded_root = embedded_root
         self._max_buffered = max_buffered
+        self._refuse_evicting = refuse_evicting_policy  # False: reading tools only warn
         self._run = self._new_run()
         self._query = Query(lambda: self.config, self._connected)
         self._state = "new"
@@ -542,7 +544,7 @@ class Coalescer:
     async def _check_policy(self, run: Run, conn: Connection) -> None:
         """Refuse to start on a server whose maxmemory-policy may evict our keys."""
         try:
-            policies = await check_at_start(conn.client)
+            policies = await check_at_start(conn.client, refuse=self._refuse_evicting)
         except BaseException:
             await run.close_resources()
             self._state = "closed"

@@ -119,7 +119,7 @@ def _touched(as_json: bool, keys: int, items: int) -> str:
 
 async def cmd_status(args: argparse.Namespace) -> int:
     from coalescer.query.status import format_status
-    async with _client(args, worker=False) as c:
+    async with _client(args, worker=False, refuse_evicting_policy=False) as c:
         _say_using(args, c)
         status = await c.query.status()
     if args.json:
@@ -213,7 +213,7 @@ def _unknown_rule(command: str, args: argparse.Namespace, c: Coalescer) -> bool:
 
 async def cmd_explain(args: argparse.Namespace) -> int:
     from coalescer.query.explain import format_explain
-    c = _client(args, worker=False)
+    c = _client(args, worker=False, refuse_evicting_policy=False)
     if _unknown_key("explain", args, c, [args.key]):
         return EXIT_UNKNOWN_KEY
     async with c:
@@ -224,7 +224,7 @@ async def cmd_explain(args: argparse.Namespace) -> int:
 
 async def cmd_history(args: argparse.Namespace) -> int:
     from coalescer.query.history import HistoryQuery, format_history
-    c = _client(args, worker=False)
+    c = _client(args, worker=False, refuse_evicting_policy=False)
     if _unknown_rule("history", args, c):
         return EXIT_ERROR
     if args.key is not None and _unknown_key("history", args, c, [args.key]):

@@ -92,13 +92,16 @@ def problem(policies: Policies) -> str | None:
             f"trace; run '{FIX}' (and set it in redis.conf), or use a volatile-* policy")
 
 
-async def check_at_start(client: Any) -> Policies:
-    """Raise EvictionPolicyError on an evicting policy; warn (and go on) when the
-    policy cannot be read. Returns what was read."""
+async def check_at_start(client: Any, *, refuse: bool = True) -> Policies:
+    """Raise EvictionPolicyError on an evicting policy (only log it at ERROR when not
+    ``refuse``: a tool that reads, such as ``coalescer status``); warn (and go on) when
+    the policy cannot be read. Returns what was read."""
     policies = await read_policies(client)
     wrong = problem(policies)
-    if wrong is not None:
+    if wrong is not None and refuse:
         raise EvictionPolicyError(wrong)
+    if wrong is not None:
+        log.error("%s", wrong)
     unread = sorted(where for where, p in policies.items() if p is None)
     if unread:
         log.warning("could not read maxmemory-policy on %s (CONFIG GET and INFO memory "

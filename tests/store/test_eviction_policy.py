@@ -3,7 +3,9 @@ it changes under a running node (log, status, /healthz, metric)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from coalescer.errors import EvictionPolicyError
 from coalescer.query.status import format_status
 from coalescer.store import eviction
 from coalescer.web.api import HttpApi
+from tests.helpers.e2e import clean_env, coalescer_cmd
 from tests.helpers.servers import Cluster, ValkeyProcess, wait_until
 
 RULES = """\
@@ -145,3 +148,25 @@ async def test_every_master_of_a_cluster_is_checked(rules: Path, cluster: Cluste
         policies = status["memory"]["maxmemory_policy"]
         assert sorted(policies) == sorted(f"127.0.0.1:{port}" for port in cluster.ports)
         assert set(policies.values()) == {"noeviction"}
+
+
+def test_coalescer_status_shows_the_policy_and_touch_is_refused(
+        rules: Path, own_server: ValkeyProcess) -> None:
+    with own_server.client() as admin:
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+    base = ("--rules", str(rules), "--redis", own_server.url)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*coalescer_cmd(), *args, *base], capture_output=True,
+                              text=True, env=clean_env(), timeout=60, check=False)
+
+    status = run("status")
+    assert status.returncode == 0, status.stderr
+    assert "WARNING: Redis maxmemory-policy is allkeys-lru" in status.stdout
+    assert FIX in status.stdout
+    memory = json.loads(run("status", "--json").stdout)["memory"]
+    assert memory["evicting"] is True
+    assert list(memory["maxmemory_policy"].values()) == ["allkeys-lru"]
+    touch = run("touch", "stats:1")
+    assert touch.returncode != 0
+    assert "maxmemory-policy is allkeys-lru" in touch.stderr and FIX in touch.stderr
