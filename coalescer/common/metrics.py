@@ -118,6 +118,15 @@ class Metrics:
                               "touched keys buffered in process, not yet in Redis", registry=r)
         self.redis_errors = Counter("coalescer_redis_errors_total",
                                     "Redis errors met by background loops", ["loop"], registry=r)
+        self.node_unhealthy = Gauge(
+            "coalescer_node_unhealthy",
+            "1 while this node's recent refreshes fail as a whole (at least 90% of them, "
+            "of at least 5 distinct keys): it gives its shards up to a healthy node when "
+            "one can take them", registry=r)
+        self.shards_given_up = Counter(
+            "coalescer_shards_given_up_total",
+            "shards this node handed to another node because its refreshes failed",
+            registry=r)
         self.rules_missing = Gauge(
             "coalescer_rules_missing",
             "1 while a live node knows a rule this node lacks (its keys are served there)",

@@ -42,6 +42,9 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
 
     NS:{NS:nodes}:leases      ZSET    worker node id -> when its lease ends, server ms:
                                       one lease per node for all the shards it leads
+    NS:{NS:nodes}:benched     ZSET    node id -> end of its cool-off, server ms: nodes
+                                      that gave their shards up because their
+                                      refreshes failed (lua/bench.lua)
     NS:{NS:nodes}:layout      HASH    the namespace's shard layout: gen, shards, from
                                       (the old count while a reshard runs, else 0),
                                       began, ended, moved, by, was (the count the
@@ -220,6 +223,12 @@ class KeySpace:
 def node_leases(namespace: str) -> str:
     """The worker nodes' leases (node_lease.lua): one per node, whatever the shard count."""
     return f"{namespace}:{{{namespace}:nodes}}:leases"
+
+
+def benched(namespace: str) -> str:
+    """The nodes that gave their shards up for a cool-off (bench.lua), next to the node
+    leases: the bench call reads both in one slot."""
+    return f"{namespace}:{{{namespace}:nodes}}:benched"
 
 
 def layout(namespace: str) -> str:

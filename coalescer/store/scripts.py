@@ -37,7 +37,7 @@ SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
     "adopt", "peers", "node_lease",
     "purge", "hasten", "take", "take_rate", "cancel",
-    "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put",
+    "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
 )
 
 # What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
@@ -204,6 +204,16 @@ class NodeLeases:
 
     now_ms: int
     lapsed: bool
+    ends: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Benched:
+    """What a bench call found: the server time, whether the caller was benched, and
+    every benched node's cool-off end (server ms)."""
+
+    now_ms: int
+    benched: bool
     ends: dict[str, int]
 
 
@@ -572,6 +582,16 @@ class Scripts:
         """Every node's lease end with the server's time, renewing nothing: one script
         call, one read inside (a look between renewals, see node_lease.py)."""
         return self._node_leases(await self._run_now("node_lease", [leases], ["", -1, 0]))
+
+    async def bench(self, benched: str, leases: str, *, node_id: str, cool_off_ms: int,
+                    others: Sequence[str]) -> Benched:
+        """Bench this node for ``cool_off_ms`` if one of ``others`` (the other nodes it
+        counts live) has a lease and is not benched; ``cool_off_ms`` -1 only reads who is
+        benched now."""
+        now, done, every = await self._run_now("bench", [benched, leases],
+                                               [node_id, cool_off_ms, *others])
+        ends = {str(every[i]): int(float(every[i + 1])) for i in range(0, len(every), 2)}
+        return Benched(int(now), bool(int(done)), ends)
 
     @staticmethod
     def _node_leases(result: Any) -> NodeLeases:

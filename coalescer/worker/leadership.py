@@ -8,7 +8,9 @@ Standbys sleep until the holder's node lease lapses (then take the shard over wi
 compare-and-set on the holder value they saw), or until a release or take-over is
 announced on the shard's wake channel. Shards spread evenly: a node above its fair
 share (``ceil(shards / live nodes)``) hands back its highest shards, and a node at its
-share lets others try first.
+share lets others try first. A node whose refreshes fail as a whole is benched
+(health.py): it hands back every shard it leads and asks for none during its cool-off,
+and the others leave it out of their fair share meanwhile.
 
 Every lease call also registers this node's rules (see registry.py); a standby
 told that the leader lacks some of its rules serves those with its adopter
@@ -21,12 +23,14 @@ import asyncio
 import contextlib
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.errors import NotLeaderError
 from coalescer.store.scripts import LeaseState
 from coalescer.worker.adopter import Adopter
+from coalescer.worker.health import Health
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.poller import Poller
@@ -45,10 +49,19 @@ POLITE_SHARE = 0.1
 POLITE_ROUNDS = 5
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Standing:
+    """What every shard's leadership reads of its node: whether its lease lives (and
+    which others do), and whether it is benched."""
+
+    lease: NodeLease
+    health: Health | None = None
+
+
 class Leadership:
     """Runs for one shard: stands by, or leads by running its poller."""
 
-    def __init__(self, ctx: NodeContext, *, poller: Poller, node_lease: NodeLease,
+    def __init__(self, ctx: NodeContext, *, poller: Poller, standing: Standing,
                  adopter: Adopter | None = None, lead_log: LeadLog) -> None:
         """Leads the shard of ``poller``; ``lead_log.led`` is the set of shards this
         node leads, which every shard's leadership shares (``lead_log.total``: how
@@ -65,7 +78,8 @@ class Leadership:
         self._lead_log = lead_log  # the node's one-line summary, not a line per shard
         self.value: str | None = None  # our lease value "EPOCH|NODE-ID" while we hold it
         self.released = asyncio.Event()
-        self._node_lease = node_lease
+        self._node_lease = standing.lease
+        self._health = standing.health  # benched (its runs fail): hand back, ask for nothing
         self._yielded = False
         self._yielding = False  # asked to hand the shard back (above the fair share)
         self._lapsed = False  # our node lease lapsed: stop claiming now
@@ -110,8 +124,14 @@ class Leadership:
             self._lapsed = True
             self.poller.poke()
 
-    def _fair_share(self, live: int) -> int:
+    def _fair_share(self) -> int:
+        """``ceil(shards / live nodes)``, benched nodes left out."""
+        live = (self._health.serving_nodes() if self._health is not None
+                else self._node_lease.live_nodes)
         return math.ceil(self._lead_log.total / max(1, live))
+
+    def _fit(self) -> bool:
+        return self._health is None or self._health.fit.is_set()
 
     async def run(self) -> None:
         """The background loop: survives Redis errors, logs once, backs off."""
@@ -180,10 +200,19 @@ class Leadership:
         await self._after_lead()
 
     async def _holding(self) -> None:
-        """Wait until this node's lease lives (or the leadership stops)."""
-        if self._node_lease.holding.is_set():
-            return
-        waiter = asyncio.ensure_future(self._node_lease.holding.wait())
+        """Wait until this node's lease lives and it is not benched (or the leadership
+        stops)."""
+        while not self._stopping:
+            if not self._node_lease.holding.is_set():
+                await self._until(self._node_lease.holding)
+            elif self._health is not None and not self._health.fit.is_set():
+                await self._until(self._health.fit)
+            else:
+                return
+
+    async def _until(self, event: asyncio.Event) -> None:
+        """Wait until ``event`` is set or the leadership stops."""
+        waiter = asyncio.ensure_future(event.wait())
         stop = asyncio.ensure_future(self._stop_event.wait())
         try:
             await asyncio.wait([waiter, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -205,11 +234,12 @@ class Leadership:
         if self.leading or self.value is not None or self._take_from:
             return False
         held = len(self._led) + len(self._lead_log.asking)
-        return held >= self._fair_share(self._node_lease.live_nodes)
+        return held >= self._fair_share()
 
     def _keep_leading(self) -> bool:
-        """False once stopping, asked to hand the shard back, or our node lease lapsed."""
-        return not (self._stopping or self._yielding or self._lapsed)
+        """False once stopping, asked to hand the shard back, our node lease lapsed, or
+        this node is benched."""
+        return not (self._stopping or self._yielding or self._lapsed) and self._fit()
 
     async def _after_lead(self) -> None:
         if self._stopping:
@@ -235,7 +265,7 @@ class Leadership:
     async def _stand_by(self, state: LeaseState, answered: float) -> None:
         """Sleep until the holder's node lease lapses (as read after the acquire call
         that named it, ``answered``), or a release is announced."""
-        polite = len(self._led) >= self._fair_share(self._node_lease.live_nodes)
+        polite = len(self._led) >= self._fair_share()
         extra = self._lease / 2 if polite else 0.0
         if self.adopter is not None:
             if state.adopt:  # ask again once per lease while serving for the leader

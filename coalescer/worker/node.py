@@ -5,7 +5,9 @@ stopped together.
 metrics, id and rules); ``worker.handlers`` holds what runs the handlers; ``Node``
 builds the runner,
 the rules registry watch, the node lease, one poller, adopter and leadership per shard,
-the wake listener and the lead log, starts their loops and stops them in order.
+the wake listener, the lead log and the node's health (a node whose refreshes fail as
+a whole gives its shards up: ``worker.health``), starts their loops and stops them in
+order.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from coalescer.store.keys import KeySpace
 from coalescer.store.layout import LayoutInfo, Layouts
 from coalescer.store.scripts import Scripts
 from coalescer.worker.adopter import Adopter
+from coalescer.worker.health import Health
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.lead_log import LeadLog
-from coalescer.worker.leadership import Leadership
+from coalescer.worker.leadership import Leadership, Standing
 from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.mover import Mover
 from coalescer.worker.node_lease import NodeLease
@@ -84,9 +87,13 @@ class Node:
         self.span = ctx.keyspace.span  # the shards led or stood by for: 0 .. span - 1
         self.lead_log = LeadLog(ctx.node_id, self.span, self.led)
         self.summary = RefreshSummary(ctx.node_id, ctx.metrics, [r.name for r in ctx.rules])
-        self.runner = Runner(ctx, invokers=invokers, on_slot_free=self.slot_freed)
+        self.runner = Runner(ctx, invokers=invokers, on_slot_free=self.slot_freed,
+                             on_finish=self._finished)
         self.registry = RegistryWatch(ctx)
         self.node_lease = NodeLease(ctx, on_live=self._live_changed, on_lapse=self._lapsed)
+        self.health = Health(ctx, node_lease=self.node_lease, give_up=self._give_up,
+                             on_read=self.rebalance)
+        self.standing = Standing(lease=self.node_lease, health=self.health)
         self.mover = Mover(ctx, self.led)
         self.leaderships = [self._shard(ctx, shard) for shard in range(self.span)]
         routes: dict[str, Callable[[Any], None]] = {
@@ -104,13 +111,26 @@ class Node:
         poller = Poller(ctx, shard=keys, runner=self.runner)
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap,
                           clock=poller.clock)
-        return Leadership(ctx, poller=poller, node_lease=self.node_lease, adopter=adopter,
+        return Leadership(ctx, poller=poller, standing=self.standing, adopter=adopter,
                           lead_log=self.lead_log)
 
     def _node_announced(self, message: Any) -> None:
-        """A node joined or left: read the leases now (and share the shards again)."""
+        """A node joined, left or gave its shards up: read the leases and the benched
+        nodes now (and share the shards again)."""
         if message != SUBSCRIBED:
             self.node_lease.poke(str(message))
+            if str(message) != self.ctx.node_id:
+                self.health.read()
+
+    def _finished(self, key: str, failed: bool) -> None:
+        self.health.record(key, failed=failed)
+
+    def _give_up(self) -> int:
+        """Hand back every shard led (this node's refreshes fail); how many."""
+        led = [ls_ for ls_ in self.leaderships if ls_.leading]
+        for ls_ in led:
+            ls_.hand_back()
+        return len(led)
 
     def _layout_announced(self, _message: Any) -> None:
         """The layout changed (or its channel's subscription began: a change may have
@@ -153,6 +173,7 @@ class Node:
 
     def _live_changed(self, live: int) -> None:
         self.registry.nudge(live)
+        self.health.live_changed()
         self.rebalance()
 
     def _lapsed(self) -> None:
@@ -161,11 +182,16 @@ class Node:
             ls_.lapse()
 
     def rebalance(self) -> None:
-        """Above the fair share (``ceil(shards / live nodes)``): hand back the highest
-        shards led, so that the other nodes get theirs."""
-        share = math.ceil(self.span / self.node_lease.live_nodes)
+        """Above the fair share (``ceil(shards / live nodes)``, benched nodes left out):
+        hand back the highest shards led, so that the other nodes get theirs (once the
+        benched nodes were read within a lease: the shards a benched node gave up are
+        not handed back to it)."""
+        share = math.ceil(self.span / self.health.serving_nodes())
         surplus = len(self.led) - share
         if surplus <= 0:
+            return
+        if self.health.read_due():
+            self.health.read()  # which calls rebalance again
             return
         for shard in sorted(self.led, reverse=True)[:surplus]:
             self.leaderships[shard].hand_back()
@@ -203,12 +229,14 @@ class Node:
     def tick(self) -> None:
         """About once a second: hand back shards above the fair share, the leadership line
         and the refresh summary, when due."""
+        self.health.tick()
         self.rebalance()
         self.lead_log.tick()
         self.summary.tick()
 
     def stop_claiming(self) -> None:
         """Stop every shard's claims now; ``release()`` waits for the leases to go."""
+        self.health.close()
         for ls_ in self.leaderships:
             ls_.stop()
 

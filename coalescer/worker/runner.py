@@ -170,8 +170,10 @@ class Runner:
     """Holds this node's claims and runs their handlers."""
 
     def __init__(self, ctx: NodeContext, *, invokers: dict[str, Invoke],
-                 on_slot_free: Callable[[], None]) -> None:
-        """``on_slot_free`` is called soon after slots are freed (once for several)."""
+                 on_slot_free: Callable[[], None],
+                 on_finish: Callable[[str, bool], None] | None = None) -> None:
+        """``on_slot_free`` is called soon after slots are freed (once for several);
+        ``on_finish(key, failed)`` as each run finishes (not when its claim was lost)."""
         self._scripts = ctx.scripts
         self._hints = ctx.hints
         self._history = History(ctx.node_id, ctx.config.history)
@@ -181,6 +183,7 @@ class Runner:
         self._invokers = invokers
         self._claim_lease = ctx.claim_lease
         self._on_slot_free = on_slot_free
+        self._on_finish = on_finish
         self._jobs: dict[str, Job] = {}
         self._active: dict[str, int] = defaultdict(int)  # held + reserved, per rule
         self._running: dict[str, int] = defaultdict(int)  # refreshes running, per rule
@@ -519,6 +522,8 @@ class Runner:
         self._release_slot(job)
         if not self._results_event.is_set():
             self._results_event.set()
+        if self._on_finish is not None:
+            self._on_finish(claim.key, exc is not None)
 
     def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
         """The first failure of a key (on this node) with its traceback, each later
