@@ -14,7 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError
 from coalescer.store.embedded import ENV_REDIS_URL
-from coalescer.store.sentinel import FORM, is_sentinel_url, parse_sentinel_url
+from coalescer.store.sentinel import is_sentinel_url, parse_sentinel_url
 
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 MAX_PORT = 65535
@@ -61,7 +61,7 @@ def check_redis_url(explicit: str | None) -> None:
             parse_sentinel_url(value)
         except ValueError as exc:
             raise UsageError(f"{where}: {_shown(value)!r} is not a usable Redis Sentinel "
-                             f"URL: {exc}; write {FORM}") from None
+                             f"URL: {exc}") from None
         return
     try:
         parse_url(value)

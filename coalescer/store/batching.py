@@ -259,6 +259,8 @@ class _Lane:
 
 
 async def _round_trip(connection: Any, packed: list[bytes], n: int) -> list[Any]:
+    if not connection.is_connected:  # its own connect(): a Sentinel's asks for the master
+        await connection.connect()
     await connection.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
     for _ in range(n):

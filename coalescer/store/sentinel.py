@@ -22,7 +22,7 @@ SCHEME = "redis+sentinel://"
 DEFAULT_PORT = 26379
 MAX_PORT = 65535
 _SENTINEL_OPTIONS = ("socket_connect_timeout", "socket_timeout")
-FORM = "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
+FORM = "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

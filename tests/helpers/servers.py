@@ -285,10 +285,9 @@ def start_sentinels(primary: ValkeyProcess, dir: Path, *, service: str,
         for sentinel in sentinels:
             client = sentinel.client()
             try:
-                master = client.execute_command("SENTINEL", "MASTER", service)
+                state = client.sentinel_master(service)
             finally:
                 client.close()
-            state = dict(zip(master[::2], master[1::2], strict=True))
             if int(state["num-other-sentinels"]) < count - 1:
                 return False
         return True
