@@ -361,14 +361,19 @@ class HttpApi:
             return False
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        """200 ``{"ok": true}``; 503 with the reasons when Redis is not reachable,
+        """200 ``{"ok": true}``; 503 with the reasons (``reasons``: a list of every one
+        that applies, ``error``: them joined by "; ") when Redis is not reachable,
         refuses writes (its reply: "Redis refuses writes: MISCONF ..."), has a
-        maxmemory-policy that may evict coalescer's keys, or a touch has waited over
-        ``max_unwritten_age`` to be written. Served without the token: it shows counts
+        maxmemory-policy that may evict coalescer's keys, a touch has waited over
+        ``max_unwritten_age`` to be written, or every request slot is held (a touch
+        would be answered 503). Served without the token: it shows counts
         (``dropped_keys: N``), never key names."""
         body: dict[str, Any] = {"ok": True}
         errors = [] if await self._ping() else ["Redis is not reachable"]
         errors += self._c.health_problems()
+        full = self._guard.slots_full(request) if self._guard is not None else None
+        if full is not None:
+            errors.append(full)
         age = self._c.unwritten_age()
         if age is not None:
             body["unwritten_age_s"] = round(age, 3)
@@ -380,7 +385,7 @@ class HttpApi:
             body["dropped_keys"] = len(dropped)
         if not errors:
             return web.json_response(body)
-        body.update(ok=False, error="; ".join(errors))
+        body.update(ok=False, error="; ".join(errors), reasons=errors)
         return web.json_response(body, status=503)
 
     async def _read_status(self) -> dict[str, Any]:

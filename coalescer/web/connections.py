@@ -345,6 +345,18 @@ class ConnectionGuard:
     def _too_busy(self, path: str) -> bool:
         return len(self._active) >= self.cap - self._reserve and path not in self._reserved_paths
 
+    def slots_full(self, request: BaseRequest | None = None) -> str | None:
+        """Why a request on another path than the reserved ones (a touch) would be
+        answered 503 now: every slot running requests may take is held (``request``'s
+        own connection not counted); None when one is free."""
+        own = self._by_inner.get(request.protocol) if request is not None else None
+        running = len(self._active) - (own in self._active)
+        if running < self.cap - self._reserve:
+            return None
+        return (f"every request slot is taken: {running} requests running (the cap of "
+                f"{self.cap} connections less {self._reserve} kept for /healthz), so "
+                "touches are answered 503")
+
     def _busy_answer(self) -> web.Response:
         self.note("busy")
         running = self.cap - self._reserve

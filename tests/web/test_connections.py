@@ -168,7 +168,7 @@ async def _stalled_touch(node: Any) -> Stream:
     return reader, writer
 
 
-async def test_running_requests_never_take_the_slot_kept_for_healthz(
+async def test_running_requests_never_take_the_slot_kept_for_healthz_which_says_503_meanwhile(
         make_node: NodeFactory) -> None:  # noqa: F811
     node = await make_node(worker=False, max_connections=4)  # 1 kept for /healthz
     streams = [await _stalled_touch(node) for _ in range(3)]
@@ -181,11 +181,22 @@ async def test_running_requests_never_take_the_slot_kept_for_healthz(
         body, headers = await wait_until(busy, timeout=5, message="a 503 for the 4th request")
         assert "running 3 requests already" in body["error"]
         assert headers["Retry-After"] == "1"
-        assert (await node.request("GET", "/healthz"))[:2] == (200, {"ok": True})
+        # a load balancer takes the node out of rotation: it cannot take touches
+        status, health, _ = await node.request("GET", "/healthz")
+        assert status == 503 and health["ok"] is False
+        assert health["reasons"] == [
+            "every request slot is taken: 3 requests running (the cap of 4 connections "
+            "less 1 kept for /healthz), so touches are answered 503"]
+        assert health["error"] == health["reasons"][0]
         assert closed_count(node, "busy") >= 1
     finally:
         for _, writer in streams:
             writer.transport.abort()
+
+    async def healthy() -> bool:
+        return (await node.request("GET", "/healthz"))[:2] == (200, {"ok": True})
+
+    await wait_until(healthy, timeout=5, message="/healthz back to 200 once the slots freed")
     assert await node.touch({"keys": ["stats:user:1"]}) == (202, {"accepted": 1})
 
 
