@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
 
+from redis.exceptions import RedisError
+
 from coalescer.common.plural import plural
 from coalescer.config.durability import NO_REPLICAS, Durability
 from coalescer.config.model import RateLimit
@@ -35,7 +37,7 @@ LEASE_CALLS = ("node_lease", "renew")  # sent at once, on the leases' own client
 
 SCRIPT_NAMES = (
     "upsert", "claim", "ack", "fail", "renew", "recover", "requeue", "acquire", "release",
-    "adopt", "peers", "node_lease",
+    "adopt", "peers", "node_lease", "unclaim",
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
 )
@@ -382,7 +384,11 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
         args += _items_section(shard, item_rules, [rule for rule, _ in limits])
-        result = await self._run("claim", keys, args)
+        try:
+            result = await self._run("claim", keys, args)
+        except ReplicationError as exc:
+            await self._unclaim(shard, [rule for rule, _ in limits], exc.result)
+            raise
         if int(result[0]) == 0:
             raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")
         if int(result[0]) != 1:
@@ -392,6 +398,25 @@ class Scripts:
                           _claims(result[5], result[8] if len(result) > 8 else ()),
                           bool(int(result[6])),
                           _held(result[7]) if len(result) > 7 else {})
+
+    async def _unclaim(self, shard: ShardKeys, rules: Sequence[str], result: Any) -> None:
+        """Give back the claims of a claim call ``result`` too few replicas confirmed: they
+        are not run, and go back to pending without counting an attempt. If that fails
+        too, their claim lease runs out and they are recovered."""
+        if not result or int(result[0]) != 1:
+            return
+        held: list[list[tuple[str, int]]] = [[] for _ in rules]
+        for claim in _claims(result[5]):
+            held[claim.rule_index].append((claim.key, claim.token))
+        keys = [shard.meta, shard.next_wake]
+        args: list[Any] = [shard.wake_channel]
+        for rule, claims in zip(rules, held, strict=True):
+            keys += [shard.due(rule), shard.inflight(rule)]
+            args += [len(claims), *(part for claim in claims for part in claim)]
+        try:
+            await self._run("unclaim", keys, args)
+        except (RedisError, OSError) as exc:
+            log.debug("shard %d: giving back unconfirmed claims failed: %r", shard.shard, exc)
 
     async def ack(self, shard: ShardKeys, groups: Sequence[AckGroup],
                   history: History = NO_HISTORY,

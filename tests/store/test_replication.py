@@ -143,6 +143,34 @@ async def test_a_flush_the_replica_does_not_acknowledge_in_time_raises_and_keeps
     assert pending_on(replica, namespace, keys) == keys
 
 
+async def test_a_node_does_not_run_a_claim_the_replica_did_not_confirm_and_gives_it_back(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start, caplog: pytest.LogCaptureFixture) -> None:
+    primary, replica = pair
+    path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 100ms}")
+    freeze(replica)
+    node = await start(path, redis_url=primary.url, node_id="n1")
+    node.touch("item:1")
+    with pytest.raises(ReplicationError):
+        await node.flush()  # on the primary, not confirmed: kept (and written again)
+    await wait_until(lambda: "leadership rounds of 1 shard failed, will retry: "
+                     "ReplicationError" in caplog.text, message="a claim refused for its WAIT")
+    assert rec.calls == []  # the claim was made on the primary, and not run
+    assert in_flight(primary, namespace) == 0  # given back, not left to its lease
+
+    thaw(replica)
+    await wait_until(lambda: rec.calls, message="the refresh once the replica is back")
+    assert rec.calls[0].attempt == 1  # the claims given back used up no attempt
+
+
+def in_flight(server: ValkeyProcess, namespace: str) -> int:
+    client = server.client()
+    try:
+        return int(client.zcard(KeySpace(namespace, 1).shard(0).inflight("item")))
+    finally:
+        client.close()
+
+
 async def test_without_replicas_a_flush_does_not_wait_for_a_stalled_replica(
         tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
         start: Start) -> None:

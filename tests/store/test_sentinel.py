@@ -26,6 +26,7 @@ from tests.helpers.servers import (
 )
 
 SERVICE = "orders"
+HOT = ("item:hot-1", "item:hot-2", "item:hot-3")  # touched in every batch
 RULES = """\
 namespace: {ns}
 leader_lease: 1s
@@ -84,9 +85,9 @@ async def test_a_writer_and_node_on_a_sentinel_url_lose_no_acknowledged_touch_in
     acknowledged: list[str] = []
     failed_flushes = after_kill = batch = 0
     while after_kill < 5:  # touches until five flushes went through after the failover
-        keys = [f"item:{batch}-{j}" for j in range(20)]
+        keys = [f"item:{batch}-{j}" for j in range(20)]  # each touched once
         batch += 1
-        for key in keys:
+        for key in [*keys, *HOT]:
             c.touch(key)
         try:
             await c.flush()
@@ -106,6 +107,9 @@ async def test_a_writer_and_node_on_a_sentinel_url_lose_no_acknowledged_touch_in
     assert failed_flushes > 0  # the stream did meet the failover
     await wait_until(lambda: set(acknowledged) <= {claim.key for claim in rec.calls},
                      timeout=20.0, message="every acknowledged key refreshed")
+    for key in HOT:  # refreshed on both sides of the failover: no token ever repeats
+        tokens = [claim.token for claim in rec.of(key)]
+        assert len(tokens) > 1 and tokens == sorted(set(tokens)), (key, tokens)
 
     # the command line reads the same deployment through the sentinels, after the failover
     proc = await asyncio.create_subprocess_exec(
