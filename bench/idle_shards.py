@@ -1,14 +1,16 @@
 """What an idle worker node costs by the number of shards it leads, and failover time.
 
     .venv/bin/python -m bench.idle_shards [--shards 1,256,4096] [--seconds 20]
-                                          [--failover 1,4096]
+                                          [--failover 1,4096] [--busy 4096]
 
 Each figure starts a fresh valkey-server and real ``coalescer run`` node processes
 (127.0.0.1). *Idle*: one node leads every shard with nothing pending; once it leads
 them all and has settled, the server's ``INFO commandstats`` is read before and after
 a quiet window: commands/s as the server counts them (commands run inside scripts
 included), the commands clients sent (script calls and plain commands, by MONITOR), and
-the node process's CPU (user + system) as a % of one core. *Failover*: two nodes
+the node process's CPU (user + system) as a % of one core. *Busy start*: a node
+leading every shard started while a spinning process holds each core: how often its own
+node lease lapsed in its first 20 s (from its log), then its idle figure. *Failover*: two nodes
 share the shards; the one leading shard 0 is SIGKILLed, and the figure is the time
 until the other leads every shard the killed one led (leader_lease 3 s). *Write
 path* (what does grow with the shard count): one process touches 100,000 distinct keys
@@ -159,6 +161,38 @@ async def failover(server: Server, sizes: Sizes, tmp: Path, shards: int) -> dict
     return {"shards": shards, "takeover_s": took, "moved": len(theirs), "lease_s": LEASE}
 
 
+BUSY_WINDOW = 20.0  # seconds after a busy start during which the node's own lapses count
+LAPSE_LINES = ("could not renew its lease", "its lease was dropped", "its lease lapsed")
+
+
+def _burners(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes spinning on a core each: a machine whose cores are all busy."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+            for _ in range(n)]
+
+
+async def busy_start(server: Server, sizes: Sizes, tmp: Path, shards: int,
+                     seconds: float = 20.0) -> dict[str, Any]:
+    """A node leading ``shards`` started while every core is busy: how often its own node
+    lease lapsed in its first ``BUSY_WINDOW`` seconds, then its idle commands/s."""
+    burners = _burners(os.cpu_count() or 2)
+    try:
+        folder = tmp / f"busy-{shards}"
+        rules = _rules(folder, shards)
+        proc = _node(folder, server, rules, "busy")
+        await asyncio.sleep(BUSY_WINDOW)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    _stop(proc)
+    out = (folder / "node-busy.out").read_text(errors="replace")
+    lapses = sum(out.count(line) for line in LAPSE_LINES)
+    res = await idle(server, sizes, tmp, shards, seconds)
+    return {**res, "busy_lapses": lapses, "busy_window_s": BUSY_WINDOW}
+
+
 async def write_path(server: Server, sizes: Sizes, shards: int,
                      n: int = 100_000) -> dict[str, Any]:
     """One process touches ``n`` distinct keys spread over ``shards`` and flushes them."""
@@ -188,6 +222,10 @@ def _print(results: list[dict[str, Any]]) -> None:
                   f"{res['takeover_s']:.2f} s (lease {res['lease_s']:g} s; target <= "
                   f"{res['lease_s'] + 0.5:g} s)")
         else:
+            if "busy_lapses" in res:
+                print(f"busy start, {res['shards']:>5} shards: {res['busy_lapses']} lapses of "
+                      f"its own lease in its first {res['busy_window_s']:g} s with every core "
+                      f"busy (target 0); then, idle:")
             top = sorted(res["by_command"].items(), key=lambda kv: -kv[1])[:4]
             print(f"idle node, {res['shards']:>5} shards: {res['per_second']:,.1f} commands/s "
                   f"(server-counted), {res['client_per_second']:,.2f} sent by clients/s, "
@@ -196,11 +234,15 @@ def _print(results: list[dict[str, Any]]) -> None:
 
 
 async def main(shard_counts: list[int], failover_counts: list[int], write_counts: list[int],
-               seconds: float) -> None:
+               seconds: float, busy_counts: list[int]) -> None:
     sizes = Sizes()
     results = []
     with tempfile.TemporaryDirectory(prefix="coalescer-idle-") as tmp_name:
         tmp = Path(tmp_name)
+        for n in busy_counts:
+            with Server(tmp, f"busy-{n}") as server:
+                results.append(await busy_start(server, sizes, tmp, n, seconds))
+            _print(results[-1:])
         for n in shard_counts:
             with Server(tmp, f"idle-{n}") as server:
                 results.append(await idle(server, sizes, tmp, n, seconds))
@@ -225,7 +267,9 @@ if __name__ == "__main__":
     parser.add_argument("--failover", default=",".join(map(str, FAILOVER_COUNTS)))
     parser.add_argument("--write", default=",".join(map(str, WRITE_COUNTS)))
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--busy", default="", help="shard counts of a node started while "
+                        "every core is busy (e.g. 4096)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     asyncio.run(main(_counts(args.shards), _counts(args.failover), _counts(args.write),
-                     args.seconds))
+                     args.seconds, _counts(args.busy)))

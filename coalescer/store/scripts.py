@@ -603,6 +603,12 @@ class Scripts:
             args += [node, ends]
         return self._node_leases(await self._run_now("node_lease", [leases], args))
 
+    async def lease_ends(self, leases: str) -> dict[str, int]:
+        """Every node's lease end (server ms): one plain ZRANGE, no script, no clock (a look
+        between renewals, see node_lease.py)."""
+        every = await self._redis.zrange(leases, 0, -1, withscores=True)
+        return {str(node): int(float(ends)) for node, ends in every}
+
     async def lease_look(self, leases: str) -> NodeLeases:
         """Every node's lease end with the server's time, renewing nothing: one script
         call, one read inside (a look between renewals, see node_lease.py)."""

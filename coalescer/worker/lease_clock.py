@@ -108,6 +108,12 @@ class Sightings(Generic[Name]):
                 del seen[name]
         return out
 
+    def peek(self, values: Mapping[Name, float], now: float) -> dict[Name, float]:
+        """When each of ``values`` was first seen, as ``see`` would say, recording nothing."""
+        seen = self._seen
+        return {name: old[1] if (old := seen.get(name)) is not None and old[0] == value
+                else now for name, value in values.items()}
+
     def clear(self) -> None:
         self._seen.clear()
 

@@ -9,7 +9,9 @@ of the server clock (multiples of the period), so every node's lease ends at the
 instant. Between calls a node sleeps until its next renewal or until just after the
 earliest other lease would lapse: a standby hears of a dead leader within
 ``LAPSE_MARGIN`` of then, and wakes the shards that wait on that node (``watch``) to take
-them over. That second look of a period renews nothing (the same script, reading only).
+them over. That second look of a period renews nothing: one plain read of the leases
+(``ZRANGE``); only when it shows a lease that lapsed is it read again with the server's
+clock (the same script, reading only), and judged from that read.
 An idle node makes one renewal and one look a period, however many nodes there are (one
 alone: the renewal only). A node that starts (after its first renewal) or shuts down
 announces it on the nodes' channel; every node that hears it looks at once, so the
@@ -137,11 +139,19 @@ class NodeLease:
 
     async def _look(self) -> bool:
         """Read every lease, renewing nothing; False (renew instead) when our own lease
-        is not in the set."""
-        state, sent, _ = await self._call(self._scripts.lease_look(self._key))
-        if self._node_id not in state.ends:
+        is not in the set. One plain command; when it shows a lease that lapsed, it is
+        read again with the server's clock (a script), and judged from that read only."""
+        loop = asyncio.get_running_loop()
+        self._wake.clear()
+        sent = loop.time()
+        ends = await asyncio.wait_for(self._scripts.lease_ends(self._key),
+                                      self._lease * CALL_SHARE)
+        if self._node_id in ends and self._judge(ends, loop.time(), remember=False)[1]:
+            state, sent, _ = await self._call(self._scripts.lease_look(self._key))
+            ends = state.ends
+        if self._node_id not in ends:
             return False
-        await self._read(state, sent)
+        await self._read(ends, sent)
         return True
 
     async def _renew(self) -> None:
@@ -159,30 +169,36 @@ class NodeLease:
         self._arm(sent + (own - state.now_ms) / 1000)
         self._schedule(state.now_ms, got)
         self.holding.set()
-        await self._read(state, sent)
+        await self._read(state.ends, sent)
         if not self._announced:  # the others learn of us now, not at their next look
             await self._scripts.client.publish(self.channel, self._node_id)
             self._announced = True
 
-    async def _read(self, state: NodeLeases, sent: float) -> None:
+    async def _read(self, ends: dict[str, int], sent: float) -> None:
         """Judge which leases lapsed, by this node's clock; forget the lapsed nodes (one
         node does it: the live one with the lowest id)."""
-        now = asyncio.get_running_loop().time()
-        first = self._seen.see(state.ends, now)
-        grace = self._lease + self.clock.margin()
-        lease_ms = round(self._lease * 1000)
-        live: dict[str, float] = {}
-        gone: list[tuple[str, int]] = []
-        for node, ends in state.ends.items():
-            lapses = self.clock.renewed_at(ends - lease_ms, first[node]) + grace
-            if node == self._node_id or lapses > now:
-                live[node] = lapses
-            else:
-                gone.append((node, ends))
+        live, gone = self._judge(ends, asyncio.get_running_loop().time())
         self.read_sent = sent
         self._set_live(live)
         if gone and self._node_id == min(live, default=self._node_id):
             await self._forget(gone)
+
+    def _judge(self, ends: dict[str, int], now: float, *, remember: bool = True
+               ) -> tuple[dict[str, float], list[tuple[str, int]]]:
+        """When each live node's lease lapses (loop clock), and the lapsed ones with the
+        lease end read. ``remember=False`` leaves the record of first sightings as it was."""
+        first = self._seen.see(ends, now) if remember else self._seen.peek(ends, now)
+        grace = self._lease + self.clock.margin()
+        lease_ms = round(self._lease * 1000)
+        live: dict[str, float] = {}
+        gone: list[tuple[str, int]] = []
+        for node, end in ends.items():
+            lapses = self.clock.renewed_at(end - lease_ms, first[node]) + grace
+            if node == self._node_id or lapses > now:
+                live[node] = lapses
+            else:
+                gone.append((node, end))
+        return live, gone
 
     def _schedule(self, now_ms: int, got: float) -> None:
         """Renew next at the next period's start (every node's lease then ends at the same

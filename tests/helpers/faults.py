@@ -85,12 +85,14 @@ class FaultProxy:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
+            self._flow().set()
             for writer in list(self._writers):
                 writer.transport.abort()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=2) if tasks else ((), ())
+            for task in stuck:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*stuck, return_exceptions=True)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)

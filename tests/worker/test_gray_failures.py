@@ -243,3 +243,79 @@ async def test_a_backward_step_of_the_servers_clock_strands_no_claim_of_a_dead_h
         assert overlaps(handlers.runs) == []
         handlers.release.set()
         hole.heal()
+
+
+CHILD_RULES = """\
+namespace: {ns}
+leader_lease: 1s
+claim_lease: 2s
+defaults:
+  window: 50ms
+  max_wait: 1s
+  absorb: 10ms
+  timeout: 60s
+  concurrency: 8
+  retry: {{attempts: 5, backoff: 50ms, max_backoff: 200ms}}
+rules:
+  - name: item
+    match: "item:{{id}}"
+    handler: handlers:refresh
+    isolation: process
+"""
+
+CHILD_HANDLERS = """\
+import pathlib
+import time
+
+HERE = pathlib.Path(__file__).parent
+
+
+def refresh(claim):
+    # a plain function in a child process: it says it is alive every 20 ms until released
+    with open(HERE / "runs.log", "a") as log:
+        while not (HERE / "release").exists():
+            log.write(f"{claim.key} {claim.token} {time.monotonic()}\\n")
+            log.flush()
+            time.sleep(0.02)
+"""
+
+
+def child_runs(folder: Path) -> dict[tuple[str, int], tuple[float, float]]:
+    """(key, token) -> (first and last time the run said it was alive)."""
+    runs: dict[tuple[str, int], tuple[float, float]] = {}
+    path = folder / "runs.log"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        parts = line.split()
+        if len(parts) != 3:
+            continue  # a line a killed child left half-written
+        key, token, at = parts[0], int(parts[1]), float(parts[2])
+        first, _ = runs.get((key, token), (at, at))
+        runs[key, token] = (first, at)
+    return runs
+
+
+async def test_a_black_holed_leader_kills_its_process_isolated_runs_before_the_standby_runs_them(
+        nodes: Nodes, redis_url: str, redis_client: Any, proxy: FaultProxy) -> None:
+    keys = KEYS[:6]
+    rules = nodes.rules_file(CHILD_RULES.format(ns=nodes.namespace), CHILD_HANDLERS)
+    await two_nodes(nodes.start, rules, proxy.url(redis_url), redis_url, nodes.namespace)
+    writer = await nodes.start(rules, redis_url=redis_url, worker=False)
+    for key in keys:
+        writer.touch(key)
+    await writer.flush()
+    folder = rules.parent
+    await wait_until(lambda: len(child_runs(folder)) == len(keys), timeout=20,
+                     message="a runs every key in a child process")
+
+    proxy.black_hole()
+    await wait_until(lambda: len(child_runs(folder)) == 2 * len(keys), timeout=20,
+                     message="b runs every key again")
+    runs = child_runs(folder)
+    for key in keys:
+        (_, first_end), (second_start, _) = sorted(
+            span for (k, _), span in runs.items() if k == key)
+        assert first_end < second_start, f"{key}: a's run was alive after b's began"
+    (folder / "release").write_text("")
+    await wait_until(lambda: settled(redis_client, nodes.namespace), timeout=20,
+                     message="every key refreshed")
+    proxy.heal()

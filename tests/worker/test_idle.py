@@ -106,6 +106,14 @@ async def test_idle_nodes_renew_with_one_script_call_a_period_and_look_with_one_
     assert total / 4 / nodes * 16 / 2.25 <= 50
 
 
+async def renew_forever(r: Any, leases: str, node: str) -> None:
+    """A live node's lease, as another node sees it: its end moves on every renewal."""
+    while True:
+        seconds, micros = await r.time()
+        await r.zadd(leases, {node: int(seconds) * 1000 + int(micros) // 1000 + 3000})
+        await asyncio.sleep(0.2)
+
+
 async def test_a_lapsed_node_lease_stops_the_shard_another_node_took_and_keeps_the_other(
         own_server: ValkeyProcess, namespace: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -118,21 +126,26 @@ async def test_a_lapsed_node_lease_stops_the_shard_another_node_took_and_keeps_t
         await wait_until(lambda: node.leads() == [0, 1], message="me leads both shards")
         r = node.redis
         leases = node_leases(namespace)
-        # another node (its lease lives for ages) took shard 1 while our lease lapsed
-        await r.zadd(leases, {"other": 2**50})
-        await r.set(space.shard(1).leader, "999|other")
-        await r.zadd(leases, {"me": 0})
-        await wait_until(lambda: node.leads() == [0], timeout=10,
-                         message="shard 1 stopped; shard 0 led again")
-        async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as w:
-            w.touch_many([keys[1], keys[0]])
-            await w.flush()
-        await wait_until(lambda: keys[0] in {c.key for c in rec.calls}, timeout=20,
-                         message="shard 0's key refreshed")
-        assert keys[1] not in {c.key for c in rec.calls}  # shard 1 is the other's
-        assert node.leads() == [0]
-        assert await r.zscore(space.shard(1).due("stats"), keys[1]) is not None
-    assert any("lease lapsed" in m.getMessage() for m in caplog.records)
+        # another node (alive: it keeps renewing its lease) took shard 1, and dropped
+        # our lease as lapsed
+        other = asyncio.ensure_future(renew_forever(r, leases, "other"))
+        try:
+            await r.set(space.shard(1).leader, "999|other")
+            await r.zrem(leases, "me")
+            await wait_until(lambda: node.leads() == [0], timeout=10,
+                             message="shard 1 stopped; shard 0 led again")
+            async with Coalescer.from_yaml(path, redis_url=own_server.url,
+                                           worker=False) as w:
+                w.touch_many([keys[1], keys[0]])
+                await w.flush()
+            await wait_until(lambda: keys[0] in {c.key for c in rec.calls}, timeout=20,
+                             message="shard 0's key refreshed")
+            assert keys[1] not in {c.key for c in rec.calls}  # shard 1 is the other's
+            assert node.leads() == [0]
+            assert await r.zscore(space.shard(1).due("stats"), keys[1]) is not None
+        finally:
+            other.cancel()
+    assert any("judged it lapsed" in m.getMessage() for m in caplog.records)
 
 
 async def test_a_sigkilled_leader_of_many_shards_hands_every_one_to_the_survivor_with_new_epochs(

@@ -5,6 +5,7 @@ claim: the older run stops, is never renewed again, and the newer one is the one
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ async def test_a_newer_claim_of_a_key_stops_the_older_run_and_only_it_is_renewed
         runner = node.runner
         newer = ClaimedKey(0, "stats:1", first.token + 1, first.first_touch_ms,
                            first.last_touch_ms, 2, first.due_ms)
-        runner.start(0, c.config.rule("stats"), [newer], 0.0)
+        runner.start(0, c.config.rule("stats"), [newer], 0.0, time.monotonic())
         await wait_until(lambda: cancelled == [first.token], message="the older run stopped")
         held = runner._jobs["stats:1"]
         assert held.claim.token == first.token + 1 and not held.lost
