@@ -180,7 +180,7 @@ class WebhookError(CoalescerError):
     """A webhook call that failed: a non-2xx answer, a connection error, a missing secret."""
 
 
-class ReplicationError(CoalescerError):
+class ReplicationError(RedisWriteError):
     """A write reached the Redis primary, but fewer replicas than ``durability: replicas``
     acknowledged it within ``durability: timeout``: it is not counted as written (a
     flush keeps the touches buffered and writes them again; a node does not run such a

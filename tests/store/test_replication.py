@@ -163,6 +163,31 @@ async def test_a_node_does_not_run_a_claim_the_replica_did_not_confirm_and_gives
     assert rec.calls[0].attempt == 1  # the claims given back used up no attempt
 
 
+async def test_an_ack_the_replica_does_not_confirm_is_recorded_once_and_said_once(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        start: Start, caplog: pytest.LogCaptureFixture) -> None:
+    primary, replica = pair
+    path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 100ms}")
+    gate = asyncio.Event()
+
+    async def hold(claim: Any) -> None:
+        await gate.wait()
+
+    rec.hook = hold
+    node = await start(path, redis_url=primary.url, node_id="n1")
+    node.touch("item:1")
+    await node.flush()
+    await wait_until(lambda: rec.calls, message="the refresh running")
+    freeze(replica)  # the run's result cannot reach the replica now
+    gate.set()
+    await wait_until(lambda: "refresh results recorded on the primary, but only 0 of 1" in
+                     caplog.text, message="the unconfirmed ack said")
+    assert pending_on(primary, namespace, ["item:1"]) == []  # finished on the primary
+    assert "taken over" not in caplog.text  # not sent again (it would find itself stale)
+    assert caplog.text.count("refresh results recorded on the primary") == 1
+    thaw(replica)
+
+
 def in_flight(server: ValkeyProcess, namespace: str) -> int:
     client = server.client()
     try:
