@@ -33,6 +33,8 @@ NO_ITEM_RULES: Mapping[str, int] = {}
 # The writes that count only once ``durability: replicas`` hold them (batching.py):
 # touches (a flush), claims (fencing tokens and in-flight state) and acks.
 DURABLE = frozenset({"upsert", "claim", "adopt", "take", "ack"})
+# where the claims are in the reply of each claiming script (given back when unconfirmed)
+CLAIMS_AT = {"claim": 5, "adopt": 3, "take": 1}
 LEASE_CALLS = ("node_lease", "renew")  # sent at once, on the leases' own client if given
 
 SCRIPT_NAMES = (
@@ -384,11 +386,7 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
         args += _items_section(shard, item_rules, [rule for rule, _ in limits])
-        try:
-            result = await self._run("claim", keys, args)
-        except ReplicationError as exc:
-            await self._unclaim(shard, [rule for rule, _ in limits], exc.result)
-            raise
+        result = await self._claiming("claim", shard, keys, args, limits)
         if int(result[0]) == 0:
             raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")
         if int(result[0]) != 1:
@@ -399,14 +397,26 @@ class Scripts:
                           bool(int(result[6])),
                           _held(result[7]) if len(result) > 7 else {})
 
-    async def _unclaim(self, shard: ShardKeys, rules: Sequence[str], result: Any) -> None:
-        """Give back the claims of a claim call ``result`` too few replicas confirmed: they
-        are not run, and go back to pending without counting an attempt. If that fails
-        too, their claim lease runs out and they are recovered."""
-        if not result or int(result[0]) != 1:
-            return
+    async def _claiming(self, name: str, shard: ShardKeys, keys: Sequence[str],
+                        args: Sequence[Any], limits: Sequence[tuple[str, int]]) -> Any:
+        """Run the claiming script ``name``; the claims of a call too few replicas
+        confirmed are given back before its ReplicationError is raised."""
+        try:
+            return await self._run(name, keys, args)
+        except ReplicationError as exc:
+            reply = exc.result
+            at = CLAIMS_AT[name]
+            if isinstance(reply, list) and len(reply) > at:
+                await self._unclaim(shard, [rule for rule, _ in limits], reply[at])
+            raise
+
+    async def _unclaim(self, shard: ShardKeys, rules: Sequence[str],
+                       encoded: Sequence[str]) -> None:
+        """Give back the ``encoded`` claims too few replicas confirmed: they are not run,
+        and go back to pending without counting an attempt. If that fails too, their
+        claim lease runs out and they are recovered."""
         held: list[list[tuple[str, int]]] = [[] for _ in rules]
-        for claim in _claims(result[5]):
+        for claim in _claims(encoded):
             held[claim.rule_index].append((claim.key, claim.token))
         keys = [shard.meta, shard.next_wake]
         args: list[Any] = [shard.wake_channel]
@@ -580,7 +590,8 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, limit]
         args += _items_section(shard, item_rules, [rule for rule, _ in limits])
-        now, due, expiry, claims, blocked, served, *rest = await self._run("adopt", keys, args)
+        now, due, expiry, claims, blocked, served, *rest = await self._claiming(
+            "adopt", shard, keys, args, limits)
         return AdoptBatch(int(now), _optional(due), _optional(expiry),
                           _claims(claims, rest[1] if len(rest) > 1 else ()),
                           bool(int(blocked)), int(served), _held(rest[0]) if rest else {})
@@ -672,5 +683,5 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
         args += _items_section(shard, item_rules, [rule for rule, _ in limits])
-        now, claims, *items = await self._run("take", keys, args)
+        now, claims, *items = await self._claiming("take", shard, keys, args, limits)
         return int(now), _claims(claims, items[0] if items else ())
