@@ -418,6 +418,8 @@ class Scripts:
         held: list[list[tuple[str, int]]] = [[] for _ in rules]
         for claim in _claims(encoded):
             held[claim.rule_index].append((claim.key, claim.token))
+        if not any(held):
+            return
         keys = [shard.meta, shard.next_wake]
         args: list[Any] = [shard.wake_channel]
         for rule, claims in zip(rules, held, strict=True):
