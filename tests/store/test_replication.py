@@ -15,11 +15,18 @@ from typing import Any
 import pytest
 
 from coalescer import Coalescer
-from coalescer.errors import ReplicationError
+from coalescer.errors import ReplicationError, UnwrittenTouchesError
 from coalescer.store.keys import KeySpace
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules
-from tests.helpers.servers import ValkeyProcess, freeze, replica_of, thaw, wait_until
+from tests.helpers.servers import (
+    Cluster,
+    ValkeyProcess,
+    freeze,
+    replica_of,
+    thaw,
+    wait_until,
+)
 
 RULES = """\
 namespace: {ns}
@@ -194,6 +201,28 @@ def in_flight(server: ValkeyProcess, namespace: str) -> int:
         return int(client.zcard(KeySpace(namespace, 1).shard(0).inflight("item")))
     finally:
         client.close()
+
+
+async def test_on_a_cluster_each_master_is_asked_for_its_replicas(
+        tmp_path: Path, namespace: str, cluster: Cluster) -> None:
+    """The session's cluster has masters only: a write that asks for a replica is
+    written on each master, and confirmed by none."""
+    text = RULES.format(ns=namespace, durability="durability: {replicas: 1, timeout: 50ms}")
+    path = tmp_path / "rules.yaml"
+    path.write_text(text.replace("namespace:", "shards: 6\nnamespace:")
+                    .replace("{mod}:refresh", "json:dumps"))
+    c = Coalescer.from_yaml(path, redis_url=cluster.url, worker=False)
+    await c.start()
+    for i in range(60):
+        c.touch(f"item:{i}")
+    try:
+        with pytest.raises(ReplicationError) as failed:
+            await c.flush()
+        assert (failed.value.acknowledged, failed.value.wanted) == (0, 1)
+    finally:
+        with pytest.raises(UnwrittenTouchesError) as unwritten:  # not confirmed: not written
+            await c.close(flush_timeout=0.2)
+    assert unwritten.value.count == 60
 
 
 async def test_without_replicas_a_flush_does_not_wait_for_a_stalled_replica(
