@@ -82,6 +82,7 @@ class Health:
         self._cooling: asyncio.TimerHandle | None = None
         self._kept_logged = False
         self._closed = False
+        self._shown = False  # what the gauge says: unhealthy
 
     # -- this node's runs --------------------------------------------------------------
 
@@ -99,15 +100,21 @@ class Health:
             return  # benched: the end of the cool-off judges again
         verdict = self.window.verdict()
         if verdict is None:
-            self._metrics.node_unhealthy.set(0)
+            self._show(unhealthy=False)
             self._kept_logged = False
-            if self.window.healthy():
+            if self._strikes and self.window.healthy():
                 self._strikes = 0
             return
-        self._metrics.node_unhealthy.set(1)
+        self._show(unhealthy=True)
         loop = asyncio.get_running_loop()
         if (self._task is None or self._task.done()) and loop.time() >= self._next_try:
             self._task = asyncio.ensure_future(self._bench(verdict))
+
+    def _show(self, *, unhealthy: bool) -> None:
+        """The gauge, set only when it changes (this runs once a refresh)."""
+        if unhealthy != self._shown:
+            self._metrics.node_unhealthy.set(1 if unhealthy else 0)
+            self._shown = unhealthy
 
     async def _bench(self, verdict: Verdict) -> None:
         """Give the shards up to a healthy node if one can take them; else keep leading."""
@@ -174,7 +181,7 @@ class Health:
             self._cooling = None
         if not self.fit.is_set():
             self.fit.set()
-            self._metrics.node_unhealthy.set(0 if self.window.verdict() is None else 1)
+            self._show(unhealthy=self.window.verdict() is not None)
 
     def live_changed(self) -> None:
         """The live nodes changed: a benched node with nobody left to lead leads again."""
