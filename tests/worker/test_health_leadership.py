@@ -218,6 +218,28 @@ async def _all_dead(r: Any, namespace: str, n: int) -> bool:
     return await dead(r, namespace) == n
 
 
+async def test_of_two_nodes_whose_every_run_fails_the_second_keeps_leading(
+        rules_file: RulesFactory, start: Start, nodes: NodeProcs, broken: Path, *,
+        redis_url: str, redis_client: Any, namespace: str) -> None:
+    rules = rules_file(RULES.format(ns=namespace, shards=1, attempts=10), HANDLERS)
+    nodes.start(rules, redis_url, "a", HEALTH_BROKEN=str(broken))
+    await wait_until(lambda: leader(redis_client, namespace), timeout=20,
+                     message=f"node a leading; its log:\n{nodes.log('a')}")
+    nodes.start(rules, redis_url, "b", HEALTH_BROKEN=str(broken))
+    await wait_until(lambda: redis_client.zscore(KeySpace(namespace, 1).shard(0).nodes, "b"),
+                     timeout=20, message=f"node b standing by; its log:\n{nodes.log('b')}")
+    toucher = await start(rules, redis_url=redis_url, worker=False)
+    toucher.touch_many([f"item:{i}" for i in range(20)])
+    await toucher.flush()
+    kept = "keeps leading its shards: every other live node gave its shards up too"
+    await wait_until(lambda: kept in nodes.log("b"), timeout=30,
+                     message=f"b keeping the shard; a's log:\n{nodes.log('a')}\n"
+                             f"b's log:\n{nodes.log('b')}")
+    assert "gave up the 1 shard" in nodes.log("a")
+    assert "gave up" not in nodes.log("b")
+    assert await leader(redis_client, namespace) == "b"
+
+
 async def test_a_lone_node_whose_every_run_fails_keeps_leading(
         rules_file: RulesFactory, start: Start, broken: Path, *, redis_url: str,
         redis_client: Any, namespace: str, caplog: pytest.LogCaptureFixture,
