@@ -8,6 +8,7 @@ and acknowledging it, as a replica on a saturated link or a stalled host does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,33 @@ async def test_on_a_cluster_each_master_is_asked_for_its_replicas(
         with pytest.raises(UnwrittenTouchesError) as unwritten:  # not confirmed: not written
             await c.close(flush_timeout=0.2)
     assert unwritten.value.count == 60
+
+
+@pytest.mark.parametrize("case", [
+    ("", 50, 50),  # the primary alone acknowledges: all of it is lost with it
+    ("durability: {replicas: 1, timeout: 50ms}", 0, 0),  # nothing acknowledged, nothing lost
+])
+async def test_touches_acknowledged_while_the_replica_was_cut_off_are_lost_unless_replicas(
+        tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
+        case: tuple[str, int, int]) -> None:
+    durability, acknowledged, lost = case
+    primary, replica = pair
+    path, _ = rules(tmp_path, namespace, durability)
+    writer = Coalescer.from_yaml(path, redis_url=primary.url, worker=False)
+    await writer.start()
+    promote(replica)  # cut off (a partition): it holds nothing written from now on
+    keys = [f"item:{i}" for i in range(50)]
+    for key in keys:
+        writer.touch(key)
+    done: list[str] = []
+    with contextlib.suppress(ReplicationError):
+        await writer.flush()
+        done = keys
+    primary.kill()  # and the cut-off replica is the one left to promote
+    with contextlib.suppress(UnwrittenTouchesError):
+        await writer.close(flush_timeout=0.2)
+    assert len(done) == acknowledged
+    assert len(set(done) - set(pending_on(replica, namespace, keys))) == lost
 
 
 async def test_without_replicas_a_flush_does_not_wait_for_a_stalled_replica(
