@@ -147,8 +147,17 @@ async def test_a_flush_the_replica_does_not_acknowledge_in_time_raises_and_keeps
     assert "only 0 of 1 Redis replicas acknowledged" in str(failed.value)
 
     thaw(replica)
-    await writer.flush()  # the touches were kept, and are written (and replicated) now
+    # the touches were kept, and are written and replicated once the replica catches up
+    await wait_until(lambda: flushed(writer), message="a flush confirmed by the replica")
     assert pending_on(replica, namespace, keys) == keys
+
+
+async def flushed(c: Coalescer) -> bool:
+    try:
+        await c.flush()
+    except ReplicationError:
+        return False
+    return True
 
 
 async def test_a_node_does_not_run_a_claim_the_replica_did_not_confirm_and_gives_it_back(
