@@ -259,18 +259,19 @@ async def test_stats_app_batch_handler_and_fenced_writes_on_postgresql(
         assert stats_db.stored(conn)[300] == stats_db.Stats(0, 0, 0.0, None)
         assert stats_db.refreshes_since(conn, 0) == 301
 
+        newer = max(claim.token for claim in claims) + 10  # above every token the drain had
         stale = stats_db.compute(conn, 7)        # a holder reads, then pauses
         stats_db.add_orders(conn, [(7, 5000)])
-        assert stats_db.refresh(conn, 7, token=10_000)  # a newer claim refreshes
+        assert stats_db.refresh(conn, 7, token=newer)  # a newer claim refreshes
         fresh = stats_db.stored(conn)[7]
         assert fresh.orders == stale.orders + 1
-        assert not stats_db.write_stats(conn, 7, stale, token=9_999)
-        assert not stats_db.write_stats(conn, 7, stale, token=10_000)
+        assert not stats_db.write_stats(conn, 7, stale, token=newer - 1)
+        assert not stats_db.write_stats(conn, 7, stale, token=newer)
         assert stats_db.stored(conn)[7] == fresh
         assert stats_db.mismatches(conn) == {}
-        applied = conn.execute("SELECT token, applied FROM refresh_log WHERE token >= 9999 "
-                               "ORDER BY id").fetchall()
-        assert applied == [(10_000, 1), (9_999, 0), (10_000, 0)]
+        applied = conn.execute("SELECT token, applied FROM refresh_log WHERE token >= ? "
+                               "ORDER BY id", (newer - 1,)).fetchall()
+        assert applied == [(newer, 1), (newer - 1, 0), (newer, 0)]
     finally:
         conn.close()
 
