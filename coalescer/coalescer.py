@@ -637,7 +637,8 @@ class Coalescer:
             except CoalescerError as exc:  # RedisWriteError, or a layout that kept moving
                 why = str(exc)
             except TimeoutError:
-                pass
+                if run.flusher.last_failure is not None:
+                    why = f"the flush timed out; {run.flusher.last_failure}"
             if time.monotonic() >= deadline:
                 log.warning("shutdown: flush failed: %s", why)
                 return why

@@ -169,6 +169,7 @@ class Flusher:
         self._loop = asyncio.get_running_loop()
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
         self.refusals = Refusals(metrics)
+        self.last_failure: str | None = None  # why the background loop's last write failed
         absorber.set_waker(self._wake)
 
     def _wake(self) -> None:
@@ -184,8 +185,11 @@ class Flusher:
     async def run(self) -> None:
         """The background loop: survives Redis errors, backs off, loses nothing."""
         await keep_running("flusher", self._write_until_one_ends, logger=log,
-                           on_error=lambda _: self._metrics.redis_errors.labels(
-                               "flusher").inc())
+                           on_error=self._failed)
+
+    def _failed(self, exc: Exception) -> None:
+        self._metrics.redis_errors.labels("flusher").inc()
+        self.last_failure = str(write_error(exc))
 
     async def _write_until_one_ends(self) -> None:
         """Start writes of batches as they come, until one of them ends."""
