@@ -58,8 +58,8 @@ def refresh_user(claim):
 """
 
 # A second test file of the same suite, run after the sample: its namespace is fresh,
-# so it sees nothing of the sample's, and its claim of the same key gets the first
-# fencing token again.
+# so it sees nothing of the sample's: no pending key, no refresh in the history of the
+# same key the sample refreshed.
 ISOLATION_TEST = '''\
 import pytest
 
@@ -69,9 +69,10 @@ async def test_a_fresh_namespace(coalescer_factory, coalescer_namespace):
     async with coalescer_factory("rules.yaml") as c:
         assert c.config.namespace == coalescer_namespace
         assert await c.drain() == []
+        assert await c.query.history() == []
         c.touch("stats:user:42")
         (claim,) = await c.drain()
-    assert claim.token == 1
+    assert claim.attempt == 1
 '''
 
 
