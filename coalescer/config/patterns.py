@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
+
+from coalescer.config.matcher import ANYTHING, CAPTURE, LITERAL, Matcher, Token, Work
 
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|[{}]|\*+|[^{}*]+")
-# No key may hold a NUL: it separates keys in the upsert script's argument, so
-# neither a capture nor a wildcard matches one (such a key matches no rule).
-_CAPTURE = "([^:\x00]+)"
-_ANYTHING = "[^\x00]*"
+# No key may hold a NUL: it separates keys in the upsert script's argument, so neither a
+# capture nor a wildcard matches one (such a key matches no rule).
 ALLOWED = (
     "a pattern is literal text with {name} captures (one non-empty segment without ':', "
     "name an identifier, each name once) and * wildcards (anything, ':' included); "
@@ -20,56 +19,47 @@ ALLOWED = (
 
 @dataclass(frozen=True, slots=True)
 class KeyPattern:
-    """A compiled key pattern; the whole key must match."""
+    """A compiled key pattern; the whole key must match. Matching takes time linear in the
+    key's length, whatever the pattern (coalescer.config.matcher)."""
 
     source: str
-    expression: str  # the regex, unnamed groups: config/rules.py joins those of every rule
     names: tuple[str, ...]
-    named_expression: str  # the same, each capture a named group: groupdict() is the params
+    matcher: Matcher = field(repr=False, compare=False)
 
     @classmethod
     def compile(cls, source: str) -> KeyPattern:
         """Compile ``source``; ValueError says what is wrong and what is allowed."""
         if not isinstance(source, str) or not source:
             raise ValueError(f"empty pattern {source!r}: {ALLOWED}")
-        parts: list[str] = []
+        tokens: list[Token] = []
         names: list[str] = []
-        for token in _TOKEN_RE.findall(source):
-            parts.append(_translate(token, names, source))
-        named = iter(names)
-        with_names = [f"(?P<{next(named)}>{part[1:]}" if part == _CAPTURE else part
-                      for part in parts]
-        return cls(source=source, expression="".join(parts), names=tuple(names),
-                   named_expression="".join(with_names))
+        for text in _TOKEN_RE.findall(source):
+            tokens.append(_token(text, names, source))
+        return cls(source=source, names=tuple(names), matcher=Matcher(tuple(tokens)))
 
     @property
-    def named(self) -> re.Pattern[str]:
-        """The compiled regex with named groups, compiled on first use (a rules file of
-        thousands of rules loads without compiling a regex a rule)."""
-        return _compiled(self.named_expression)
+    def prefix(self) -> str:
+        """The literal text every key this pattern matches starts with."""
+        return self.matcher.prefix
 
-    def match(self, key: str) -> dict[str, str] | None:
-        """The captured segments when ``key`` matches the whole pattern, else None."""
-        found = self.named.fullmatch(key)
-        return None if found is None else found.groupdict()
+    def match(self, key: str, work: Work | None = None) -> dict[str, str] | None:
+        """The captured segments when ``key`` matches the whole pattern, else None
+        (``work``, when given, tallies the matcher's steps)."""
+        found = self.matcher.match(key, work)
+        return None if found is None else dict(zip(self.names, found, strict=True))
 
     def __str__(self) -> str:
         return self.source
 
 
-@cache
-def _compiled(expression: str) -> re.Pattern[str]:
-    return re.compile(expression, re.DOTALL)
-
-
-def _translate(token: str, names: list[str], source: str) -> str:
-    if token in ("{", "}"):
-        raise ValueError(f"unbalanced {token!r} in pattern {source!r}: {ALLOWED}")
-    if token.startswith("*"):
-        return _ANYTHING
-    if not token.startswith("{"):
-        return re.escape(token)
-    name = token[1:-1]
+def _token(text: str, names: list[str], source: str) -> Token:
+    if text in ("{", "}"):
+        raise ValueError(f"unbalanced {text!r} in pattern {source!r}: {ALLOWED}")
+    if text.startswith("*"):
+        return Token(ANYTHING)
+    if not text.startswith("{"):
+        return Token(LITERAL, text)
+    name = text[1:-1]
     if not name:
         raise ValueError(f"empty braces {{}} in pattern {source!r}: {ALLOWED}")
     if not name.isidentifier():
@@ -79,7 +69,7 @@ def _translate(token: str, names: list[str], source: str) -> str:
         raise ValueError(f"capture name {name!r} appears twice in pattern {source!r}: "
                          f"{ALLOWED}")
     names.append(name)
-    return _CAPTURE
+    return Token(CAPTURE)
 
 
 # --- which keys a pattern matches, compared between patterns ---------------------------

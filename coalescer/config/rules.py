@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from coalescer.common.key_limits import over_limit
 from coalescer.config.durability import NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve
@@ -23,10 +24,11 @@ from coalescer.config.lint import (
     unset_secret_warnings,
 )
 from coalescer.config.model import Handler, HttpHandler, RetryPolicy, Rule
+from coalescer.config.rule_index import RuleIndex
 from coalescer.config.schema import DEFAULT_HISTORY, Document, RulesSchema
 from coalescer.config.sources import SourceConfig, unset_env_warnings
 from coalescer.config.yaml_reader import NAME_RE, read_text
-from coalescer.errors import ConfigError, UnknownKeyError
+from coalescer.errors import ConfigError, InvalidKeyError, UnknownKeyError
 
 __all__ = [
     "NAME_RE", "CheckReport", "Config", "Handler", "HttpHandler", "RetryPolicy", "Rule",
@@ -52,21 +54,12 @@ class Config:
     matches: tuple[RuleMatch, ...] = field(default=(), repr=False, compare=False)
     secrets: tuple[RuleSecret, ...] = field(default=(), repr=False, compare=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
-    _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
-    _groups: dict[int, tuple[Rule, int]] = field(init=False, repr=False, compare=False)
+    _index: RuleIndex = field(init=False, repr=False, compare=False)
     _near: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        alternatives: list[str] = []
-        groups: dict[int, tuple[Rule, int]] = {}
-        next_group = 1
-        for rule in self.rules:
-            groups[next_group] = (rule, next_group + 1)
-            alternatives.append(f"({rule.pattern.expression})")
-            next_group += 1 + len(rule.pattern.names)
         object.__setattr__(self, "_by_name", {rule.name: rule for rule in self.rules})
-        object.__setattr__(self, "_matcher", re.compile("|".join(alternatives), re.DOTALL))
-        object.__setattr__(self, "_groups", groups)
+        object.__setattr__(self, "_index", RuleIndex([rule.pattern for rule in self.rules]))
         object.__setattr__(self, "_near", tuple(
             (_CAPTURE_RE.sub("", rule.pattern.source),
              f"{rule.pattern.source!r} of rule {rule.name}") for rule in self.rules))
@@ -129,20 +122,19 @@ class Config:
         return _warnings(self.source, self.matches, self.secrets, environ, self.sources)
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]]:
-        """The first rule whose pattern matches ``key`` and its captures."""
-        found = self._matcher.fullmatch(key) if self.rules else None
-        if found is None or found.lastindex is None:
+        """The first rule whose pattern matches ``key`` and its captures; UnknownKeyError
+        when none does, InvalidKeyError for a key over the length limit."""
+        too_long = over_limit(key)  # refused before any matching
+        if too_long is not None:
+            raise InvalidKeyError(key, too_long)
+        found = self._index.first(key)
+        if found is None:
             raise self.unknown_key(key)
-        rule, first = self._groups[found.lastindex]
-        values = found.groups()[first - 1:first - 1 + len(rule.pattern.names)]
-        return rule, dict(zip(rule.pattern.names, values, strict=True))
+        return self.rules[found[0]], found[1]
 
     def rule_for(self, key: str) -> Rule:
         """The first rule whose pattern matches ``key`` (``match`` without the captures)."""
-        found = self._matcher.fullmatch(key) if self.rules else None
-        if found is None or found.lastindex is None:
-            raise self.unknown_key(key)
-        return self._groups[found.lastindex][0]
+        return self.match(key)[0]
 
     def unknown_key(self, key: str) -> UnknownKeyError:
         """The error for ``key``, which no rule matches: it names the rules file (when

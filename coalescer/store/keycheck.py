@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from coalescer.common import key_limits
 from coalescer.common.plural import plural
 from coalescer.errors import InvalidItemError, InvalidKeyError, shown_key
 
-MAX_KEY_BYTES = 1024
+MAX_KEY_BYTES = key_limits.MAX_KEY_BYTES
 MAX_ITEM_BYTES = 256  # an item is short: a changed row's id, not the row
 
 

@@ -406,6 +406,9 @@ class HttpApi:
                 return web.json_response(await self._c.query.explain(key))
         except UnknownKeyError:
             raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), key=exc.key, invalid_keys=[
+                {"key": exc.key, "error": exc.reason}]) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
 

@@ -497,6 +497,16 @@ async def test_delete_of_a_key_no_rule_matches_is_404_and_of_an_unstorable_one_4
     assert body["invalid_keys"][0]["key"] == "stats:user:\0"
 
 
+async def test_a_key_over_the_length_limit_is_422_on_explain_and_cancel_not_matched(
+        make_node: NodeFactory) -> None:
+    node = await make_node(worker=False)
+    long_key = "stats:user:" + "x" * 2000  # its rule's pattern would match it
+    for method in ("GET", "DELETE"):
+        status, body, _ = await node.request(method, "/keys/" + long_key)
+        assert status == 422, (method, body)
+        assert "over the limit of 1024" in body["invalid_keys"][0]["error"]
+
+
 async def test_delete_needs_the_token_and_a_running_node(make_node: NodeFactory) -> None:
     node = await make_node(worker=False, token=TOKEN)
     assert (await node.touch({"keys": ["stats:user:1"]}, token=TOKEN))[0] == 202
