@@ -62,10 +62,17 @@ class UnknownKeyError(KeyRefusedError):
 
     def closest(self) -> str | None:
         """How the rule most like the key is named; None when none is much alike."""
-        scored = [(difflib.SequenceMatcher(None, self.key, text).ratio(), name)
-                  for text, name in self.near]
-        ratio, name = max(scored, key=lambda pair: pair[0], default=(0.0, None))
-        return name if ratio >= CLOSE_ENOUGH else None
+        compared = difflib.SequenceMatcher(None, self.key[:CLOSEST_CHARS])
+        best, found = -1.0, None
+        for text, name in self.near:  # a rule that cannot beat the best is not scored
+            compared.set_seq2(text)
+            floor = max(best, CLOSE_ENOUGH)
+            if compared.real_quick_ratio() < floor or compared.quick_ratio() < floor:
+                continue
+            ratio = compared.ratio()
+            if ratio > best:
+                best, found = ratio, name
+        return found if best >= CLOSE_ENOUGH else None
 
     def __str__(self) -> str:
         where = f" in {self.rules_file}" if self.rules_file else ""
@@ -75,6 +82,7 @@ class UnknownKeyError(KeyRefusedError):
 
 
 CLOSE_ENOUGH = 0.6  # how alike (0 to 1, difflib's ratio) a rule must be to be suggested
+CLOSEST_CHARS = 200  # of a key, compared with the rules (bounds the cost of a long key)
 
 
 class InvalidKeyError(KeyRefusedError):

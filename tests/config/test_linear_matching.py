@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Any
 
 import pytest
 
 from coalescer.config.matcher import Work
 from coalescer.config.patterns import _TOKEN_RE, KeyPattern
 from coalescer.config.rules import Config
-from coalescer.errors import InvalidKeyError
+from coalescer.errors import InvalidKeyError, UnknownKeyError
 
 
 def regex_of(source: str) -> str:
@@ -129,3 +130,24 @@ def test_a_key_over_the_length_limit_is_refused_before_any_rule_is_tried() -> No
             config.match(key)
         with pytest.raises(InvalidKeyError):
             config.rule_for(key)
+
+
+class CountedKey(str):
+    """A key that counts how often its characters are read one by one."""
+
+    reads = 0
+
+    def __getitem__(self, index: Any) -> str:
+        CountedKey.reads += 1
+        return str.__getitem__(self, index)
+
+
+def test_the_closest_rule_of_a_long_unknown_key_is_found_from_its_start_only() -> None:
+    # the message of an unknown 1 KiB key compared every character with 10,000 rules
+    # (6.8 s); it compares its first 200 characters
+    near = [(f"t{n}:orders:", f"rule r{n}") for n in range(1000)]
+    key = CountedKey("t17:orders:" + "9" * (1 << 16))
+    error = UnknownKeyError(key, near=near)
+    assert error.closest() is None  # not alike enough over 200 characters
+    assert CountedKey.reads <= 1
+    assert UnknownKeyError("t17:orders:", near=near).closest() == "rule r17"
