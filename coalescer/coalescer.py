@@ -56,7 +56,8 @@ from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
 from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
-from coalescer.write.room import DEFAULT_TIMEOUT, touch_blocking, touch_waiting
+from coalescer.write.room import DEFAULT_TIMEOUT, Wanted, touch_blocking, touch_waiting
+from coalescer.write.schedule import At, Delay, schedule_spec
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,16 @@ def _refuse_sources_that_cannot_run(config: Config) -> None:
         raise ConfigError.combine(problems)
 
 
+def _spec(keys: list[str], at: At | None, delay: Delay | None) -> str | None:
+    """The wire form of the time of touches of ``keys`` (write/schedule.py), None for
+    plain ones; InvalidScheduleError names the first key (and how many more)."""
+    if at is None and delay is None:
+        return None
+    shown = keys[0] if len(keys) == 1 else (
+        f"{keys[0]} (and {len(keys) - 1} more)" if keys else "(no key)")
+    return schedule_spec(shown, at, delay)
+
+
 def _task_ended(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("background task %s died: %r", task.get_name(), task.exception(),
@@ -191,8 +202,17 @@ class Coalescer:
 
     # -- the write path --------------------------------------------------------------
 
-    def touch(self, key: str, item: str | None = None) -> None:
+    def touch(self, key: str, item: str | None = None, *, at: At | None = None,
+              delay: Delay | None = None) -> None:
         """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
+
+        With ``at`` (an aware datetime, epoch seconds, or ISO-8601 text with an offset)
+        or ``delay`` (seconds, or a duration string such as "30m"), the key is due at
+        exactly that time instead (Redis server clock; a delay counts from when Redis
+        takes the touch), replacing any due time it had; a plain touch after it moves it
+        as usual. A time that cannot be read, a naive datetime, a negative delay, both
+        given, or one more than 10 years ahead raises InvalidScheduleError (naming the
+        key and the value) and touches nothing.
 
         Sync, non-blocking, safe from any thread. With ``item`` (a short string, e.g. a
         changed row's id; the key's rule must have ``items:``), the refresh's
@@ -204,28 +224,38 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
-        if item is None:
+        if at is not None or delay is not None:
+            self._absorber.touch_scheduled(key, _spec([key], at, delay) or "", item)
+        elif item is None:
             self._absorber.touch(key)
         else:
             self._absorber.touch_item(key, item)
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = ()) -> None:
+    def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = (),
+                    at: At | None = None, delay: Delay | None = None) -> None:
         """Touch each key of the ``(key, item)`` pairs with its item, and each of ``keys``
         plainly: every one or none (UnknownKeyError, InvalidKeyError, InvalidItemError,
-        BackpressureError, ClosedError)."""
+        InvalidScheduleError, BackpressureError, ClosedError). ``at``/``delay``: the
+        time of every one of them (see ``touch``)."""
         if self._state != "running":
             raise self._not_running("touch_items()")
-        self._run.absorber.touch_items(pairs, keys)
+        pairs, keys = list(pairs), list(keys)
+        spec = _spec([k for k, _ in pairs] + keys, at, delay)
+        self._run.absorber.touch_items(pairs, keys, spec)
 
-    def touch_many(self, keys: Iterable[str]) -> None:
-        """Touch every key or none (UnknownKeyError, InvalidKeyError, BackpressureError,
-        ClosedError)."""
+    def touch_many(self, keys: Iterable[str], *, at: At | None = None,
+                   delay: Delay | None = None) -> None:
+        """Touch every key or none (UnknownKeyError, InvalidKeyError, InvalidScheduleError,
+        BackpressureError, ClosedError). ``at``/``delay``: the time of every one of them
+        (see ``touch``); it is checked, with every key, before any key is buffered."""
         if self._state != "running":
             raise self._not_running("touch_many()")
-        self._run.absorber.touch_many(list(keys))
+        keys = list(keys)
+        self._run.absorber.touch_many(keys, _spec(keys, at, delay))
 
     async def touch_wait(self, key: str, item: str | None = None, *,
-                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                         timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                         delay: Delay | None = None) -> None:
         """``touch(key)`` that waits while the buffer is full, for bulk writers.
 
         Returns once the touch is buffered, as ``touch`` does; while the buffer is
@@ -236,13 +266,15 @@ class Coalescer:
         if self._state != "running":
             raise self._not_running(f"touch_wait({key!r})")
         try:
-            self.touch(key, item)  # room in the buffer: as cheap as touch
+            self.touch(key, item, at=at, delay=delay)  # room in the buffer: as cheap as touch
         except BackpressureError:
             keys, pairs = ([key], []) if item is None else ([], [(key, item)])
-            await touch_waiting(self._absorber, keys, timeout, f"touch_wait({key!r})", pairs)
+            await touch_waiting(self._absorber, Wanted(keys, pairs, _spec([key], at, delay)),
+                                timeout, f"touch_wait({key!r})")
 
     async def touch_many_wait(self, keys: Iterable[str], *,
-                              timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                              timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                              delay: Delay | None = None) -> None:
         """Touch every key, waiting while the buffer is full (see ``touch_wait``).
 
         Every key is checked first: one that is refused (UnknownKeyError,
@@ -252,20 +284,28 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running("touch_many_wait()")
-        await touch_waiting(self._run.absorber, list(keys), timeout, "touch_many_wait()")
+        keys = list(keys)
+        spec = _spec(keys, at, delay)
+        await touch_waiting(self._run.absorber, Wanted(keys, (), spec), timeout,
+                            "touch_many_wait()")
 
     async def touch_items_wait(self, pairs: Iterable[tuple[str, str]], *,
-                               timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                               timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                               delay: Delay | None = None) -> None:
         """``touch_items`` that waits while the buffer is full, as ``touch_many_wait``
         does (every pair is checked first; on timeout, BackpressureError says how many
         went in)."""
         if self._state != "running":
             raise self._not_running("touch_items_wait()")
-        await touch_waiting(self._run.absorber, [], timeout, "touch_items_wait()", list(pairs))
+        pairs = list(pairs)
+        spec = _spec([k for k, _ in pairs], at, delay)
+        await touch_waiting(self._run.absorber, Wanted([], pairs, spec), timeout,
+                            "touch_items_wait()")
 
     def touch_blocking(self, keys: Iterable[str], *, timeout: float | None = DEFAULT_TIMEOUT,
                        what: str = "touch_blocking()",
-                       pairs: Iterable[tuple[str, str]] = ()) -> None:
+                       pairs: Iterable[tuple[str, str]] = (), at: At | None = None,
+                       delay: Delay | None = None) -> None:
         """``touch_many_wait`` for a thread that is not running an event loop: blocks
         it while the buffer is full (``SyncCoalescer.touch_wait`` is this)."""
         if self._state != "running":
@@ -278,7 +318,9 @@ class Coalescer:
             raise RuntimeError(f"{what} would block the event loop running in this "
                                "thread (and the flusher that frees room): await "
                                "touch_wait() or touch_many_wait() instead")
-        touch_blocking(self._run.absorber, list(keys), timeout, what, list(pairs))
+        keys, pairs = list(keys), list(pairs)
+        spec = _spec(keys + [k for k, _ in pairs], at, delay)
+        touch_blocking(self._run.absorber, Wanted(keys, pairs, spec), timeout, what)
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
@@ -553,11 +595,13 @@ class Coalescer:
 
     def health_problems(self) -> list[str]:
         """What makes /healthz answer 503 apart from reachability and the age of the
-        oldest unwritten touch: Redis refusing writes (with its reply), and a
-        maxmemory-policy that may evict coalescer's keys."""
+        oldest unwritten touch: Redis refusing writes (with its reply), a
+        maxmemory-policy that may evict coalescer's keys, and a source that cannot read
+        (a Kafka broker down)."""
         run = self._run
         found = [run.absorber.refused_by,
                  run.policy.reason if run.policy is not None else None]
+        found += [problem for source in run.sources for problem in source.problems()]
         return [problem for problem in found if problem]
 
     def _start_worker(self, run: Run) -> None:

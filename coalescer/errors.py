@@ -110,6 +110,22 @@ class InvalidItemError(KeyRefusedError):
                 f"touched: {self.reason}")
 
 
+class InvalidScheduleError(CoalescerError, ValueError):
+    """A touch's time (``at`` or ``delay``) that was refused: unparsable, a naive
+    datetime, a negative delay, both given, or beyond the horizon. Nothing of the call
+    that carried it was applied."""
+
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        self.key = key
+        self.value = value
+        self.reason = reason
+        super().__init__(key, value, reason)
+
+    def __str__(self) -> str:
+        return (f"time {shown_key(self.value)} of the touch of key {shown_key(self.key)} "
+                f"refused: {self.reason}")
+
+
 def shown_key(key: object, limit: int = 80) -> str:
     """``repr(key)``, cut short for a very long key."""
     if isinstance(key, str) and len(key) > limit:

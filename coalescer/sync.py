@@ -16,6 +16,7 @@ from coalescer.common import forksafe
 from coalescer.errors import BackpressureError, ClosedError, UnwrittenTouchesError
 from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
+from coalescer.write.schedule import At, Delay
 
 log = logging.getLogger(__name__)
 
@@ -104,20 +105,31 @@ class SyncCoalescer:
         # Published once started: a touch from another thread meanwhile waits in _revive.
         self._loop, self._thread = loop, thread
 
-    def touch(self, key: str, item: str | None = None) -> None:
-        """Buffer one touch (with ``item``, if given); see ``Coalescer.touch``."""
+    def touch(self, key: str, item: str | None = None, *, at: At | None = None,
+              delay: Delay | None = None) -> None:
+        """Buffer one touch (with ``item`` and a time ``at``/``delay``, if given); see
+        ``Coalescer.touch``."""
         if self._loop is None and self._revive(f"touch({key!r})") is None:
             raise self._not_started(f"touch({key!r})")
-        self.coalescer.touch(key, item)
+        self.coalescer.touch(key, item, at=at, delay=delay)
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]]) -> None:
+    def touch_many(self, keys: Iterable[str], *, at: At | None = None,
+                   delay: Delay | None = None) -> None:
+        """Buffer every touch or none; see ``Coalescer.touch_many``."""
+        if self._loop is None and self._revive("touch_many()") is None:
+            raise self._not_started("touch_many()")
+        self.coalescer.touch_many(keys, at=at, delay=delay)
+
+    def touch_items(self, pairs: Iterable[tuple[str, str]], *, at: At | None = None,
+                    delay: Delay | None = None) -> None:
         """Buffer every (key, item) touch or none; see ``Coalescer.touch_items``."""
         if self._loop is None and self._revive("touch_items()") is None:
             raise self._not_started("touch_items()")
-        self.coalescer.touch_items(pairs)
+        self.coalescer.touch_items(pairs, at=at, delay=delay)
 
     def touch_wait(self, key: str, item: str | None = None, *,
-                   timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                   timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                   delay: Delay | None = None) -> None:
         """``touch(key)`` that blocks this thread while the buffer is full.
 
         For bulk writers (an import, a backfill): returns once the touch is buffered;
@@ -128,20 +140,21 @@ class SyncCoalescer:
         if self._loop is None and self._revive(f"touch_wait({key!r})") is None:
             raise self._not_started(f"touch_wait({key!r})")
         try:
-            self.coalescer.touch(key, item)  # room in the buffer: as cheap as touch
+            self.coalescer.touch(key, item, at=at, delay=delay)  # as cheap as touch
         except BackpressureError:
             keys, pairs = ([key], []) if item is None else ([], [(key, item)])
             self.coalescer.touch_blocking(keys, timeout=timeout, what=f"touch_wait({key!r})",
-                                          pairs=pairs)
+                                          pairs=pairs, at=at, delay=delay)
 
     def touch_many_wait(self, keys: Iterable[str], *,
-                        timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                        timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                        delay: Delay | None = None) -> None:
         """Touch every key, blocking while the buffer is full; see
         ``Coalescer.touch_many_wait`` for what is checked first and what a timeout keeps."""
         what = "touch_many_wait()"
         if self._loop is None and self._revive(what) is None:
             raise self._not_started(what)
-        self.coalescer.touch_blocking(keys, timeout=timeout, what=what)
+        self.coalescer.touch_blocking(keys, timeout=timeout, what=what, at=at, delay=delay)
 
     def cancel(self, key: str, *, timeout: float | None = 30.0) -> CancelOutcome:
         """Drop ``key``'s pending refresh; see ``Coalescer.cancel_many``."""
@@ -156,13 +169,15 @@ class SyncCoalescer:
         return outcome
 
     def touch_items_wait(self, pairs: Iterable[tuple[str, str]], *,
-                         timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                         timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
+                         delay: Delay | None = None) -> None:
         """Touch every (key, item) pair, blocking while the buffer is full; see
         ``Coalescer.touch_items_wait``."""
         what = "touch_items_wait()"
         if self._loop is None and self._revive(what) is None:
             raise self._not_started(what)
-        self.coalescer.touch_blocking([], timeout=timeout, what=what, pairs=pairs)
+        self.coalescer.touch_blocking([], timeout=timeout, what=what, pairs=pairs, at=at,
+                                      delay=delay)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until Redis holds every touch made before this call; see

@@ -2,8 +2,10 @@
 
     pending  "FIRST|DUE|LAST|ATTEMPTS"   FIRST in lowercase hex, DUE and LAST as
              offsets from it; LAST and ATTEMPTS left out while zero (an older
-             "P|FIRST|LAST|ATTEMPTS|DUE" is read too)
-    running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
+             "P|FIRST|LAST|ATTEMPTS|DUE" is read too); an "S" in front marks a due
+             time set by a touch's own time (``at``/``delay``)
+    running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE" (RDUE "S"-prefixed
+             when the touch it re-arms had a time of its own)
     dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
 
 Times are server-clock epoch milliseconds. store/lua/_lib.lua writes and reads the same forms.
@@ -25,6 +27,7 @@ class Pending:
     last_ms: int
     attempts: int
     due_ms: int
+    scheduled: bool = False  # the due time is a touch's own time (at/delay)
 
 
 def kind(value: str | None) -> str:
@@ -50,10 +53,11 @@ def pending(value: str) -> Pending | None:
     if value.startswith("P|"):
         first, last, attempts, due = (_num(f) for f in fields(value, 4))
         return Pending(first_ms=first, last_ms=last, attempts=attempts, due_ms=due)
-    found = _PENDING.fullmatch(value)
+    scheduled = value.startswith("S")
+    found = _PENDING.fullmatch(value[1:] if scheduled else value)
     if found is None:
         return None
     first_hex, due_off, last_off, tries = found.groups()
     start = int(first_hex, 16)
     return Pending(first_ms=start, last_ms=start + int(last_off or 0),
-                   attempts=int(tries or 0), due_ms=start + int(due_off))
+                   attempts=int(tries or 0), due_ms=start + int(due_off), scheduled=scheduled)

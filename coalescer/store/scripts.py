@@ -70,6 +70,8 @@ class UpsertGroup:
     # keys of an old shard while a reshard runs: written only where the shard still
     # holds them, the others come back as ``asked`` (for their new shard)
     held: bool = False
+    # key -> its touch's time (write/schedule.py), for some of ``keys``
+    schedules: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +297,13 @@ def _upsert_items(groups: Sequence[UpsertGroup]) -> list[Any]:
     return args
 
 
+def _upsert_times(group: UpsertGroup) -> str:
+    """The times section of a group ("" for plain touches): KEY NUL TIME NUL ..."""
+    if not group.schedules:
+        return ""
+    return KEY_SEPARATOR.join(f for pair in group.schedules.items() for f in pair)
+
+
 def _held(encoded: Sequence[str]) -> dict[int, int]:
     pairs = (item.split("|", 1) for item in encoded)
     return {int(r): int(n) for r, n in pairs}
@@ -355,7 +364,7 @@ class Scripts:
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
             args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
-                     1 if g.held else 0]
+                     1 if g.held else 0, _upsert_times(g)]
         items = _upsert_items(groups)
         if items:
             args += [shard.items_prefix, *items]

@@ -25,6 +25,12 @@ keeps its distinct items in ``_items`` (at most its rule's ``items.max``; past i
 the items of its keys (``Batch.item_sets``). Plain touches never look at them. Buffered
 items are bounded too (``max_items``).
 
+A touch with a time of its own (``at``/``delay``, see write/schedule.py) keeps the
+time's wire form in ``_schedules`` beside its key (the latest one wins); a plain touch
+of the key after it marks it (``+``): the write then applies the schedule and the
+plain touch after it, in that order. A batch carries them in ``Batch.schedules``; plain
+touches look at them only while some key of the buffer has one.
+
 A full buffer refuses ``touch`` (BackpressureError). Writers that would rather wait
 ``offer`` keys and wait for room: a thread on a condition, a coroutine on a future,
 both woken when a write ends and its keys leave the buffer (``written``, ``discard``),
@@ -45,11 +51,14 @@ from coalescer.errors import BackpressureError, ClosedError
 from coalescer.store.keycheck import check_item, check_key
 from coalescer.store.scripts import OVERFLOW
 from coalescer.write.recent_writes import RecentWrites
+from coalescer.write.schedule import then_plain
 
 Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError
 Entry = tuple[str, Rule, str | None]  # a checked touch waiting for room: key, rule, item
 ItemSets = Mapping[str, Collection[str]]  # key -> its items ("" for an overflow)
 NO_ITEMS: ItemSets = MappingProxyType({})
+Schedules = Mapping[str, str]  # key -> the wire form of its touch's time
+NO_SCHEDULES: Schedules = MappingProxyType({})
 ITEMS_PER_KEY = 10  # buffered items allowed per buffered key, on average (max_items)
 
 
@@ -66,6 +75,7 @@ class Batch(dict[str, Rule]):
     since: float
     taken_at: float
     item_sets: ItemSets = NO_ITEMS
+    schedules: Schedules = NO_SCHEDULES
 
 
 def _add_item(bag: set[str], item: str, most: int) -> int:
@@ -95,6 +105,7 @@ class Absorber:
         self._max_items = max_items if max_items is not None else max_keys * ITEMS_PER_KEY
         self._pending: dict[str, Rule] = {}
         self._items: dict[str, set[str]] = {}  # items of pending keys, where some were touched
+        self._schedules: dict[str, str] = {}  # times of pending keys touched with one
         self._item_count = 0  # items buffered: in ``_items`` and in batches being written
         self._taken = 0  # keys taken for a write that has not yet succeeded or failed
         self._pending_since: float | None = None  # oldest touch in ``pending``, about
@@ -135,7 +146,7 @@ class Absorber:
 
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError."""
-        if key in self._pending:
+        if key in self._pending and (not self._schedules or self._plain_after(key)):
             self.absorbed += 1
             return
         check_key(key)  # a key Redis cannot store is refused here: not counted
@@ -151,6 +162,32 @@ class Absorber:
                 self._pending_since = time.monotonic()
         self._poke()
 
+    def _plain_after(self, key: str) -> bool:
+        """Mark a plain touch of buffered ``key`` after its scheduled one; False when the
+        key is no longer buffered (a write took it meanwhile)."""
+        with self._lock:
+            if key not in self._pending:
+                return False
+            self._timed_locked(key, None)
+            return True
+
+    def _timed_locked(self, key: str, spec: str | None) -> None:
+        """A touch of buffered ``key`` with time ``spec`` (None: a plain touch), lock held."""
+        if spec is not None:
+            self._schedules[key] = spec  # the latest schedule wins
+        elif self._schedules:
+            old = self._schedules.get(key)
+            if old is not None:
+                self._schedules[key] = then_plain(old)
+
+    def touch_scheduled(self, key: str, spec: str, item: str | None = None) -> None:
+        """Buffer one touch of ``key`` with its time ``spec`` (write/schedule.py) and
+        ``item``; the errors of ``touch`` and ``touch_item``."""
+        if item is None:
+            self.touch_many([key], spec)
+        else:
+            self.touch_items([(key, item)], (), spec)
+
     def touch_item(self, key: str, item: str) -> None:
         """Buffer one touch of ``key`` carrying ``item``. Raises UnknownKeyError,
         InvalidKeyError, InvalidItemError (also for a key whose rule takes no items),
@@ -159,11 +196,14 @@ class Absorber:
         with self._lock:
             self._room_for_item(key, item)
             self._item_locked(key, rule, item)
+            self._timed_locked(key, None)
         self._poke()
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]], keys: Iterable[str] = ()) -> None:
+    def touch_items(self, pairs: Iterable[tuple[str, str]], keys: Iterable[str] = (),
+                    spec: str | None = None) -> None:
         """Buffer every (key, item) touch, and every plain touch of ``keys``, or none: a
-        refused one (KeyRefusedError) or BackpressureError applies nothing."""
+        refused one (KeyRefusedError) or BackpressureError applies nothing. ``spec``:
+        the time of every one of them (write/schedule.py), None for plain touches."""
         checked = [(key, self._item_rule(key, item), item) for key, item in pairs]
         plain = {key: self._rule(key) for key in keys}
         with self._lock:
@@ -178,8 +218,11 @@ class Absorber:
                 raise self._items_full(f"{len(checked)} items")
             for key, rule, item in checked:
                 self._item_locked(key, rule, item)
+                self._timed_locked(key, spec)
             if plain:
                 self._plain_locked(plain)
+                for key in plain:
+                    self._timed_locked(key, spec)
         if checked or plain:
             self._poke()
 
@@ -245,14 +288,17 @@ class Absorber:
         (KeyRefusedError, InvalidItemError) before anything is buffered."""
         return [(key, self._item_rule(key, item), item) for key, item in pairs]
 
-    def offer(self, items: list[Entry], start: int) -> int:
-        """Buffer ``items[start:]`` in order while there is room; returns the index of
-        the first one left out (``len(items)``: all are in). Raises ClosedError once
-        ``close_waits`` was called."""
+    def offer(self, items: list[Entry], start: int, spec: str | None = None) -> int:
+        """Buffer ``items[start:]`` in order while there is room (each with the time
+        ``spec``, None for plain touches); returns the index of the first one left out
+        (``len(items)``: all are in). Raises ClosedError once ``close_waits`` was called."""
         with self._lock:
             if self._closing:
                 raise ClosedError("touch refused: the coalescer is closing")
             i = self._offer_locked(items, start)
+            if spec is not None or self._schedules:
+                for key, _, _ in items[start:i]:
+                    self._timed_locked(key, spec)
         if i > start:
             self._poke()
         return i
@@ -321,9 +367,9 @@ class Absorber:
         for loop, future in futures:
             loop.call_soon_threadsafe(_resolve, future)
 
-    def touch_many(self, keys: list[str]) -> None:
+    def touch_many(self, keys: list[str], spec: str | None = None) -> None:
         """Buffer every key or none: a refused key (KeyRefusedError) or BackpressureError
-        applies nothing."""
+        applies nothing. ``spec``: the time of every touch (write/schedule.py)."""
         rules = {key: self._rule(key) for key in keys}
         with self._lock:
             new = [key for key in rules if key not in self._pending]
@@ -333,6 +379,9 @@ class Absorber:
                     f"buffered (the bound is {self._max_keys}) and not yet written to Redis "
                     f"({self.why_unwritten()})")
             self._pending.update(rules)
+            if spec is not None or self._schedules:
+                for key in rules:
+                    self._timed_locked(key, spec)
             if new and self._pending_since is None:
                 self._pending_since = time.monotonic()
             fresh = bool(new)  # held keys too (see touch)
@@ -349,6 +398,7 @@ class Absorber:
             gone = {key for key in keys if self._pending.pop(key, None) is not None}
             for key in gone:
                 self._item_count -= len(self._items.pop(key, ()))
+                self._schedules.pop(key, None)
             if not self._pending:
                 self._pending_since = None
             if gone:
@@ -373,6 +423,8 @@ class Absorber:
                 self._pending, self._pending_since = self._split_ready(ready)
             if self._items:  # only where items were touched: plain touches skip this
                 self._take_items(ready)
+            if self._schedules:  # likewise for touches with a time
+                self._take_schedules(ready)
             if ready:
                 self._taken += len(ready)
                 self._taken_since[ready.since] += len(ready)
@@ -385,6 +437,14 @@ class Absorber:
             ready.item_sets, self._items = self._items, {}
             return
         ready.item_sets = {key: self._items.pop(key) for key in list(self._items) if key in ready}
+
+    def _take_schedules(self, ready: Batch) -> None:
+        """Move the times of the keys in ``ready`` along with them (lock held)."""
+        if not self._pending:
+            ready.schedules, self._schedules = self._schedules, {}
+            return
+        ready.schedules = {key: self._schedules.pop(key) for key in list(self._schedules)
+                           if key in ready}
 
     def finished(self, batch: Batch) -> None:
         """The write of ``batch`` is over (each key written, given back or discarded):
@@ -453,10 +513,12 @@ class Absorber:
         self._recent.add(batch)
 
     def give_back(self, batch: Mapping[str, Rule], since: float | None = None,
-                  items: ItemSets = NO_ITEMS) -> None:
-        """Return unwritten keys (and their ``items``) to the buffer; nothing accepted is
-        lost."""
+                  items: ItemSets = NO_ITEMS, schedules: Schedules = NO_SCHEDULES) -> None:
+        """Return unwritten keys (and their ``items`` and times) to the buffer; nothing
+        accepted is lost."""
         with self._lock:
+            if schedules:
+                self._give_back_schedules(schedules)
             self._finish(batch, since)
             for key, rule in batch.items():
                 self._pending.setdefault(key, rule)
@@ -466,6 +528,14 @@ class Absorber:
             if batch and stamp is not None:
                 old = self._pending_since
                 self._pending_since = stamp if old is None else min(old, stamp)
+
+    def _give_back_schedules(self, schedules: Schedules) -> None:
+        """Unwritten times go back behind what was touched since (lock held): a newer
+        time wins, a plain touch since follows the old one."""
+        for key, spec in schedules.items():
+            if key in self._schedules:
+                continue
+            self._schedules[key] = then_plain(spec) if key in self._pending else spec
 
     def _give_back_items(self, key: str, rule: Rule, items: Collection[str]) -> None:
         """Merge a key's unwritten items into what was touched since (lock held)."""

@@ -35,7 +35,14 @@ from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
-from coalescer.write.absorber import NO_ITEMS, Absorber, Batch, ItemSets
+from coalescer.write.absorber import (
+    NO_ITEMS,
+    NO_SCHEDULES,
+    Absorber,
+    Batch,
+    ItemSets,
+    Schedules,
+)
 from coalescer.write.failures import (
     KEY,
     REASON_REDIS,
@@ -70,16 +77,20 @@ def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
         yield items[i : i + size]
 
 
-def _group(rule: Rule, keys: list[str], items: ItemSets) -> UpsertGroup:
+def _group(rule: Rule, keys: list[str], items: ItemSets,
+           times: Schedules = NO_SCHEDULES) -> UpsertGroup:
     mine = {key: items[key] for key in keys if key in items}
+    timed = {key: times[key] for key in keys if key in times} if times else None
     return UpsertGroup(rule.name, _ms(rule.window), _ms(rule.max_wait), keys,
-                       mine or None, rule.items.max if rule.items is not None else 0)
+                       mine or None, rule.items.max if rule.items is not None else 0,
+                       schedules=timed or None)
 
 
 def _split_with_items(rules: dict[str, Rule], keys_by_rule: dict[str, list[str]],
-                      items: ItemSets) -> Iterable[list[UpsertGroup]]:
-    """One shard's keys and their items as calls of at most MAX_KEYS_PER_CALL keys and
-    MAX_ITEMS_PER_CALL keys and items each (a key's items are never split)."""
+                      items: ItemSets,
+                      times: Schedules = NO_SCHEDULES) -> Iterable[list[UpsertGroup]]:
+    """One shard's keys, their items and times as calls of at most MAX_KEYS_PER_CALL
+    keys and MAX_ITEMS_PER_CALL keys and items each (a key's items are never split)."""
     call: list[UpsertGroup] = []
     part: list[str] = []
     keys_in, weight = 0, 0
@@ -88,13 +99,13 @@ def _split_with_items(rules: dict[str, Rule], keys_by_rule: dict[str, list[str]]
             cost = 1 + len(items.get(key, ()))
             if (keys_in >= MAX_KEYS_PER_CALL or weight + cost > MAX_ITEMS_PER_CALL) and keys_in:
                 if part:
-                    call.append(_group(rules[name], part, items))
+                    call.append(_group(rules[name], part, items, times))
                 yield call
                 call, part, keys_in, weight = [], [], 0, 0
             part.append(key)
             keys_in, weight = keys_in + 1, weight + cost
         if part:
-            call.append(_group(rules[name], part, items))
+            call.append(_group(rules[name], part, items, times))
             part = []
     if call:
         yield call
@@ -119,6 +130,13 @@ def _items_of(groups: list[UpsertGroup]) -> ItemSets:
     if not any(g.items for g in groups):
         return NO_ITEMS
     return {key: items for g in groups if g.items for key, items in g.items.items()}
+
+
+def _times_of(groups: list[UpsertGroup]) -> Schedules:
+    """The times the groups carry, by key."""
+    if not any(g.schedules for g in groups):
+        return NO_SCHEDULES
+    return {key: t for g in groups if g.schedules for key, t in g.schedules.items()}
 
 
 def _keys_of(groups: list[UpsertGroup], batch: Batch) -> dict[str, Rule]:
@@ -302,7 +320,7 @@ class Flusher:
         try:
             parts = self._groups(batch, keyspace)
         except BaseException:
-            self._absorber.give_back(batch)
+            self._absorber.give_back(batch, schedules=batch.schedules)
             raise
         await self._deliver_all(Hop(keyspace), parts, batch)
         self._record(len(batch))
@@ -380,7 +398,8 @@ class Flusher:
 
     def _give_back(self, groups: list[UpsertGroup], batch: Batch) -> None:
         """The groups' keys (and items) go back to the buffer: their write failed."""
-        self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups))
+        self._absorber.give_back(_keys_of(groups, batch), batch.since, _items_of(groups),
+                                 _times_of(groups))
 
     def _written(self, failed: dict[str, str], keys: dict[str, Rule], items: ItemSets,
                  batch: Batch) -> None:
@@ -426,9 +445,10 @@ class Flusher:
         by_shard = self._by_shard(batch, rules, keyspace)
         out = []
         items = batch.item_sets if isinstance(batch, Batch) else NO_ITEMS
+        times = batch.schedules if isinstance(batch, Batch) else NO_SCHEDULES
         for shard, keys_by_rule in by_shard.items():
-            split = (self._split(rules, keys_by_rule) if not items
-                     else _split_with_items(rules, keys_by_rule, items))
+            split = (self._split(rules, keys_by_rule) if not items and not times
+                     else _split_with_items(rules, keys_by_rule, items, times))
             for chunk in split:
                 out.append((shard, mark_held(keyspace, shard, chunk)))
         return out

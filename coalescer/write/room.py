@@ -15,12 +15,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from coalescer.common.plural import plural
 from coalescer.errors import BackpressureError
 from coalescer.write.absorber import Absorber, Entry
 
 DEFAULT_TIMEOUT = 30.0  # seconds a waiting touch waits for room, by default
+
+
+class Wanted(NamedTuple):
+    """Touches to buffer: plain ones of ``keys``, (key, item) ones of ``pairs``, all
+    with the time ``spec`` (write/schedule.py; None: no time of their own)."""
+
+    keys: Sequence[str]
+    pairs: Sequence[tuple[str, str]] = ()
+    spec: str | None = None
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -53,27 +63,26 @@ def _entries(absorber: Absorber, keys: Sequence[str],
     return absorber.rules_of(list(keys)) + absorber.rules_of_items(list(pairs))
 
 
-def touch_blocking(absorber: Absorber, keys: Sequence[str], timeout: float | None,
-                   what: str, pairs: Sequence[tuple[str, str]] = ()) -> None:
-    """Buffer ``keys`` (and the (key, item) touches ``pairs``), blocking this thread
-    while the buffer is full."""
+def touch_blocking(absorber: Absorber, wanted: Wanted, timeout: float | None,
+                   what: str) -> None:
+    """Buffer the ``wanted`` touches, blocking this thread while the buffer is full."""
     deadline = _deadline(timeout)
-    items = _entries(absorber, keys, pairs)
-    done = absorber.offer(items, 0)
+    items, spec = _entries(absorber, wanted.keys, wanted.pairs), wanted.spec
+    done = absorber.offer(items, 0, spec)
     while done < len(items):
         left = _left(deadline)
         if left == 0 or not absorber.wait_room(left):
             raise _timed_out(absorber, what, done, len(items), timeout)
-        done = absorber.offer(items, done)
+        done = absorber.offer(items, done, spec)
 
 
-async def touch_waiting(absorber: Absorber, keys: Sequence[str], timeout: float | None,
-                        what: str, pairs: Sequence[tuple[str, str]] = ()) -> None:
-    """Buffer ``keys`` (and the (key, item) touches ``pairs``), suspending the calling
-    coroutine while the buffer is full."""
+async def touch_waiting(absorber: Absorber, wanted: Wanted, timeout: float | None,
+                        what: str) -> None:
+    """Buffer the ``wanted`` touches, suspending the calling coroutine while the buffer
+    is full."""
     deadline = _deadline(timeout)
-    items = _entries(absorber, keys, pairs)
-    done = absorber.offer(items, 0)
+    items, spec = _entries(absorber, wanted.keys, wanted.pairs), wanted.spec
+    done = absorber.offer(items, 0, spec)
     while done < len(items):
         left = _left(deadline)
         room = absorber.room_future()
@@ -83,4 +92,4 @@ async def touch_waiting(absorber: Absorber, keys: Sequence[str], timeout: float 
             await asyncio.wait_for(room, left)
         except TimeoutError:
             raise _timed_out(absorber, what, done, len(items), timeout) from None
-        done = absorber.offer(items, done)
+        done = absorber.offer(items, done, spec)

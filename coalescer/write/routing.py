@@ -19,13 +19,15 @@ Routed = list[tuple[int, list[UpsertGroup]]]
 
 
 def part(group: UpsertGroup, keys: Sequence[str], *, held: bool | None = None) -> UpsertGroup:
-    """``group`` with only ``keys`` (and their items); ``held`` changed if given."""
+    """``group`` with only ``keys`` (and their items and times); ``held`` changed if
+    given."""
     held = group.held if held is None else held
-    if not group.items:
+    if not group.items and not group.schedules:
         return replace(group, keys=keys, held=held)
-    items = group.items
+    items, times = group.items or {}, group.schedules or {}
     return replace(group, keys=keys, held=held,
-                   items={k: items[k] for k in keys if k in items})
+                   items={k: items[k] for k in keys if k in items} or None,
+                   schedules={k: times[k] for k in keys if k in times} or None)
 
 
 def mark_held(keyspace: KeySpace, shard: int, groups: list[UpsertGroup]) -> list[UpsertGroup]:

@@ -7,10 +7,12 @@
 --            ("18e2a4c1f00|500" is a key touched once, due 500 ms later): short
 --            values keep a pending key small, most of the memory a shard uses.
 --            An older "P|FIRST|LAST|ATTEMPTS|DUE" still decodes.
+--            "S" before it marks a due time set by a touch's own time (upsert.lua):
+--            the next plain touch replaces it instead of keeping the later of the two.
 --   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
 --            (the key is in inflight:RULE; the R* part, empty when there is
 --            none, is a touch that came while it ran, re-armed by ack, fail or
---            recovery; NODE, last as it may hold '|', is the node that claimed
+--            recovery; RDUE is "S"-prefixed when that touch had a time of its own; NODE, last as it may hold '|', is the node that claimed
 --            it. An older "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
 --            still decodes, with no node)
 --   dead     "D|FIRST|LAST|ATTEMPTS|ERROR"   (the key is in dead:RULE)
@@ -20,7 +22,8 @@
 -- A pending key's DUE is the truth; its score in due:RULE is a lower bound. A
 -- re-touch moves only DUE (HGET + HSET: constant time however many keys are
 -- pending), and claim.lua re-scores a key it finds early instead of claiming it.
--- Due times only ever grow while a key is pending, so the bound holds.
+-- Due times only ever grow while a key is pending, so the bound holds; a touch with
+-- a time of its own (which may move DUE earlier) re-scores the key itself.
 
 local CHUNK = 4000  -- values per unpack(): well within Lua's stack
 
@@ -79,20 +82,22 @@ end
 
 local function decode_running(v)
   local t, f, l, a, d, rd, rf, rl, node = string.match(
-    v, '^R|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)|(%d*)|(%d*)|(.*)$')
+    v, '^R|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(S?%d*)|(%d*)|(%d*)|(.*)$')
   if not t then  -- the older form, without the node
     local o = split(string.sub(v, 3), 8)
     t, f, l, a, d, rd, rf, rl = o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   end
+  local sched = rd ~= nil and string.sub(rd, 1, 1) == 'S'
+  if sched then rd = string.sub(rd, 2) end
   return {kind = 'R', token = tonumber(t), first = tonumber(f), last = tonumber(l),
           attempt = tonumber(a), due = tonumber(d), rdue = tonumber(rd),
-          rfirst = tonumber(rf), rlast = tonumber(rl), node = node}
+          rfirst = tonumber(rf), rlast = tonumber(rl), node = node, rsched = sched or nil}
 end
 
 -- FIRST, DUE, LAST and ATTEMPTS of a pending value of the short form, else nil (a
 -- running or dead value never reads as one: its letter is not lowercase hex).
 local function short_pending(v)
-  local first, due, last, attempts = string.match(v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+  local first, due, last, attempts = string.match(v, '^S?([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
   if not first then return nil end
   first = tonumber(first, 16)
   return first, first + tonumber(due), first + (tonumber(last) or 0), tonumber(attempts) or 0
@@ -118,7 +123,8 @@ local function decode(v)
   -- upsert.lua reports the key as one it cannot touch.
   local first, due, last, attempts = short_pending(v)
   if not first then return nil end
-  return {kind = 'P', first = first, due = due, last = last, attempts = attempts}
+  return {kind = 'P', first = first, due = due, last = last, attempts = attempts,
+          sched = kind == 'S' or nil}
 end
 
 -- FIRST, DUE, LAST and ATTEMPTS of a pending value `v`, without a table (claim.lua
@@ -139,9 +145,11 @@ local function pending(first, last, attempts, due)
   return v
 end
 
--- Make `key` pending, due at `due`, in meta and in its rule's due set.
-local function schedule(meta, due_key, key, first, last, attempts, due)
-  redis.call('HSET', meta, key, pending(first, last, attempts, due))
+-- Make `key` pending, due at `due`, in meta and in its rule's due set (`sched`: a
+-- due time set by a touch's own time).
+local function schedule(meta, due_key, key, first, last, attempts, due, sched)
+  local v = pending(first, last, attempts, due)
+  redis.call('HSET', meta, key, sched and ('S' .. v) or v)
   redis.call('ZADD', due_key, due, key)
 end
 
@@ -149,7 +157,8 @@ local function running(r)
   local v = 'R|' .. int(r.token) .. '|' .. int(r.first) .. '|' .. int(r.last) .. '|'
     .. int(r.attempt) .. '|' .. int(r.due)
   if r.rdue then
-    v = v .. '|' .. int(r.rdue) .. '|' .. int(r.rfirst) .. '|' .. int(r.rlast)
+    v = v .. '|' .. (r.rsched and 'S' or '') .. int(r.rdue) .. '|' .. int(r.rfirst) .. '|'
+      .. int(r.rlast)
   else
     v = v .. '|||'
   end
@@ -171,7 +180,7 @@ end
 -- Returns the new due time, or nil when nothing was touched while it ran.
 local function rearm(meta, due_key, key, r)
   if not r.rdue then return nil end
-  schedule(meta, due_key, key, r.rfirst, r.rlast, 0, r.rdue)
+  schedule(meta, due_key, key, r.rfirst, r.rlast, 0, r.rdue, r.rsched)
   return r.rdue
 end
 

@@ -11,9 +11,12 @@
 --           tokens keep growing when it comes here
 -- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, the N keys
 --           joined by NUL characters in one argument (cheap for the client to send),
---           and HELD: 1 for keys of an old shard in a running reshard, written here
+--           HELD: 1 for keys of an old shard in a running reshard, written here
 --           only if this shard still holds them (else they are "asked": the writer
---           writes them to their new shard), else 0
+--           writes them to their new shard), else 0, and TIMES: "" for plain
+--           touches, else KEY, TIME, KEY, TIME, ... joined by NUL for the keys of the
+--           group touched with a time of their own: "a" and epoch ms, or "d" and a
+--           delay in ms from now, then "+" when a plain touch followed it
 -- then, only when some key was touched with items (an empty section for plain touches):
 --   ITEMS-PREFIX, then per rule with items: ITEMS_MAX and one argument of fields
 --   joined by NUL: KEY, N, N items, KEY, N, N items, ... (an item "" says that more
@@ -24,6 +27,10 @@
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
 -- backoff). A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
+-- A touch with a time of its own makes the key due at exactly that time (a past one:
+-- now), whatever it was due at, and marks the state (an "S" in front, _lib.lua); a
+-- plain touch of a key so marked starts a new burst (due at t + W, first = t) instead
+-- of keeping the later due time. A running key keeps such a time for its re-arm.
 -- A group's states are read with one HMGET and written with one HSET (and one
 -- ZADD for the keys its due set must learn): a few commands per group, not per key.
 -- A key whose own state cannot be read (a script error while touching it, e.g. a
@@ -57,7 +64,9 @@ end
 local now = now_ms()
 
 local function touch_running(r, window, max_wait)
-  if r.rdue then
+  if r.rsched then  -- a plain touch after a time of its own: a new burst
+    r.rfirst, r.rdue, r.rsched = now, now + window, nil
+  elseif r.rdue then
     r.rdue = math.max(r.rdue, math.min(now + window, r.rfirst + max_wait))
   else
     r.rfirst, r.rdue = now, now + window
@@ -66,18 +75,54 @@ local function touch_running(r, window, max_wait)
   return running(r)
 end
 
--- The new state of a key that has one (`v`), and its due time when its due set
--- must learn it (a dead key starting again), else nil: a re-touch moves only the
--- due time kept in meta (see _lib.lua).
+-- The new state of a key that has one (`v`), its due time when its due set must
+-- learn it (a dead key starting again, a key whose own time a plain touch replaces),
+-- else nil: a re-touch moves only the due time kept in meta (see _lib.lua); and
+-- whether it was dead.
 local function retouch(v, window, max_wait)
   local s = decode(v)
   if s.kind == 'R' then
-    return touch_running(s, window, max_wait), nil
+    return touch_running(s, window, max_wait), nil, false
   elseif s.kind == 'P' then
+    if s.sched then return pending(now, now, s.attempts, now + window), now + window, false end
     local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
-    return pending(s.first, now, s.attempts, due), nil
+    return pending(s.first, now, s.attempts, due), nil, false
   end
-  return pending(now, now, 0, now + window), now + window
+  return pending(now, now, 0, now + window), now + window, true
+end
+
+-- The due time of a touch's own time `spec` (see TIMES above; a past one is now),
+-- and whether a plain touch followed it.
+local function spec_due(spec)
+  local kind, ms = string.match(spec, '^([ad])(%d+)')
+  if not kind then error('bad time ' .. spec) end
+  local due = tonumber(ms)
+  if kind == 'd' then due = now + due end
+  return math.max(due, now), string.sub(spec, -1) == '+'
+end
+
+-- A touch of `v` (false: no state) with its own time `spec`: the new state, its due
+-- time (its due set learns it) and whether it was dead (see retouch).
+local function timed(v, spec, window, max_wait)
+  local due, plain_after = spec_due(spec)
+  local s = v and decode(v)
+  if v and not s then error('unreadable state') end
+  if s and s.kind == 'R' then
+    s.rfirst, s.rlast, s.rdue, s.rsched = now, now, due, true
+    if plain_after then return touch_running(s, window, max_wait), nil, false end
+    return running(s), nil, false
+  end
+  local attempts = s and s.kind == 'P' and s.attempts or 0
+  if plain_after then
+    return pending(now, now, attempts, now + window), now + window, s and s.kind == 'D'
+  end
+  return 'S' .. pending(now, now, attempts, due), due, s and s.kind == 'D'
+end
+
+-- A key's touch: timed when `spec` is given, else a re-touch of its state `v`.
+local function touch_key(v, spec, window, max_wait)
+  if spec then return timed(v, spec, window, max_wait) end
+  return retouch(v, window, max_wait)
 end
 
 -- The text of a key's own error; a command's error reply ("CODE message", or a
@@ -92,20 +137,23 @@ end
 -- Work out the group's writes: p.states (field, value, ...), p.adds (score, key, ...)
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
-local function plan(keys, vals, window, max_wait, guarded, failed)
+-- `times`: key -> its touch's own time (nil when no key of the group has one).
+local function plan(keys, vals, window, max_wait, guarded, failed, times)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
   local p = {states = states, adds = adds, revived = {}, count = 0}
   local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
   for i = 1, #keys do
     local key, v = keys[i], vals[i]
-    local state, due, ok = fresh, fresh_due, true
-    if v then
+    local state, due, ok, dead_before = fresh, fresh_due, true, false
+    local spec = times and times[key]
+    if v or spec then
       if guarded then
-        ok, state, due = pcall(retouch, v, window, max_wait)
+        ok, state, due, dead_before = pcall(touch_key, v, spec, window, max_wait)
       else
-        state, due = retouch(v, window, max_wait)
+        state, due, dead_before = touch_key(v, spec, window, max_wait)
       end
-      if due then p.revived[#p.revived + 1] = key end
+      if ok and dead_before then p.revived[#p.revived + 1] = key end
+      if ok and spec and due then p.soonest = min(p.soonest, due) end
     end
     if ok then
       states[ns + 1], states[ns + 2] = key, state
@@ -154,6 +202,14 @@ local function add_touched_items(at, failed)
   end
 end
 
+-- The group's TIMES argument as key -> time, nil when empty.
+local function times_of(joined)
+  if joined == nil or joined == '' then return nil end
+  local f, out = fields_of(joined), {}
+  for i = 1, #f - 1, 2 do out[f[i]] = f[i + 1] end
+  return out
+end
+
 -- The keys (and their states) this shard holds: the others are asked.
 local function held_only(keys, vals, asked)
   local k, v = {}, {}
@@ -174,14 +230,16 @@ for g = 0, (#KEYS - 5) / 2 - 1 do
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
   if ARGV[pos + 4] == '1' then keys, vals = held_only(keys, vals, asked) end
-  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed)
-  if not ok then p = plan(keys, vals, window, max_wait, true, failed) end
+  local times = times_of(ARGV[pos + 5])
+  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed, times)
+  if not ok then p = plan(keys, vals, window, max_wait, true, failed, times) end
   each_chunk('HSET', meta, p.states)
   each_chunk('ZREM', dead_key, p.revived)
   each_chunk('ZADD', due_key, p.adds)
   if #p.adds > 0 then earliest = min(earliest, now + window) end
+  earliest = min(earliest, p.soonest)
   scheduled = scheduled + p.count
-  pos = pos + 5
+  pos = pos + 6
 end
 for i = 1, #asked do failed[#failed + 1], failed[#failed + 2] = asked[i], '' end
 if ARGV[pos] then add_touched_items(pos, failed) end
