@@ -26,6 +26,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
+from coalescer.config.schedule import At, Delay, schedule_spec
 from coalescer.errors import (
     BackpressureError,
     ClosedError,
@@ -57,7 +58,6 @@ from coalescer.write.absorber import Absorber
 from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
 from coalescer.write.room import DEFAULT_TIMEOUT, Wanted, touch_blocking, touch_waiting
-from coalescer.write.schedule import At, Delay, schedule_spec
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _refuse_sources_that_cannot_run(config: Config) -> None:
 
 
 def _spec(keys: list[str], at: At | None, delay: Delay | None) -> str | None:
-    """The wire form of the time of touches of ``keys`` (write/schedule.py), None for
+    """The wire form of the time of touches of ``keys`` (config/schedule.py), None for
     plain ones; InvalidScheduleError names the first key (and how many more)."""
     if at is None and delay is None:
         return None
@@ -618,7 +618,15 @@ class Coalescer:
         assert run.conn is not None
         run.sources = start_sources(SourceContext(
             config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
-            flush=self.flush, metrics=run.metrics, touch_items=self.touch_items))
+            flush=self.flush, metrics=run.metrics, touch_items=self.touch_items,
+            touch_timed=self._touch_timed))
+
+    def _touch_timed(self, touches: list[tuple[str, str | None, str]]) -> None:
+        """Touch each (key, item or None, time in its wire form: config/schedule.py),
+        all or none: what a source's ``at:``/``delay:`` gives (sources/times.py)."""
+        if self._state != "running":
+            raise self._not_running("touch (from a source)")
+        self._run.absorber.touch_timed(touches)
 
     async def _metrics_loop(self, run: Run) -> None:
         while True:

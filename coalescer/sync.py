@@ -13,10 +13,10 @@ from typing import Any
 
 from coalescer.coalescer import CLOSE_FLUSH_TIMEOUT, Coalescer
 from coalescer.common import forksafe
+from coalescer.config.schedule import At, Delay
 from coalescer.errors import BackpressureError, ClosedError, UnwrittenTouchesError
 from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
-from coalescer.write.schedule import At, Delay
 
 log = logging.getLogger(__name__)
 

@@ -5,13 +5,17 @@ type. A type's fields are read by the reader registered for it in ``SOURCE_TYPES
 an unknown ``type`` is refused with the file, line and field and the known types. Two
 types: ``stream`` (a Redis Stream whose entries are touches) and ``outbox`` (rows of a
 table in the application's database, written in its transactions).
+
+Every type also takes ``at:`` or ``delay:`` (not both): a template filled from the
+event's fields, as ``key:`` is, giving each touch a time of its own (read here for
+every type, into ``SourceConfig``; ``sources/base.py`` fills it in).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from yaml.nodes import Node, SequenceNode
@@ -20,11 +24,13 @@ from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
 from coalescer.config.lint import ConfigWarning
 from coalescer.config.patterns import KeyPattern
+from coalescer.config.schedule import schedule_spec
 from coalescer.config.templates import KeyTemplate
 from coalescer.config.yaml_reader import Entries, YamlReader, line_of, shown
-from coalescer.errors import ConfigError
+from coalescer.errors import ConfigError, InvalidScheduleError
 
-COMMON_FIELDS = ("name", "type")
+TIME_FIELDS = ("at", "delay")  # every type's: a touch's own time, from the event's fields
+COMMON_FIELDS = ("name", "type", *TIME_FIELDS)
 STREAM_FIELDS = ("stream", "group", "start", "key", "item")
 STARTS = ("new", "all")
 DEFAULT_GROUP = "coalescer"
@@ -49,6 +55,16 @@ class SourceConfig:
     type: ClassVar[str] = ""
     name: str
     line: int
+    # the time each event's touch carries, filled from its fields (at most one is set):
+    # an absolute time (epoch seconds or ISO-8601 with an offset), or a delay
+    at: KeyTemplate | None = None
+    delay: KeyTemplate | None = None
+
+    @property
+    def time_fields(self) -> tuple[str, ...]:
+        """The event fields the source's ``at:``/``delay:`` template reads."""
+        template = self.at or self.delay
+        return template.fields if template is not None else ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -189,7 +205,41 @@ def _source(reader: YamlReader, node: Node, prefix: str,
     seen[name] = line_of(name_node)
     item = SourceItem(entries=entries, node=node, prefix=prefix, name=name,
                       patterns=patterns[0], item_patterns=patterns[1])
-    return SOURCE_TYPES[type_name].read(reader, item)
+    config = SOURCE_TYPES[type_name].read(reader, item)
+    times = _time_templates(reader, entries, prefix)
+    if "at" in times:
+        return replace(config, at=times["at"])
+    if "delay" in times:
+        return replace(config, delay=times["delay"])
+    return config
+
+
+def _time_templates(reader: YamlReader, entries: Entries,
+                    prefix: str) -> dict[str, KeyTemplate]:
+    """The source's ``at:`` or ``delay:`` template (not both); one without a field is
+    checked here, as every event would carry that same time."""
+    given = [name for name in TIME_FIELDS if name in entries]
+    if len(given) > 1:
+        raise reader.error("give at: or delay:, not both (a touch has one time)",
+                           entries["delay"][1], f"{prefix}.delay")
+    if not given:
+        return {}
+    name = given[0]
+    node, where = entries[name][1], f"{prefix}.{name}"
+    raw = reader.value(node, where)
+    text = str(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else None
+    text = text or reader.string(node, where, name)
+    try:
+        template = KeyTemplate.compile(text)
+    except ValueError as exc:
+        raise reader.error(str(exc).replace("key template", f"{name} template"), node,
+                           where) from None
+    if not template.fields:
+        try:
+            schedule_spec("(every event)", **{name: text})
+        except InvalidScheduleError as exc:
+            raise reader.error(f"{name} {text!r}: {exc.reason}", node, where) from None
+    return {name: template}
 
 
 def _type(reader: YamlReader, entries: Entries, prefix: str) -> str:
@@ -217,7 +267,7 @@ def _every_field() -> tuple[str, ...]:
     names = ["name"]
     for fields in SOURCE_TYPES.values():
         names += [name for name in fields.fields if name not in names]
-    return (*names, "type")
+    return (*names, *TIME_FIELDS, "type")
 
 
 def _stream(reader: YamlReader, item: SourceItem) -> StreamSource:

@@ -18,6 +18,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig
 from coalescer.errors import ConfigError
+from coalescer.sources.times import TouchTimed
 from coalescer.store.connection import Connection
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class NodeContext:
     flush: Flush
     metrics: Metrics
     touch_items: TouchItems | None = None  # for sources whose entries carry an item
+    # touches with a time of their own (a source's at:/delay:, see sources/times.py)
+    touch_timed: TouchTimed | None = None
 
 
 class Source(ABC):

@@ -11,7 +11,8 @@ rule matches or Redis cannot store; an entry trimmed away) is acknowledged too,
 logged with its id and counted as rejected: it never blocks the stream. A source
 with ``item:`` touches each key with the item its template fills in from the same
 entry; an entry whose item cannot be made (a field missing, too long for an item,
-a key whose rule has no ``items:``) is rejected the same way.
+a key whose rule has no ``items:``) is rejected the same way, and so is one whose
+time (``at:``/``delay:``, sources/times.py) cannot be made.
 
 Entries are read as bytes, on a client of the sources' own: a field of any bytes
 is rejected rather than failing the read, and a blocked read never holds one of
@@ -46,6 +47,7 @@ from coalescer.sources.base import (
     register,
     start_loops,
 )
+from coalescer.sources.times import Field, Timed, TouchTimed, time_of
 from coalescer.store.connection import bytes_client
 from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem, key_problem
 from coalescer.store.keys import sources_rejected
@@ -57,6 +59,7 @@ BLOCK_MAX = 10.0  # seconds a read blocks at most when the stream is idle
 REJECTS_LOGGED = 20  # rejected entries logged one by one per batch; the rest summed up
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  # id, fields (None: no longer in the stream)
+Accepted = tuple[bytes, str, str | None, dict[bytes, bytes] | None]  # id, key, item, fields
 
 
 def block_seconds(claim_lease: float) -> float:
@@ -107,6 +110,19 @@ def _field_problem(raw: bytes) -> str | None:
     return None
 
 
+def _lookup(fields: dict[bytes, bytes] | None) -> Field:
+    """An entry's fields by name, as text (None: missing, or not UTF-8)."""
+    def field(name: str) -> str | None:
+        raw = (fields or {}).get(name.encode("utf-8", "surrogatepass"))
+        if raw is None:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return field
+
+
 def _item_field_problem(raw: bytes) -> str | None:
     """Why a field's bytes cannot fill an item template, or None (':' is fine in one)."""
     if len(raw) > MAX_ITEM_BYTES:
@@ -128,8 +144,10 @@ class SourceLoop:
 
     def __init__(self, source: StreamSource, client: Any, *, config: Config, node_id: str,
                  touch_many: TouchMany, flush: Flush, metrics: Metrics,
-                 touch_items: TouchItems | None = None) -> None:
+                 touch_items: TouchItems | None = None,
+                 touch_timed: TouchTimed | None = None) -> None:
         self.source = source
+        self._touch_timed = touch_timed
         self._client = client
         self._config = config
         self._consumer = node_id
@@ -219,13 +237,21 @@ class SourceLoop:
 
     async def _handle(self, entries: list[Entry]) -> None:
         """Touch the keys, flush, then acknowledge every entry (rejected ones too)."""
-        keys, pairs, rejected = self._touches(entries)
+        accepted, rejected = self._touches(entries)
+        timed = self._with_times(accepted, rejected)
+        if self.source.at or self.source.delay:
+            accepted = []  # every touch went in ``timed``
+        keys = [key for _, key, item, _ in accepted if item is None]
+        pairs = [(key, item) for _, key, item, _ in accepted if item is not None]
+        if timed:
+            assert self._touch_timed is not None
+            self._touch_timed(timed)
         if keys:
             self._touch_many(keys)
         if pairs:
             assert self._touch_items is not None
             self._touch_items(pairs)
-        if keys or pairs:
+        if keys or pairs or timed:
             await self._flush()
         await self._client.xack(self.source.stream, self.source.group,
                                 *[entry_id for entry_id, _ in entries])
@@ -233,14 +259,15 @@ class SourceLoop:
             await self._client.hincrby(self._rejected_key, self.source.name, len(rejected))
             self._log_rejected(rejected)
             self._metrics.labels(self.source.name, "rejected").inc(len(rejected))
-        if keys or pairs:
-            self._metrics.labels(self.source.name, "accepted").inc(len(keys) + len(pairs))
+        if keys or pairs or timed:
+            self._metrics.labels(self.source.name, "accepted").inc(
+                len(keys) + len(pairs) + len(timed))
 
-    def _touches(self, entries: list[Entry]) -> tuple[list[str], list[tuple[str, str]],
+    def _touches(self, entries: list[Entry]) -> tuple[list[Accepted],
                                                       list[tuple[bytes, str]]]:
-        """The plain touches, the (key, item) touches and the rejected entries (id, why)."""
-        keys: list[str] = []
-        pairs: list[tuple[str, str]] = []
+        """The accepted entries (id, key, item or None, fields) and the rejected ones
+        (id, why)."""
+        accepted: list[Accepted] = []
         rejected: list[tuple[bytes, str]] = []
         for entry_id, fields in entries:
             key, why = self.key_of(fields)
@@ -250,11 +277,24 @@ class SourceLoop:
                 key = key if item is not None else None
             if key is None:
                 rejected.append((entry_id, why))
-            elif item is not None:
-                pairs.append((key, item))
             else:
-                keys.append(key)
-        return keys, pairs, rejected
+                accepted.append((entry_id, key, item, fields))
+        return accepted, rejected
+
+    def _with_times(self, accepted: list[Accepted],
+                    rejected: list[tuple[bytes, str]]) -> list[Timed]:
+        """With ``at:``/``delay:``: every accepted touch with its time (an entry whose
+        time cannot be made is added to ``rejected``); without: nothing."""
+        if self.source.at is None and self.source.delay is None:
+            return []
+        timed: list[Timed] = []
+        for entry_id, key, item, fields in accepted:
+            spec, why = time_of(self.source, key, _lookup(fields))
+            if spec is None:
+                rejected.append((entry_id, why))
+            else:
+                timed.append((key, item, spec))
+        return timed
 
     def item_of(self, fields: dict[bytes, bytes] | None, key: str) -> tuple[str | None, str]:
         """The item an entry's touch of ``key`` carries, or None and why it is rejected."""
@@ -316,14 +356,15 @@ class Sources(Source):
     def __init__(self, config: Config, client: Any, *, node_id: str, touch_many: TouchMany,
                  flush: Flush, metrics: Metrics,
                  sources: Sequence[StreamSource] | None = None,
-                 touch_items: TouchItems | None = None) -> None:
+                 touch_items: TouchItems | None = None,
+                 touch_timed: TouchTimed | None = None) -> None:
         client.set_response_callback("XREADGROUP", _raw)
         client.set_response_callback("XAUTOCLAIM", _raw)
         self._client = client
         streams = _streams(config.sources) if sources is None else sources
         self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
                                  touch_many=touch_many, flush=flush, metrics=metrics,
-                                 touch_items=touch_items)
+                                 touch_items=touch_items, touch_timed=touch_timed)
                       for source in streams]
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -349,7 +390,8 @@ def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sourc
                           read_timeout=BLOCK_MAX + 5.0)
     return Sources(context.config, client, node_id=context.node_id,
                    touch_many=context.touch_many, flush=context.flush,
-                   metrics=context.metrics, sources=streams, touch_items=context.touch_items)
+                   metrics=context.metrics, sources=streams, touch_items=context.touch_items,
+                   touch_timed=context.touch_timed)
 
 
 async def stream_status(redis: Any, source: SourceConfig,

@@ -25,7 +25,7 @@ keeps its distinct items in ``_items`` (at most its rule's ``items.max``; past i
 the items of its keys (``Batch.item_sets``). Plain touches never look at them. Buffered
 items are bounded too (``max_items``).
 
-A touch with a time of its own (``at``/``delay``, see write/schedule.py) keeps the
+A touch with a time of its own (``at``/``delay``, see config/schedule.py) keeps the
 time's wire form in ``_schedules`` beside its key (the latest one wins); a plain touch
 of the key after it marks it (``+``): the write then applies the schedule and the
 plain touch after it, in that order. A batch carries them in ``Batch.schedules``; plain
@@ -47,11 +47,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from types import MappingProxyType
 
 from coalescer.config.rules import Rule
+from coalescer.config.schedule import then_plain
 from coalescer.errors import BackpressureError, ClosedError
 from coalescer.store.keycheck import check_item, check_key
 from coalescer.store.scripts import OVERFLOW
 from coalescer.write.recent_writes import RecentWrites
-from coalescer.write.schedule import then_plain
 
 Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError
 Entry = tuple[str, Rule, str | None]  # a checked touch waiting for room: key, rule, item
@@ -181,12 +181,36 @@ class Absorber:
                 self._schedules[key] = then_plain(old)
 
     def touch_scheduled(self, key: str, spec: str, item: str | None = None) -> None:
-        """Buffer one touch of ``key`` with its time ``spec`` (write/schedule.py) and
+        """Buffer one touch of ``key`` with its time ``spec`` (config/schedule.py) and
         ``item``; the errors of ``touch`` and ``touch_item``."""
         if item is None:
             self.touch_many([key], spec)
         else:
             self.touch_items([(key, item)], (), spec)
+
+    def touch_timed(self, touches: list[tuple[str, str | None, str]]) -> None:
+        """Buffer every (key, item or None, time) touch, each with its own time, or none:
+        a refused one (KeyRefusedError) or BackpressureError applies nothing."""
+        checked = [(key, self._rule(key) if item is None else self._item_rule(key, item),
+                    item, spec) for key, item, spec in touches]
+        with self._lock:
+            new_keys = {key for key, _, _, _ in checked if key not in self._pending}
+            if len(self._pending) + self._taken + len(new_keys) > self._max_keys:
+                raise BackpressureError(
+                    f"{len(new_keys)} new keys refused: {len(self._pending)} keys are "
+                    f"already buffered (the bound is {self._max_keys}) and not yet written "
+                    f"to Redis ({self.why_unwritten()})")
+            with_items = sum(item is not None for _, _, item, _ in checked)
+            if with_items and self._item_count + with_items > self._max_items:
+                raise self._items_full(f"{with_items} items")
+            for key, rule, item, spec in checked:
+                if item is None:
+                    self._plain_locked({key: rule})
+                else:
+                    self._item_locked(key, rule, item)
+                self._timed_locked(key, spec)
+        if checked:
+            self._poke()
 
     def touch_item(self, key: str, item: str) -> None:
         """Buffer one touch of ``key`` carrying ``item``. Raises UnknownKeyError,
@@ -203,7 +227,7 @@ class Absorber:
                     spec: str | None = None) -> None:
         """Buffer every (key, item) touch, and every plain touch of ``keys``, or none: a
         refused one (KeyRefusedError) or BackpressureError applies nothing. ``spec``:
-        the time of every one of them (write/schedule.py), None for plain touches."""
+        the time of every one of them (config/schedule.py), None for plain touches."""
         checked = [(key, self._item_rule(key, item), item) for key, item in pairs]
         plain = {key: self._rule(key) for key in keys}
         with self._lock:
@@ -369,7 +393,7 @@ class Absorber:
 
     def touch_many(self, keys: list[str], spec: str | None = None) -> None:
         """Buffer every key or none: a refused key (KeyRefusedError) or BackpressureError
-        applies nothing. ``spec``: the time of every touch (write/schedule.py)."""
+        applies nothing. ``spec``: the time of every touch (config/schedule.py)."""
         rules = {key: self._rule(key) for key in keys}
         with self._lock:
             new = [key for key in rules if key not in self._pending]

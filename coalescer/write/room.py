@@ -26,7 +26,7 @@ DEFAULT_TIMEOUT = 30.0  # seconds a waiting touch waits for room, by default
 
 class Wanted(NamedTuple):
     """Touches to buffer: plain ones of ``keys``, (key, item) ones of ``pairs``, all
-    with the time ``spec`` (write/schedule.py; None: no time of their own)."""
+    with the time ``spec`` (config/schedule.py; None: no time of their own)."""
 
     keys: Sequence[str]
     pairs: Sequence[tuple[str, str]] = ()
