@@ -207,7 +207,7 @@ class Flusher:
 
     def _failed(self, exc: Exception) -> None:
         self._metrics.redis_errors.labels("flusher").inc()
-        self.last_failure = str(write_error(exc))
+        self.last_failure = str(write_error(exc.cause if isinstance(exc, Unwritten) else exc))
 
     async def _write_until_one_ends(self) -> None:
         """Start writes of batches as they come, until one of them ends."""
