@@ -6,7 +6,10 @@ rows (``coalescer.sources.outbox_db`` says how, per database). A crash, a databa
 or Redis being down leaves the rows in the table, where the next claim (this node's or
 another's) finds them; a row may so be touched twice, which a debounce absorbs. A row
 whose key cannot be stored or matches no rule is deleted too, logged and counted as
-rejected: it never blocks the others.
+rejected: it never blocks the others. A source with ``at:`` or ``delay:`` reads the
+columns its template names with each row (a column the application adds to the
+table) and touches each key with that time; a row whose time cannot be made is
+rejected the same way.
 
 An idle outbox is looked at every ``poll`` (one cheap query); on PostgreSQL the
 table's NOTIFY trigger wakes the node at once. A loop survives its own errors (logs
@@ -21,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,7 +49,8 @@ from coalescer.sources.base import (
     register,
     start_loops,
 )
-from coalescer.sources.outbox_db import Backlog, Outbox, driver_problem, open_outbox
+from coalescer.sources.outbox_db import Backlog, Outbox, Row, driver_problem, open_outbox
+from coalescer.sources.times import Timed, time_of
 from coalescer.store.keycheck import item_problem, key_problem
 from coalescer.store.keys import sources_outbox, sources_rejected
 
@@ -56,6 +61,7 @@ MEASURE_EVERY = 2.0  # seconds between two counts of a busy (or failing) outbox'
 REPORT_EVERY = 30.0  # seconds between two status reports of an unchanged outbox
 REPORT_STALE = 3 * REPORT_EVERY  # a report older than this is a gone node's
 REJECTS_LOGGED = 20
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def rules_dir(config: Config) -> Path:
@@ -116,11 +122,12 @@ class OutboxLoop:
         rows = await self._outbox.claim(self.source.batch)
         self._reconnect = False
         keys, pairs, rejected = self._split(rows)
-        await self._touch(list(dict.fromkeys(keys)), list(dict.fromkeys(pairs)))
+        timed = self._with_times(rows, keys, pairs, rejected)
+        await self._touch(list(dict.fromkeys(keys)), list(dict.fromkeys(pairs)), timed)
         self._reconnect = True
         await self._outbox.done()
         self._reconnect = False
-        await self._count(len(keys) + len(pairs), rejected)
+        await self._count(len(keys) + len(pairs) + len(timed), rejected)
         self._failing = False
         self._error = None
         self._full = len(rows) >= self.source.batch
@@ -129,12 +136,35 @@ class OutboxLoop:
             await self._outbox.wait(self.source.poll)
         return len(rows)
 
-    async def _touch(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
-        """Touch ``keys`` (and each key of ``pairs`` with its item) and wait until Redis
-        holds them; on failure the rows stay."""
-        if not keys and not pairs:
+    def _with_times(self, rows: Sequence[Row], keys: list[str], pairs: list[tuple[str, str]],
+                    rejected: list[str]) -> list[Timed]:
+        """With ``at:``/``delay:``: every touch of ``keys`` and ``pairs`` (emptied) with
+        its row's time; a row whose time cannot be made goes to ``rejected``."""
+        if self.source.at is None and self.source.delay is None:
+            return []
+        timed: list[Timed] = []
+        for (key, item), fields in zip(rows, self._outbox.fields, strict=True):
+            if self.problem(key, item) is not None:
+                continue  # rejected already
+            spec, why = time_of(self.source, key, fields.get)
+            if spec is None:
+                rejected.append(f"key {shown_key(key)}: {why}")
+            else:
+                timed.append((key, item, spec))
+        keys.clear()
+        pairs.clear()
+        return timed
+
+    async def _touch(self, keys: list[str], pairs: list[tuple[str, str]],
+                     timed: list[Timed]) -> None:
+        """Touch ``keys`` (and each key of ``pairs`` with its item, each of ``timed`` with
+        its time) and wait until Redis holds them; on failure the rows stay."""
+        if not keys and not pairs and not timed:
             return
         try:
+            if timed:
+                assert self._context.touch_timed is not None
+                self._context.touch_timed(timed)
             if pairs:
                 assert self._context.touch_items is not None  # _split rejects them else
                 self._context.touch_items(pairs)
@@ -280,6 +310,12 @@ def check_outbox(source: SourceConfig, index: int, config: Config,
     """Why ``source`` cannot run on this node: an environment variable of its url not
     set, a url that is no outbox's, or its database's driver not installed."""
     assert isinstance(source, OutboxSource)
+    for name in source.time_fields:  # each a column of the table
+        if _COLUMN.fullmatch(name) is None:
+            which = "at" if source.at is not None else "delay"
+            return [source_error(source, index, config.source,
+                                 f"{{{name}}} must name a column of the outbox table "
+                                 "(letters, digits and '_')", which)]
     try:
         url = source.resolved_url(environ)
     except KeyError as exc:

@@ -24,6 +24,7 @@ import importlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from coalescer.sources.outbox_sql import channel, quoted
 log = logging.getLogger(__name__)
 
 Row = tuple[str, str | None]  # key, item
+RowFields = dict[str, str | None]  # the columns a source's at:/delay: reads, as text
 COUNT_CAP = 100_000  # the backlog is counted up to this many rows
 CONNECT_TIMEOUT = 5  # seconds
 IDLE_MS = 30_000  # a claim's transaction idle this long is ended by the server
@@ -59,8 +61,35 @@ def driver_problem(scheme: str) -> str | None:
     return None
 
 
+def time_columns(source: OutboxSource) -> str:
+    """The SQL that selects the columns the source's ``at:``/``delay:`` reads, after key
+    and item ("" without one)."""
+    return "".join(f", {quoted(name)}" for name in source.time_fields)
+
+
+def column_text(value: Any) -> str | None:
+    """A column's value as the text a template is filled with (a datetime in ISO-8601)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def row_fields(source: OutboxSource, rows: list[Any], start: int) -> list[RowFields]:
+    """Each row's time columns (from position ``start``) by name; empty without them."""
+    names = source.time_fields
+    if not names:
+        return []
+    return [dict(zip(names, map(column_text, row[start:]), strict=True)) for row in rows]
+
+
 class Outbox(ABC):
-    """One outbox table on one database connection (two for PostgreSQL's LISTEN)."""
+    """One outbox table on one database connection (two for PostgreSQL's LISTEN).
+    ``fields`` holds, for a source with ``at:``/``delay:``, the time columns of each
+    row of the last claim, in order."""
+
+    fields: list[RowFields] = []  # noqa: RUF012  (replaced, never mutated)
 
     @abstractmethod
     async def connect(self) -> None:
@@ -169,8 +198,11 @@ class PostgresOutbox(Outbox):
         await self._conn.execute("BEGIN")
         cursor = await self._conn.execute(
             f"DELETE FROM {self._table} WHERE id IN (SELECT id FROM {self._table} "
-            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING key, item", (limit,))
-        return [(key, item) for key, item in await cursor.fetchall()]
+            f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING key, item"
+            f"{time_columns(self._source)}", (limit,))
+        rows = list(await cursor.fetchall())
+        self.fields = row_fields(self._source, rows, 2)
+        return [(row[0], row[1]) for row in rows]
 
     async def done(self) -> None:
         await self._conn.execute("COMMIT")
@@ -238,10 +270,12 @@ class SqliteOutbox(Outbox):
         if self._conn is None:
             await self.connect()
         cursor = await self._conn.execute(
-            f"SELECT id, key, item FROM {self._table} ORDER BY id LIMIT ?", (limit,))
+            f"SELECT id, key, item{time_columns(self._source)} FROM {self._table} "
+            "ORDER BY id LIMIT ?", (limit,))
         rows = list(await cursor.fetchall())
         self._last_id = rows[-1][0] if rows else None
-        return [(key, item) for _, key, item in rows]
+        self.fields = row_fields(self._source, rows, 3)
+        return [(row[1], row[2]) for row in rows]
 
     async def done(self) -> None:
         if self._last_id is not None:

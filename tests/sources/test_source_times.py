@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
+from coalescer.sources.outbox import check_outbox
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import server_ms
+from tests.helpers.outbox import OutboxDb
 from tests.helpers.servers import wait_until
+from tests.sources.test_outbox import outbox
 from tests.sources.test_streams import entries_counted, group_info, nodes, setup
 
-__all__ = ["nodes"]  # the fixture, used by name
+__all__ = ["nodes", "outbox"]  # the fixtures, used by name
 
 BASE = """\
 rules:
@@ -142,3 +146,58 @@ async def test_entries_schedule_their_keys_and_bad_times_are_rejected(
                                    "a negative delay", "a naive datetime"], strict=True):
         assert f"entry {entry_id} of stream" in logged
         assert why in logged
+
+
+# -- outbox rows: the columns the template names ---------------------------------------
+
+OUTBOX_RULES = """\
+namespace: {ns}
+claim_lease: 1s
+defaults: {{window: 1h, max_wait: 1h, absorb: 10ms}}
+rules:
+  - name: order
+    match: "order:unpaid:{{id}}"
+    handler: builtins:repr
+"""
+
+
+async def test_outbox_rows_schedule_their_keys_from_a_column_of_their_own(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
+        outbox: OutboxDb, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="coalescer.sources.outbox")
+    table = outbox.table.name
+    with outbox.engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN delay_s VARCHAR(20)"))
+    path = tmp_path / "rules.yaml"
+    path.write_text(OUTBOX_RULES.format(ns=namespace)
+                    + outbox.source(poll="50ms", delay='"{delay_s}s"'))
+    before = await server_ms(redis_client)
+    with outbox.engine.begin() as conn:
+        for key, delay in (("a", "90"), ("b", "soon"), ("c", None), ("d", "-1")):
+            conn.execute(text(f"INSERT INTO {table} (key, delay_s) VALUES (:k, :d)"),
+                         {"k": f"order:unpaid:{key}", "d": delay})
+    c = await nodes(path, redis_url)
+    await wait_until(lambda: entries_counted(c, "rejected") == 3 and outbox.rows() == 0,
+                     message="the rows read")
+    after = await server_ms(redis_client)
+    assert entries_counted(c, "accepted") == 1
+    a = await due(redis_client, namespace, "order:unpaid:a")
+    assert a is not None and a.scheduled and before + 90_000 <= a.due_ms <= after + 90_000
+    for key in ("b", "c", "d"):
+        assert await due(redis_client, namespace, f"order:unpaid:{key}") is None
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for why in ("'order:unpaid:b': time 'soons'", "no field 'delay_s' (for its delay)",
+                "a negative delay"):
+        assert why in logged
+
+
+def test_an_outbox_time_template_must_name_columns(tmp_path: Path) -> None:
+    config = Config.from_string(BASE + """\
+  - name: rows
+    type: outbox
+    url: sqlite:///app.db
+    delay: "{delay in s}s"
+""", source="rules.yaml")
+    [problem] = check_outbox(config.sources[0], 0, config, {})
+    assert (problem.field, problem.line) == ("sources[0].delay", 6)
+    assert "must name a column of the outbox table" in problem.message
