@@ -47,8 +47,10 @@ class LapsedClaims:
 
     def restart(self) -> None:
         """A new term of claiming (leadership won, or adoption begun): the first look reads
-        every claim held, whatever the server's clock says of them."""
+        every claim held, whatever the server's clock says of them (the rules may differ
+        from the last term's: nothing seen then is kept)."""
         self._fresh = True
+        self._seen.clear()
 
     async def check(self, rules: Sequence[Rule], now_ms: int,
                     next_expiry_ms: int | None) -> tuple[bool, float | None]:
