@@ -22,7 +22,8 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config, check_file
-from coalescer.errors import ConfigError
+from coalescer.config.schedule import schedule_spec
+from coalescer.errors import ConfigError, InvalidScheduleError
 from coalescer.store.embedded import ENV_REDIS_URL
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
@@ -86,17 +87,38 @@ async def cmd_touch(args: argparse.Namespace) -> int:
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
     pairs = [(key, item) for key in args.keys for item in args.items]
-    if _refuse_items(c, pairs):
+    if _refuse_items(c, pairs) or _refuse_time(args):
         return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
         if pairs:
-            c.touch_items(pairs)
+            c.touch_items(pairs, at=args.at, delay=args.delay)
         else:
-            c.touch_many(args.keys)
+            c.touch_many(args.keys, at=args.at, delay=args.delay)
         await c.flush()
-    print(_touched(args.json, len(args.keys), len(args.items)))
+    print(_touched(args.json, len(args.keys), len(args.items)) + _when(args))
     return 0
+
+
+def _refuse_time(args: argparse.Namespace) -> bool:
+    """Print why ``--at``/``--delay`` cannot be used; True if it cannot."""
+    try:
+        schedule_spec(args.keys[0], at=args.at, delay=args.delay)
+    except InvalidScheduleError as exc:
+        flag = "--at" if args.at is not None else "--delay"
+        print(f"coalescer touch: {flag} {exc.value!r}: {exc.reason}", file=sys.stderr)
+        print("coalescer touch: nothing was touched", file=sys.stderr)
+        return True
+    return False
+
+
+def _when(args: argparse.Namespace) -> str:
+    """What the text output adds for ``--at``/``--delay`` (the JSON output: nothing)."""
+    if args.json or (args.at is None and args.delay is None):
+        return ""
+    if args.at is not None:
+        return f", due at {args.at}"
+    return f", due in {args.delay}"
 
 
 def _refuse_items(c: Coalescer, pairs: list[tuple[str, str]]) -> bool:

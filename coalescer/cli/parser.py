@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     touch.add_argument("--item", action="append", default=[], dest="items", metavar="ITEM",
                        help="touch every KEY with this item (repeatable; the keys' rules "
                             "need items:), delivered in claim.items")
+    when = touch.add_mutually_exclusive_group()
+    when.add_argument("--at", default=None, metavar="ISO-8601",
+                      help="make every KEY due at exactly this time, with its offset "
+                           "(2026-12-05T12:00:00+00:00), instead of a window after now")
+    when.add_argument("--delay", default=None, metavar="DURATION",
+                      help="make every KEY due this long from now (30m, 1.5s, 2h, or "
+                           "seconds), by the Redis server's clock")
     _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file")
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
