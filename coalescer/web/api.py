@@ -62,6 +62,7 @@ from coalescer.web.requests import (
     check_content_type,
     parse_touch,
     refuse_bad_items,
+    refuse_bad_time,
     refuse_unstorable,
     unreadable,
 )
@@ -97,9 +98,10 @@ class Node(PageNode, Protocol):
     @property
     def query(self) -> Reads: ...
 
-    def touch_many(self, keys: list[str]) -> None: ...
+    def touch_many(self, keys: list[str], *, at: Any = None, delay: Any = None) -> None: ...
 
-    def touch_items(self, pairs: list[tuple[str, str]], *, keys: list[str]) -> None: ...
+    def touch_items(self, pairs: list[tuple[str, str]], *, keys: list[str], at: Any = None,
+                    delay: Any = None) -> None: ...
 
     def refused_items(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]: ...
 
@@ -321,7 +323,8 @@ class HttpApi:
         return late
 
     async def _touch(self, request: web.Request) -> web.Response:
-        keys, pairs = parse_touch(await self._read_body(request))
+        keys, pairs, when = parse_touch(await self._read_body(request))
+        refuse_bad_time(when, [*keys, *(key for key, _ in pairs)])
         refuse_unstorable(keys)
         refuse_bad_items(self._c.refused_items(pairs))
         unknown = self._c.unknown_keys([*keys, *dict.fromkeys(key for key, _ in pairs)])
@@ -330,15 +333,16 @@ class HttpApi:
             raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
                                "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
-        self._apply(keys, pairs)
+        self._apply(keys, pairs, when)
         return web.json_response({"accepted": len(keys) + len(pairs)}, status=202)
 
-    def _apply(self, keys: list[str], pairs: list[tuple[str, str]]) -> None:
+    def _apply(self, keys: list[str], pairs: list[tuple[str, str]],
+               when: dict[str, Any]) -> None:
         try:
             if pairs:
-                self._c.touch_items(pairs, keys=keys)  # all or nothing, as touch_many
+                self._c.touch_items(pairs, keys=keys, **when)  # all or nothing, as touch_many
             else:
-                self._c.touch_many(keys)  # all or nothing, under back-pressure too
+                self._c.touch_many(keys, **when)  # all or nothing, under back-pressure too
         except BackpressureError as exc:
             raise Refusal(503, str(exc)) from None
         except ClosedError as exc:

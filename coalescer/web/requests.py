@@ -12,6 +12,8 @@ from typing import Any, Literal
 from aiohttp import web
 
 from coalescer.common.plural import noun, plural
+from coalescer.config.schedule import schedule_spec
+from coalescer.errors import InvalidScheduleError
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
@@ -102,7 +104,9 @@ def parse_keys(raw: bytes) -> list[str]:
 
 
 _TOUCH_SHAPE = ('the body must be a JSON object {"keys": ["KEY", ...]}, '
-                '{"items": [["KEY", "ITEM"], ...]} or both')
+                '{"items": [["KEY", "ITEM"], ...]} or both, and at most one of "at" '
+                '(epoch seconds or ISO-8601 with an offset) and "delay" (seconds or "30m")')
+TIME_FIELDS = ("at", "delay")
 
 
 def _check_pair(index: int, pair: object) -> tuple[str, str]:
@@ -119,13 +123,14 @@ def _check_pair(index: int, pair: object) -> tuple[str, str]:
     return key, item
 
 
-def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]]]:
-    """The plain keys and the (key, item) touches of a /touch body; Refusal(400) saying
-    what is wrong with it. Either field may be left out, not both."""
+def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]], dict[str, Any]]:
+    """The plain keys, the (key, item) touches and the time (``at`` or ``delay``, as
+    given; empty for none) of a /touch body; Refusal(400) saying what is wrong with it.
+    Either of keys and items may be left out, not both."""
     body = _decode(raw)
     if not isinstance(body, dict):
         raise Refusal(400, f"{_TOUCH_SHAPE}, got a JSON {type(body).__name__}")
-    extra = sorted(set(body) - {"keys", "items"})
+    extra = sorted(set(body) - {"keys", "items", *TIME_FIELDS})
     if extra:
         raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
                            f"{_TOUCH_SHAPE}")
@@ -138,8 +143,22 @@ def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]]]:
     if not isinstance(pairs, list):
         raise Refusal(400, f"'items' must be a list of [KEY, ITEM] pairs, got "
                            f"{type(pairs).__name__}")
+    when = {name: body[name] for name in TIME_FIELDS if body.get(name) is not None}
     return ([_check_key(i, key) for i, key in enumerate(keys)],
-            [_check_pair(i, pair) for i, pair in enumerate(pairs)])
+            [_check_pair(i, pair) for i, pair in enumerate(pairs)], when)
+
+
+def refuse_bad_time(when: dict[str, Any], keys: list[str]) -> None:
+    """Refuse (400) a /touch body whose ``at``/``delay`` cannot be used, naming it."""
+    if not when:
+        return
+    try:
+        schedule_spec(keys[0] if keys else "", **when)
+    except InvalidScheduleError as exc:
+        field = "at" if "at" in when and "delay" not in when else (
+            "delay" if "at" not in when else "at, delay")
+        raise Refusal(400, f"{field} {exc.value!r} cannot be used: {exc.reason}; nothing "
+                           "was touched", field=field) from None
 
 
 def refuse_bad_items(bad: list[dict[str, Any]]) -> None:
