@@ -82,15 +82,19 @@ def _pending(value: str, rule: Rule) -> dict[str, Any]:
     state = "backoff" if attempts > 0 else "pending"
     return {"state": state, "first_touch_ms": first, "last_touch_ms": last,
             "attempts": attempts, "due_ms": due,
-            "due_reason": due_reason(rule, first, last, attempts, due)}
+            "due_reason": "scheduled" if p.scheduled else due_reason(rule, first, last,
+                                                                      attempts, due),
+            "scheduled_ms": due if p.scheduled else None}
 
 
 def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
     token, first, last, attempt, due, rdue, rfirst, rlast, node = states.fields(value, 9)
     again = None
+    scheduled = rdue.startswith("S")  # the touch had a time of its own
+    rdue = rdue.removeprefix("S")
     if _num(rdue) is not None:
         again = {"first_touch_ms": _num(rfirst), "last_touch_ms": _num(rlast),
-                 "due_ms": _num(rdue)}
+                 "due_ms": _num(rdue), "scheduled_ms": _num(rdue) if scheduled else None}
     return {"state": "running", "first_touch_ms": _num(first), "last_touch_ms": _num(last),
             "attempts": (_num(attempt) or 1) - 1, "due_ms": _num(due),
             "running": {"node": node or None, "token": _num(token), "attempt": _num(attempt),
@@ -161,6 +165,13 @@ def _ago(ms: int | None, now: int) -> str:
     return f"{delta:.1f}s ago" if delta >= 0 else f"in {-delta:.1f}s"
 
 
+def _scheduled(due: int, now: int) -> str:
+    """A due time a touch set itself (at/delay)."""
+    when = f"in {(due - now) / 1000:.1f} s" if due >= now else \
+        f"{(now - due) / 1000:.1f} s ago, waiting to be claimed"
+    return f"scheduled for {clock(due)} ({when})"
+
+
 def _due(info: dict[str, Any]) -> str:
     now, rule, due = info["now_ms"], info["rule"], info["due_ms"]
     when = _ago(due, now) if due < now else f"in {(due - now) / 1000:.1f}s"
@@ -180,7 +191,8 @@ def _state_lines(info: dict[str, Any], hints: CommandHints) -> list[str]:
     if state == "idle":
         return ["idle: nothing pending, running or dead (its next touch starts a burst)"]
     if state in ("pending", "backoff"):
-        lines = [f"{state}: {_due(info)}"]
+        lines = [f"{state}: {_due(info)}" if info.get("scheduled_ms") is None
+                 else f"{state}: {_scheduled(info['scheduled_ms'], now)}"]
         if "rate_wait" in info:
             wait = info["rate_wait"]
             lines.append(f"waits for the rule's rate ({wait['rate']} refresh starts, "
@@ -197,7 +209,9 @@ def _state_lines(info: dict[str, Any], hints: CommandHints) -> list[str]:
                  + (f"{lease / 1000:.1f}s left" if lease is not None else "unknown")]
         if run["touched_again"]:
             again = run["touched_again"]
-            lines.append(f"touched again while running: runs again {_ago(again['due_ms'], now)}")
+            when = (_ago(again["due_ms"], now) if again.get("scheduled_ms") is None
+                    else _scheduled(again["scheduled_ms"], now))
+            lines.append(f"touched again while running: runs again {when}")
         return lines
     dead = info["dead"]
     return [f"dead since {_ago(dead['since_ms'], now)} after "

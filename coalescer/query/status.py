@@ -13,6 +13,7 @@ from coalescer.query.layout_read import read_layout
 from coalescer.query.rate_status import add_rates, format_rates
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
+from coalescer.query.scheduled import add_scheduled
 from coalescer.query.source_status import add_sources, format_sources
 from coalescer.store.eviction import policy_lines, policy_status
 from coalescer.store.hints import CommandHints
@@ -79,6 +80,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     recent = await recent_by_rule(redis, config, recent_per_shard(space.span), space)
     for name, counts in recent.items():
         rules[name]["recent"] = counts
+    await add_scheduled(redis, config, space, rules)
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
               "dead_letters": dead, "layout": layout_entry(layout)}
     await add_registry(redis, config, status)
@@ -105,6 +107,17 @@ def _when(ms: int | None, now_ms: int) -> str:
         return "-"
     delta = (ms - now_ms) / 1000
     return f"in {delta:.1f}s" if delta >= 0 else f"{-delta:.1f}s ago"
+
+
+def _scheduled_lines(status: dict[str, Any], now_ms: int) -> list[str]:
+    """A line per rule with keys waiting for a time a touch set (none: no line)."""
+    lines = []
+    for name, r in status["rules"].items():
+        if r.get("scheduled"):
+            more = "at least " if r.get("scheduled_capped") else ""
+            lines.append(f"{name}: {more}{plural(r['scheduled'], 'scheduled key')} of the "
+                         f"pending, the next due {_when(r['next_scheduled_ms'], now_ms)}")
+    return ["", *lines] if lines else []
 
 
 def ranges(numbers: list[int], most: int = SHOWN_RANGES) -> str:
@@ -153,6 +166,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
                      f"{_when(r['next_due_ms'], now_ms)}")
+    lines += _scheduled_lines(status, now_ms)
     lines += format_rates(status)
     lines += format_registry(status)
     lines += _recent_lines(status)
