@@ -11,6 +11,8 @@ Fixtures:
     start          function  factory: await start(rules_path, **options) -> a started
                              Coalescer (grace 2 s unless given), closed at teardown
     postgres       session   a real PostgreSQL server (bench.postgres), skipped where absent
+    kafka          session   a real Kafka-protocol broker (Tansu, bench.kafka_broker), skipped
+                             where its binary is absent; kafka.bootstrap is its address
 
 Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
@@ -29,6 +31,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
+from bench.kafka_broker import TansuBroker, find_tansu
 from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
@@ -116,3 +119,12 @@ async def start() -> AsyncIterator[Start]:
             return c
 
         yield make
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    binary, why = find_tansu()
+    if binary is None:
+        pytest.skip(f"no Kafka broker: {why}")
+    with TansuBroker(binary, tmp_path_factory.mktemp("tansu")) as broker:
+        yield broker

@@ -175,6 +175,23 @@ class Metrics:
             "coalescer_outbox_errors_total",
             "failed claims of an outbox source (database or Redis errors); the rows wait",
             ["source"], registry=r)
+        self.kafka_lag = Gauge(
+            "coalescer_kafka_lag_messages",
+            "messages of a Kafka partition not yet committed by this node's consumer group "
+            "(end offset less committed offset), for the partitions this node reads",
+            ["source", "topic", "partition"], registry=r)
+        self.kafka_unflushed = Gauge(
+            "coalescer_kafka_unflushed_messages",
+            "messages of a Kafka source this node has read and not yet flushed and "
+            "committed (at most the source's batch)", ["source"], registry=r)
+        self.kafka_unflushed_peak = Gauge(
+            "coalescer_kafka_unflushed_peak_messages",
+            "the most messages of a Kafka source this node held read and not yet flushed "
+            "at once, since it started", ["source"], registry=r)
+        self.kafka_errors = Counter(
+            "coalescer_kafka_errors_total",
+            "failed steps of a Kafka source (broker unreachable, a commit or flush that "
+            "failed); the messages are read again", ["source"], registry=r)
 
         self.item_overflows = Counter(
             "coalescer_item_overflows_total",

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from coalescer.common.redact import redact
+from coalescer.config import kafka_source  # noqa: F401  (registers type: kafka)
 from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref

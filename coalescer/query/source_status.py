@@ -9,8 +9,11 @@ acknowledged. An outbox source adds ``"type": "outbox", "table", "url"`` (its pa
 hidden), ``backlog`` (rows waiting; ``backlog_capped``: at least that many),
 ``lag_seconds`` (the oldest row's age), ``nodes`` (how many live nodes reported) and
 ``errors`` (node id -> its last error, while failing), as the nodes last saw them
-(null where none has said). A source of a type not registered here shows its ``type``
-only.
+(null where none has said). A Kafka source adds ``"type": "kafka", "topics", "group",
+"lag"`` (the total), ``partitions`` (``topic/partition`` -> the node reading it, its
+committed and end offsets and lag) and ``errors`` (node id -> why it cannot read), as
+the nodes last reported them. A source of a type not registered here shows its
+``type`` only.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def format_sources(status: dict[str, Any]) -> list[str]:
         if s.get("type") == "outbox":
             lines += _outbox_lines(name, s)
             continue
+        if s.get("type") == "kafka":
+            lines += _kafka_lines(name, s)
+            continue
         lag = "?" if s.get("lag") is None else s["lag"]
         pending = "?" if s.get("pending") is None else s["pending"]
         what = f"{s['stream']} ({s['group']})" if "stream" in s else f"({s.get('type')})"
@@ -71,6 +77,20 @@ def _outbox_lines(name: str, s: dict[str, Any]) -> list[str]:
     backlog = f">={backlog}" if s.get("backlog_capped") else backlog
     lines = [f"{name:<24} {lag:>8} {backlog:>8} {s['rejected']:>9}  outbox {s['table']} at "
              f"{s['url']}"]
+    lines += [f"{'':<24} error on {printable(node)}: {printable(error)}"
+              for node, error in sorted((s.get("errors") or {}).items())]
+    return lines
+
+
+def _kafka_lines(name: str, s: dict[str, Any]) -> list[str]:
+    """A Kafka source: its total lag, then one line per partition and per node failing."""
+    lag = "?" if s.get("lag") is None else s["lag"]
+    lines = [f"{name:<24} {lag:>8} {'':>8} {s['rejected']:>9}  kafka {','.join(s['topics'])} "
+             f"({s['group']})"]
+    for partition, p in s.get("partitions", {}).items():
+        shown = "?" if p.get("lag") is None else p["lag"]
+        lines.append(f"{'':<24} {shown:>8} {'':>8} {'':>9}  {printable(partition)} on "
+                     f"{printable(p.get('node'))} (committed {p.get('committed')})")
     lines += [f"{'':<24} error on {printable(node)}: {printable(error)}"
               for node, error in sorted((s.get("errors") or {}).items())]
     return lines

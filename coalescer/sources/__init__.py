@@ -1,7 +1,8 @@
 """Sources of touches besides ``touch()``: the ``Source`` interface and the registry of
 source types (``base``), the Redis Streams source (``streams``, type ``stream``) and
 the transactional outbox (``outbox``, type ``outbox``: rows of the application's
-database, read with ``outbox_db``; its SQL in ``outbox_sql``).
+database, read with ``outbox_db``; its SQL in ``outbox_sql``) and Kafka topics
+(``kafka``, type ``kafka``; what a message touches in ``kafka_values``).
 
 Adding a source type means three things:
 
@@ -21,8 +22,9 @@ May import ``coalescer.write``, ``coalescer.store``, ``coalescer.config`` and
 from __future__ import annotations
 
 from coalescer.sources import (
+    kafka,  # registers the "kafka" type
     outbox,  # registers the "outbox" type
     streams,  # registers the "stream" type
 )
 
-__all__ = ["outbox", "streams"]
+__all__ = ["kafka", "outbox", "streams"]

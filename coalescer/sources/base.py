@@ -55,6 +55,10 @@ class Source(ABC):
     async def stop(self) -> None:
         """Stop reading and release what it holds; nothing read may be lost."""
 
+    def problems(self) -> list[str]:
+        """What keeps these sources from reading now (shown by /healthz); none by default."""
+        return []
+
 
 OpenSources = Callable[[Sequence[SourceConfig], NodeContext], Source]
 ReadStatus = Callable[[Any, SourceConfig, Config], Awaitable[dict[str, Any]]]

@@ -264,6 +264,12 @@ def sources_outbox(namespace: str) -> str:
     return f"{namespace}:{{{namespace}:sources}}:outbox"
 
 
+def sources_kafka(namespace: str) -> str:
+    """The hash of what the nodes last saw of each Kafka source: each partition's lag,
+    each node's error (the sources' tag)."""
+    return f"{namespace}:{{{namespace}:sources}}:kafka"
+
+
 def rate_bucket(namespace: str, rule: str) -> str:
     """The token bucket of ``rule``'s rate: cluster-wide, so on a slot of its own (the
     rule's keys span every shard), one per rule so that rules spread over the cluster."""

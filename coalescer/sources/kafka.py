@@ -1,0 +1,427 @@
+"""Kafka sources: every message of the source's topics touches the key its value fills in.
+
+Each worker node reads each Kafka source in the source's consumer group (aiokafka),
+``batch`` messages at most at a time. A batch is touched, flushed (Redis then holds
+every due time) and only then are its offsets committed: at least once, so a node
+killed mid-batch loses nothing (the group hands its partitions to another node, which
+reads from the last commit; a message read twice costs one more touch, which a
+debounce absorbs). While a batch is flushed the node's partitions are paused, so a node
+holds at most ``batch`` messages read and not flushed, whatever the backlog.
+
+A message that cannot become a touch (``kafka_values`` says which) is counted as
+rejected, logged, and committed with its batch: it never blocks a partition. Before the
+group takes partitions away (a node joins or leaves), the batch in hand is flushed and
+committed; a commit the group refuses because the partitions moved already is dropped
+(their new owner reads those messages again). A flush that fails rewinds the batch's
+partitions to its first messages. The loop survives a broker that is down (retried with
+backoff, logged once) and says so in ``/healthz`` and ``coalescer status``; what a node
+last saw (each partition's lag, its error) is kept in Redis for ``coalescer status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coalescer.common.redact import redact
+from coalescer.common.retrying import Backoff, keep_running
+from coalescer.config.kafka_source import KafkaSource, bootstrap_problem
+from coalescer.config.rules import Config
+from coalescer.config.sources import SourceConfig, source_error
+from coalescer.errors import ConfigError
+from coalescer.sources.base import (
+    NodeContext,
+    Source,
+    SourceType,
+    cancel_loops,
+    register,
+    start_loops,
+)
+from coalescer.sources.kafka_values import MessageReader, Touches
+from coalescer.store.keys import sources_kafka, sources_rejected
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT = 10.0  # seconds a batch waits for Redis to hold its touches; then rewound
+COMMIT_TIMEOUT = 10.0  # seconds a commit may take (the broker retries inside)
+PROBE_EVERY = 2.0  # seconds between two looks at an idle source's broker
+POLL_MS = 1000  # how long a read waits for messages
+REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
+REPORT_IDLE = 30.0  # seconds between two reports of an unchanged source
+REPORT_STALE = 3 * REPORT_IDLE  # a report older than this is a gone node's
+REJECTS_LOGGED = 20
+
+
+def _kafka() -> Any:
+    """aiokafka, imported when a Kafka source starts (the ``kafka`` extra)."""
+    import aiokafka  # type: ignore[import-untyped]
+
+    return aiokafka
+
+
+def _listener(loop: KafkaLoop) -> Any:
+    """A ConsumerRebalanceListener that hands the group's rebalance calls to ``loop``."""
+    class Rebalance(_kafka().ConsumerRebalanceListener):  # type: ignore[misc]
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            await loop.revoked(revoked)
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            await loop.assigned(assigned)
+
+    return Rebalance()
+
+
+class KafkaLoop:
+    """Reads one Kafka source and turns its messages into touches."""
+
+    def __init__(self, source: KafkaSource, context: NodeContext, bootstrap: str) -> None:
+        self.source = source
+        self._context = context
+        self._bootstrap = bootstrap
+        self._reader = MessageReader(source, context.config)
+        self._redis = context.conn.client
+        self._consumer: Any = None
+        self._batch_lock = asyncio.Lock()  # a batch and a rebalance never overlap
+        self._rewind: dict[Any, int] = {}  # partition -> first offset of the batch in hand
+        self._committed: dict[Any, int] = {}  # partition -> offset this node last committed
+        self._probed = 0.0
+        self._fresh: set[Any] = set()  # partitions given, whose committed offset to read
+        self._reported_at = 0.0
+        self._reported: Any = None
+        self.error: str | None = None
+        self.unflushed = 0  # messages read and not yet flushed and committed
+        self.peak_unflushed = 0
+        self.accepted = 0
+        self.rejected = 0
+
+    async def run(self) -> None:
+        """The loop: survives a broker or Redis that is down; backs off."""
+        await keep_running(f"source {self.source.name}: Kafka topics "
+                           f"{', '.join(self.source.topics)} at {redact(self._bootstrap)}",
+                           self.step, backoff=Backoff(base=0.1, cap=5.0), logger=log,
+                           on_error=self._failed, pause=self._pause)
+
+    def _failed(self, exc: Exception) -> None:
+        text = str(exc)
+        name = type(exc).__name__
+        self.error = redact(text if text.startswith(name) else f"{name}: {text}".strip())
+        self._context.metrics.kafka_errors.labels(self.source.name).inc()
+        self._seek_back()
+
+    async def _pause(self, delay: float) -> None:
+        with contextlib.suppress(Exception):  # Redis may be what failed
+            await asyncio.wait_for(self._report(force=True), 2.0)
+        await asyncio.sleep(delay)
+
+    async def step(self) -> int:
+        """One read and its handling; returns how many messages it handled."""
+        if self._consumer is None:
+            await self._connect()
+        batch = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=self.source.batch)
+        if batch:
+            async with self._batch_lock:
+                await self._handle(batch)
+        else:
+            await self._probe()
+        if self.error is not None:
+            log.info("source %s: Kafka reachable again", self.source.name)
+            self.error = None
+        await self._learn_committed()
+        await self._report()
+        return sum(len(messages) for messages in batch.values())
+
+    async def _learn_committed(self) -> None:
+        """Read the committed offsets of the partitions given since the last step."""
+        fresh, self._fresh = self._fresh, set()
+        for tp in fresh & self._consumer.assignment():
+            offset = await asyncio.wait_for(self._consumer.committed(tp), COMMIT_TIMEOUT)
+            if offset is not None:
+                self._committed.setdefault(tp, offset)
+        if fresh:
+            self._reported_at = 0.0
+
+    async def _connect(self) -> None:
+        aiokafka = _kafka()
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=self.source.group,
+            client_id=f"coalescer-{self._context.node_id}", enable_auto_commit=False,
+            auto_offset_reset=self.source.start, max_partition_fetch_bytes=1 << 20,
+            fetch_max_bytes=8 << 20)
+        try:
+            consumer.subscribe(list(self.source.topics), listener=_listener(self))
+            await consumer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+        self._consumer = consumer
+        log.info("source %s: reading topics %s in group %r", self.source.name,
+                 ", ".join(self.source.topics), self.source.group)
+
+    async def _probe(self) -> None:
+        """When idle, ask the broker for its metadata now and then: raises while down."""
+        now = time.monotonic()
+        if now - self._probed >= PROBE_EVERY:
+            self._probed = now
+            await asyncio.wait_for(self._consumer.topics(), COMMIT_TIMEOUT)
+
+    async def _handle(self, batch: Mapping[Any, Sequence[Any]]) -> None:
+        """Touch, flush, then commit the batch (rejected messages too)."""
+        self._unflushed(sum(len(messages) for messages in batch.values()))
+        self._rewind = {tp: messages[0].offset for tp, messages in batch.items() if messages}
+        touches = self._reader.touches(m for messages in batch.values() for m in messages)
+        partitions = list(batch)
+        self._consumer.pause(*partitions)  # read no further until the batch is flushed
+        try:
+            await self._touch(touches)
+            self._rewind = {}
+            await self._commit({tp: messages[-1].offset + 1
+                                for tp, messages in batch.items() if messages})
+        finally:
+            self._resume(partitions)
+        self._unflushed(0)
+        await self._count(touches)
+
+    def _unflushed(self, count: int) -> None:
+        self.unflushed = count
+        self._context.metrics.kafka_unflushed.labels(self.source.name).set(count)
+        if count > self.peak_unflushed:
+            self.peak_unflushed = count
+            self._context.metrics.kafka_unflushed_peak.labels(self.source.name).set(count)
+
+    def _resume(self, partitions: list[Any]) -> None:
+        owned = self._consumer.assignment()
+        self._consumer.resume(*[tp for tp in partitions if tp in owned])
+
+    async def _touch(self, touches: Touches) -> None:
+        if touches.pairs:
+            touch_items = self._context.touch_items
+            assert touch_items is not None  # a node with sources always lends it
+            touch_items(touches.pairs)
+        if touches.keys:
+            self._context.touch_many(touches.keys)
+        if touches.keys or touches.pairs:
+            await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
+
+    async def _commit(self, offsets: dict[Any, int]) -> None:
+        """Commit ``offsets`` of the partitions still this node's; a commit the group
+        refuses because they moved on is dropped (their new owner reads them again)."""
+        aiokafka = _kafka()
+        owned = self._consumer.assignment()
+        mine = {tp: offset for tp, offset in offsets.items() if tp in owned}
+        if len(mine) < len(offsets):
+            log.info("source %s: %d partition(s) moved to another node before their batch "
+                     "was committed; it reads those messages again", self.source.name,
+                     len(offsets) - len(mine))
+        if not mine:
+            return
+        try:
+            await asyncio.wait_for(self._consumer.commit(mine), COMMIT_TIMEOUT)
+        except aiokafka.errors.CommitFailedError as exc:
+            log.warning("source %s: commit refused, the group moved the partitions (their "
+                        "new owner reads the batch again): %s", self.source.name, exc)
+            return
+        self._committed.update(mine)
+
+    def _seek_back(self) -> None:
+        """After a failed batch, read it again from its first messages."""
+        rewind, self._rewind = self._rewind, {}
+        self._unflushed(0)
+        if self._consumer is None:
+            return
+        owned = self._consumer.assignment()
+        for tp, offset in rewind.items():
+            if tp in owned:
+                self._consumer.seek(tp, offset)
+        self._consumer.resume(*[tp for tp in rewind if tp in owned])
+
+    async def revoked(self, revoked: Any) -> None:
+        """The group takes partitions away: wait for the batch in hand to be committed."""
+        async with self._batch_lock:
+            with contextlib.suppress(Exception):  # the new owner reports them anyway
+                await asyncio.wait_for(self._redis.hdel(
+                    sources_kafka(self._context.config.namespace),
+                    *[f"{self.source.name}|{tp.topic}|{tp.partition}" for tp in revoked]),
+                    2.0)
+            for tp in revoked:
+                self._committed.pop(tp, None)
+                with contextlib.suppress(KeyError):
+                    self._context.metrics.kafka_lag.remove(self.source.name, tp.topic,
+                                                           str(tp.partition))
+        if revoked:
+            log.info("source %s: gave up %d partition(s)", self.source.name, len(revoked))
+
+    async def assigned(self, assigned: Any) -> None:
+        """The group hands partitions to this node: their committed offsets are read
+        after the rebalance (for the lag shown before their first batch)."""
+        self._fresh.update(assigned)
+        if assigned:
+            log.info("source %s: was given %d partition(s): %s", self.source.name,
+                     len(assigned), ", ".join(f"{tp.topic}/{tp.partition}"
+                                              for tp in sorted(assigned)))
+
+    async def _count(self, touches: Touches) -> None:
+        counter = self._context.metrics.source_entries
+        accepted = len(touches.keys) + len(touches.pairs)
+        if accepted:
+            self.accepted += accepted
+            counter.labels(self.source.name, "accepted").inc(accepted)
+        rejected = touches.rejected
+        if not rejected:
+            return
+        self.rejected += len(rejected)
+        counter.labels(self.source.name, "rejected").inc(len(rejected))
+        for topic, partition, offset, why in rejected[:REJECTS_LOGGED]:
+            log.warning("source %s: message %s/%d@%d rejected (committed, not touched): %s",
+                        self.source.name, topic, partition, offset, why)
+        if len(rejected) > REJECTS_LOGGED:
+            log.warning("source %s: %d more messages rejected", self.source.name,
+                        len(rejected) - REJECTS_LOGGED)
+        await self._redis.hincrby(sources_rejected(self._context.config.namespace),
+                                  self.source.name, len(rejected))
+
+    def lags(self) -> dict[Any, tuple[int, int | None, int | None]]:
+        """Each partition of this node: (committed, end offset, lag), None unknown."""
+        out: dict[Any, tuple[int, int | None, int | None]] = {}
+        if self._consumer is None:
+            return out
+        for tp in self._consumer.assignment():
+            end = self._consumer.highwater(tp)
+            committed = self._committed.get(tp)
+            if committed is None:
+                continue
+            out[tp] = (committed, end, None if end is None else max(0, end - committed))
+        return out
+
+    async def _report(self, *, force: bool = False) -> None:
+        """Keep what this node sees in Redis: at most every REPORT_EVERY while it
+        changes, every REPORT_IDLE when not, at once after an error."""
+        lags = self.lags()
+        shown = (sorted((str(tp), v) for tp, v in lags.items()), self.error)
+        age = time.monotonic() - self._reported_at
+        if not force and (age < REPORT_EVERY or (shown == self._reported
+                                                 and age < REPORT_IDLE)):
+            return
+        now_ms = round(time.time() * 1000)
+        fields = {f"{self.source.name}|node|{self._context.node_id}":
+                  json.dumps({"error": self.error, "at_ms": now_ms})}
+        for tp, (committed, end, lag) in lags.items():
+            fields[f"{self.source.name}|{tp.topic}|{tp.partition}"] = json.dumps(
+                {"node": self._context.node_id, "committed": committed, "end": end,
+                 "lag": lag, "at_ms": now_ms})
+            if lag is not None:
+                self._context.metrics.kafka_lag.labels(self.source.name, tp.topic,
+                                                       str(tp.partition)).set(lag)
+        await self._redis.hset(sources_kafka(self._context.config.namespace), mapping=fields)
+        self._reported, self._reported_at = shown, time.monotonic()
+
+    async def close(self) -> None:
+        """Leave the group (its partitions go to the other nodes) and drop this node's
+        report of its error."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), COMMIT_TIMEOUT)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._redis.hdel(
+                sources_kafka(self._context.config.namespace),
+                f"{self.source.name}|node|{self._context.node_id}"), 2.0)
+
+
+class KafkaSources(Source):
+    """Every Kafka source's loop on one worker node."""
+
+    def __init__(self, loops: list[KafkaLoop]) -> None:
+        self.loops = loops
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = start_loops(self.loops)
+
+    async def stop(self) -> None:
+        """Stop reading (what was read and not committed is read again by the group's
+        next owner of the partitions), leave the groups."""
+        await cancel_loops(self._tasks)
+        self._tasks = []
+        for loop in self.loops:
+            await loop.close()
+
+    def problems(self) -> list[str]:
+        """What /healthz reports of these sources: each one that cannot read."""
+        return [f"Kafka source {loop.source.name!r} cannot read: {loop.error}"
+                for loop in self.loops if loop.error is not None]
+
+
+def _kafka_sources(sources: Sequence[SourceConfig]) -> list[KafkaSource]:
+    return [source for source in sources if isinstance(source, KafkaSource)]
+
+
+def open_kafka(sources: Sequence[SourceConfig], context: NodeContext) -> KafkaSources:
+    """The loops of the Kafka ``sources``, each with a consumer of its own (started by
+    its first step, so a broker that is down delays the source, never the node)."""
+    return KafkaSources([KafkaLoop(source, context, source.resolved_bootstrap(os.environ))
+                         for source in _kafka_sources(sources)])
+
+
+def check_kafka(source: SourceConfig, index: int, config: Config,
+                environ: Mapping[str, str]) -> list[ConfigError]:
+    """Why ``source`` cannot run on this node: an environment variable of its bootstrap
+    not set, a bootstrap that is no host:port list, or aiokafka not installed."""
+    assert isinstance(source, KafkaSource)
+    try:
+        bootstrap = source.resolved_bootstrap(environ)
+    except KeyError as exc:
+        return [source_error(source, index, config.source,
+                             f"bootstrap uses the environment variable {exc.args[0]}, which "
+                             "is not set (or empty)", "bootstrap")]
+    problem = bootstrap_problem(bootstrap)
+    if problem is not None:
+        return [source_error(source, index, config.source, f"bootstrap {problem}",
+                             "bootstrap")]
+    try:
+        _kafka()
+    except ImportError:
+        return [source_error(source, index, config.source,
+                             "reading Kafka needs aiokafka: pip install 'coalescer[kafka]'",
+                             "type")]
+    return []
+
+
+async def kafka_status(redis: Any, source: SourceConfig, config: Config) -> dict[str, Any]:
+    """What the live nodes last saw of ``source``: each partition's committed offset,
+    end offset and lag (and the node reading it), their total lag, and every node's
+    error while failing."""
+    assert isinstance(source, KafkaSource)
+    found = await redis.hgetall(sources_kafka(config.namespace))
+    now_ms = time.time() * 1000
+    partitions: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    prefix = f"{source.name}|"
+    for name, raw in found.items():
+        if not name.startswith(prefix):
+            continue
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(raw)
+            if now_ms - entry["at_ms"] > REPORT_STALE * 1000:
+                continue
+            kind, _, rest = name[len(prefix):].partition("|")
+            if kind == "node":
+                if entry["error"]:
+                    errors[rest] = entry["error"]
+            else:
+                partitions[f"{kind}/{rest}"] = {k: entry[k] for k in
+                                                ("node", "committed", "end", "lag")}
+    lags = [p["lag"] for p in partitions.values()]
+    return {"type": "kafka", "topics": list(source.topics), "group": source.group,
+            "lag": None if not lags or None in lags else sum(lags),
+            "partitions": dict(sorted(partitions.items())), "errors": errors}
+
+
+register(SourceType(name=KafkaSource.type, open=open_kafka, status=kafka_status,
+                    check=check_kafka))

@@ -1,0 +1,131 @@
+"""What a Kafka message touches: the key (and item) its value's fields fill in, or why not.
+
+A message's value must be a JSON object; a template's ``{field}`` takes the field of that
+name, a string or a number (a whole number is written without a fraction). A message is
+rejected when its value is not JSON, not an object, lacks a field, holds one of another
+kind (null, true, a list, an object), one that would fill more than one segment of a key
+(``:``), or when the key it makes cannot be stored or matches no rule (or, with
+``item:``, its item cannot go with the key).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coalescer.config.kafka_source import KafkaSource
+from coalescer.config.rules import Config
+from coalescer.config.templates import KeyTemplate
+from coalescer.errors import UnknownKeyError, shown_key
+from coalescer.store.keycheck import item_problem, key_problem
+
+
+class Rejected(ValueError):
+    """Why a message cannot become a touch."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Touches:
+    """The touches of a run of messages: plain keys, (key, item) pairs, and each rejected
+    message as (topic, partition, offset, why)."""
+
+    keys: list[str] = field(default_factory=list)
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    rejected: list[tuple[str, int, int, str]] = field(default_factory=list)
+
+
+def _text(name: str, value: Any, *, segment: bool) -> str:
+    """A field's value as template text; Rejected when it cannot be."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        kind = "null" if value is None else type(value).__name__
+        raise Rejected(f"field {name!r} is {kind}, not a string or a number")
+    elif isinstance(value, float) and value.is_integer():
+        text = str(int(value))
+    else:
+        text = str(value)
+    if segment and ":" in text:
+        raise Rejected(f"field {name!r} holds ':' (at index {text.index(':')}): a field "
+                       "fills at most one segment of a key")
+    return text
+
+
+def _fill(template: KeyTemplate, fields: dict[str, Any], *, segment: bool) -> str:
+    values: dict[str, str] = {}
+    for name in template.fields:
+        if name not in fields:
+            raise Rejected(f"its value has no field {name!r}")
+        values[name] = _text(name, fields[name], segment=segment)
+    return template.fill(values)
+
+
+class MessageReader:
+    """Turns the values of one source's messages into touches."""
+
+    def __init__(self, source: KafkaSource, config: Config) -> None:
+        self._source = source
+        self._config = config
+        self._known: dict[str, bool] = {}  # key -> its rule takes items (keys seen lately)
+
+    def touches(self, messages: Iterable[Any]) -> Touches:
+        """The touches of ``messages`` (aiokafka ``ConsumerRecord``s), in order."""
+        out = Touches()
+        for message in messages:
+            try:
+                key, item = self.touch_of(message.value)
+            except Rejected as exc:
+                out.rejected.append((message.topic, message.partition, message.offset,
+                                     str(exc)))
+                continue
+            if item is None:
+                out.keys.append(key)
+            else:
+                out.pairs.append((key, item))
+        return out
+
+    def touch_of(self, value: bytes | None) -> tuple[str, str | None]:
+        """The key and item one message's value touches; Rejected says why not."""
+        fields = _object(value)
+        key = _fill(self._source.key, fields, segment=True)
+        takes_items = self._rule_of(key)
+        if self._source.item is None:
+            return key, None
+        item = _fill(self._source.item, fields, segment=False)
+        problem = item_problem(item)
+        if problem is None and not takes_items:
+            problem = f"the rule of key {shown_key(key)} takes no items"
+        if problem is not None:
+            raise Rejected(f"item {shown_key(item)} cannot be touched: {problem}")
+        return key, item
+
+    def _rule_of(self, key: str) -> bool:
+        """Whether the rule of ``key`` takes items; Rejected when none can take the key."""
+        found = self._known.get(key)
+        if found is not None:
+            return found
+        problem = key_problem(key)
+        if problem is not None:
+            raise Rejected(f"key {shown_key(key)} cannot be stored: {problem}")
+        try:
+            rule = self._config.rule_for(key)
+        except UnknownKeyError:
+            raise Rejected(f"no rule matches key {shown_key(key)}") from None
+        if len(self._known) >= 10_000:
+            self._known.clear()
+        self._known[key] = rule.items is not None
+        return rule.items is not None
+
+
+def _object(value: bytes | None) -> dict[str, Any]:
+    if value is None:
+        raise Rejected("it has no value (a tombstone)")
+    try:
+        fields = json.loads(value)
+    except (UnicodeDecodeError, ValueError):
+        raise Rejected("its value is not JSON") from None
+    if not isinstance(fields, dict):
+        raise Rejected(f"its value is JSON {type(fields).__name__}, not an object")
+    return fields
