@@ -57,6 +57,7 @@ from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
 from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
+from coalescer.write.quota import Quota
 from coalescer.write.room import DEFAULT_TIMEOUT, Wanted, touch_blocking, touch_waiting
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Run:
         self.layouts: Layouts | None = None
         self.flusher: Flusher | None = None
         self.policy: PolicyWatch | None = None
+        self.quota: Quota | None = None
         self.node: Node | None = None
         self.handlers: Handlers | None = None
         self.sources: list[Source] = []
@@ -220,10 +222,13 @@ class Coalescer:
         InvalidKeyError for one Redis cannot store (not UTF-8, a NUL character, over
         1024 bytes), InvalidItemError for an item that is not a non-empty str of at most
         256 bytes without NUL, or of a rule without items, BackpressureError when the
-        buffer is full, ClosedError when the coalescer is not running.
+        buffer is full (QuotaExceededError, one of them, when the keys waiting for
+        their refresh reached the rules file's ``limits.pending_keys``), ClosedError
+        when the coalescer is not running.
         """
         if self._state != "running":
             raise self._not_running(f"touch({key!r})")
+        self._check_quota()
         if at is not None or delay is not None:
             self._absorber.touch_scheduled(key, _spec([key], at, delay) or "", item)
         elif item is None:
@@ -239,6 +244,7 @@ class Coalescer:
         time of every one of them (see ``touch``)."""
         if self._state != "running":
             raise self._not_running("touch_items()")
+        self._check_quota()
         pairs, keys = list(pairs), list(keys)
         spec = _spec([k for k, _ in pairs] + keys, at, delay)
         self._run.absorber.touch_items(pairs, keys, spec)
@@ -250,6 +256,7 @@ class Coalescer:
         (see ``touch``); it is checked, with every key, before any key is buffered."""
         if self._state != "running":
             raise self._not_running("touch_many()")
+        self._check_quota()
         keys = list(keys)
         self._run.absorber.touch_many(keys, _spec(keys, at, delay))
 
@@ -265,6 +272,7 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running(f"touch_wait({key!r})")
+        self._check_quota()
         try:
             self.touch(key, item, at=at, delay=delay)  # room in the buffer: as cheap as touch
         except BackpressureError:
@@ -284,6 +292,7 @@ class Coalescer:
         """
         if self._state != "running":
             raise self._not_running("touch_many_wait()")
+        self._check_quota()
         keys = list(keys)
         spec = _spec(keys, at, delay)
         await touch_waiting(self._run.absorber, Wanted(keys, (), spec), timeout,
@@ -297,6 +306,7 @@ class Coalescer:
         went in)."""
         if self._state != "running":
             raise self._not_running("touch_items_wait()")
+        self._check_quota()
         pairs = list(pairs)
         spec = _spec([k for k, _ in pairs], at, delay)
         await touch_waiting(self._run.absorber, Wanted([], pairs, spec), timeout,
@@ -310,6 +320,7 @@ class Coalescer:
         it while the buffer is full (``SyncCoalescer.touch_wait`` is this)."""
         if self._state != "running":
             raise self._not_running(what)
+        self._check_quota()
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -321,6 +332,12 @@ class Coalescer:
         keys, pairs = list(keys), list(pairs)
         spec = _spec(keys + [k for k, _ in pairs], at, delay)
         touch_blocking(self._run.absorber, Wanted(keys, pairs, spec), timeout, what)
+
+    def _check_quota(self) -> None:
+        """QuotaExceededError when the pending keys reached ``limits.pending_keys``."""
+        quota = self._run.quota
+        if quota is not None:
+            quota.check()
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""
@@ -548,6 +565,8 @@ class Coalescer:
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)
         run.spawn("flusher", run.flusher.run())
         run.spawn("metrics", self._metrics_loop(run))
+        run.quota = Quota(self.config, scripts, lambda: self.keyspace, run.metrics)
+        run.spawn("limits", run.quota.run())
         assert run.policy is not None
         run.spawn("maxmemory-policy", run.policy.run())
         if run.embedded is not None:

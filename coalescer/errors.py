@@ -137,6 +137,18 @@ class BackpressureError(CoalescerError):
     """The in-process buffer is full: the touch was not accepted (G8)."""
 
 
+class QuotaExceededError(BackpressureError):
+    """The keys waiting for their refresh reached the rules file's ``limits.pending_keys``:
+    the touch was not accepted (every touch already accepted stays). ``limit`` names the
+    limit, ``retry_after`` is when to try again (seconds)."""
+
+    def __init__(self, message: str, *, limit: str, value: int, retry_after: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.retry_after = retry_after
+
+
 class RedisWriteError(CoalescerError):
     """``flush()`` could not write every touch to Redis; the touches stay buffered and
     are written once Redis takes them (unless the coalescer closes first)."""

@@ -7,13 +7,14 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from coalescer.cli.commands import COMMANDS, EXIT_ERROR, cmd_check
 from coalescer.cli.errors import check_redis_url, redis_failure
 from coalescer.cli.parser import build_parser
-from coalescer.common.printable import printable
+from coalescer.common.printable import printable, unsafe_exception
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError, ConfigError
 
@@ -31,8 +32,19 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = printable(record.message)
+        # coalescer's own lines escape their keys and errors already (a backslash is
+        # doubled there): only what is still unsafe is escaped here, never twice
+        record.message = printable(record.message, backslashes=False)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        """A traceback as lines, unless a message in it could forge a line: then it is
+        one escaped line."""
+        text = super().formatException(ei)
+        exc = ei[1] if ei else None
+        if isinstance(exc, BaseException) and unsafe_exception(exc):
+            return printable(text, backslashes=False)
+        return text
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

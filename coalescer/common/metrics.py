@@ -220,6 +220,15 @@ class Metrics:
             "the cap, every slot busy), header_timeout, body_timeout, busy (503: too many "
             "requests running), accept_failed (accept() out of file descriptors)",
             ["reason"], registry=r)
+        self.quota_refusals = Counter(
+            "coalescer_quota_refusals_total",
+            "touches refused because the pending keys reached limits.pending_keys",
+            registry=r)
+        self.dead_letters_dropped = Counter(
+            "coalescer_dead_letters_dropped_total",
+            "dead letters dropped by this node, by reason: age (older than "
+            "limits.dead_letter_ttl) or count (past limits.dead_letters, oldest first)",
+            ["reason"], registry=r)
 
     def hold(self, rule: str, shard: int, keys: int) -> None:
         """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""

@@ -1,33 +1,66 @@
-"""Text safe to print to a terminal or a log: control characters shown escaped.
+"""Text safe to print to a terminal or a log: control and invisible characters shown
+escaped.
 
-C0 controls (newline and tab included), DEL, C1 controls, the line and paragraph
-separators U+2028/U+2029 and the bidirectional overrides and isolates (U+202A-U+202E,
-U+2066-U+2069) are written ``\\x1b``, ``\\u2028`` style, and a backslash is doubled, so
-the escaped text is unambiguous and no key or error can move the cursor, clear the
-screen, set the clipboard, start a forged log line or reorder what is shown.
+Every character Python does not count as printable is written ``\\x1b``, ``\\u200f``,
+``\\U000e0001`` style: C0 and C1 controls (newline and tab included), DEL, the line and
+paragraph separators, the format characters (Unicode category Cf: the bidirectional
+marks, overrides and isolates, zero-width characters, the byte order mark U+FEFF),
+spaces other than the plain space, surrogates, private-use and unassigned code points.
+A backslash is doubled, so the escaped text is unambiguous: no key or error can move the
+cursor, clear the screen, set the clipboard, start a forged log line, reorder what is
+shown or make two different keys look the same.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\\\\]")
 
-
-def _escape(found: re.Match[str]) -> str:
-    char = found.group()
-    if char == "\\":
-        return "\\\\"
+def _escaped(char: str) -> str:
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
-def printable(text: str) -> str:
-    """``text`` with every character that could forge output escaped (see the module)."""
-    if text.isprintable() and "\\" not in text:  # the common case: nothing to do
-        return text
-    return _UNSAFE.sub(_escape, text)
+def printable(text: str, *, backslashes: bool = True) -> str:
+    """``text`` with every character that could forge output escaped (see the module).
+    ``backslashes=False`` leaves backslashes as they are: for text that was escaped
+    once already (a log formatter's last pass), so that it is not escaped twice."""
+    if text.isprintable() and ("\\" not in text or not backslashes):
+        return text  # the common case: nothing to do
+    return "".join(
+        "\\\\" if char == "\\" and backslashes
+        else char if char.isprintable() or char == "\\" else _escaped(char)
+        for char in text)
+
+
+def unsafe_exception(exc: BaseException) -> bool:
+    """Whether a message anywhere in ``exc``'s traceback (the exception, its causes and
+    contexts, an exception group's members, their notes) holds a character ``printable``
+    escapes: such a traceback cannot be shown as it is, one line per line."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        texts = [_message(current), *map(str, getattr(current, "__notes__", None) or ())]
+        if not all(text.isprintable() for text in texts):
+            return True
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            todo += list(current.exceptions)
+    return False
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__: the traceback prints a placeholder for it
+        return ""
 
 
 def printable_values(value: Any) -> Any:

@@ -15,6 +15,7 @@ from coalescer.common.key_limits import over_limit
 from coalescer.config.durability import NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve
+from coalescer.config.limits import DEFAULT_LIMITS, Limits
 from coalescer.config.lint import (
     ConfigWarning,
     RuleMatch,
@@ -51,6 +52,7 @@ class Config:
     history: int = DEFAULT_HISTORY
     sources: tuple[SourceConfig, ...] = ()
     durability: Durability = NO_REPLICAS
+    limits: Limits = DEFAULT_LIMITS
     matches: tuple[RuleMatch, ...] = field(default=(), repr=False, compare=False)
     secrets: tuple[RuleSecret, ...] = field(default=(), repr=False, compare=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
@@ -171,6 +173,7 @@ def _config(schema: RulesSchema, document: Document | None) -> Config | None:
                   leader_lease=document.leader_lease, claim_lease=document.claim_lease,
                   rules=document.rules, source=schema.file, history=document.history,
                   sources=document.sources, durability=document.durability,
+                  limits=document.limits,
                   matches=tuple(schema.matches),
                   secrets=tuple(schema.secrets))
 

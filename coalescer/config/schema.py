@@ -19,6 +19,7 @@ from coalescer.config import kafka_source  # noqa: F401  (registers type: kafka)
 from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
+from coalescer.config.limits import DEFAULT_LIMITS, LIMIT_FIELDS, MAX_COUNT, Limits
 from coalescer.config.lint import RuleMatch, RuleSecret
 from coalescer.config.model import (
     RATE_UNITS,
@@ -50,7 +51,7 @@ HTTP_METHODS = ("POST", "PUT", "PATCH")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "durability",
-               "defaults", "rules", "sources")
+               "limits", "defaults", "rules", "sources")
 _DURABILITY_FIELDS = ("replicas", "timeout")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
 _RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items",
@@ -90,6 +91,7 @@ class Document:
     rules: tuple[Rule, ...]
     sources: tuple[SourceConfig, ...]
     durability: Durability = NO_REPLICAS
+    limits: Limits = DEFAULT_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ class RulesSchema(YamlReader):
                   for name in ("leader_lease", "claim_lease")}
         history = self.optional(entries, "", "history", self.history, DEFAULT_HISTORY)
         durability = self.optional(entries, "", "durability", self.durability, NO_REPLICAS)
+        limits = self.optional(entries, "", "limits", self.limits, DEFAULT_LIMITS)
         defaults = self.defaults(entries)
         node = self.attempt(self.require, entries, "rules", root, "", "the rules file")
         rules = self.attempt(self.rules, node, defaults) if node is not None else None
@@ -148,7 +151,8 @@ class RulesSchema(YamlReader):
             return None
         return Document(namespace=namespace, shards=shards,
                         leader_lease=leases["leader_lease"], claim_lease=leases["claim_lease"],
-                        history=history, rules=rules, sources=sources, durability=durability)
+                        history=history, rules=rules, sources=sources, durability=durability,
+                        limits=limits)
 
     def namespace(self, node: Node, field: str) -> str:
         return self.identifier(node, field, "namespace")
@@ -170,6 +174,19 @@ class RulesSchema(YamlReader):
         timeout = self.optional(entries, field, "timeout", self.replica_timeout,
                                 NO_REPLICAS.timeout)
         return Durability(replicas=replicas, timeout=timeout)
+
+    def limits(self, node: Node, field: str) -> Limits:
+        """``limits: {pending_keys: N, dead_letters: N, dead_letter_ttl: DURATION}``."""
+        entries = self.mapping(node, field, LIMIT_FIELDS, "limits")
+        counts = {name: self.optional(entries, field, name, self.limit_count,
+                                      getattr(DEFAULT_LIMITS, name))
+                  for name in ("pending_keys", "dead_letters")}
+        ttl = self.optional(entries, field, "dead_letter_ttl", self.positive_duration,
+                            DEFAULT_LIMITS.dead_letter_ttl)
+        return Limits(dead_letter_ttl=ttl, **counts)
+
+    def limit_count(self, node: Node, field: str) -> int:
+        return self.positive_int(node, field, MAX_COUNT)
 
     def replicas(self, node: Node, field: str) -> int:
         raw = self.value(node, field)

@@ -71,6 +71,10 @@ _LOG_TAIL_LINES = 20
 _LISTEN = "0A"  # a listening socket's state in /proc/net/tcp
 
 
+# The server's memory cap, at which it refuses writes (noeviction: it never drops a key
+# to make room, which would lose touches silently). The rules file's limits keep the
+# defaults below it: 1,000,000 pending keys of ~40-byte names take ~250 MB.
+MAXMEMORY = "1gb"
 PRIVATE_DIR = 0o700  # the folders; the server runs with umask 077, so its files are 0600
 PRIVATE_FILE = 0o600
 _PASSWORD_BYTES = 32
@@ -483,6 +487,8 @@ class EmbeddedServer:
             "--pidfile", str(self.pid_file),
             "--logfile", str(self.log_file),
             "--protected-mode", "yes",
+            "--maxmemory", MAXMEMORY,
+            "--maxmemory-policy", "noeviction",
         ]
 
     def _spawn(self, binary: Path, port: int) -> _Record:

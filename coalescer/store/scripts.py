@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "adopt", "peers", "node_lease", "unclaim",
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
+    "limits",
 )
 
 # What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
@@ -103,6 +104,17 @@ class ClaimedKey(NamedTuple):
     due_ms: int
     items: tuple[str, ...] = ()
     overflowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsAnswer:
+    """What limits.lua found on one shard: its pending keys (due sets), the dead
+    letters it dropped for their age and for their count, and those it keeps."""
+
+    pending: int
+    dropped_by_age: int
+    dropped_by_count: int
+    dead: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +389,16 @@ class Scripts:
                             tuple(str(k) for k in result[4]) if len(result) > 4 else (),
                             int(result[5]) if len(result) > 5 else 0,
                             tuple(str(b) for b in result[6]) if len(result) > 6 else ())
+
+    async def limits(self, shard: ShardKeys, rules: Sequence[str], *, keep_dead: int,
+                     dead_ttl_ms: int, budget: int) -> LimitsAnswer:
+        """Count the shard's pending keys; drop its dead letters older than
+        ``dead_ttl_ms``, then its oldest past ``keep_dead`` (at most ``budget``)."""
+        keys = [shard.meta, *(shard.due(r) for r in rules), *(shard.dead(r) for r in rules)]
+        args = [len(rules), shard.items_prefix, shard.claimed_prefix, keep_dead, dead_ttl_ms,
+                budget]
+        found = await self._run("limits", keys, args)
+        return LimitsAnswer(*(int(n) for n in found))
 
     async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` (for the typed wrappers of other modules: store/layout.py)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ from coalescer.errors import (
     CoalescerError,
     InvalidItemError,
     InvalidKeyError,
+    QuotaExceededError,
     UnknownKeyError,
 )
 from coalescer.web.connections import (
@@ -343,6 +345,8 @@ class HttpApi:
                 self._c.touch_items(pairs, keys=keys, **when)  # all or nothing, as touch_many
             else:
                 self._c.touch_many(keys, **when)  # all or nothing, under back-pressure too
+        except QuotaExceededError as exc:
+            raise _over_quota(exc) from None
         except BackpressureError as exc:
             raise Refusal(503, str(exc)) from None
         except ClosedError as exc:
@@ -458,3 +462,10 @@ class HttpApi:
             metrics.pending.labels(rule).set(entry.get("pending", 0))
             metrics.in_flight.labels(rule).set(entry.get("in_flight", 0))
             metrics.dead.labels(rule).set(entry.get("dead", 0))
+
+
+def _over_quota(exc: QuotaExceededError) -> Refusal:
+    """429 with Retry-After: the pending keys reached ``limits.pending_keys``."""
+    refusal = Refusal(429, str(exc), limit=exc.limit, value=exc.value)
+    refusal.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return refusal

@@ -28,9 +28,10 @@ class Refusal(Exception):
         self.status = status
         self.body: dict[str, Any] = {"error": message, **extra}
         self.close = False  # answer with "Connection: close"
+        self.headers: dict[str, str] = {}  # more headers of the answer (Retry-After)
 
     def response(self) -> web.Response:
-        response = web.json_response(self.body, status=self.status)
+        response = web.json_response(self.body, status=self.status, headers=self.headers)
         if self.close:
             response.force_close()
         return response

@@ -40,17 +40,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cachetools import LRUCache
-
 from coalescer.claim import Claim, granted
 from coalescer.common.plural import plural
-from coalescer.common.printable import printable
+from coalescer.common.printable import printable, unsafe_exception
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
 from coalescer.worker.batches import BatchAnswerError, failed_keys
 from coalescer.worker.claim_leases import ClaimLeases
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
+from coalescer.worker.failure_log import FailureLog
 from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
 
 if TYPE_CHECKING:
@@ -64,7 +63,6 @@ MAX_ERROR_TEXT = 200
 # of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
 # commit per batch of 16 cost as many round trips as the claims themselves).
 ACK_GATHER = 0.002
-TRACED_KEYS = 10_000  # failing keys remembered, to log each one's traceback once
 MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
 # After the grace, cancelled runs get this long to end (a child process is stopped
 # with SIGTERM, then SIGKILL) before the drain names what it abandons.
@@ -203,8 +201,7 @@ class Runner:
         self._idle_event.set()
         self._random = random.Random()
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
-        # Keys whose failure traceback this node logged (until they succeed or die).
-        self._traced: LRUCache[str, bool] = LRUCache(TRACED_KEYS)
+        self._failures = FailureLog()  # one line per kind of failure per period
         self._leases = ClaimLeases(ctx, self._jobs, self._lose)
 
     # -- claims in -----------------------------------------------------------------
@@ -526,16 +523,19 @@ class Runner:
             self._on_finish(claim.key, exc is not None)
 
     def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
-        """The first failure of a key (on this node) with its traceback, each later
-        retry of it as one line."""
+        """One line per kind of failure (rule and error type) per period, with its
+        traceback; the others of the period are counted (see failure_log.py)."""
+        left_out = self._failures.admit(("failed", job.rule.name, type(exc).__name__))
+        if left_out is None:
+            return
         claim, attempts = job.claim, job.rule.retry.attempts
         then = f"; retry in {delay_ms / 1000:g}s" if claim.attempt < attempts else ""
-        first = claim.key not in self._traced
-        self._traced[claim.key] = True
-        trace = first and exc.__traceback__ is not None
+        then += self._failures.note(left_out)
+        trace = exc.__traceback__ is not None
         key, text = printable(claim.key), printable(_error_text(exc))
-        if trace and (key != claim.key or text != _error_text(exc)):
-            # a forged key or message: the traceback goes escaped, as part of the line
+        if trace and (key != claim.key or unsafe_exception(exc)):
+            # a forged key, or a message anywhere in the traceback: it goes escaped, as
+            # part of the line
             then += "; " + printable("".join(traceback.format_exception(exc)))
             trace = False
         log.warning("refresh of %s failed (attempt %d of %d): %s%s", key,
@@ -544,13 +544,17 @@ class Runner:
 
     def _log_dead(self, jobs: dict[str, tuple[Job, Failure]], dead: list[str]) -> None:
         for key in dead:
-            self._traced.pop(key, None)
             job, failure = jobs[key]
             attempts = min(job.claim.attempt, job.rule.retry.attempts)
             self._metrics.rule(job.rule.name).dead_lettered += 1
-            log.error("%s dead-lettered after %s: %s; re-queue with %s%s",
+            left_out = self._failures.admit(("dead", job.rule.name,
+                                             failure.error.split(":", 1)[0]))
+            if left_out is None:
+                continue
+            log.error("%s dead-lettered after %s: %s; re-queue with %s%s%s",
                       printable(key), plural(attempts, "attempt"), printable(failure.error),
-                      printable(self._hints.command("dead retry", key)), self._hints.note)
+                      printable(self._hints.command("dead retry", key)), self._hints.note,
+                      self._failures.note(left_out))
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
@@ -664,7 +668,6 @@ class Runner:
                 claim = job.claim
                 acks[job.rule.name, job.call, job.call_size].append(
                     (claim.key, claim.token, job.start_ms, job.duration_ms))
-                self._traced.pop(claim.key, None)
             stale += await self._scripts.ack(
                 keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
                 self._history, self._item_rules)

@@ -129,5 +129,5 @@ def test_the_node_log_shows_forged_keys_and_errors_escaped_one_line_an_event(
         assert not any(raw in line for line in lines)
     events = [r for r in records
               if r.levelname == "ERROR" and " dead-lettered after " in r.getMessage()]
-    assert len(events) == len(FORGED)
+    assert len(events) == 1  # one line per kind of failure per period: one rule, one error
     assert all("\n" not in r.getMessage() for r in events)

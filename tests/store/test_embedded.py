@@ -111,6 +111,16 @@ def test_acquire_starts_a_server(root: Path) -> None:
         server.release()
 
 
+def test_the_server_has_a_memory_cap_and_never_evicts(root: Path) -> None:
+    with EmbeddedServer(root) as url:
+        client = _client(url)
+        try:
+            assert client.config_get("maxmemory") == {"maxmemory": str(1 << 30)}
+            assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        finally:
+            client.close()
+
+
 def test_second_acquire_reuses_and_last_release_stops(root: Path) -> None:
     first, second = EmbeddedServer(root), EmbeddedServer(root)
     url = first.acquire()

@@ -1,5 +1,6 @@
-"""What a node logs about refreshes: a failure's traceback once, retries as one line,
-one line when a key is dead-lettered (not when a touch re-armed it), successes at DEBUG."""
+"""What a node logs about refreshes: one line per kind of failure per period (the first
+with its traceback, the others counted), one line when a key is dead-lettered (not when a
+touch re-armed it), successes at DEBUG."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from coalescer import Claim, Coalescer
+from coalescer.worker.failure_log import FailureLog
 from tests.helpers.e2e import recorder_rules
 from tests.helpers.servers import wait_until
 
@@ -41,7 +43,7 @@ async def dead(c: Coalescer, rule: str) -> int:
     return int((await c.query.status())["rules"][rule]["dead"])
 
 
-async def test_first_failure_has_its_traceback_retries_one_line_death_one_error(
+async def test_first_failure_of_a_kind_has_its_traceback_its_retries_are_counted(
         tmp_path: Path, redis_url: str, namespace: str,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="coalescer")
@@ -61,10 +63,10 @@ async def test_first_failure_has_its_traceback_retries_one_line_death_one_error(
         await wait_until(lambda: rec.succeeded, message="item:ok refreshed")
 
     fails = [r for r in runner_lines(caplog, "item:7") if r.levelno == logging.WARNING]
-    assert [r.getMessage() for r in fails] == [
-        f"refresh of item:7 failed (attempt {n} of 5): RuntimeError: db down for item:7"
-        + ("; retry in 0.001s" if n < 5 else "") for n in range(1, 6)]
-    assert [r.exc_info is not None for r in fails] == [True, False, False, False, False]
+    assert [r.getMessage() for r in fails] == [  # the 4 retries: the same kind, left out
+        "refresh of item:7 failed (attempt 1 of 5): RuntimeError: db down for item:7; "
+        "retry in 0.001s"]
+    assert [r.exc_info is not None for r in fails] == [True]
     assert fails[0].exc_info is not None and "in hook" in "".join(
         logging.Formatter().formatException(fails[0].exc_info))
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -106,5 +108,47 @@ async def test_a_key_touched_during_its_last_attempt_is_not_reported_dead(
     assert [claim.attempt for claim in rec.calls] == [1, 2, 3, 4, 5, 1]
     assert not [r for r in caplog.records if "dead-lettered" in r.getMessage()]
     lines = runner_lines(caplog, "item:9")
-    assert [r.levelno for r in lines] == [logging.WARNING] * 5 + [logging.DEBUG]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.DEBUG]  # retries counted
     assert lines[-1].getMessage().startswith("refreshed item:9 in ")
+
+
+async def test_many_keys_failing_the_same_way_log_one_line_and_one_traceback(
+        tmp_path: Path, redis_url: str, namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # each distinct failing key used to log its own traceback (15 MB for 5,000 keys)
+    caplog.set_level(logging.DEBUG, logger="coalescer")
+    rules, rec = recorder_rules(tmp_path, f"log_{namespace}", RULES.format(
+        ns=namespace, mod=f"log_{namespace}"))
+
+    async def hook(claim: Claim) -> None:
+        raise RuntimeError(f"db down for {claim.key}")
+
+    rec.hook = hook
+    keys = [f"once:{n}" for n in range(40)]
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="n1", grace=1) as c:
+        c.touch_many(keys)
+        await c.flush()
+        await wait_until(lambda: _dead_is(c, "once", 40), message="40 keys dead-lettered")
+    records = [r for r in caplog.records if r.name == "coalescer.worker.runner"
+               and r.levelno >= logging.WARNING]
+    assert len([r for r in records if "failed (attempt" in r.getMessage()]) == 1
+    assert len([r for r in records if "dead-lettered after" in r.getMessage()]) == 1
+    assert len([r for r in records if r.exc_info is not None]) == 1
+
+
+async def _dead_is(c: Coalescer, rule: str, count: int) -> bool:
+    return await dead(c, rule) == count
+
+
+def test_a_kind_left_out_within_its_period_is_counted_on_its_next_line() -> None:
+    now = [0.0]
+    failures = FailureLog(period=60.0, clock=lambda: now[0])
+    kind = ("failed", "item", "RuntimeError")
+    assert failures.admit(kind) == 0
+    assert [failures.admit(kind) for _ in range(3)] == [None, None, None]
+    assert failures.admit(("failed", "item", "TimeoutError")) == 0  # another kind
+    now[0] = 60.0
+    left_out = failures.admit(kind)
+    assert left_out == 3
+    assert "3 more of this kind in the last 60s were not logged" in failures.note(left_out)
+    assert failures.note(0) == ""

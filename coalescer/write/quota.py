@@ -1,0 +1,89 @@
+"""The rules file's ``limits:`` at work: touches refused past ``pending_keys``, and dead
+letters dropped past their count or age.
+
+Every ``EVERY`` seconds a node runs limits.lua on every shard: it counts the shard's
+pending keys (its due sets) and drops the shard's dead letters older than
+``dead_letter_ttl``, then its oldest past its share of ``dead_letters`` (``dead_letters``
+divided by the shard count, rounded up). Once the pending keys of all shards reach
+``pending_keys``, this node refuses touches (QuotaExceededError) until a count finds
+fewer. The upsert script never refuses a key, so nothing already accepted is lost; the
+price is precision: the count is up to one period old, so the keys written by every node
+within one period (and those buffered in them) may go past the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from coalescer.common.metrics import Metrics
+from coalescer.common.plural import plural
+from coalescer.common.retrying import keep_running
+from coalescer.config.durations import format_duration
+from coalescer.config.rules import Config
+from coalescer.errors import QuotaExceededError
+from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import LimitsAnswer, Scripts
+
+log = logging.getLogger(__name__)
+
+EVERY = 1.0  # seconds between two counts (and dead-letter trims)
+DROP_BUDGET = 1000  # dead letters one shard drops at most per call
+
+
+class Quota:
+    """This node's view of the pending keys, and the dead-letter trimming."""
+
+    def __init__(self, config: Config, scripts: Scripts, keyspace: Callable[[], KeySpace],
+                 metrics: Metrics, *, every: float = EVERY) -> None:
+        self._limits = config.limits
+        self._rules = [rule.name for rule in config.rules]
+        self._scripts = scripts
+        self._keyspace = keyspace
+        self._metrics = metrics
+        self._every = every
+        self.pending: int | None = None  # None: not counted yet
+
+    def check(self) -> None:
+        """QuotaExceededError when the last count reached ``pending_keys``."""
+        limit = self._limits.pending_keys
+        if self.pending is None or self.pending < limit:
+            return
+        self._metrics.quota_refusals.inc()
+        raise QuotaExceededError(
+            f"touch refused: {self.pending} keys are waiting for their refresh, at or over "
+            f"limits.pending_keys ({limit}); nothing was touched, try again in "
+            f"{self._every:g} s", limit="pending_keys", value=limit, retry_after=self._every)
+
+    async def run(self) -> None:
+        await keep_running("limits: counting pending keys, dropping old dead letters",
+                           self.step, logger=log, rest=self._rest)
+
+    async def _rest(self) -> None:
+        await asyncio.sleep(self._every)
+
+    async def step(self) -> None:
+        """Count every shard's pending keys, trim its dead letters; log what was dropped."""
+        space, limits = self._keyspace(), self._limits
+        keep = limits.dead_letters_per_shard(space.shards)
+        answers = await asyncio.gather(*(
+            self._scripts.limits(shard, self._rules, keep_dead=keep,
+                                 dead_ttl_ms=round(limits.dead_letter_ttl * 1000),
+                                 budget=DROP_BUDGET)
+            for shard in space.all_shards()))
+        self.pending = sum(a.pending for a in answers)
+        self._report(answers, keep)
+
+    def _report(self, answers: list[LimitsAnswer], keep: int) -> None:
+        by_age = sum(a.dropped_by_age for a in answers)
+        by_count = sum(a.dropped_by_count for a in answers)
+        if by_age:
+            self._metrics.dead_letters_dropped.labels("age").inc(by_age)
+        if by_count:
+            self._metrics.dead_letters_dropped.labels("count").inc(by_count)
+        if by_age or by_count:
+            log.warning("dead letters dropped: %d older than limits.dead_letter_ttl (%s), "
+                        "%d oldest past limits.dead_letters (%s a shard); %s kept",
+                        by_age, format_duration(self._limits.dead_letter_ttl), by_count,
+                        keep, plural(sum(a.dead for a in answers), "dead letter"))
