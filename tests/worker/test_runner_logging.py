@@ -152,3 +152,32 @@ def test_a_kind_left_out_within_its_period_is_counted_on_its_next_line() -> None
     assert left_out == 3
     assert "3 more of this kind in the last 60s were not logged" in failures.note(left_out)
     assert failures.note(0) == ""
+
+
+async def test_a_newline_past_200_characters_of_an_error_forges_no_log_line(
+        tmp_path: Path, redis_url: str, namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # the traceback used to be escaped only when the key or the first 200 characters of
+    # the error changed once escaped: a newline after them printed a forged line
+    from coalescer.cli.main import LOG_FORMAT, RedactingFormatter
+
+    caplog.set_level(logging.DEBUG, logger="coalescer")
+    rules, rec = recorder_rules(tmp_path, f"log_{namespace}", RULES.format(
+        ns=namespace, mod=f"log_{namespace}"))
+    forged = "2026-01-01 00:00:00,000 CRITICAL coalescer: forged"
+
+    async def hook(claim: Claim) -> None:
+        raise RuntimeError("y" * 210 + "\n" + forged)
+
+    rec.hook = hook
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, node_id="n1", grace=1) as c:
+        c.touch("once:\u200f\ufeff1")
+        await c.flush()
+        await wait_until(lambda: dead(c, "once"), message="once:1 dead-lettered")
+    formatter = RedactingFormatter(LOG_FORMAT)
+    lines = [line for r in caplog.records if r.name == "coalescer.worker.runner"
+             for line in formatter.format(r).splitlines()]
+    assert not any(line.startswith("2026-01-01") for line in lines)
+    failed = [line for line in lines if "failed (attempt" in line]
+    assert failed and "once:\\u200f\\ufeff1" in failed[0]
+    assert "\\x0a" + forged in failed[0]  # the traceback, escaped, on the line
