@@ -11,7 +11,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from coalescer.common.redact import redact
+from coalescer.common.redact import redact, redact_url
 from coalescer.errors import CoalescerError
 from coalescer.store.embedded import ENV_REDIS_URL
 from coalescer.store.sentinel import is_sentinel_url, parse_sentinel_url
@@ -36,8 +36,8 @@ def redis_source(explicit: str | None) -> tuple[str, str] | None:
 def _shown(value: str) -> str:
     """``value`` with its password hidden, even when it lacks a scheme."""
     if "://" in value:
-        return redact(value)
-    return redact("redis://" + value).removeprefix("redis://")
+        return redact_url(value)
+    return redact_url("redis://" + value).removeprefix("redis://")
 
 
 def _suggestion(value: str) -> str:
@@ -66,8 +66,18 @@ def check_redis_url(explicit: str | None) -> None:
     try:
         parse_url(value)
     except ValueError as exc:
-        raise UsageError(f"{where}: {_shown(value)!r} is not a usable Redis URL: {exc}; "
-                         "write redis://HOST:PORT/0") from None
+        raise UsageError(f"{where}: {_shown(value)!r} is not a usable Redis URL: "
+                         f"{_parse_reason(value, exc)}; write redis://HOST:PORT/0") from None
+
+
+def _parse_reason(value: str, exc: ValueError) -> str:
+    """Why redis-py refused ``value``; its words are left out when the URL holds a
+    password, since they may quote a piece of it (a password with an unencoded '/' is
+    read as a port)."""
+    if "@" not in value:
+        return str(exc)
+    return ("it cannot be read; a '/', '?', '#', '@' or space in the password must be "
+            "percent-encoded (%2F, %3F, %23, %40, %20)")
 
 
 def http_address(value: str) -> tuple[str, int] | None:
@@ -95,7 +105,7 @@ def _reason(exc: BaseException) -> str:
 def redis_failure(explicit: str | None, exc: RedisError) -> str:
     """One line: which server failed and how (its password hidden)."""
     source = redis_source(explicit)
-    url = redact(source[0]) if source else "the embedded server"
+    url = redact_url(source[0]) if source else "the embedded server"
     origin = f" (from {source[1]})" if source else ""
     if isinstance(exc, AuthenticationError):
         reason = redact(str(exc))

@@ -80,6 +80,17 @@ def test_other_unusable_redis_urls(tmp_path: Path, rules: Path, value: str, says
     assert not (tmp_path / ".coalescer").exists()  # no embedded server was started instead
 
 
+@pytest.mark.parametrize("password", ["Xq/Zk9w", "Xq#Zk9w", "Xq?Zk9w", "Xq Zk9w", "Xq'Zk9w"])
+def test_a_password_with_an_unencoded_character_is_never_printed(
+        tmp_path: Path, rules: Path, password: str) -> None:
+    value = f"redis://:{password}@127.0.0.1:6379/0"
+    done = cli("status", "--rules", str(rules), "--redis", value, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "is not a usable Redis URL" in done.stderr or "could not connect" in done.stderr
+    assert "Xq" not in done.stderr and "Zk9w" not in done.stderr  # no piece of it either
+    assert "redis://:***@127.0.0.1:6379/0" in done.stderr
+
+
 @pytest.mark.parametrize("command", [["touch", "ok:1"], ["status"], ["run", "--http", "off"]])
 def test_nothing_listening_is_one_line_naming_the_url_without_its_password(
         tmp_path: Path, rules: Path, command: list[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coalescer import Coalescer
-from coalescer.common.redact import redact
+from coalescer.common.redact import redact, redact_url
 from coalescer.config.rules import Config
 from coalescer.store.connection import Connection
 
@@ -16,6 +16,10 @@ from coalescer.store.connection import Connection
     ("rediss://user:s3cret@cache.example:6380/2", "rediss://user:***@cache.example:6380/2"),
     ("redis://:p%40ss@h/0", "redis://:***@h/0"),
     ("redis://:p@ss@h/0", "redis://:***@h/0"),  # an unquoted @ in the password
+    ("redis://:pa/ss@h:1/0", "redis://:***@h:1/0"),  # an unencoded / in the password
+    ("redis://:pa#ss@h:1/0", "redis://:***@h:1/0"),
+    ("redis://:pa?ss@h:1/0", "redis://:***@h:1/0"),
+    ("redis://u:p/a?s#s@h/0?db=1", "redis://u:***@h/0?db=1"),
     ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
     ("redis://h:1/0?PASSWORD=s3cret&x=1#f", "redis://h:1/0?PASSWORD=***&x=1#f"),
     ("http://user:s3cret@127.0.0.1:9/hook/{id}", "http://user:***@127.0.0.1:9/hook/{id}"),
@@ -25,6 +29,11 @@ from coalescer.store.connection import Connection
 ])
 def test_redact_hides_the_password(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+@pytest.mark.parametrize("password", ["pa ss", "pa'ss", 'pa"ss', "pa<ss"])
+def test_redact_url_hides_a_password_with_a_space_or_a_quote(password: str) -> None:
+    assert redact_url(f"redis://:{password}@h:1/0") == "redis://:***@h:1/0"
 
 
 def test_redact_finds_every_url_in_a_message() -> None:
