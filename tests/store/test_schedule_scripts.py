@@ -157,3 +157,30 @@ async def test_a_schedule_brings_a_dead_key_back(shard: Shard) -> None:
     await timed(shard, {"k": f"a{now + LONG}"})
     assert await shard.dead("k") is None
     assert await shard.due("k") == now + LONG
+
+
+async def test_a_retry_after_a_failed_run_waits_for_a_schedule_made_during_it(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k", window=0)
+    claim = await shard.claim_one("k")
+    now = await shard.now()
+    await timed(shard, {"k": f"a{now + FAR}"})
+    retried, died, _ = await shard.fail("k", claim.token, attempts=3, delay=10)
+    assert (retried, died) == (1, 0)
+    assert await shard.due("k") == now + FAR  # not the retry's 10 ms backoff
+    assert await scheduled(shard, "k")
+    assert (await shard.fields("k"))[3] == "1"  # the attempt made is kept
+
+
+async def test_a_lapsed_claim_with_a_schedule_made_during_it_is_due_at_the_schedule(
+        shard: Shard) -> None:
+    await shard.lead()
+    await shard.touch("k", window=0)
+    await shard.claim_one("k", lease=1)
+    now = await shard.now()
+    await timed(shard, {"k": f"a{now + FAR}"})
+    await shard.after(now + 5)  # the 1 ms lease has lapsed
+    assert await shard.scripts.recover(shard.keys, [RULE], 100, [3]) == 1
+    assert await shard.due("k") == now + FAR  # not at once
+    assert await scheduled(shard, "k")

@@ -10,8 +10,10 @@
 -- attempt below MAX_ATTEMPTS is retried after its delay (the caller draws the
 -- backoff and jitter), keeping the burst's first touch; the last attempt
 -- dead-letters the key, unless it was touched while it ran, which counts as a
--- new touch: a new burst with fresh attempts. Each try is appended to the
--- history with its outcome and error ("lost" for a stale one).
+-- new touch: a new burst with fresh attempts. A touch with a time of its own while
+-- it ran replaces the retry's due time too (the latest schedule wins): the retry
+-- waits for that time. Each try is appended to the history with its outcome and
+-- error ("lost" for a stale one).
 -- Returns {retried, {dead-lettered keys...}, {stale keys...}}.
 
 local meta, next_key, history, now = KEYS[1], KEYS[2], KEYS[3], now_ms()
@@ -21,8 +23,9 @@ local retried, died, stale, earliest, pos = 0, {}, {}, nil, 4
 local function retry(due_key, key, r, delay)
   local first, last = r.first, r.last
   if r.rdue then first, last = math.min(first, r.rfirst), math.max(last, r.rlast) end
-  schedule(meta, due_key, key, first, last, r.attempt, now + delay)
-  return now + delay
+  local due = r.rsched and math.max(r.rdue, now) or now + delay
+  schedule(meta, due_key, key, first, last, r.attempt, due, r.rsched)
+  return due
 end
 
 -- A claim past the limit (its holder died on the last attempt: recover.lua counted

@@ -27,12 +27,14 @@ local rules = (#KEYS - 2) / 2
 local listed = #ARGV > 2 + rules
 local pos = 3 + rules
 
--- {first, last, attempts, due} of the pending state an expired claim goes back to.
+-- {first, last, attempts, due, sched} of the pending state an expired claim goes back
+-- to; a touch with a time of its own while it ran sets the due time (and `sched`).
 local function requeued(s, max_attempts)
   if not s or s.kind ~= 'R' then return now, now, 0, now end
   if not s.rdue then return s.first, s.last, s.attempt, now end
-  if s.attempt >= max_attempts then return s.rfirst, s.rlast, 0, s.rdue end
-  return math.min(s.first, s.rfirst), math.max(s.last, s.rlast), s.attempt, now
+  if s.attempt >= max_attempts then return s.rfirst, s.rlast, 0, s.rdue, s.rsched end
+  local due = s.rsched and math.max(s.rdue, now) or now
+  return math.min(s.first, s.rfirst), math.max(s.last, s.rlast), s.attempt, due, s.rsched
 end
 
 -- The claims of one rule to re-queue: the listed ones still at their read score, or
@@ -56,10 +58,10 @@ for r = 0, rules - 1 do
   local due_key, inflight_key = KEYS[3 + 2 * r], KEYS[4 + 2 * r]
   local max_attempts = tonumber(ARGV[3 + r]) or math.huge
   for _, key in ipairs(lapsed(inflight_key)) do
-    local first, last, attempts, due = requeued(decode(redis.call('HGET', meta, key)),
-                                                max_attempts)
+    local first, last, attempts, due, sched = requeued(decode(redis.call('HGET', meta, key)),
+                                                       max_attempts)
     redis.call('ZREM', inflight_key, key)
-    schedule(meta, due_key, key, first, last, attempts, due)
+    schedule(meta, due_key, key, first, last, attempts, due, sched)
     recovered = recovered + 1
   end
 end

@@ -21,9 +21,10 @@ for r = 0, (#KEYS - 2) / 2 - 1 do
     if s then
       local first, last = s.first, s.last
       if s.rdue then first, last = math.min(first, s.rfirst), math.max(last, s.rlast) end
+      local due = s.rsched and s.rdue or s.due  -- a time a touch set while it was held
       redis.call('ZREM', inflight_key, key)
-      schedule(meta, due_key, key, first, last, math.max(0, s.attempt - 1), s.due)
-      earliest = min(earliest, s.due)
+      schedule(meta, due_key, key, first, last, math.max(0, s.attempt - 1), due, s.rsched)
+      earliest = min(earliest, due)
       given = given + 1
     end
   end
