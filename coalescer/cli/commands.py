@@ -368,7 +368,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Every error and warning of the rules file, one line each, in file order; exit 1
     when there are errors."""
     path = args.path or args.rules
-    report = check_file(path, os.environ)
+    report = check_file(path, os.environ, import_handlers=args.import_handlers)
     if args.json:
         print(json.dumps(_check_json(path, report), indent=2))
         return EXIT_ERROR if report.errors or report.config is None else 0

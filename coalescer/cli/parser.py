@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
     check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules")
     check.add_argument("--redis", default=None, metavar="URL", help="(unused)")
+    check.add_argument("--no-import", action="store_false", dest="import_handlers",
+                       help="check the handlers' names only: import no handler module "
+                            "(none of their code runs)")
     _json_flag(check)
     status = sub.add_parser("status", help="leaders, pending, in flight, dead letters")
     _common(status)

@@ -203,11 +203,14 @@ class CheckReport:
     warnings: tuple[ConfigWarning, ...]
 
 
-def check_file(path: str | os.PathLike[str], environ: Mapping[str, str]) -> CheckReport:
-    """Load ``path`` with its handlers imported, collecting every error, and the warnings
-    of whatever loaded (secrets are looked up in ``environ``)."""
+def check_file(path: str | os.PathLike[str], environ: Mapping[str, str], *,
+               import_handlers: bool = True) -> CheckReport:
+    """Load ``path`` with its handlers imported (only their names checked with
+    ``import_handlers=False``: no handler code runs), collecting every error, and the
+    warnings of whatever loaded (secrets are looked up in ``environ``)."""
     source = os.fspath(path)
-    schema = RulesSchema(source, Path(source).resolve().parent, import_handlers=True)
+    schema = RulesSchema(source, Path(source).resolve().parent,
+                         import_handlers=import_handlers)
     config: Config | None = None
     try:
         config = _config(schema, schema.load(read_text(source)))

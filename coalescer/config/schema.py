@@ -107,6 +107,20 @@ class _Setting:
 Settings = dict[str, _Setting]
 
 
+def _captures_outside_path(url: str) -> tuple[str, str] | None:
+    """The first ``{name}`` of ``url`` that is not in its path, and where it is."""
+    names = URL_FIELD_RE.findall(url)
+    marked = URL_FIELD_RE.sub(lambda m: f"zz{names.index(m.group(1))}capturezz", url)
+    parts = urlsplit(marked)
+    for number, name in enumerate(names):
+        marker = f"zz{number}capturezz"
+        for where, text in (("scheme", parts.scheme), ("host", parts.netloc),
+                            ("query", parts.query), ("fragment", parts.fragment)):
+            if marker in text:
+                return name, where
+    return None
+
+
 def _any_bad(settings: Settings) -> bool:
     """Whether a setting failed to load (kept as NaN; see RulesSchema.settings)."""
     return any(math.isnan(setting.value) for setting in settings.values())
@@ -459,6 +473,12 @@ class RulesSchema(YamlReader):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise self.error(f"url {shown(redact(url))} must be an absolute http:// or "
                              "https:// URL", node, field)
+        outside = _captures_outside_path(url)
+        if outside:
+            name, where = outside
+            raise self.error(f"url {shown(redact(url))} uses {{{name}}} in its {where}: a "
+                             "capture may only fill in the path (after the host), so that "
+                             "no key can send the request to another server", node, field)
         return url
 
     def method(self, node: Node, field: str) -> str:
