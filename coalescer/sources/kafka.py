@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT = 10.0  # seconds a batch waits for Redis to hold its touches; then rewound
 COMMIT_TIMEOUT = 10.0  # seconds a commit may take (the broker retries inside)
+STOP_TIMEOUT = 3.0  # seconds leaving the group may take (a broker down never answers)
 PROBE_EVERY = 2.0  # seconds between two looks at an idle source's broker
 POLL_MS = 1000  # how long a read waits for messages
 REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
@@ -152,7 +153,7 @@ class KafkaLoop:
             bootstrap_servers=self._bootstrap, group_id=self.source.group,
             client_id=f"coalescer-{self._context.node_id}", enable_auto_commit=False,
             auto_offset_reset=self.source.start, max_partition_fetch_bytes=1 << 20,
-            fetch_max_bytes=8 << 20)
+            fetch_max_bytes=8 << 20, heartbeat_interval_ms=1000)
         try:
             consumer.subscribe(list(self.source.topics), listener=_listener(self))
             await consumer.start()
@@ -204,9 +205,13 @@ class KafkaLoop:
             touch_items = self._context.touch_items
             assert touch_items is not None  # a node with sources always lends it
             touch_items(touches.pairs)
+        if touches.timed:
+            touch_timed = self._context.touch_timed
+            assert touch_timed is not None  # a node with sources always lends it
+            touch_timed(touches.timed)
         if touches.keys:
             self._context.touch_many(touches.keys)
-        if touches.keys or touches.pairs:
+        if touches.keys or touches.pairs or touches.timed:
             await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
 
     async def _commit(self, offsets: dict[Any, int]) -> None:
@@ -268,7 +273,7 @@ class KafkaLoop:
 
     async def _count(self, touches: Touches) -> None:
         counter = self._context.metrics.source_entries
-        accepted = len(touches.keys) + len(touches.pairs)
+        accepted = len(touches.keys) + len(touches.pairs) + len(touches.timed)
         if accepted:
             self.accepted += accepted
             counter.labels(self.source.name, "accepted").inc(accepted)
@@ -325,9 +330,13 @@ class KafkaLoop:
         """Leave the group (its partitions go to the other nodes) and drop this node's
         report of its error."""
         consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), COMMIT_TIMEOUT)
+        if consumer is not None:  # in a task of its own: aiokafka may raise CancelledError
+            stopping = asyncio.ensure_future(consumer.stop())
+            await asyncio.wait([stopping], timeout=STOP_TIMEOUT)
+            if stopping.done() and not stopping.cancelled() and stopping.exception():
+                log.info("source %s: leaving the group failed: %r", self.source.name,
+                         stopping.exception())
+            stopping.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._redis.hdel(
                 sources_kafka(self._context.config.namespace),

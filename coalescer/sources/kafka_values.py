@@ -5,7 +5,8 @@ name, a string or a number (a whole number is written without a fraction). A mes
 rejected when its value is not JSON, not an object, lacks a field, holds one of another
 kind (null, true, a list, an object), one that would fill more than one segment of a key
 (``:``), or when the key it makes cannot be stored or matches no rule (or, with
-``item:``, its item cannot go with the key).
+``item:``, its item cannot go with the key; with ``at:``/``delay:``, its time cannot be
+made: see sources/times.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from coalescer.config.kafka_source import KafkaSource
 from coalescer.config.rules import Config
 from coalescer.config.templates import KeyTemplate
 from coalescer.errors import UnknownKeyError, shown_key
+from coalescer.sources.times import Timed, time_of
 from coalescer.store.keycheck import item_problem, key_problem
 
 
@@ -28,11 +30,13 @@ class Rejected(ValueError):
 
 @dataclass(kw_only=True, slots=True)
 class Touches:
-    """The touches of a run of messages: plain keys, (key, item) pairs, and each rejected
-    message as (topic, partition, offset, why)."""
+    """The touches of a run of messages: plain keys, (key, item) pairs, touches with a
+    time of their own (a source with ``at:``/``delay:``), and each rejected message as
+    (topic, partition, offset, why)."""
 
     keys: list[str] = field(default_factory=list)
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    timed: list[Timed] = field(default_factory=list)  # with at:/delay:, every touch
     rejected: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
@@ -75,31 +79,37 @@ class MessageReader:
         out = Touches()
         for message in messages:
             try:
-                key, item = self.touch_of(message.value)
+                key, item, spec = self.touch_of(message.value)
             except Rejected as exc:
                 out.rejected.append((message.topic, message.partition, message.offset,
                                      str(exc)))
                 continue
-            if item is None:
+            if spec is not None:
+                out.timed.append((key, item, spec))
+            elif item is None:
                 out.keys.append(key)
             else:
                 out.pairs.append((key, item))
         return out
 
-    def touch_of(self, value: bytes | None) -> tuple[str, str | None]:
-        """The key and item one message's value touches; Rejected says why not."""
+    def touch_of(self, value: bytes | None) -> tuple[str, str | None, str | None]:
+        """The key, item and time (wire form) one message's value touches; Rejected says
+        why not."""
         fields = _object(value)
         key = _fill(self._source.key, fields, segment=True)
         takes_items = self._rule_of(key)
-        if self._source.item is None:
-            return key, None
-        item = _fill(self._source.item, fields, segment=False)
-        problem = item_problem(item)
-        if problem is None and not takes_items:
-            problem = f"the rule of key {shown_key(key)} takes no items"
-        if problem is not None:
-            raise Rejected(f"item {shown_key(item)} cannot be touched: {problem}")
-        return key, item
+        item = None
+        if self._source.item is not None:
+            item = _fill(self._source.item, fields, segment=False)
+            problem = item_problem(item)
+            if problem is None and not takes_items:
+                problem = f"the rule of key {shown_key(key)} takes no items"
+            if problem is not None:
+                raise Rejected(f"item {shown_key(item)} cannot be touched: {problem}")
+        spec, why = time_of(self._source, key, lambda name: _field(fields, name))
+        if why:
+            raise Rejected(why)
+        return key, item, spec
 
     def _rule_of(self, key: str) -> bool:
         """Whether the rule of ``key`` takes items; Rejected when none can take the key."""
@@ -117,6 +127,13 @@ class MessageReader:
             self._known.clear()
         self._known[key] = rule.items is not None
         return rule.items is not None
+
+
+def _field(fields: dict[str, Any], name: str) -> str | None:
+    """A field as the text an ``at:``/``delay:`` template takes; None when missing."""
+    if name not in fields:
+        return None
+    return _text(name, fields[name], segment=False)
 
 
 def _object(value: bytes | None) -> dict[str, Any]:

@@ -28,7 +28,16 @@ from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 from coalescer.query.source_status import format_sources
-from tests.helpers.e2e import NodeProcs, Recorder, line_rules, read_lines, recorder_rules
+from coalescer.store import key_states as states
+from coalescer.store.keys import KeySpace
+from tests.helpers.e2e import (
+    NodeProcs,
+    Recorder,
+    line_rules,
+    read_lines,
+    recorder_rules,
+    server_ms,
+)
 from tests.helpers.servers import ValkeyProcess, wait_until
 
 # -- the rules file ---------------------------------------------------------------------
@@ -196,6 +205,11 @@ async def until_equal(read: Callable[[], Any], expected: Any, timeout: float = 1
         raise AssertionError(f"{exc}: expected {expected!r}, last read {seen!r}") from None
 
 
+async def due(redis: Any, namespace: str, key: str) -> states.Pending | None:
+    value = await redis.hget(KeySpace(namespace, 1).shard(0).meta, key)
+    return None if value is None else states.pending(value)
+
+
 def refreshed_keys(rec: Recorder) -> set[str]:
     return {claim.key for claim in rec.calls}
 
@@ -232,11 +246,16 @@ async def test_poison_messages_are_counted_committed_and_never_block(
         nodes: Any) -> None:
     topic = await new_topic(kafka)
     path, rec = setup(tmp_path, namespace, kafka, topic)
+    # the last kind of poison: a message whose key no rule matches
+    path.write_text(path.read_text().replace('key: "order:{orderId}"',
+                                             'key: "{kind}:{orderId}"'))
     c = await nodes(path, redis_url, node_id="node-a")
-    poison: list[Any] = [b"not json", b"\xff\xfe", [1, 2], "text", {"other": 1},
-                         {"orderId": None}, {"orderId": {"x": 1}}, {"orderId": "a:b"},
-                         {"orderId": "x" * 20_000}]
-    await produce(kafka, topic, [{"orderId": "first"}, *poison, {"orderId": "last"}])
+    poison: list[Any] = [b"not json", b"\xff\xfe", [1, 2], "text", {"kind": "order"},
+                         *[{"kind": "order", "orderId": bad}
+                           for bad in (None, {"x": 1}, True, "a:b", "x" * 20_000)],
+                         {"kind": "user", "orderId": "ok"}]
+    await produce(kafka, topic, [{"kind": "order", "orderId": "first"}, *poison,
+                                 {"kind": "order", "orderId": "last"}])
     await wait_until(lambda: refreshed_keys(rec) == {"order:first", "order:last"},
                      timeout=15)
     await until_equal(lambda: committed(kafka, topic), [len(poison) + 2])
@@ -246,21 +265,6 @@ async def test_poison_messages_are_counted_committed_and_never_block(
     assert status["rejected"] == len(poison)
     assert (status["type"], status["topics"], status["group"]) == ("kafka", [topic],
                                                                    f"g-{topic}")
-
-
-async def test_a_key_no_rule_matches_is_rejected(
-        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
-        nodes: Any) -> None:
-    topic = await new_topic(kafka)
-    text = RULES.format(ns=namespace, bootstrap=kafka.bootstrap, topic=topic, extra="")
-    text = text.replace('key: "order:{orderId}"', 'key: "{kind}:{orderId}"')
-    path, rec = recorder_rules(tmp_path, f"rec_{namespace}", text)
-    c = await nodes(path, redis_url)
-    await produce(kafka, topic, [{"kind": "user", "orderId": 1},
-                                 {"kind": "order", "orderId": 2}])
-    await wait_until(lambda: refreshed_keys(rec) == {"order:2"}, timeout=15)
-    await until_equal(lambda: committed(kafka, topic), [2])
-    assert sample(c, "coalescer_source_entries_total", outcome="rejected") == 1
 
 
 async def test_a_node_holds_at_most_batch_unflushed_messages(
@@ -298,7 +302,51 @@ async def test_status_shows_each_partitions_lag_and_the_page_lines(
     assert sample(c, "coalescer_kafka_lag_messages", topic=topic, partition="1") == 0
 
 
+async def test_a_broker_that_is_down_is_shown_and_then_read(
+        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
+        nodes: Any) -> None:
+    down = TansuBroker(kafka.binary, tmp_path)  # its port: nothing listens there yet
+    path, rec = setup(tmp_path, namespace, kafka, "orders", bootstrap=down.bootstrap)
+    c = await nodes(path, redis_url, node_id="node-a")
+
+    async def error() -> Any:
+        return (await c.query.status())["sources"]["orders"]["errors"].get("node-a")
+
+    assert "Unable to bootstrap" in str(await wait_until(error, timeout=20))
+    assert any("Kafka source 'orders' cannot read" in p for p in c.health_problems())
+    with down:
+        await new_topic(down, name="orders")
+        await produce(down, "orders", [{"orderId": "late"}])
+        await wait_until(lambda: refreshed_keys(rec) == {"order:late"}, timeout=30)
+        assert not c.health_problems()
+        await until_equal(error, None)
+
+
 # -- several nodes ------------------------------------------------------------------------
+
+@pytest.mark.slow  # three group rebalances (Tansu delays the first join 5 s)
+async def test_nodes_joining_and_leaving_share_partitions_and_lose_nothing(
+        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
+        nodes: Any) -> None:
+    topic = await new_topic(kafka, partitions=4)
+    path, rec = setup(tmp_path, namespace, kafka, topic, extra="    batch: 20\n")
+    a = await nodes(path, redis_url, node_id="node-a")
+    await produce(kafka, topic, [{"orderId": f"a{n}"} for n in range(200)])
+    await wait_until(lambda: len(refreshed_keys(rec)) == 200, timeout=15)
+    b = await nodes(path, redis_url, node_id="node-b")  # the group rebalances: a gives up some
+
+    async def readers() -> set[str]:
+        found = (await b.query.status())["sources"]["orders"]["partitions"]
+        return {entry["node"] for entry in found.values()}
+
+    await produce(kafka, topic, [{"orderId": f"b{n}"} for n in range(200)])
+    await until_equal(readers, {"node-a", "node-b"}, timeout=30,
+                      message="both nodes reading partitions")
+    await a.close()  # a leaves: its partitions go to b, committed before a gives them up
+    await produce(kafka, topic, [{"orderId": f"c{n}"} for n in range(200)])
+    await wait_until(lambda: len(refreshed_keys(rec)) == 600, timeout=30)
+    await until_equal(lambda: total_committed(kafka, topic, 4), 600)
+
 
 # -- a node killed mid-batch ------------------------------------------------------------
 
@@ -328,3 +376,26 @@ async def test_a_node_killed_mid_batch_loses_no_message(
                          timeout=60, message="every key refreshed")
     finally:
         procs.stop_all()
+
+
+# -- a time per message -----------------------------------------------------------------
+
+async def test_messages_schedule_their_keys_by_their_own_delay(
+        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str, nodes: Any, *,
+        redis_client: Any) -> None:
+    topic = await new_topic(kafka)
+    path, _ = setup(tmp_path, namespace, kafka, topic, extra='    delay: "{delayTime}m"\n')
+    c = await nodes(path, redis_url)
+    before = await server_ms(redis_client)
+    await produce(kafka, topic, [{"orderId": "late", "delayTime": 30},
+                                 {"orderId": "soon", "delayTime": "soon"},
+                                 {"orderId": "none"}, {"orderId": "neg", "delayTime": -5}])
+    await until_equal(lambda: committed(kafka, topic), [4])
+    await wait_until(lambda: sample(c, "coalescer_source_entries_total",
+                                    outcome="rejected") == 3)
+    after = await server_ms(redis_client)
+    late = await due(redis_client, namespace, "order:late")
+    assert late is not None and late.scheduled
+    assert before + 1_800_000 <= late.due_ms <= after + 1_800_000
+    for key in ("soon", "none", "neg"):
+        assert await due(redis_client, namespace, f"order:{key}") is None
