@@ -51,6 +51,7 @@ from tests.helpers.model_history import (
     History,
     ItemTouch,
     Rule,
+    Scheduled,
     Touch,
     check_cancels,
     check_coalescing,
@@ -60,6 +61,7 @@ from tests.helpers.model_history import (
     check_no_lost_update,
     check_rate,
     check_retries,
+    check_schedules,
     timeline,
 )
 from tests.helpers.servers import wait_until
@@ -189,6 +191,8 @@ STEPS = 45
 # How a cancel step goes: at once; right after a touch still in the toucher's buffer; or
 # while a key runs, after a touch during its run (which queued a re-run)
 CANCELS = ("now", "buffered", "during", "during")
+# A schedule step touches keys with a time of their own: this many ms after now (past too)
+SCHEDULE_OFFSETS = (-300, 0, 150, 600, 1500)
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
 
 Step = tuple[Any, ...]
@@ -202,6 +206,8 @@ _STEPS: dict[str, Callable[[random.Random], Step]] = {
     "burst": lambda rng: ("burst", rng.choice(KEYS), rng.randint(200, 1200)),
     "restart": lambda rng: ("restart", rng.randint(0, 1)),
     "cancel": lambda rng: ("cancel", rng.sample(KEYS, rng.randint(1, 2)), rng.choice(CANCELS)),
+    "schedule": lambda rng: ("schedule", rng.sample(KEYS, rng.randint(1, 2)),
+                             rng.choice(SCHEDULE_OFFSETS)),
     "reshard": lambda rng: ("reshard", rng.choice(SHARD_COUNTS), rng.randint(0, 30)),
 }
 SHARD_COUNTS = (1, 3, 4, 6)  # a reshard step changes ``shards`` (2 at first) to one of these
@@ -211,7 +217,7 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
     """A random program; the same seed gives the same steps."""
     rng = random.Random(seed)
     kinds = (["touch"] * 12 + ["pause"] * 5 + ["plan"] * 4 + ["burst"] * 3 + ["cancel"] * 4
-             + ["settle", "restart", "kill", "reshard"] + ["item"] * 6)
+             + ["settle", "restart", "kill", "reshard"] + ["item"] * 6 + ["schedule"] * 5)
     out: list[Step] = [("plan", key, rng.choice(OUTCOMES)) for key in KEYS]
     for _ in range(steps):
         kind = rng.choice(kinds)
@@ -281,6 +287,16 @@ class World:
         await self.toucher.flush()
         t1 = await self.now_us()
         self.history.touches.extend(_touches(keys, t0, t1))
+
+    async def schedule(self, keys: list[str], offset_ms: int) -> None:
+        """Touch ``keys`` with ``at``: ``offset_ms`` after the server clock now."""
+        t0 = await self.now_us()
+        due_ms = t0 // 1000 + offset_ms
+        self.toucher.touch_many(keys, at=due_ms / 1000)
+        await self.toucher.flush()
+        t1 = await self.now_us()
+        self.history.touches.extend(_touches(keys, t0, t1))  # a touch like any other
+        self.history.scheduled += [Scheduled(key, t0, t1, due_ms * 1000) for key in keys]
 
     async def cancel(self, keys: list[str], how: str) -> None:
         if how == "during":
@@ -430,6 +446,7 @@ def check_history(world: World) -> list[str]:
             *check_coalescing(history, runs, rules, rule_of),
             *check_exclusion(runs),
             *check_cancels(history, runs),
+            *check_schedules(history, runs),
             *check_retries(history, runs, rules, rule_of),
             *check_items(history, runs),
             *(v for r in world.config.rules if r.rate is not None

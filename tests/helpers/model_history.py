@@ -34,6 +34,18 @@ class Touch:
 
 
 @dataclass(frozen=True)
+class Scheduled:
+    """A touch of ``key`` with a time of its own (``at``), made between ``t0`` and ``t1``:
+    the key is due at ``due`` (server clock, us), or when it reached Redis if that is later.
+    It is in ``History.touches`` too, as a touch like any other."""
+
+    key: str
+    t0: int
+    t1: int
+    due: int
+
+
+@dataclass(frozen=True)
 class Cancel:
     key: str
     t0: int
@@ -89,6 +101,7 @@ class History:
     kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, TIME after the kill)
     cancels: list[Cancel] = field(default_factory=list)
     item_touches: list[ItemTouch] = field(default_factory=list)
+    scheduled: list[Scheduled] = field(default_factory=list)  # touches with a time of their own
 
     def runs(self, log: Path) -> dict[str, list[Run]]:
         """The runs in the handlers' log, per key in start order, kills applied."""
@@ -116,6 +129,11 @@ class History:
                 run.killed_after = True
                 if run.end is None:
                     run.end, run.result = when, "killed"
+
+    def scheduled_between(self, key: str, a: float, b: float) -> bool:
+        """May a touch of ``key`` with a time of its own have reached Redis between
+        ``a`` and ``b``?"""
+        return any(s.key == key and s.t1 > a and s.t0 < b for s in self.scheduled)
 
     def touches_of(self, key: str) -> list[Touch]:
         return sorted((t for t in self.touches if t.key == key), key=lambda t: t.t0)
@@ -199,6 +217,8 @@ def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[s
         for chain in _chains(history.touches_of(key), rule.window_ms):
             a, b = chain[0].t0, chain[-1].t1
             horizon = b + rule.window_ms * MS * 3 // 2
+            if history.scheduled_between(key, a, horizon):
+                continue  # a time of its own decides instead (check_schedules)
             n = sum(1 for r in firsts if a < r.start <= horizon)
             allowed = _allowed(history, chain, rule.max_wait_ms)
             if n > allowed:
@@ -217,6 +237,8 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
             continue
         since = runs[i - 1].due_ms * MS if i else 0  # its claim came after its due time
         burst = [t for t in history.touches_of(key) if t.t1 > since and t.t0 < run.start]
+        if history.scheduled_between(key, since, run.start):
+            continue  # due at a time of its own, not by window and cap (check_schedules)
         if not burst:
             out.append(f"G2: {key}: refresh (token {run.token}) started with no touch since "
                        "the previous one")
@@ -246,6 +268,41 @@ def _due_bounds(key: str, run: Run, burst: list[Touch], certain: list[Touch],
         return [f"G2: {key}: refresh (token {run.token}) started "
                 f"{(due - run.start) / MS:.1f} ms before its burst was due"]
     return []
+
+
+# -- G15: no refresh before a key's scheduled time, unless a plain touch made it due earlier
+
+
+def check_schedules(history: History, runs: dict[str, list[Run]]) -> list[str]:
+    """G15: a first try claimed after a touch with a time of its own certainly reached
+    Redis is due no earlier than that time, unless a plain touch, another schedule or a
+    cancel of its key may have come after it. (That a refresh follows each such touch
+    is G1's: they are in ``touches``.)"""
+    timed = {Touch(s.key, s.t0, s.t1) for s in history.scheduled}
+    out = []
+    for key in sorted({s.key for s in history.scheduled}):
+        mine = [s for s in history.scheduled if s.key == key]
+        plain = [t for t in history.touches_of(key) if t not in timed]
+        for run in runs.get(key, []):
+            out += _before_its_time(key, run, mine, plain, history)
+    return out
+
+
+def _before_its_time(key: str, run: Run, mine: list[Scheduled], plain: list[Touch],
+                     history: History) -> list[str]:
+    due = run.due_ms * MS
+    before = [s for s in mine if s.t1 <= due]  # surely in Redis before the run was due
+    if run.attempt != 1 or not before:
+        return []
+    last = max(before, key=lambda s: s.t1)
+    if due >= last.due - MS:
+        return []
+    if any(t.t1 > last.t0 and t.t0 < run.start for t in plain) \
+            or any(s is not last and s.t1 > last.t0 and s.t0 < run.start for s in mine) \
+            or history.cancelled_between(key, last.t0, run.start):
+        return []
+    return [f"G15: {key}: refresh (token {run.token}) was due {run.due_ms} ms, before the "
+            f"time {last.due // MS} ms its touch at {last.t0}..{last.t1} us asked for"]
 
 
 # -- G4: never two refreshes of a key at once ---------------------------------------------
@@ -348,6 +405,8 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
         if r.end is not None:
             events.append((r.end, f"end token {r.token}: {r.result}"))
     events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    events += [(s.t0, f"schedule for {s.due // MS} ms") for s in history.scheduled
+               if s.key == key]
     events += [(c.t0, f"cancel (found {c.state}, done by +{(c.t1 - c.t0) / MS:.1f})")
                for c in history.cancels if c.key == key]
     events.sort()
