@@ -130,12 +130,21 @@ class KafkaLoop:
                 await self._handle(batch)
         else:
             await self._probe()
+            await self._commit_positions()
         if self.error is not None:
             log.info("source %s: Kafka reachable again", self.source.name)
             self.error = None
         await self._learn_committed()
         await self._report()
         return sum(len(messages) for messages in batch.values())
+
+    async def _commit_positions(self) -> None:
+        """When idle, commit where each partition with no commit yet stands (nothing read
+        is unflushed then): its lag is known, and a group starting at ``latest`` keeps
+        the messages published from now on even if the node stops before reading one."""
+        missing = [tp for tp in self._consumer.assignment() if tp not in self._committed]
+        if missing:
+            await self._commit({tp: await self._consumer.position(tp) for tp in missing})
 
     async def _learn_committed(self) -> None:
         """Read the committed offsets of the partitions given since the last step."""
