@@ -11,12 +11,24 @@ another ``shards`` and the child is SIGKILLed moments later; the toucher keeps t
 file). The handler logs every run (server clock) to a
 file; the checks in ``model_history`` then read the whole history: no lost
 update (for every touch after its key's last cancel), coalescing and the max-wait
-cap, exclusion, retries and dead letters, no refresh of a key cancelled while pending
-without a touch after the cancel, no more starts of the rated rule in any one second
+cap, exclusion and fencing tokens that grow for every key, retries and dead letters,
+no refresh of a key cancelled while pending without a touch after the cancel, no
+more starts of the rated rule in any one second
 than its rate allows, and the item rule: each item reaches exactly the first refresh
 claimed after its touch (or that refresh's overflow flag), again after a failed try,
 never a refresh claimed before it (items touched before a cancel of their key are
 dropped with it).
+
+The same programs also run on a primary and a replica of their own, which every client
+reaches through an address that follows the primary, with two failover steps each: the
+replica is cut off, a few keys are touched and flushed, then the primary is SIGKILLed,
+the replica (which received none of that) promoted and given a new replica. With
+``durability: {replicas: 1}`` every check above holds across them: a touch counts as
+made until its flush returned, and a run whose result the dead primary took but the
+replica never got is checked as one whose node died (it may run again). Without
+``replicas:``, the promoted replica lacks what it missed (touches, claims, results), so
+only that fencing tokens grow for every key is checked. Each takes some 10 s: one seed
+of each runs by default, the other with the slow tests (``pytest -m slow``).
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
@@ -40,9 +52,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from coalescer import Coalescer
 from coalescer.config.rules import Config
+from coalescer.errors import RedisWriteError
 from coalescer.store.keys import KeySpace
 from coalescer.store.keys import layout as lay
 from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
@@ -62,8 +78,10 @@ from tests.helpers.model_history import (
     check_rate,
     check_retries,
     check_schedules,
+    check_tokens_grow,
     timeline,
 )
+from tests.helpers.replicated import ReplicatedRedis
 from tests.helpers.servers import wait_until
 
 RULES = """\
@@ -114,15 +132,22 @@ import asyncio
 import json
 import os
 
+import time
+
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 LOG = {log!r}
 PLAN = {plan!r}
-client = redis.Redis.from_url({url!r})
+client = redis.Redis.from_url({url!r}, retry=Retry(NoBackoff(), 0))
 
 
 def now_us():
-    seconds, micros = client.time()
+    try:
+        seconds, micros = client.time()
+    except redis.RedisError:  # no server behind the address for a moment (a failover):
+        return time.time_ns() // 1000  # this host's clock, the one every test server reads
     return int(seconds) * 1_000_000 + int(micros)
 
 
@@ -213,6 +238,9 @@ _STEPS: dict[str, Callable[[random.Random], Step]] = {
 SHARD_COUNTS = (1, 3, 4, 6)  # a reshard step changes ``shards`` (2 at first) to one of these
 
 
+FAILOVERS = 2  # failover steps in a program run on a replicated Redis
+
+
 def program(seed: int, steps: int = STEPS) -> list[Step]:
     """A random program; the same seed gives the same steps."""
     rng = random.Random(seed)
@@ -224,6 +252,18 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
         build = _STEPS.get(kind)
         out.append(build(rng) if build is not None else (kind,))
     return out
+
+
+def failover_program(seed: int) -> list[Step]:
+    """``program(seed)`` with FAILOVERS failover steps put in at random places after the
+    first plans, each touching one to three keys while the replica lags 0 to 300 ms."""
+    steps = program(seed)
+    rng = random.Random(f"failover {seed}")
+    for _ in range(FAILOVERS):
+        lag = rng.randint(0, 300)
+        steps.insert(rng.randint(len(KEYS), len(steps)),
+                     ("failover", rng.sample(KEYS, rng.randint(1, 3)), lag))
+    return steps
 
 
 @dataclass
@@ -245,6 +285,7 @@ class World:
     violations: list[str] = field(default_factory=list)
     incarnation: int = 0
     items_made: int = 0
+    servers: ReplicatedRedis | None = None  # a primary and replica that fail over
 
     async def now_us(self) -> int:
         seconds, micros = await self.r.time()
@@ -361,6 +402,38 @@ class World:
 
         return int(seconds) * 1_000_000 + int(micros), seq
 
+    async def failover(self, keys: list[str], lag_ms: int) -> None:
+        """The primary dies while its replica lags: the replica is cut off, ``keys`` are
+        touched and flushed (the flush waits for the replica), ``lag_ms`` pass (claims
+        and acks wait for it too), then the primary is SIGKILLed and the replica, which
+        received none of that, promoted. The touches count as made from before the cut
+        until their flush returned: before the failover (none can, with a replica to
+        wait for), or after it (a flush that raised kept them buffered, and the next one
+        writes them)."""
+        servers = self.servers
+        assert servers is not None
+        t0 = await self.now_us()
+        servers.cut_replica()
+        self.toucher.touch_many(keys)
+        flushing = asyncio.ensure_future(self.toucher.flush())
+        await asyncio.sleep(lag_ms / 1000)  # the model lets time pass
+        acked = flushing.done() and flushing.exception() is None
+        acked_at = await self.now_us() if acked else None  # before the failover
+        await asyncio.to_thread(servers.fail_over)
+        with contextlib.suppress(RedisWriteError):
+            await flushing
+        await wait_until(self.flushed, timeout=30, message="a flush after the failover")
+        t1 = await self.now_us()
+        self.history.touches.extend(_touches(keys, t0, acked_at or t1))
+        self.history.failovers.append((t0, t1))
+
+    async def flushed(self) -> bool:
+        try:
+            await self.toucher.flush()
+        except RedisWriteError:
+            return False
+        return True
+
     async def burst(self, key: str, duration_ms: int) -> None:
         gap = self.config.rule_for(key).window * 0.4
         loop = asyncio.get_running_loop()
@@ -445,6 +518,7 @@ def check_history(world: World) -> list[str]:
             *check_no_lost_update(history, runs, rules, rule_of),
             *check_coalescing(history, runs, rules, rule_of),
             *check_exclusion(runs),
+            *check_tokens_grow(runs),
             *check_cancels(history, runs),
             *check_schedules(history, runs),
             *check_retries(history, runs, rules, rule_of),
@@ -453,16 +527,16 @@ def check_history(world: World) -> list[str]:
               for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst))]
 
 
-@pytest_asyncio.fixture
-async def world(tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
-                rules_file: Callable[..., Path]) -> AsyncIterator[World]:
+@contextlib.asynccontextmanager
+async def open_world(tmp_path: Path, rules_text: str, url: str, r: Any,
+                     rules_file: Callable[..., Path]) -> AsyncIterator[World]:
+    """A world on the Redis at ``url``: the toucher, two in-process nodes, the child."""
     log, plan = tmp_path / "runs.jsonl", tmp_path / "plan.json"
-    rules = rules_file(RULES.format(ns=namespace),
-                       HANDLERS.format(log=str(log), plan=str(plan), url=redis_url))
+    rules = rules_file(rules_text, HANDLERS.format(log=str(log), plan=str(plan), url=url))
     procs = NodeProcs(tmp_path)
-    toucher = Coalescer.from_yaml(rules, redis_url=redis_url, worker=False)
+    toucher = Coalescer.from_yaml(rules, redis_url=url, worker=False)
     await toucher.start()
-    w = World(rules, log, plan, redis_url, redis_client, procs, toucher, toucher.config)
+    w = World(rules, log, plan, url, r, procs, toucher, toucher.config)
     try:
         for slot in (0, 1):
             await w.start_node(slot)
@@ -478,15 +552,78 @@ async def world(tmp_path: Path, namespace: str, redis_url: str, redis_client: An
             handlers.client.close()
 
 
+@pytest_asyncio.fixture
+async def world(tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+                rules_file: Callable[..., Path]) -> AsyncIterator[World]:
+    async with open_world(tmp_path, RULES.format(ns=namespace), redis_url, redis_client,
+                          rules_file) as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def failover_world(tmp_path: Path, namespace: str, rules_file: Callable[..., Path],
+                         replicas: int) -> AsyncIterator[World]:
+    """A world on a primary and replica of its own, reached through an address that
+    follows the primary, with ``durability: {replicas: N, timeout: 1s}``."""
+    servers = await asyncio.to_thread(ReplicatedRedis, tmp_path / "redis")
+    r = redis.asyncio.Redis.from_url(
+        servers.url, decode_responses=True, retry_on_error=[redis.ConnectionError],
+        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 10))
+    durability = f"durability: {{{{replicas: {replicas}, timeout: 1s}}}}\ndefaults:"
+    try:
+        async with open_world(tmp_path, RULES.replace("defaults:", durability).format(
+                ns=namespace), servers.url, r, rules_file) as w:
+            w.servers = servers
+            yield w
+    finally:
+        await r.aclose()
+        await asyncio.to_thread(servers.stop)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> None:
-    steps = program(seed)
+    await run_and_check(world, seed, program(seed))
+
+
+def failover_seeds(default: int) -> list[Any]:
+    """The ``default`` program (each takes some 10 s), the other in the slow run; with
+    MODEL_SEED, that one."""
+    if "MODEL_SEED" in os.environ:
+        return SEEDS
+    return [pytest.param(seed, marks=() if seed == default else pytest.mark.slow)
+            for seed in (1, 2)]
+
+
+@pytest.mark.parametrize("seed", failover_seeds(default=1))
+async def test_random_programs_keep_every_guarantee_across_failovers_with_a_replica(
+        tmp_path: Path, namespace: str, rules_file: Callable[..., Path], seed: int) -> None:
+    """With ``replicas: 1`` every check holds across failovers of a lagging replica."""
+    async with failover_world(tmp_path, namespace, rules_file, replicas=1) as world:
+        await run_and_check(world, seed, failover_program(seed))
+
+
+@pytest.mark.parametrize("seed", failover_seeds(default=2))
+async def test_fencing_tokens_grow_across_failovers_without_waiting_for_a_replica(
+        tmp_path: Path, namespace: str, rules_file: Callable[..., Path], seed: int) -> None:
+    """Without ``replicas:``, the promoted replica misses all the primary took while it
+    was cut off: acknowledged touches (no lost update cannot hold), claims (a key runs
+    again, even while its first run goes on: neither coalescing nor exclusion can
+    hold), results and dead letters (nor retries, dead letters and items). Fencing
+    tokens still grow for every key: they follow the server clock."""
+    async with failover_world(tmp_path, namespace, rules_file, replicas=0) as world:
+        await run_and_check(world, seed, failover_program(seed), tokens_only=True)
+
+
+async def run_and_check(world: World, seed: int, steps: list[Step],
+                        tokens_only: bool = False) -> None:
+    """Run the program, settle, check the whole history (or only that fencing tokens
+    grow); print what it did."""
     for step in steps:
         await world.run_step(step)
     await world.finish()
 
-    violations = check_history(world)
     runs = world.history.runs(world.log)
+    violations = check_tokens_grow(runs) if tokens_only else check_history(world)
     during = sum(1 for t in world.history.touches for r in runs.get(t.key, [])
                  if r.end is not None and r.start < t.t0 and t.t1 < r.end)
     batched = sum(1 for line in world.log.read_text().splitlines()
@@ -498,11 +635,17 @@ async def test_random_programs_keep_every_guarantee(world: World, seed: int) -> 
           f"run of their key), {len(world.history.item_touches)} items ({overflowed} runs "
           f"told they overflowed), {sum(map(len, runs.values()))} runs ({batched} in batches "
           f"of 2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}, "
-          f"reshards to {reshards} shards")
+          f"reshards to {reshards} shards, {len(world.history.failovers)} failovers"
+          + (f" ({len(lost_updates(world))} touches not refreshed)" if tokens_only else ""))
     assert not violations, (
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)
         + "\nprogram:\n" + "\n".join(map(repr, steps)))
+
+
+def lost_updates(world: World) -> list[str]:
+    rules, rule_of = rule_table(world.config)
+    return check_no_lost_update(world.history, world.history.runs(world.log), rules, rule_of)
 
 
 def _timelines(world: World, violations: list[str]) -> str:

@@ -81,6 +81,11 @@ class FaultProxy:
                 writer.transport.abort()
         self._call(rst)
 
+    def retarget(self, port: int) -> None:
+        """Send new connections to ``port`` (a failover moved the server there); the
+        open ones stay with the old server, and end with it."""
+        self.target_port = port
+
     def stop(self) -> None:
         async def close() -> None:
             if self._server is not None:

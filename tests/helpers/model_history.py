@@ -24,6 +24,10 @@ from typing import Any
 
 FAILED = ("fail", "cancelled", "killed")
 MS = 1000  # microseconds per millisecond
+ACK_LAG = 1000 * MS  # how long after a run ends its result surely reached Redis
+# how long after a failover a claim may still lapse unseen: its nodes' connections to the
+# new primary are coming back, and its renewals (or its replica's confirmation) late
+SETTLE_AFTER_FAILOVER = 2000 * MS
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Run:
     due_ms: int
     end: int | None = None
     result: str | None = None
-    killed_after: bool = False  # its process was SIGKILLed after it began
+    killed_after: bool = False  # its process was SIGKILLed, or a failover may undo its end
     items: tuple[str, ...] = ()
     overflowed: bool = False
 
@@ -102,6 +106,7 @@ class History:
     cancels: list[Cancel] = field(default_factory=list)
     item_touches: list[ItemTouch] = field(default_factory=list)
     scheduled: list[Scheduled] = field(default_factory=list)  # touches with a time of their own
+    failovers: list[tuple[int, int]] = field(default_factory=list)  # (TIME before, after)
 
     def runs(self, log: Path) -> dict[str, list[Run]]:
         """The runs in the handlers' log, per key in start order, kills applied."""
@@ -129,6 +134,12 @@ class History:
                 run.killed_after = True
                 if run.end is None:
                     run.end, run.result = when, "killed"
+        # A run's result is recorded (ack or failure) a moment after it ends. If the
+        # primary dies before its replica holds it, the new primary still has the claim:
+        # it lapses and is recovered as if the run's node had died.
+        for before, after in self.failovers:
+            if run.start < after and (run.end is None or run.end > before - ACK_LAG):
+                run.killed_after = True
 
     def scheduled_between(self, key: str, a: float, b: float) -> bool:
         """May a touch of ``key`` with a time of its own have reached Redis between
@@ -138,8 +149,13 @@ class History:
     def touches_of(self, key: str) -> list[Touch]:
         return sorted((t for t in self.touches if t.key == key), key=lambda t: t.t0)
 
-    def killed_between(self, a: int, b: int) -> bool:
-        return any(a < when <= b for _, when in self.kills)
+    def killed_between(self, a: int, b: float) -> bool:
+        """Can a claim that no handler saw lie between ``a`` and ``b``? A SIGKILLed node's
+        can; so can one made during or just after a failover, which its node could not
+        renew (or its replica confirmed late) and stopped before it started."""
+        return (any(a < when <= b for _, when in self.kills)
+                or any(before < b and after + SETTLE_AFTER_FAILOVER > a
+                       for before, after in self.failovers))
 
     def cancelled_between(self, key: str, a: int, b: float = math.inf,
                           states: tuple[str, ...] | None = None) -> bool:
@@ -309,13 +325,22 @@ def _before_its_time(key: str, run: Run, mine: list[Scheduled], plain: list[Touc
 
 
 def check_exclusion(runs: dict[str, list[Run]]) -> list[str]:
-    """G4: the runs of a key never overlap; fencing tokens grow in start order."""
+    """G4: the runs of a key never overlap."""
     out = []
     for key, rs in runs.items():
         for prev, run in itertools.pairwise(rs):
             if prev.end is None or run.start < prev.end:
                 out.append(f"G4: {key}: token {run.token} started at {run.start} while token "
                            f"{prev.token} ran ({prev.start}..{prev.end})")
+    return out
+
+
+def check_tokens_grow(runs: dict[str, list[Run]]) -> list[str]:
+    """G4: each run of a key has a larger fencing token than every run of it before
+    (a store that keeps the largest token seen refuses none of them), failovers too."""
+    out = []
+    for key, rs in runs.items():
+        for prev, run in itertools.pairwise(rs):
             if run.token <= prev.token:
                 out.append(f"G4: {key}: token {run.token} started after token {prev.token}")
     return out
@@ -360,6 +385,9 @@ def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str,
     must, unsure = set(), set()
     for key, rs in runs.items():
         last = rs[-1]
+        if any(after + SETTLE_AFTER_FAILOVER > last.start for _, after in history.failovers):
+            unsure.add(key)  # a claim no handler saw may have used its last attempt
+            continue
         later = [t for t in history.touches_of(key) if t.t1 > last.start]
         if any(history.cancelled_between(key, t.t0) for t in later):
             unsure.add(key)  # a cancel may have dropped the re-arm of those touches
@@ -405,6 +433,8 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
         if r.end is not None:
             events.append((r.end, f"end token {r.token}: {r.result}"))
     events += [(when, f"SIGKILL pid {pid}") for pid, when in history.kills]
+    for before, after in history.failovers:
+        events += [(before, "failover: replica cut off"), (after, "failover: flushed after it")]
     events += [(s.t0, f"schedule for {s.due // MS} ms") for s in history.scheduled
                if s.key == key]
     events += [(c.t0, f"cancel (found {c.state}, done by +{(c.t1 - c.t0) / MS:.1f})")
