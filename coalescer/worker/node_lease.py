@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RENEW_SHARE = 0.75  # of the lease: a node's renewal period (an idle node: 0.44 calls/s at 3 s)
-SLOW_ROUND_TRIPS = 1.5  # a renewal goes out this many recent round trips before the deadline
+SLOW_ROUND_TRIPS = 2.0  # a renewal goes out this many recent round trips before the deadline
 RENEW_SLACK = 0.05  # seconds: and this much earlier still
 CALL_SHARE = 1.0  # of the lease: how long one lease call may take before it is given up
 LAPSE_MARGIN = 0.01  # seconds after another node's lease would lapse before looking again
@@ -134,7 +134,7 @@ class NodeLease:
         state = await asyncio.wait_for(call, self._lease * CALL_SHARE)
         got = loop.time()
         self.clock.observe(sent, got, state.now_ms)
-        self._round_trip = max(got - sent, self._round_trip * 0.8)
+        self._round_trip = max(got - sent, self._round_trip * 0.9)
         return state, sent, got
 
     async def _look(self) -> bool:
