@@ -171,8 +171,14 @@ async def test_the_page_shows_the_cluster_and_its_retry_button_requeues_a_dead_k
         chromium: str, make_node: NodeFactory, redis_client: redis.asyncio.Redis,
         namespace: str, tmp_path: Path) -> None:
     node = await populated(make_node, shards=4)
+    node.c.touch("bulk:9", delay="2h")  # waits for a time of its own
+    await node.c.flush()
     async with Browser(chromium) as browser:
         await show_page(browser, node)
+        assert (await browser.evaluate(
+            "document.querySelector(\"tr[data-rule='bulk'] .scheduled\").textContent")
+            ) == "1 scheduled, the next in 2.0 h"
+        assert await browser.evaluate("document.querySelectorAll('.scheduled').length") == 1
         assert await browser.evaluate(cell("nodes", "tr[data-node='page-node-1']", 1)) == "4"
         assert await browser.evaluate(cell("rules", "tr[data-rule='later']", 1)) == "3"
         assert await browser.evaluate(cell("rules", "tr[data-rule='flaky']", 3)) == "1"
