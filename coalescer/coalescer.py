@@ -41,7 +41,13 @@ from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
 from coalescer.store import embedded_watch
 from coalescer.store.connection import Connection, connect
-from coalescer.store.embedded import EmbeddedServer, project_root, resolve_redis_url
+from coalescer.store.embedded import (
+    ENV_REDIS_URL,
+    EmbeddedServer,
+    RootChoice,
+    find_root,
+    resolve_redis_url,
+)
 from coalescer.store.eviction import PolicyWatch, check_at_start
 from coalescer.store.hints import CommandHints
 from coalescer.store.keycheck import check_item, check_key, key_problem
@@ -518,6 +524,13 @@ class Coalescer:
         embedded = self._run.embedded
         return embedded.root if embedded is not None else None
 
+    @property
+    def embedded_reason(self) -> str | None:
+        """Why the embedded server's folder is the one it is (the search for the nearest
+        ``.coalescer/`` and where it stopped), while this coalescer runs on it."""
+        embedded = self._run.embedded
+        return embedded.reason if embedded is not None else None
+
     def __repr__(self) -> str:
         url = redact(self.redis_url) if self.redis_url else None
         return f"Coalescer(node_id={self.node_id!r}, redis_url={url!r}, state={self._state!r})"
@@ -565,7 +578,8 @@ class Coalescer:
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)
         run.spawn("flusher", run.flusher.run())
         run.spawn("metrics", self._metrics_loop(run))
-        run.quota = Quota(self.config, scripts, lambda: self.keyspace, run.metrics)
+        run.quota = Quota(self.config, scripts, lambda: self.keyspace, run.metrics,
+                          lambda: run.absorber.touches)
         run.spawn("limits", run.quota.run())
         assert run.policy is not None
         run.spawn("maxmemory-policy", run.policy.run())
@@ -592,8 +606,18 @@ class Coalescer:
                         self.node_id, exc)
 
     async def _connect(self, run: Run) -> Connection:
-        root = self._embedded_root or project_root(self.config.source)
-        url, run.embedded = resolve_redis_url(self._redis_url, root)
+        choice = (RootChoice(self._embedded_root, "the folder this coalescer was given")
+                  if self._embedded_root else None)
+        if choice is None and not self._redis_url and not os.environ.get(ENV_REDIS_URL):
+            try:
+                choice = find_root(self.config.source)
+            except CoalescerError:  # no folder can be trusted with it: nothing to undo
+                self._state = "closed"
+                raise
+        url, run.embedded = resolve_redis_url(self._redis_url,
+                                              choice.root if choice else None)
+        if run.embedded is not None and choice is not None:
+            run.embedded.reason = choice.reason
         try:
             run.conn = await connect(url)
         except BaseException:

