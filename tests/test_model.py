@@ -407,9 +407,9 @@ class World:
         touched and flushed (the flush waits for the replica), ``lag_ms`` pass (claims
         and acks wait for it too), then the primary is SIGKILLed and the replica, which
         received none of that, promoted. The touches count as made from before the cut
-        until their flush returned: before the failover (none can, with a replica to
-        wait for), or after it (a flush that raised kept them buffered, and the next one
-        writes them)."""
+        until their flush returned: before the failover (none can with ``replicas: 1``),
+        or after it (a flush that raised kept them buffered, and the next one writes
+        them)."""
         servers = self.servers
         assert servers is not None
         t0 = await self.now_us()
