@@ -37,6 +37,7 @@ from . import figures as F
 from . import fleet as FL
 from . import idle_shards as S
 from . import items as I
+from . import kafka as K
 from . import outbox as O
 from . import peers as P
 from . import throttle as T
@@ -101,6 +102,10 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
                ("coalescer_cost", O.outbox_cost, ()),
                ("coalescer_kills", O.outbox_kills, ("TMP",))],
+    "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
+              ("baseline_throughput", K.kafka_baseline, ("TMP",)),
+              ("coalescer_burst", K.kafka_burst, ("TMP",)),
+              ("baseline_burst", K.kafka_burst_baseline, ("TMP",))],
 }
 
 
@@ -516,6 +521,19 @@ def _throttle_rows(t: Rows) -> None:
                      fmt=_short)
 
 
+def _kafka_rows(t: Rows) -> None:
+    t.figure("Kafka -> Redis touches through one node, messages/s (JSON values, 4 "
+             "partitions; beside: the seed's consumer, ZADD a batch)",
+             t.spread("kafka.coalescer_throughput", "per_second"),
+             t.spread("kafka.baseline_throughput", "per_second"), fmt=_short,
+             target=">= 50,000", ok=_at_least(50_000))
+    t.figure(f"a burst of {t.sizes.million:,} Kafka messages: the node's peak RSS "
+             "(beside: the seed's in-memory delay queue)",
+             t.spread("kafka.coalescer_burst", "peak_rss_mb"),
+             t.spread("kafka.baseline_burst", "peak_rss_mb"), fmt=lambda v: _fmt(v, " MB"),
+             target="<= 200 MB", ok=lambda c: c <= 200)
+
+
 def _outbox_rows(t: Rows) -> None:
     t.figure("outbox on PostgreSQL through one node, touches/s (rows waiting, node started)",
              t.spread("outbox.coalescer_throughput", "per_second"), None, fmt=_short,
@@ -569,7 +587,8 @@ def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
-                 _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _fleet_rows):
+                 _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
+                 _fleet_rows):
         part(t)
     return t.out
 
