@@ -34,7 +34,7 @@ from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.kafka_source import KafkaSource, bootstrap_problem
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, source_error
-from coalescer.errors import ConfigError
+from coalescer.errors import ConfigError, KeyRefusedError
 from coalescer.sources.base import (
     NodeContext,
     Source,
@@ -189,7 +189,7 @@ class KafkaLoop:
         partitions = list(batch)
         self._consumer.pause(*partitions)  # read no further until the batch is flushed
         try:
-            await self._touch(touches)
+            touches = await self._touch(touches)
             self._rewind = {}
             await self._commit({tp: messages[-1].offset + 1
                                 for tp, messages in batch.items() if messages})
@@ -209,7 +209,21 @@ class KafkaLoop:
         owned = self._consumer.assignment()
         self._consumer.resume(*[tp for tp in partitions if tp in owned])
 
-    async def _touch(self, touches: Touches) -> None:
+    async def _touch(self, touches: Touches) -> Touches:
+        """Touch and flush; returns the touches made (a batch with a key no rule takes
+        is screened, its messages rejected, and touched again)."""
+        try:
+            self._apply(touches)
+        except KeyRefusedError:
+            touches = self._reader.screen(touches)
+            self._apply(touches)
+        if touches.keys or touches.pairs or touches.timed:
+            await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
+        return touches
+
+    def _apply(self, touches: Touches) -> None:
+        """Buffer the touches, each kind all or none (a kind applied twice after a
+        refusal of the next costs nothing: touches are idempotent)."""
         if touches.pairs:
             touch_items = self._context.touch_items
             assert touch_items is not None  # a node with sources always lends it
@@ -220,8 +234,6 @@ class KafkaLoop:
             touch_timed(touches.timed)
         if touches.keys:
             self._context.touch_many(touches.keys)
-        if touches.keys or touches.pairs or touches.timed:
-            await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
 
     async def _commit(self, offsets: dict[Any, int]) -> None:
         """Commit ``offsets`` of the partitions still this node's; a commit the group

@@ -23,6 +23,8 @@ from coalescer.errors import UnknownKeyError, shown_key
 from coalescer.sources.times import Timed, time_of
 from coalescer.store.keycheck import item_problem, key_problem
 
+Where = tuple[str, int, int, str]  # a rejected message: topic, partition, offset, why
+
 
 class Rejected(ValueError):
     """Why a message cannot become a touch."""
@@ -37,7 +39,11 @@ class Touches:
     keys: list[str] = field(default_factory=list)
     pairs: list[tuple[str, str]] = field(default_factory=list)
     timed: list[Timed] = field(default_factory=list)  # with at:/delay:, every touch
-    rejected: list[tuple[str, int, int, str]] = field(default_factory=list)
+    rejected: list[Where] = field(default_factory=list)
+    # where each of ``keys`` and ``timed`` came from (topic, partition, offset), until
+    # their rules were checked (``MessageReader.screen``)
+    keys_from: list[tuple[str, int, int]] = field(default_factory=list)
+    timed_from: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def _text(name: str, value: Any, *, segment: bool) -> str:
@@ -75,31 +81,55 @@ class MessageReader:
         self._known: dict[str, bool] = {}  # key -> its rule takes items (keys seen lately)
 
     def touches(self, messages: Iterable[Any]) -> Touches:
-        """The touches of ``messages`` (aiokafka ``ConsumerRecord``s), in order."""
+        """The touches of ``messages`` (aiokafka ``ConsumerRecord``s), in order. A plain
+        or timed touch's key is not matched to a rule here: the touch checks it, and
+        ``screen`` rejects the messages whose key no rule takes only when it refused."""
         out = Touches()
         for message in messages:
+            where = (message.topic, message.partition, message.offset)
             try:
                 key, item, spec = self.touch_of(message.value)
             except Rejected as exc:
-                out.rejected.append((message.topic, message.partition, message.offset,
-                                     str(exc)))
+                out.rejected.append((*where, str(exc)))
                 continue
             if spec is not None:
                 out.timed.append((key, item, spec))
+                out.timed_from.append(where)
             elif item is None:
                 out.keys.append(key)
+                out.keys_from.append(where)
             else:
                 out.pairs.append((key, item))
         return out
 
+    def screen(self, touches: Touches) -> Touches:
+        """``touches`` without the plain and timed ones whose key no rule takes or Redis
+        cannot store: those messages rejected."""
+        out = Touches(pairs=touches.pairs, rejected=list(touches.rejected))
+        for key, where in zip(touches.keys, touches.keys_from, strict=True):
+            try:
+                self._rule_of(key)
+            except Rejected as exc:
+                out.rejected.append((*where, str(exc)))
+                continue
+            out.keys.append(key)
+        for timed, where in zip(touches.timed, touches.timed_from, strict=True):
+            try:
+                self._rule_of(timed[0])
+            except Rejected as exc:
+                out.rejected.append((*where, str(exc)))
+                continue
+            out.timed.append(timed)
+        return out
+
     def touch_of(self, value: bytes | None) -> tuple[str, str | None, str | None]:
         """The key, item and time (wire form) one message's value touches; Rejected says
-        why not."""
+        why not (a key without an item is matched to its rule by its touch)."""
         fields = _object(value)
         key = _fill(self._source.key, fields, segment=True)
-        takes_items = self._rule_of(key)
         item = None
         if self._source.item is not None:
+            takes_items = self._rule_of(key)
             item = _fill(self._source.item, fields, segment=False)
             problem = item_problem(item)
             if problem is None and not takes_items:
