@@ -25,10 +25,9 @@ import pytest
 
 from bench.postgres import PostgresServer
 from coalescer import Coalescer, Config
-from coalescer.store.embedded import free_port
 from examples.stats_app import customer_stats as stats_db
 from tests.helpers.e2e import REPO, clean_env
-from tests.helpers.servers import ValkeyProcess, poll_until
+from tests.helpers.servers import ValkeyProcess, free_port, poll_until
 
 PY = sys.executable
 

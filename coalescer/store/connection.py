@@ -29,7 +29,7 @@ from coalescer.store.sentinel import is_sentinel_url, sentinel_client
 MAX_CONNECTIONS = 16  # per client (per cluster node): script calls, pub/sub, status, ping
 POOL_TIMEOUT = 20.0  # seconds a command waits for a free connection before failing
 LEASE_CONNECTIONS = 4  # the leases' own: a node lease call and three claim renewals at once
-_WHERE = ("host", "port", "username", "password", "db")  # what a URL says of a server
+_WHERE = ("host", "port", "path", "username", "password", "db")  # what a URL says of a server
 
 
 def _options() -> dict[str, Any]:
@@ -61,7 +61,7 @@ class Connection:
 
     async def move_to(self, url: str) -> None:
         """Point every client of this single-server connection at ``url``: the embedded
-        server serving its folder was replaced, on another port. Each connection, the
+        server serving its folder was replaced (its socket or port). Each connection, the
         ones held by their users too, reconnects there on its next command."""
         if self.cluster or is_sentinel_url(url) or is_sentinel_url(self.url):
             raise ValueError("only a single server's connection can move")

@@ -9,15 +9,17 @@ every command of one project reaches one server, whatever folder it runs in::
 
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
-        server.json   {"port", "pid", "run_id"} of the live server
+        valkey.sock   the server's Unix socket (0700: only its owner can connect)
+        server.json   {"socket", "pid", "run_id"} of the live server
         password      the server's password, generated at the first start (0600)
         server.log    the server's log
         server.pid    pidfile written by the daemonized server
         users/        one file per acquirer: "<pid>.<token>", holding the start time
         data/         the server's directory (AOF on, in data/appendonlydir/)
 
-The server asks for a password: other users of the machine can reach its loopback
-port but cannot read the folder. The password is generated once, kept in
+The server listens on a Unix socket in that private folder, never on a TCP port
+(``port 0``): no other local user can reach it, nor take its place once it dies. It
+also asks for a password (defence in depth). The password is generated once, kept in
 ``password`` and given to the server on its standard input, never on its command
 line (which every user can read in /proc). The URLs handed out carry it; they are
 shown with ``redact()``.
@@ -27,10 +29,11 @@ started it); later ones reuse it after checking it answers PING as the recorded
 process.  ``release()`` unregisters the caller and, when no live user remains, stops
 the server with ``SHUTDOWN`` (which flushes the AOF) and waits for it to exit.
 
-The password is only ever sent to a port the recorded process listens on (read from
-/proc where there is one): a recorded server that died may have left its port to
-anyone. A running user whose server died or was replaced (``moved()``) calls
-``reacquire()`` for the one serving the folder now, started if none is.
+The password is only ever sent to the socket in the folder (whatever a record says),
+and only while the recorded process is alive and, where /proc tells, listens on it: a
+stale record (a dead pid, after a reboot) sends nothing. A running user whose server died
+or was replaced (``moved()``) calls ``reacquire()`` for the one serving the folder now,
+started if none is.
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import importlib
 import json
 import logging
 import os
 import secrets
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -67,10 +70,10 @@ logger = logging.getLogger(__name__)
 
 ENV_REDIS_URL = "COALESCER_REDIS_URL"
 ROOT_NAME = ".coalescer"
-HOST = "127.0.0.1"
-_START_ATTEMPTS = 3
+SOCKET_NAME = "valkey.sock"
+_SOCKET_MAX = 100  # bytes of a Unix socket's path (the kernel's limit is 107)
 _LOG_TAIL_LINES = 20
-_LISTEN = "0A"  # a listening socket's state in /proc/net/tcp
+_UNIX_LISTENING = "01"  # a listening Unix socket's state in /proc/net/unix
 
 
 # The server's memory cap, at which it refuses writes (noeviction: it never drops a key
@@ -103,14 +106,14 @@ def server_binary() -> Path:
 class _Record:
     """What server.json says about the running server."""
 
-    port: int
+    socket: Path
     pid: int
     run_id: str
     password: str
 
     @property
     def url(self) -> str:
-        return f"redis://:{quote(self.password, safe='')}@{HOST}:{self.port}/0"
+        return f"unix://:{quote(self.password, safe='')}@{self.socket}?db=0"
 
 
 # -- processes ---------------------------------------------------------------------
@@ -169,28 +172,28 @@ def _socket_inodes(pid: int) -> set[str] | None:
     return inodes
 
 
-def _listening(pid: int, port: int) -> bool | None:
-    """Whether process ``pid`` listens on TCP ``port`` (None where /proc cannot tell)."""
+def _listening(pid: int, path: Path) -> bool | None:
+    """Whether process ``pid`` listens on the Unix socket ``path`` (None where /proc
+    cannot tell)."""
     inodes = _socket_inodes(pid)
     if inodes is None:
         return None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()  # sl local rem st ... inode (10th)
-            if (len(cols) > 9 and cols[3] == _LISTEN and cols[9] in inodes
-                    and int(cols[1].rsplit(":", 1)[1], 16) == port):
-                return True
+    try:
+        rows = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for row in rows:
+        cols = row.split()  # Num RefCount Protocol Flags Type St Inode Path
+        if (len(cols) > 7 and cols[5] == _UNIX_LISTENING and cols[6] in inodes
+                and cols[7] == str(path)):
+            return True
     return False
 
 
-def _serves(pid: int, port: int) -> bool:
-    """True if ``pid`` is alive and, where /proc tells, listens on ``port``: only then may
-    the password be sent there."""
-    return _pid_alive(pid) and _listening(pid, port) is not False
+def _serves(pid: int, path: Path) -> bool:
+    """True if ``pid`` is alive and, where /proc tells, listens on the socket ``path``:
+    only then may the password be sent there."""
+    return _pid_alive(pid) and _listening(pid, path) is not False
 
 
 def _wait_exit(pid: int, timeout: float) -> bool:
@@ -212,20 +215,32 @@ def _terminate(pid: int, timeout: float) -> None:
     raise CoalescerError(f"embedded valkey-server pid {pid} does not exit")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def sync_client(port: int, timeout: float = 1.0, password: str | None = None) -> redis.Redis:
-    """A sync client with no retries: a dead port fails at once (redis-py retries with
-    backoff by default)."""
-    return redis.Redis(host=HOST, port=port, socket_timeout=timeout,
+def sync_client(path: Path, timeout: float = 1.0, password: str | None = None) -> redis.Redis:
+    """A sync client of the socket ``path`` with no retries: a dead server fails at once
+    (redis-py retries with backoff by default)."""
+    return redis.Redis(unix_socket_path=str(path), socket_timeout=timeout,
                        socket_connect_timeout=timeout, decode_responses=True,
                        retry=Retry(NoBackoff(), 0), password=password)
+
+
+def socket_path(root: Path) -> Path:
+    """Where the server of ``root`` listens: ``root/valkey.sock``, or, when that path is
+    too long for a Unix socket, a socket named after ``root`` in a folder private to this
+    user ($XDG_RUNTIME_DIR, else /tmp/coalescer-UID, made 0700 and checked)."""
+    path = root / SOCKET_NAME
+    if len(os.fsencode(path)) <= _SOCKET_MAX:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) if runtime else Path(f"/tmp/coalescer-{os.geteuid()}")
+    folder.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    found = folder.lstat()
+    if found.st_uid != os.geteuid() or stat.S_IMODE(found.st_mode) & 0o077 or \
+            stat.S_ISLNK(found.st_mode):
+        raise CoalescerError(f"{folder} is not a folder private to this user: the embedded "
+                             f"server's socket cannot go there (its own path, {path}, is "
+                             "too long for a Unix socket)")
+    digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:24]
+    return folder / f"coalescer-{digest}.sock"
 
 
 @dataclass(frozen=True)
@@ -304,10 +319,10 @@ def _distrust(folder: Path) -> str | None:
     return None
 
 
-def _server_identity(port: int, password: str) -> tuple[int, str] | None:
-    """(process_id, run_id) of the server answering PING on ``port`` to ``password``,
-    or None (a server that refuses the password is not ours)."""
-    client = sync_client(port, password=password)
+def _server_identity(path: Path, password: str) -> tuple[int, str] | None:
+    """(process_id, run_id) of the server answering PING on the socket ``path`` to
+    ``password``, or None (a server that refuses the password is not ours)."""
+    client = sync_client(path, password=password)
     try:
         if not client.ping():
             return None
@@ -339,6 +354,7 @@ class EmbeddedServer:
         self.pid_file = self.root / "server.pid"
         self.password_file = self.root / "password"
         self.lock_file = self.root / "lock"
+        self.socket = socket_path(self.root)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.lock_timeout = lock_timeout
@@ -380,7 +396,7 @@ class EmbeddedServer:
         if not _pid_alive(mine.pid):
             return True
         now = self._read_record()
-        return now is not None and (now.port, now.pid) != (mine.port, mine.pid)
+        return now is not None and now.pid != mine.pid
 
     def reacquire(self) -> str:
         """After ``moved()``: the URL of the server serving the folder now (checked to
@@ -484,14 +500,15 @@ class EmbeddedServer:
     def _read_record(self) -> _Record | None:
         try:
             raw = json.loads(self.state_file.read_text())
-            return _Record(port=int(raw["port"]), pid=int(raw["pid"]),
+            # the socket is the folder's, whatever the record says: only its pid counts
+            return _Record(socket=self.socket, pid=int(raw["pid"]),
                            run_id=str(raw["run_id"]), password=self._password())
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _write_record(self, record: _Record) -> None:
         tmp = self.state_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"port": record.port, "pid": record.pid,
+        tmp.write_text(json.dumps({"socket": str(record.socket), "pid": record.pid,
                                    "run_id": record.run_id, "url": redact(record.url)}))
         tmp.replace(self.state_file)
 
@@ -516,13 +533,12 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return None
-        if (_serves(record.pid, record.port)
-                and _server_identity(record.port, record.password) == (record.pid,
-                                                                      record.run_id)):
+        if (_serves(record.pid, record.socket)
+                and _server_identity(record.socket, record.password) == (record.pid,
+                                                                        record.run_id)):
             return record
-        logger.warning("embedded server recorded in %s (pid %d, port %d) is gone or does "
-                       "not take its password; replacing it",
-                       self.state_file, record.pid, record.port)
+        logger.warning("embedded server recorded in %s (pid %d) is gone or does not take "
+                       "its password; replacing it", self.state_file, record.pid)
         if _pid_alive(record.pid) and _is_valkey(record.pid):
             _terminate(record.pid, self.stop_timeout)
         self.state_file.unlink(missing_ok=True)
@@ -531,28 +547,19 @@ class EmbeddedServer:
     # -- start and stop --
 
     def _start(self) -> _Record:
-        binary = server_binary()
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = free_port()
-            try:
-                record = self._spawn(binary, port)
-            except CoalescerError:
-                if attempt == _START_ATTEMPTS or "in use" not in self._log_tail():
-                    raise
-                logger.info("port %d was taken; retrying the embedded server", port)
-                continue
-            self._write_record(record)
-            logger.info("started embedded valkey-server on %s (pid %d, data in %s)",
-                        redact(record.url), record.pid, self.data_dir)
-            return record
-        raise AssertionError("unreachable")  # pragma: no cover
+        record = self._spawn(server_binary())
+        self._write_record(record)
+        logger.info("started embedded valkey-server on %s (pid %d, data in %s)",
+                    redact(record.url), record.pid, self.data_dir)
+        return record
 
-    def _command(self, binary: Path, port: int) -> list[str]:
+    def _command(self, binary: Path) -> list[str]:
         return [
             str(binary),
             "-",  # the rest of the configuration (the password) from standard input
-            "--port", str(port),
-            "--bind", HOST,
+            "--port", "0",  # no TCP listener at all
+            "--unixsocket", str(self.socket),
+            "--unixsocketperm", "700",
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
             "--save", "",
@@ -564,36 +571,37 @@ class EmbeddedServer:
             "--maxmemory-policy", "noeviction",
         ]
 
-    def _spawn(self, binary: Path, port: int) -> _Record:
+    def _spawn(self, binary: Path) -> _Record:
         self.pid_file.unlink(missing_ok=True)
         password = self._password()
         fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
         with os.fdopen(fd, "ab") as log:
             # The direct child forks the daemon and exits; close_fds keeps our lock fd
             # out of the daemon.
-            proc = subprocess.run(self._command(binary, port),
+            proc = subprocess.run(self._command(binary),
                                   input=f"requirepass {password}\n".encode(),
                                   stdout=log, stderr=log, close_fds=True, umask=0o077,
                                   timeout=self.start_timeout, check=False)
         if proc.returncode != 0:
             self._fail(f"valkey-server exited with status {proc.returncode}")
-        return self._wait_ready(port, password)
+        return self._wait_ready(password)
 
-    def _wait_ready(self, port: int, password: str) -> _Record:
-        """Poll until the daemon we started answers PING on ``port``."""
+    def _wait_ready(self, password: str) -> _Record:
+        """Poll until the daemon we started answers PING on the socket."""
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             pid = self._pidfile_pid()
             if pid is not None and not _pid_alive(pid):
                 self._fail(f"valkey-server (pid {pid}) exited during startup")
-            identity = _server_identity(port, password) if pid is not None else None
+            identity = _server_identity(self.socket, password) if pid is not None else None
             if identity is not None and identity[0] == pid:
-                return _Record(port=port, pid=pid, run_id=identity[1], password=password)
+                return _Record(socket=self.socket, pid=pid, run_id=identity[1],
+                               password=password)
             time.sleep(0.01)
         pid = self._pidfile_pid()
         if pid is not None and _pid_alive(pid):
             _terminate(pid, self.stop_timeout)
-        self._fail(f"valkey-server did not answer PING on port {port} "
+        self._fail(f"valkey-server did not answer PING on {self.socket} "
                    f"within {self.start_timeout:g}s")
 
     def _pidfile_pid(self) -> int | None:
@@ -606,10 +614,10 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return
-        if (_serves(record.pid, record.port)
-                and _server_identity(record.port, record.password) == (record.pid,
-                                                                      record.run_id)):
-            client = sync_client(record.port, timeout=self.stop_timeout,
+        if (_serves(record.pid, record.socket)
+                and _server_identity(record.socket, record.password) == (record.pid,
+                                                                        record.run_id)):
+            client = sync_client(record.socket, timeout=self.stop_timeout,
                                  password=record.password)
             try:
                 client.shutdown()

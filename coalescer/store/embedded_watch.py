@@ -1,8 +1,8 @@
 """A running coalescer follows its embedded server when that server dies or is replaced.
 
 The embedded server is shared by every command of a project; if it dies (killed, the
-machine's OOM killer), the next command starts a replacement on another port. A
-running writer or node would otherwise retry the dead port forever: this loop sees
+machine's OOM killer), the next command starts a replacement on the folder's socket. A
+running writer or node would otherwise retry the dead server forever: this loop sees
 that its server is gone (``EmbeddedServer.moved``: a dead process, or a record naming
 another server), takes the server now serving the folder (``reacquire``: checked to
 be ours before the password is sent; started if there is none), and points the

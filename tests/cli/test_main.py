@@ -563,8 +563,8 @@ def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
     try:
         banner = poll_until(lambda: "running" in out.read_text() and out.read_text(),
                             timeout=30, message="the node's banner")
-        assert "using the embedded server at ./.coalescer (redis://:***@127.0.0.1:" in banner
-        port = json.loads((tmp_path / ".coalescer" / "server.json").read_text())["port"]
+        assert "using the embedded server at ./.coalescer (unix://:***@/" in banner
+        sock = json.loads((tmp_path / ".coalescer" / "server.json").read_text())["socket"]
         sub = tmp_path / "sub" / "deeper"
         sub.mkdir(parents=True)
 
@@ -572,7 +572,7 @@ def test_commands_from_a_subfolder_reach_the_projects_embedded_server(
         assert done.returncode == 0, done.stderr
         assert done.stdout == "touched 1 key\n"
         assert done.stderr == ("coalescer touch: using the embedded server at ../../.coalescer "
-                               f"(redis://:***@127.0.0.1:{port}/0)\n")
+                               f"(unix://:***@{sock}?db=0)\n")
         poll_until(lambda: refreshed(log, "item:1"), timeout=20,
                    message=f"the node refreshing item:1; its output:\n{out.read_text()}")
         assert not (sub / ".coalescer").exists()

@@ -16,7 +16,7 @@ import redis
 
 from coalescer.errors import CoalescerError
 from coalescer.store.embedded import ENV_REDIS_URL, EmbeddedServer, project_root, resolve_redis_url
-from tests.helpers.servers import free_port, poll_until, sync_client
+from tests.helpers.servers import poll_until
 
 HAS_PROC = Path("/proc/self/cwd").exists()
 
@@ -30,8 +30,8 @@ def _pid(root: Path) -> int:
     return int(_record(root)["pid"])
 
 
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+def _socket(url: str) -> str:
+    return url.rsplit("@", 1)[1].split("?", 1)[0]
 
 
 def _alive(pid: int) -> bool:
@@ -97,10 +97,10 @@ def test_acquire_starts_a_server(root: Path) -> None:
     server = EmbeddedServer(root)
     url = server.acquire()
     try:
-        assert url.startswith("redis://:") and "@127.0.0.1:" in url and url.endswith("/0")
+        assert url.startswith("unix://:") and url.endswith("/valkey.sock?db=0")
         assert _pings(url)
         record = _record(root)
-        assert record["port"] == _port(url)
+        assert record["socket"] == _socket(url) == str(root.absolute() / "valkey.sock")
         assert _alive(int(record["pid"]))
         client = _client(url)
         assert client.config_get("appendonly") == {"appendonly": "yes"}
@@ -175,16 +175,15 @@ def test_stale_server_json_is_replaced(root: Path, pid_kind: str) -> None:
     # A record of a crashed server: nothing on the port; the pid dead, or reused by a
     # live process that is not a valkey-server (ours: it must not be killed).
     stale_pid = _dead_pid() if pid_kind == "dead" else os.getpid()
-    stale_port = free_port()
     (root / "server.json").write_text(
-        json.dumps({"port": stale_port, "pid": stale_pid, "run_id": "x" * 40}))
+        json.dumps({"socket": str(root / "valkey.sock"), "pid": stale_pid, "run_id": "x" * 40}))
     (root / "users").mkdir()
     (root / "users" / f"{_dead_pid()}.deadbeef").write_text("")
     with EmbeddedServer(root) as url:
         assert _pings(url)
         record = _record(root)
         assert record["pid"] != stale_pid
-        assert record["port"] == _port(url)
+        assert record["socket"] == _socket(url)
         # The dead user was pruned; only we remain.
         assert len(list((root / "users").iterdir())) == 1
     assert not (root / "server.json").exists()
@@ -246,7 +245,7 @@ def test_two_processes_acquiring_at_once_share_one_server(root: Path) -> None:
         for proc in procs:  # both go at the same moment
             _say(proc, "go")
         urls = [_hear(p) for p in procs]
-        assert urls[0] == urls[1] and "@127.0.0.1:" in urls[0]
+        assert urls[0] == urls[1] and urls[0].startswith("unix://:")
         pid = _pid(root)
         assert _ready_lines(root) == 1, "exactly one server was started"
         if HAS_PROC:
@@ -267,8 +266,8 @@ def test_start_failure_reports_log_tail(root: Path, monkeypatch: pytest.MonkeyPa
     server = EmbeddedServer(root)
     original = server._command
 
-    def broken(binary: Path, port: int) -> list[str]:
-        return [*original(binary, port), "--no-such-option", "1"]
+    def broken(binary: Path) -> list[str]:
+        return [*original(binary), "--no-such-option", "1"]
 
     monkeypatch.setattr(server, "_command", broken)
     with pytest.raises(CoalescerError, match="no-such-option"):
@@ -353,7 +352,7 @@ def test_the_server_asks_for_a_password_kept_in_a_private_file(root: Path) -> No
         password = (root / "password").read_text().strip()
         assert len(password) >= 32 and _mode(root / "password") == 0o600
         assert f":{password}@" in url
-        anonymous = sync_client(_port(url))
+        anonymous = redis.Redis(unix_socket_path=_socket(url), socket_timeout=1.0)
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
         anonymous.close()
@@ -365,8 +364,7 @@ def test_the_server_asks_for_a_password_kept_in_a_private_file(root: Path) -> No
     finally:
         server.release()
     with EmbeddedServer(root) as again:
-        assert again == url.replace(str(_port(url)), str(_port(again))), \
-            "a restart keeps the password"
+        assert again == url, "a restart keeps the password (and the socket)"
 
 
 def test_a_server_that_refuses_the_password_is_replaced(root: Path) -> None:
@@ -435,7 +433,7 @@ async def test_a_node_whose_embedded_server_dies_reconnects_to_a_new_one(
         poll_until(lambda: not _alive(dead), message="the server to die")
         await _refreshed(c, "stats:after")  # on the server the node started
         assert _pid(root) != dead
-        assert _port(c.redis_url) == _record(root)["port"]
+        assert _socket(c.redis_url) == _record(root)["socket"]
         assert any("embedded server in" in r.getMessage() and "is gone" in r.getMessage()
                    for r in caplog.records)
     finally:
@@ -447,44 +445,77 @@ async def test_a_node_moves_to_the_server_another_command_started(
         root: Path, rules_file: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     c = await _node(root, rules_file, monkeypatch)
     try:
-        first = _port(c.redis_url)
         dead = _pid(root)
         os.kill(dead, signal.SIGKILL)
         poll_until(lambda: not _alive(dead), message="the server to die")
         with EmbeddedServer(root) as url:  # e.g. a `coalescer touch` meanwhile
-            replacement = _port(url)
-        assert replacement != first
+            replacement = _pid(root)
+            assert url == c.redis_url  # the same socket in the same folder
+        assert replacement != dead
         await _refreshed(c, "stats:after")
-        assert _port(c.redis_url) == replacement == _record(root)["port"]
+        assert _record(root)["pid"] == replacement
     finally:
         await c.close()
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="needs /proc to tell who listens on a port")
-def test_the_password_never_goes_to_a_port_the_recorded_server_does_not_listen_on(
-        root: Path) -> None:
-    import socket
-
-    root.mkdir(parents=True)
-    holder = EmbeddedServer(root)
-    holder.acquire()
-    password = (root / "password").read_text().strip()
-    os.kill(_pid(root), signal.SIGKILL)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        listener.setblocking(False)
-        # the record names a live process, but the port is someone else's now
-        (root / "server.json").write_text(json.dumps(
-            {"port": listener.getsockname()[1], "pid": sleeper.pid, "run_id": "x" * 40}))
+def test_the_server_has_no_tcp_port_only_its_private_socket(root: Path) -> None:
+    # a TCP port on 127.0.0.1 is reachable by every local user, and once the server dies
+    # anyone may bind it and be sent the password
+    with EmbeddedServer(root) as url:
+        client = _client(url)
         try:
-            with EmbeddedServer(root) as url:
-                assert _pings(url) and _port(url) != listener.getsockname()[1]
-            with pytest.raises(BlockingIOError):
-                listener.accept()  # nobody connected: nothing, no password, was sent
+            assert client.config_get("port") == {"port": "0"}
+            assert client.config_get("unixsocketperm") == {"unixsocketperm": "700"}
         finally:
-            sleeper.kill()
-            sleeper.wait()
-            holder.release()
-    assert password
+            client.close()
+        assert _mode(root) == 0o700 and (root / "valkey.sock").is_socket()
+        if HAS_PROC:
+            inodes = {os.readlink(f"/proc/{_pid(root)}/fd/{fd}")[8:-1]
+                      for fd in os.listdir(f"/proc/{_pid(root)}/fd")
+                      if os.readlink(f"/proc/{_pid(root)}/fd/{fd}").startswith("socket:")}
+            tcp = [row.split()[9] for table in ("/proc/net/tcp", "/proc/net/tcp6")
+                   for row in Path(table).read_text().splitlines()[1:]]
+            assert not inodes & set(tcp), "the server holds a TCP socket"
+
+
+_IMPOSTOR = """
+import socket, sys, time
+tcp, unix = socket.socket(), socket.socket(socket.AF_UNIX)
+tcp.bind(("127.0.0.1", 0)); unix.bind(sys.argv[1])
+for s in (tcp, unix):
+    s.listen(8); s.settimeout(0.05)
+print(tcp.getsockname()[1], flush=True)
+while True:
+    for s in (tcp, unix):
+        try:
+            s.accept()
+        except OSError:
+            continue
+        open(sys.argv[2], "w").write("a client connected")
+"""
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="needs /proc to tell who listens on a socket")
+@pytest.mark.parametrize("pid_kind", ["dead", "reused"])
+def test_a_stale_record_never_carries_the_password_anywhere(root: Path, pid_kind: str,
+                                                             tmp_path: Path) -> None:
+    # after a reboot, the recorded pid is dead, or another process's: one that listens
+    # where the record points (a TCP port, a socket outside the folder)
+    root.mkdir(parents=True, mode=0o700)
+    (root / "password").write_text("the-password-of-this-folder\n")
+    heard = tmp_path / "heard"
+    impostor = subprocess.Popen([sys.executable, "-c", _IMPOSTOR, str(tmp_path / "else.sock"),
+                                 str(heard)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert impostor.stdout is not None
+        port = int(impostor.stdout.readline())
+        stale_pid = _dead_pid() if pid_kind == "dead" else impostor.pid
+        (root / "server.json").write_text(json.dumps(
+            {"port": port, "socket": str(tmp_path / "else.sock"), "pid": stale_pid,
+             "run_id": "x" * 40}))
+        with EmbeddedServer(root) as url:
+            assert _pings(url) and _pid(root) != stale_pid
+        assert not heard.exists(), "the password was sent where the stale record pointed"
+    finally:
+        impostor.kill()
+        impostor.wait()
