@@ -111,7 +111,9 @@ def _bootstrap(reader: YamlReader, node: Node, field: str) -> str:
         if _ENV_NAME.fullmatch(name) is None:
             raise reader.error(f"${{{name}}} must name an environment variable (letters, "
                                "digits and '_')", node, field)
-    problem = bootstrap_problem(_ENV_REF.sub("x:1", raw))
+    # an address with ${NAME} in it is checked when a node starts, once resolved
+    known = ",".join(part for part in raw.split(",") if "${" not in part)
+    problem = bootstrap_problem(known) if known else None
     if problem is not None:
         raise reader.error(f"bootstrap {problem}", node, field)
     return raw

@@ -28,6 +28,7 @@ from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 from coalescer.query.source_status import format_sources
+from coalescer.sources.kafka import check_kafka
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import (
@@ -96,6 +97,25 @@ def test_bad_kafka_sources_name_file_line_and_field(block: str, field: str,
     assert caught.value.field == field
     assert words in str(caught.value)
     assert caught.value.line is not None and caught.value.line >= 5
+
+
+def test_a_node_refuses_a_bootstrap_it_cannot_resolve() -> None:
+    config = load("""\
+sources:
+  - name: orders
+    type: kafka
+    bootstrap: "${KAFKA_HOST}:9092"
+    topics: [orders]
+    key: "order:{orderId}"
+""")
+    (source,) = config.sources
+    (missing,) = check_kafka(source, 0, config, {})
+    assert (missing.file, missing.line, missing.field) == ("rules.yaml", 6,
+                                                          "sources[0].bootstrap")
+    assert "environment variable KAFKA_HOST, which is not set" in str(missing)
+    (bad,) = check_kafka(source, 0, config, {"KAFKA_HOST": "a:1,b c"})
+    assert "'b c:9092' is not host:port" in str(bad)
+    assert check_kafka(source, 0, config, {"KAFKA_HOST": "10.0.0.1"}) == []
 
 
 # -- helpers ----------------------------------------------------------------------------
