@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from coalescer import Coalescer
-from coalescer.errors import BackpressureError, QuotaExceededError
+from coalescer import BackpressureError, QuotaExceededError
 from coalescer.web.api import HttpApi
 from tests.conftest import RulesFactory, Start
 from tests.helpers.servers import wait_until
