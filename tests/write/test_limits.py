@@ -10,8 +10,7 @@ import textwrap
 import aiohttp
 import pytest
 
-from coalescer import Coalescer
-from coalescer import BackpressureError, QuotaExceededError
+from coalescer import BackpressureError, Coalescer, QuotaExceededError
 from coalescer.web.api import HttpApi
 from tests.conftest import RulesFactory, Start
 from tests.helpers.servers import wait_until
