@@ -3,7 +3,8 @@
     pending  "FIRST|DUE|LAST|ATTEMPTS"   FIRST in lowercase hex, DUE and LAST as
              offsets from it; LAST and ATTEMPTS left out while zero (an older
              "P|FIRST|LAST|ATTEMPTS|DUE" is read too); an "S" in front marks a due
-             time set by a touch's own time (``at``/``delay``)
+             time set by a touch's own time (``at``/``delay``), whose FIRST and DUE
+             offset are then written in base 36
     running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE" (RDUE "S"-prefixed
              when the touch it re-arms had a time of its own)
     dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 _PENDING = re.compile(r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+))?)?")
+_SCHEDULED = re.compile(r"S([0-9a-z]+)\|(-?[0-9a-z]+)(?:\|(-?\d+)(?:\|(\d+))?)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +56,11 @@ def pending(value: str) -> Pending | None:
         first, last, attempts, due = (_num(f) for f in fields(value, 4))
         return Pending(first_ms=first, last_ms=last, attempts=attempts, due_ms=due)
     scheduled = value.startswith("S")
-    found = _PENDING.fullmatch(value[1:] if scheduled else value)
+    found = (_SCHEDULED if scheduled else _PENDING).fullmatch(value)
     if found is None:
         return None
-    first_hex, due_off, last_off, tries = found.groups()
-    start = int(first_hex, 16)
+    first_text, due_off, last_off, tries = found.groups()
+    start = int(first_text, 36 if scheduled else 16)
     return Pending(first_ms=start, last_ms=start + int(last_off or 0),
-                   attempts=int(tries or 0), due_ms=start + int(due_off), scheduled=scheduled)
+                   attempts=int(tries or 0),
+                   due_ms=start + int(due_off, 36 if scheduled else 10), scheduled=scheduled)

@@ -184,3 +184,12 @@ async def test_a_lapsed_claim_with_a_schedule_made_during_it_is_due_at_the_sched
     assert await shard.scripts.recover(shard.keys, [RULE], 100, [3]) == 1
     assert await shard.due("k") == now + FAR  # not at once
     assert await scheduled(shard, "k")
+
+
+async def test_a_key_scheduled_a_month_ahead_keeps_a_state_as_short_as_a_plain_one(shard: Shard) -> None:
+    now = await shard.now()
+    await timed(shard, {"k": f"a{now + FAR}"})
+    state = await shard.state("k")
+    assert state is not None and state.startswith("S") and len(state) <= 17, state
+    found = states.pending(state)
+    assert found is not None and (found.due_ms, found.scheduled) == (now + FAR, True)

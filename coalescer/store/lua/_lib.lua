@@ -9,6 +9,10 @@
 --            An older "P|FIRST|LAST|ATTEMPTS|DUE" still decodes.
 --            "S" before it marks a due time set by a touch's own time (upsert.lua):
 --            the next plain touch replaces it instead of keeping the later of the two.
+--            Its FIRST and DUE offset are written in base 36 ("Smx966f40|16v7k00" is
+--            due 30 days after FIRST): at most 17 characters up to 2 years ahead,
+--            which keeps a scheduled key's entry in the hash as small as a
+--            short pending one's.
 --   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
 --            (the key is in inflight:RULE; the R* part, empty when there is
 --            none, is a touch that came while it ran, re-armed by ack, fail or
@@ -94,13 +98,40 @@ local function decode_running(v)
           rfirst = tonumber(rf), rlast = tonumber(rl), node = node, rsched = sched or nil}
 end
 
--- FIRST, DUE, LAST and ATTEMPTS of a pending value of the short form, else nil (a
--- running or dead value never reads as one: its letter is not lowercase hex).
+local B36 = '0123456789abcdefghijklmnopqrstuvwxyz'
+
+-- `n` (a whole number) in base 36, lowercase.
+local function b36(n)
+  if n < 0 then return '-' .. b36(-n) end
+  local out = ''
+  repeat
+    local d = n % 36
+    out = string.sub(B36, d + 1, d + 1) .. out
+    n = (n - d) / 36
+  until n == 0
+  return out
+end
+
+local function from_b36(s)
+  if string.sub(s, 1, 1) == '-' then return -tonumber(string.sub(s, 2), 36) end
+  return tonumber(s, 36)
+end
+
+-- FIRST, DUE, LAST and ATTEMPTS of a pending value of the short form (FIRST and its
+-- DUE offset in base 36 after an "S"), else nil (a running or dead value never reads
+-- as one: its letter is not lowercase hex, nor S).
 local function short_pending(v)
-  local first, due, last, attempts = string.match(v, '^S?([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
-  if not first then return nil end
-  first = tonumber(first, 16)
-  return first, first + tonumber(due), first + (tonumber(last) or 0), tonumber(attempts) or 0
+  local first, due, last, attempts
+  if string.byte(v, 1) == 83 then  -- "S"
+    first, due, last, attempts = string.match(v, '^S([%da-z]+)|(%-?[%da-z]+)|?(%-?%d*)|?(%d*)$')
+    if not first then return nil end
+    first, due = tonumber(first, 36), from_b36(due)
+  else
+    first, due, last, attempts = string.match(v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+    if not first then return nil end
+    first, due = tonumber(first, 16), tonumber(due)
+  end
+  return first, first + due, first + (tonumber(last) or 0), tonumber(attempts) or 0
 end
 
 local function decode(v)
@@ -138,8 +169,14 @@ local function pending_times(v, now)
   return now, now, now, 0
 end
 
-local function pending(first, last, attempts, due)
-  local v = string.format('%x|%d', first, due - first)
+-- A pending value (`sched`: the due time is a touch's own, see above).
+local function pending(first, last, attempts, due, sched)
+  local v
+  if sched then
+    v = 'S' .. b36(first) .. '|' .. b36(due - first)
+  else
+    v = string.format('%x|%d', first, due - first)
+  end
   if attempts > 0 then return v .. string.format('|%d|%d', last - first, attempts) end
   if last ~= first then return v .. string.format('|%d', last - first) end
   return v
@@ -148,8 +185,7 @@ end
 -- Make `key` pending, due at `due`, in meta and in its rule's due set (`sched`: a
 -- due time set by a touch's own time).
 local function schedule(meta, due_key, key, first, last, attempts, due, sched)
-  local v = pending(first, last, attempts, due)
-  redis.call('HSET', meta, key, sched and ('S' .. v) or v)
+  redis.call('HSET', meta, key, pending(first, last, attempts, due, sched))
   redis.call('ZADD', due_key, due, key)
 end
 

@@ -116,7 +116,7 @@ local function timed(v, spec, window, max_wait)
   if plain_after then
     return pending(now, now, attempts, now + window), now + window, s and s.kind == 'D'
   end
-  return 'S' .. pending(now, now, attempts, due), due, s and s.kind == 'D'
+  return pending(now, now, attempts, due, true), due, s and s.kind == 'D'
 end
 
 -- A key's touch: timed when `spec` is given, else a re-touch of its state `v`.
