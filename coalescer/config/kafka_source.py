@@ -47,6 +47,7 @@ class KafkaSource(SourceConfig):
     of its value (a JSON object), read in the consumer group ``group``."""
 
     type: ClassVar[str] = "kafka"
+    env_field: ClassVar[str] = "bootstrap"  # the field where ${NAME} may stand
     bootstrap: str = field(repr=False)  # may hold ${NAME} references
     topics: tuple[str, ...]
     group: str = DEFAULT_GROUP

@@ -92,6 +92,7 @@ class OutboxSource(SourceConfig):
     NOTIFY wakes the node sooner)."""
 
     type: ClassVar[str] = "outbox"
+    env_field: ClassVar[str] = "url"  # the field where ${NAME} may stand
     url: str = field(repr=False)  # may hold a password
     table: str = DEFAULT_OUTBOX_TABLE
     batch: int = DEFAULT_OUTBOX_BATCH
@@ -137,14 +138,25 @@ def outbox_url_problem(url: str) -> str | None:
 
 def unset_env_warnings(file: str, sources: Sequence[SourceConfig],
                        environ: Mapping[str, str]) -> list[ConfigWarning]:
-    """A warning for each environment variable an outbox URL uses that is not set here
-    (a worker node refuses to start without it)."""
+    """A warning for each environment variable a source's address uses (an outbox's
+    url, a Kafka source's bootstrap: its ``env_field``) that is not set here (a worker
+    node refuses to start without it)."""
     return [ConfigWarning(
         f"environment variable {name} is not set (or empty) here; source {source.name!r} "
-        "takes its url from it, so `coalescer run` refuses to start without it", file,
-        source.line, f"sources[{index}].url")
-        for index, source in enumerate(sources) if isinstance(source, OutboxSource)
-        for name in dict.fromkeys(source.env_names) if not environ.get(name)]
+        f"takes its {field} from it, so `coalescer run` refuses to start without it", file,
+        source.line, f"sources[{index}].{field}")
+        for index, source in enumerate(sources)
+        for field, names in _env_refs(source)
+        for name in dict.fromkeys(names) if not environ.get(name)]
+
+
+def _env_refs(source: SourceConfig) -> list[tuple[str, list[str]]]:
+    """The field of ``source`` that may name environment variables, and those names."""
+    field_name: str | None = getattr(source, "env_field", None)
+    if field_name is None:
+        return []
+    names: list[str] = getattr(source, "env_names")  # noqa: B009  (any type's)
+    return [(field_name, names)]
 
 
 def source_error(source: SourceConfig, index: int, file: str, message: str,

@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.kafka_broker import TansuBroker
 from coalescer import Coalescer
-from coalescer.config.rules import Config
+from coalescer.config.rules import Config, check_file
 from coalescer.errors import ConfigError
 from coalescer.query.source_status import format_sources
 from coalescer.sources.kafka import check_kafka
@@ -116,6 +116,23 @@ sources:
     (bad,) = check_kafka(source, 0, config, {"KAFKA_HOST": "a:1,b c"})
     assert "'b c:9092' is not host:port" in str(bad)
     assert check_kafka(source, 0, config, {"KAFKA_HOST": "10.0.0.1"}) == []
+
+
+def test_check_warns_of_a_bootstrap_variable_not_set_here(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(BASE + """\
+sources:
+  - name: orders
+    type: kafka
+    bootstrap: "${KAFKA_BOOTSTRAP}"
+    topics: [orders]
+    key: "order:{orderId}"
+""")
+    (warning,) = check_file(path, {}, import_handlers=False).warnings
+    assert (warning.line, warning.field) == (6, "sources[0].bootstrap")
+    assert "KAFKA_BOOTSTRAP is not set (or empty) here" in warning.message
+    assert "takes its bootstrap from it" in warning.message
+    assert check_file(path, {"KAFKA_BOOTSTRAP": "h:1"}, import_handlers=False).warnings == ()
 
 
 # -- helpers ----------------------------------------------------------------------------
