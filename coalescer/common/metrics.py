@@ -14,6 +14,9 @@ OUTCOMES = ("success", "failure", "timeout")
 _BATCH_BUCKETS = (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000)
 _BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
                                           5000, 10000)
+# Seconds from a burst's touches to its refresh: windows run from milliseconds to hours.
+_TOUCH_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                      900.0, 3600.0)
 
 
 @dataclass(slots=True)
@@ -53,11 +56,17 @@ class RuleMetrics:
     batch_size: Tally = field(default_factory=lambda: Tally(_BATCH_SIZE_BUCKETS))
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     dead_lettered: int = 0  # keys whose last attempt failed (for the worker's summary line)
+    # First tries only: touches of the burst, and its first and last touch to the start.
+    touches: Tally = field(default_factory=lambda: Tally(_BATCH_SIZE_BUCKETS))
+    first_touch_lag: Tally = field(default_factory=lambda: Tally(_TOUCH_LAG_BUCKETS))
+    last_touch_lag: Tally = field(default_factory=lambda: Tally(_TOUCH_LAG_BUCKETS))
+    forced_by_max_wait: int = 0  # first tries due at first touch + max_wait, not the window
+    reruns: int = 0  # successes whose key was touched while they ran (it runs again)
 
 
 class RefreshCollector:
-    """Exports every rule's RuleMetrics as coalescer_refreshes_total and the duration
-    and start-lag histograms."""
+    """Exports every rule's RuleMetrics as coalescer_refreshes_total, the duration
+    and start-lag histograms, and the coalescing figures."""
 
     def __init__(self, rules: dict[str, RuleMetrics]) -> None:
         self._rules = rules
@@ -85,7 +94,36 @@ class RefreshCollector:
             lag.add_metric([name], m.start_lag.buckets(), m.start_lag.total)
             if m.batch_size.total:
                 sizes.add_metric([name], m.batch_size.buckets(), m.batch_size.total)
-        return [done, duration, lag, sizes]
+        return [done, duration, lag, sizes, *_coalescing(self._rules)]
+
+
+def _coalescing(rules: dict[str, RuleMetrics]) -> list[Metric]:
+    """How much each rule coalesces: touches per refresh, lags from the touches, runs
+    forced by max_wait, reruns."""
+    touches = HistogramMetricFamily(
+        "coalescer_refresh_touches",
+        "touches of the burst a refresh ran for (first tries; a touch counts once per "
+        "write to Redis)", labels=["rule"])
+    first = HistogramMetricFamily("coalescer_refresh_first_touch_lag_seconds",
+                                  "refresh start minus the burst's first touch (first tries)",
+                                  labels=["rule"])
+    last = HistogramMetricFamily("coalescer_refresh_last_touch_lag_seconds",
+                                 "refresh start minus the burst's last touch (first tries)",
+                                 labels=["rule"])
+    forced = CounterMetricFamily(
+        "coalescer_refreshes_forced_by_max_wait",
+        "refreshes due at the burst's first touch plus max_wait while touches kept "
+        "coming (the quiet window never came)", labels=["rule"])
+    reruns = CounterMetricFamily(
+        "coalescer_reruns", "successful refreshes whose key was touched while they ran, "
+        "so it runs again", labels=["rule"])
+    for name, m in list(rules.items()):
+        touches.add_metric([name], m.touches.buckets(), m.touches.total)
+        first.add_metric([name], m.first_touch_lag.buckets(), m.first_touch_lag.total)
+        last.add_metric([name], m.last_touch_lag.buckets(), m.last_touch_lag.total)
+        forced.add_metric([name], m.forced_by_max_wait)
+        reruns.add_metric([name], m.reruns)
+    return [touches, first, last, forced, reruns]
 
 
 class Metrics:

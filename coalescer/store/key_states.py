@@ -1,7 +1,8 @@
 """A key's state as its shard's meta hash holds it (written by the Lua scripts).
 
-    pending  "FIRST|DUE|LAST|ATTEMPTS"   FIRST in lowercase hex, DUE and LAST as
-             offsets from it; LAST and ATTEMPTS left out while zero (an older
+    pending  "FIRST|DUE|LAST|ATTEMPTS|COUNT"   FIRST in lowercase hex, DUE and LAST as
+             offsets from it; LAST and ATTEMPTS left out while zero and COUNT (the
+             burst's touches) while one (an older
              "P|FIRST|LAST|ATTEMPTS|DUE" is read too); an "S" in front marks a due
              time set by a touch's own time (``at``/``delay``), whose FIRST and DUE
              offset are then written in base 36
@@ -17,8 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_PENDING = re.compile(r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+))?)?")
-_SCHEDULED = re.compile(r"S([0-9a-z]+)\|(-?[0-9a-z]+)(?:\|(-?\d+)(?:\|(\d+))?)?")
+_PENDING = re.compile(r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?")
+_SCHEDULED = re.compile(
+    r"S([0-9a-z]+)\|(-?[0-9a-z]+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class Pending:
     attempts: int
     due_ms: int
     scheduled: bool = False  # the due time is a touch's own time (at/delay)
+    touches: int = 1  # the burst's touches that reached Redis
 
 
 def kind(value: str | None) -> str:
@@ -59,8 +62,9 @@ def pending(value: str) -> Pending | None:
     found = (_SCHEDULED if scheduled else _PENDING).fullmatch(value)
     if found is None:
         return None
-    first_text, due_off, last_off, tries = found.groups()
+    first_text, due_off, last_off, tries, count = found.groups()
     start = int(first_text, 36 if scheduled else 16)
     return Pending(first_ms=start, last_ms=start + int(last_off or 0),
                    attempts=int(tries or 0),
-                   due_ms=start + int(due_off, 36 if scheduled else 10), scheduled=scheduled)
+                   due_ms=start + int(due_off, 36 if scheduled else 10), scheduled=scheduled,
+                   touches=int(count or 1))

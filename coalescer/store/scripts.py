@@ -104,6 +104,16 @@ class ClaimedKey(NamedTuple):
     due_ms: int
     items: tuple[str, ...] = ()
     overflowed: bool = False
+    touches: int = 1  # the burst's touches that reached Redis (each flush of the key once)
+
+
+@dataclass(frozen=True, slots=True)
+class AckAnswer:
+    """What an ack call found: the keys whose token was stale, and per group how many
+    keys were touched while they ran (re-armed: each runs again)."""
+
+    stale: list[str]
+    rearmed: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,9 +285,9 @@ def _optional(value: Any) -> int | None:
 def _claims(encoded: Sequence[str], items: Sequence[Sequence[Any]] = ()) -> list[ClaimedKey]:
     out, make = [], ClaimedKey._make
     for item in encoded:
-        r, token, first, last, attempt, due, key = item.split("|", 6)
+        r, token, first, last, attempt, due, count, key = item.split("|", 7)
         out.append(make((int(r), key, int(token), int(first), int(last), int(attempt),
-                         int(due), (), False)))
+                         int(due), (), False, int(count))))
     for position, *members in items:
         i = int(position)
         found = set(map(str, members))
@@ -469,6 +479,13 @@ class Scripts:
         A group is ``(rule, items)``, or ``(rule, items, size)`` for the claims of one
         batch handler call of ``size`` keys: their successes share one history entry.
         The claims of ``item_rules`` (rules with items) drop their delivered items."""
+        return (await self.ack_counted(shard, groups, history, item_rules)).stale
+
+    async def ack_counted(self, shard: ShardKeys, groups: Sequence[AckGroup],
+                          history: History = NO_HISTORY,
+                          item_rules: Collection[str] = ()) -> AckAnswer:
+        """``ack``, also saying how many keys of each group were touched while they ran
+        (each runs again)."""
         keys, args = history.args(shard)
         for rule, items, *batched in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
@@ -488,7 +505,8 @@ class Scripts:
             result = self._unreplicated_ack(shard, exc)
         else:
             self._acks_unreplicated = False
-        return [str(k) for k in result[2:]]
+        return AckAnswer(stale=[str(k) for k in result[2:]],
+                         rearmed=[int(n) for n in str(result[1]).split(",") if n])
 
     def _unreplicated_ack(self, shard: ShardKeys, exc: ReplicationError) -> Any:
         """An ack the primary recorded but too few replicas confirmed: it is not sent again

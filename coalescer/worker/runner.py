@@ -49,6 +49,7 @@ from coalescer.store.scripts import History
 from coalescer.worker.batches import BatchAnswerError, failed_keys
 from coalescer.worker.claim_leases import ClaimLeases
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
+from coalescer.worker.coalescing import observe_start
 from coalescer.worker.failure_log import FailureLog
 from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
 
@@ -92,6 +93,7 @@ class Job:
     took_ms: float = 0.0  # duration_ms unrounded, for the log
     ends: asyncio.Future[object] | None = None  # its handler goes on past the run until done
     waiting: asyncio.TimerHandle | None = None  # queued behind an older run of its key
+    touches: int = 1  # the burst's touches, as the claim counted them
 
     @property
     def key(self) -> str:
@@ -274,7 +276,7 @@ class Runner:
             claim = granted(c, name, (matcher(c.key) or {}) if matcher else {})
             if c.overflowed:
                 self._metrics.item_overflows.labels(name).inc()
-            job = Job(shard, rule, claim, sent, held_since, clock_offset_ms)
+            job = Job(shard, rule, claim, sent, held_since, clock_offset_ms, touches=c.touches)
             self._supersede(jobs.get(claim.key))
             jobs[claim.key] = job
             fresh.append(job)
@@ -346,7 +348,7 @@ class Runner:
             return
         loop = asyncio.get_running_loop()
         create_task, invoke = loop.create_task, self._invokers[rule.name]
-        lags = self._metrics.rule(rule.name).start_lag
+        metrics = self._metrics.rule(rule.name)
         batch = Batch(jobs, len(jobs))
         now = time.time() * 1000
         self._running[rule.name] += len(jobs)
@@ -354,8 +356,7 @@ class Runner:
             job.batch = batch
             server_now = now + job.clock_offset_ms
             job.start_ms = round(server_now)
-            lag = (server_now - job.claim.due_ms) / 1000
-            lags.observe(lag if lag > 0.0 else 0.0)
+            observe_start(metrics, rule, job.claim, job.touches, server_now)
             job.task = create_task(self._run(job, invoke), name=f"refresh {job.claim.key}")
         # One timer a batch (far cheaper than a timer, or a timeout block, per refresh).
         batch.timer = loop.call_later(rule.timeout, batch.time_out)
@@ -417,8 +418,7 @@ class Runner:
             job.batch, job.call, job.call_size = batch, self._last_call, len(jobs)
             server_now = now + job.clock_offset_ms
             job.start_ms = round(server_now)
-            lag = (server_now - job.claim.due_ms) / 1000
-            metrics.start_lag.observe(lag if lag > 0.0 else 0.0)
+            observe_start(metrics, rule, job.claim, job.touches, server_now)
             job.task = task
         batch.timer = loop.call_later(rule.timeout, batch.time_out)
 
@@ -668,9 +668,12 @@ class Runner:
                 claim = job.claim
                 acks[job.rule.name, job.call, job.call_size].append(
                     (claim.key, claim.token, job.start_ms, job.duration_ms))
-            stale += await self._scripts.ack(
+            answer = await self._scripts.ack_counted(
                 keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
                 self._history, self._item_rules)
+            stale += answer.stale
+            for (rule_name, _, _), rearmed in zip(acks, answer.rearmed, strict=False):
+                self._metrics.rule(rule_name).reruns += rearmed
             self._forget(box.acks)
             box.acks = []
         if box.fails:

@@ -20,6 +20,13 @@ def test_last_touch_and_attempts_are_offsets_and_counts() -> None:
     assert p == states.Pending(first_ms=16, last_ms=266, attempts=3, due_ms=916)
 
 
+def test_a_burst_of_several_touches_reads_its_count() -> None:
+    assert states.pending("10|900|250|0|3") == states.Pending(
+        first_ms=16, last_ms=266, attempts=0, due_ms=916, touches=3)
+    assert states.pending("Sg|1o|5|0|2") == states.Pending(
+        first_ms=16, last_ms=21, attempts=0, due_ms=76, scheduled=True, touches=2)
+
+
 def test_the_older_pending_form_still_reads() -> None:
     p = states.pending("P|1000|1200|2|1700")
     assert p == states.Pending(first_ms=1000, last_ms=1200, attempts=2, due_ms=1700)
@@ -45,3 +52,15 @@ async def test_what_the_scripts_write_reads_back(redis_client: Redis, namespace:
     assert p is not None and p.attempts == 0 and p.first_ms == p.last_ms
     assert p.due_ms == p.first_ms + 500
     assert len(value) <= 16  # short: a pending key stays small in Redis memory
+
+
+async def test_each_write_of_a_touch_counts_once_in_the_burst(redis_client: Redis,
+                                                              namespace: str) -> None:
+    shard = KeySpace(namespace, 1).shard(0)
+    scripts = Scripts(redis_client)
+    for _ in range(3):
+        await scripts.upsert(shard, [UpsertGroup("r", 500, 5000, ["k"])])
+    value = str(await redis_client.hget(shard.meta, "k"))
+    p = states.pending(value)
+    assert p is not None and p.touches == 3 and p.attempts == 0
+    assert len(value) <= 24

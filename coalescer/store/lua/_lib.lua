@@ -6,6 +6,10 @@
 --            and ATTEMPTS are left out while zero, LAST too when ATTEMPTS is
 --            ("18e2a4c1f00|500" is a key touched once, due 500 ms later): short
 --            values keep a pending key small, most of the memory a shard uses.
+--            A fifth field, COUNT, counts the burst's touches once there are two
+--            ("18e2a4c1f00|500|120|0|3"): LAST and ATTEMPTS are then written even
+--            when zero. A touch counts once per write to Redis (touches of one key
+--            that a process absorbs before its flush count as one).
 --            An older "P|FIRST|LAST|ATTEMPTS|DUE" still decodes.
 --            "S" before it marks a due time set by a touch's own time (upsert.lua):
 --            the next plain touch replaces it instead of keeping the later of the two.
@@ -117,21 +121,24 @@ local function from_b36(s)
   return tonumber(s, 36)
 end
 
--- FIRST, DUE, LAST and ATTEMPTS of a pending value of the short form (FIRST and its
--- DUE offset in base 36 after an "S"), else nil (a running or dead value never reads
+-- FIRST, DUE, LAST, ATTEMPTS and COUNT of a pending value of the short form (FIRST and
+-- its DUE offset in base 36 after an "S"), else nil (a running or dead value never reads
 -- as one: its letter is not lowercase hex, nor S).
 local function short_pending(v)
-  local first, due, last, attempts
+  local first, due, last, attempts, count
   if string.byte(v, 1) == 83 then  -- "S"
-    first, due, last, attempts = string.match(v, '^S([%da-z]+)|(%-?[%da-z]+)|?(%-?%d*)|?(%d*)$')
+    first, due, last, attempts, count = string.match(
+      v, '^S([%da-z]+)|(%-?[%da-z]+)|?(%-?%d*)|?(%d*)|?(%d*)$')
     if not first then return nil end
     first, due = tonumber(first, 36), from_b36(due)
   else
-    first, due, last, attempts = string.match(v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)$')
+    first, due, last, attempts, count = string.match(
+      v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)|?(%d*)$')
     if not first then return nil end
     first, due = tonumber(first, 16), tonumber(due)
   end
-  return first, first + due, first + (tonumber(last) or 0), tonumber(attempts) or 0
+  return first, first + due, first + (tonumber(last) or 0), tonumber(attempts) or 0,
+    tonumber(count) or 1
 end
 
 local function decode(v)
@@ -152,30 +159,34 @@ local function decode(v)
   -- A pending value that does not read (corrupted by hand) decodes as nil: the claim
   -- script then claims the key as touched now (its ack writes a good state), and
   -- upsert.lua reports the key as one it cannot touch.
-  local first, due, last, attempts = short_pending(v)
+  local first, due, last, attempts, count = short_pending(v)
   if not first then return nil end
   return {kind = 'P', first = first, due = due, last = last, attempts = attempts,
-          sched = kind == 'S' or nil}
+          count = count, sched = kind == 'S' or nil}
 end
 
--- FIRST, DUE, LAST and ATTEMPTS of a pending value `v`, without a table (claim.lua
--- reads thousands a call); a value that does not read (see decode) is a key touched
--- at `now`.
+-- FIRST, DUE, LAST, ATTEMPTS and COUNT of a pending value `v`, without a table
+-- (claim.lua reads thousands a call); a value that does not read (see decode) is a key
+-- touched once at `now`.
 local function pending_times(v, now)
-  local first, due, last, attempts = short_pending(v or '')
-  if first then return first, due, last, attempts end
+  local first, due, last, attempts, count = short_pending(v or '')
+  if first then return first, due, last, attempts, count end
   local p = decode(v)
-  if p and p.kind == 'P' then return p.first, p.due, p.last, p.attempts end
-  return now, now, now, 0
+  if p and p.kind == 'P' then return p.first, p.due, p.last, p.attempts, 1 end
+  return now, now, now, 0, 1
 end
 
--- A pending value (`sched`: the due time is a touch's own, see above).
-local function pending(first, last, attempts, due, sched)
+-- A pending value (`sched`: the due time is a touch's own, see above; `count`: the
+-- burst's touches, 1 when nil).
+local function pending(first, last, attempts, due, sched, count)
   local v
   if sched then
     v = 'S' .. b36(first) .. '|' .. b36(due - first)
   else
     v = string.format('%x|%d', first, due - first)
+  end
+  if count and count > 1 then
+    return v .. string.format('|%d|%d|%d', last - first, attempts, count)
   end
   if attempts > 0 then return v .. string.format('|%d|%d', last - first, attempts) end
   if last ~= first then return v .. string.format('|%d', last - first) end
@@ -393,7 +404,8 @@ end
 
 -- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
 -- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
--- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings to `c.claims`. A key whose
+-- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|KEY" strings to `c.claims` (COUNT: the
+-- burst's touches, see `pending` above). A key whose
 -- score is early (a re-touch moved its due time, kept in meta) is re-scored. For a
 -- rule with items (c.items_at, claim_items_at) each claim's items go to `c.items`.
 -- `limit` is at most a few thousand (one unpack of the keys read).
@@ -402,14 +414,15 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   if #ready == 0 then return end
   redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
   local states = read_fields(c.meta, ready)
-  local take, later, n = {}, {}, 0
+  local take, counts, later, n = {}, {}, {}, 0
   for i, key in ipairs(ready) do
-    local first, due, last, tries = pending_times(states[i], c.now)
+    local first, due, last, tries, count = pending_times(states[i], c.now)
     if due > c.now then
       later[#later + 1], later[#later + 2] = due, key
     else  -- FIRST|LAST|ATTEMPT|DUE of the claim, and its key
       take[n + 1] = int(first) .. '|' .. int(last) .. '|' .. (tries + 1) .. '|' .. int(due)
       take[n + 2] = key
+      counts[n + 1] = count
       n = n + 2
     end
   end
@@ -425,7 +438,7 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
     local head = int(token) .. '|' .. take[i]
     states_out[i], states_out[i + 1] = key, 'R|' .. head .. tail
     leases[i], leases[i + 1] = c.lease_until, key
-    claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. key
+    claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. counts[i] .. '|' .. key
   end
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))

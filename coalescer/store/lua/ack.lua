@@ -26,11 +26,12 @@
 -- first try, are not reported as taken over. A batch group's successes share one entry: its fields
 -- "keys" (NUL-joined), "tokens", "attempts" and "dues" (comma-joined, in the same
 -- order) and "batch" (how many keys the handler call had) stand for one each.
--- Returns {acked, re-armed, stale keys...}.
+-- Returns {acked, re-armed, stale keys...}, re-armed as the count of each group's keys
+-- touched while they ran (a rerun each), comma-joined in group order ("0,2").
 
 local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
-local acked, rearmed, stale, earliest, pos = 0, 0, {}, nil, 4
+local acked, rearmed, stale, earliest, pos = 0, {}, {}, nil, 4
 local RECEIPT_MS = 60000
 local receipt, call_id = false, nil
 if (#KEYS - 3) % 2 == 1 then receipt, call_id = KEYS[#KEYS], ARGV[#ARGV] end
@@ -43,7 +44,7 @@ local function replayed()
   local parts = {}
   for part in string.gmatch(seen .. '\0', '([^%z]*)%z') do parts[#parts + 1] = part end
   if parts[1] ~= call_id then return nil end
-  local answer = {tonumber(parts[2]), tonumber(parts[3])}
+  local answer = {tonumber(parts[2]), parts[3]}
   for i = 4, #parts do if parts[i] ~= '' then answer[#answer + 1] = parts[i] end end
   return answer
 end
@@ -100,6 +101,7 @@ for g = 0, groups - 1 do
   local finished, forgotten, delivered = {}, {}, nil
   if claimed_prefix and ARGV[item_flags + g] == '1' then delivered = {} end
   local keys, tokens, starts, took = claims_of(ARGV[pos + 2], n)
+  rearmed[g + 1] = 0
   local states = n > 0 and read_fields(meta, keys) or {}
   for j = 1, n do
     local key, token = keys[j], tokens[j]
@@ -111,7 +113,7 @@ for g = 0, groups - 1 do
       if delivered then delivered[#delivered + 1] = claimed_prefix .. key end
       local again = r and rearm(meta, due_key, key, r)
       if again then
-        rearmed = rearmed + 1
+        rearmed[g + 1] = rearmed[g + 1] + 1
         earliest = min(earliest, again)
       else
         forgotten[#forgotten + 1] = key
@@ -141,6 +143,7 @@ for g = 0, groups - 1 do
   pos = pos + 4
 end
 wake(next_key, ARGV[1], earliest)
+rearmed = table.concat(rearmed, ',')
 if receipt then
   redis.call('SET', receipt, table.concat({call_id, acked, rearmed, unpack(stale)}, '\0'),
              'PX', RECEIPT_MS)

@@ -25,7 +25,7 @@
 --
 -- Per key, with t the server time: a new burst is due at t + W; a burst that
 -- goes on is due at max(old due, min(t + W, first + M)) (the max keeps a retry
--- backoff). A running key records the touch for a re-arm when it finishes. A
+-- backoff), and counts one touch more. A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
 -- A touch with a time of its own makes the key due at exactly that time (a past one:
 -- now), whatever it was due at, and marks the state (an "S" in front, _lib.lua); a
@@ -86,7 +86,7 @@ local function retouch(v, window, max_wait)
   elseif s.kind == 'P' then
     if s.sched then return pending(now, now, s.attempts, now + window), now + window, false end
     local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
-    return pending(s.first, now, s.attempts, due), nil, false
+    return pending(s.first, now, s.attempts, due, nil, (s.count or 1) + 1), nil, false
   end
   return pending(now, now, 0, now + window), now + window, true
 end
