@@ -40,6 +40,7 @@ from . import items as I
 from . import kafka as K
 from . import outbox as O
 from . import peers as P
+from . import scheduled as SC
 from . import throttle as T
 from .valkey import Server
 
@@ -85,6 +86,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                 ("coalescer_small", F.pending_coalescer, ("SMALL",)),
                 ("baseline", F.pending_baseline, ("N",)),
                 ("baseline_small", F.pending_baseline, ("SMALL",))],
+    "scheduled": [("coalescer", SC.scheduled_coalescer, ("N",)),
+                  ("baseline", SC.scheduled_baseline, ("N",))],
     "failover": [("coalescer", F.failover_coalescer, ("TMP",)),
                  ("baseline", F.failover_baseline, ("TMP",))],
     "cluster": [("coalescer", F.cluster_coalescer, ("TMP",))],
@@ -459,6 +462,18 @@ def _pending_rows(t: Rows) -> None:
                  target="<= 1.5x", ok=lambda c: c <= 1.5)
 
 
+def _scheduled_rows(t: Rows) -> None:
+    n = f"{t.sizes.million:,}"
+    t.figure(f"Redis memory per key scheduled up to 30 days ahead, {n} scheduled",
+             t.spread("scheduled.coalescer", "bytes_per_key"),
+             t.spread("scheduled.baseline", "bytes_per_key"), fmt=lambda v: _fmt(v, " B"),
+             target="<= 150 B", ok=lambda c: c <= 150)
+    t.figure(f"start lag p99 of scheduled keys falling due at {SC.SLICE_RATE:,}/s "
+             f"({n} more waiting)", t.spread("scheduled.coalescer", "p99"),
+             t.spread("scheduled.baseline", "p99"), fmt=lambda v: _fmt(v, " ms", 1),
+             target="<= 10 ms", ok=lambda c: c <= 10)
+
+
 def _failover_rows(t: Rows) -> None:
     t.figure("leader SIGKILL -> standby's first refresh (lease 3 s; baseline lock 1 s)",
              t.spread("failover.coalescer", "takeover_s"),
@@ -586,7 +601,8 @@ def _fleet_rows(t: Rows) -> None:
 def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
-    for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _failover_rows,
+    for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
+                 _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
                  _fleet_rows):
         part(t)

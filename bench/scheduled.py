@@ -1,0 +1,115 @@
+"""The ``scheduled`` group: keys touched with a time of their own (``at``), beside the
+baseline design's ZSET of due times, on the same sizes.
+
+Each run schedules ``sizes.million`` keys at random times from 1 hour to 30 days ahead
+and reads what Redis holds for them (``used_memory`` before and after: bytes per key),
+then, with those keys still waiting, schedules a slice of ``SLICE_RATE`` keys a second
+for ``SLICE_SECONDS``, the first due ``LEAD`` seconds later, and measures each slice
+key's start lag (refresh start minus its scheduled time, on one clock) on one worker
+node (concurrency 256, as the lag groups' tuned figure). The baseline adds the same
+due times to its ZSET (``ZADD``), and its worker polls as it always does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from bench import figures as F
+from bench import probe
+from bench.baseline import Baseline
+from bench.probe import REC
+from bench.valkey import Server, used_memory
+from coalescer import BackpressureError, Coalescer
+
+SLICE_RATE = 1000  # slice keys falling due per second
+SLICE_SECONDS = 10.0
+LEAD = 3.0  # seconds from the end of the slice's scheduling to its first due time
+DAY = 86_400.0
+
+
+def _far_times(n: int) -> list[float]:
+    """Epoch seconds from 1 hour to 30 days ahead, seeded."""
+    rng = random.Random(27)
+    now = time.time()
+    return [now + rng.uniform(3600.0, 30 * DAY) for _ in range(n)]
+
+
+async def _schedule(c: Coalescer, keys: list[str], times: list[float]) -> None:
+    """``touch(key, at=...)`` each key, yielding every 1000 so the flusher writes."""
+    touch = c.touch
+    for i, (k, at) in enumerate(zip(keys, times, strict=True)):
+        for _ in range(10_000):  # bounded: back-pressure only while Redis catches up
+            try:
+                touch(k, at=at)
+                break
+            except BackpressureError:
+                await asyncio.sleep(0.001)
+        if i % 1000 == 999:
+            await asyncio.sleep(0)
+
+
+def _slice(n: int) -> tuple[list[str], list[float]]:
+    keys = [F.key(n + i) for i in range(int(SLICE_RATE * SLICE_SECONDS))]
+    first = time.time() + LEAD
+    return keys, [first + i / SLICE_RATE for i in range(len(keys))]
+
+
+async def _wait_for(count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while REC.count < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def scheduled_coalescer(server: Server, sizes: F.Sizes, n: int) -> dict[str, Any]:
+    keys = [F.key(i) for i in range(n)]
+    sync = server.client(timeout=60)
+    kw = {"window": "100ms", "max_wait": "200ms", "concurrency": F.LAG_CONCURRENCY}
+    async with F.coalescer(server, False, **kw) as c:
+        c.touch(F.key(-1), delay="1h")  # scripts loaded, shard keys created
+        await c.flush()
+        mem0 = used_memory(sync)
+        t0 = time.perf_counter()
+        await _schedule(c, keys, _far_times(n))
+        await c.flush()
+        load_s = time.perf_counter() - t0
+        mem1 = used_memory(sync)
+    sync.close()
+    REC.reset(offset_ms=await F.clock_offset_ms(server.url))
+    async with F.coalescer(server, True, **kw) as w:
+        await asyncio.sleep(0.3)  # leadership taken
+        slice_keys, slice_times = _slice(n)
+        await _schedule(w, slice_keys, slice_times)
+        await w.flush()
+        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    out = F.percentiles(REC.lags_ms)
+    out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
+               slice=len(slice_keys), started=REC.count)
+    return out
+
+
+async def scheduled_baseline(server: Server, sizes: F.Sizes, n: int) -> dict[str, Any]:
+    keys = [F.key(i) for i in range(n)]
+    times = _far_times(n)
+    sync = server.client(timeout=60)
+    async with Baseline(server.url, probe.refresh, delay=0.0) as b:
+        await b.redis.zadd(b.zset, {F.key(-1): time.time() + 3600})
+        mem0 = used_memory(sync)
+        t0 = time.perf_counter()
+        for i in range(0, n, 10_000):
+            await b.redis.zadd(b.zset, dict(zip(keys[i:i + 10_000], times[i:i + 10_000],
+                                                strict=True)))
+        load_s = time.perf_counter() - t0
+        mem1 = used_memory(sync)
+        REC.reset(offset_ms=0.0)
+        b.start_worker()
+        slice_keys, slice_times = _slice(n)
+        await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
+        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    sync.close()
+    out = F.percentiles(REC.lags_ms)
+    out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
+               slice=len(slice_keys), started=REC.count)
+    return out
