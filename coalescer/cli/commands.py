@@ -205,6 +205,67 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_ERROR if outcome.not_pending else 0
 
 
+async def cmd_pause(args: argparse.Namespace) -> int:
+    return await _set_paused(args, paused=True)
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    return await _set_paused(args, paused=False)
+
+
+async def _set_paused(args: argparse.Namespace, *, paused: bool) -> int:
+    c = _client(args, worker=False, refuse_evicting_policy=False)
+    if _unknown_rule(args.command, args, c):
+        return EXIT_ERROR
+    async with c:
+        _say_using(args, c)
+        action = c.query.pause if paused else c.query.resume
+        changed = await action(args.rule)
+    if args.json:
+        print(json.dumps({"rule": args.rule, "paused": paused, "changed": changed}))
+    elif paused:
+        print(f"paused rule {args.rule} on every node: its keys collect touches and none "
+              f"runs until {c.hints.command('resume', args.rule)}"
+              + ("" if changed else " (it was paused already)"))
+    else:
+        print(f"resumed rule {args.rule}: its due keys run now"
+              + ("" if changed else " (it was not paused)"))
+    return 0
+
+
+RUN_NOW_NOT_PENDING = {
+    "idle": "it is idle: nothing to run (touch it first)",
+    "running": "its refresh is running now",
+    "dead": "it is dead-lettered (coalescer dead retry re-queues it)",
+}
+
+
+async def cmd_run_now(args: argparse.Namespace) -> int:
+    if _refuse_unstorable(args.keys, "run-now", "run"):
+        return EXIT_UNKNOWN_KEY
+    c = _client(args, worker=False, refuse_evicting_policy=False)
+    if _unknown_key("run-now", args, c, args.keys):
+        print("coalescer run-now: nothing was run", file=sys.stderr)
+        return EXIT_UNKNOWN_KEY
+    async with c:
+        _say_using(args, c)
+        outcome = await c.query.run_now(args.keys)
+        paused = set(await c.query.paused())
+    if args.json:
+        print(json.dumps(outcome.to_json()))
+    else:
+        print(f"due now: {plural(len(outcome.run), 'key')}")
+    for key in outcome.run:
+        rule = c.config.rule_for(key).name
+        if rule in paused:
+            print(f"coalescer run-now: '{printable(key)}' runs once its rule {rule} is "
+                  "resumed (it is paused)", file=sys.stderr)
+    for key in outcome.not_pending:
+        why = RUN_NOW_NOT_PENDING[outcome.states[key]]
+        print(f"coalescer run-now: '{printable(key)}' is not pending; {why}", file=sys.stderr)
+    return EXIT_ERROR if outcome.not_pending else 0
+
+
 def _say_done(args: argparse.Namespace, what: str, done: int, not_dead: list[str]) -> None:
     """"re-queued 2 dead-lettered keys", or its JSON ({"requeued": 2, "not_dead": []})."""
     if args.json:
@@ -413,5 +474,5 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "touch": cmd_touch, "status": cmd_status, "retry": cmd_retry, "run": cmd_run,
     "demo": cmd_demo, "explain": cmd_explain, "history": cmd_history, "dead": cmd_dead,
-    "cancel": cmd_cancel,
+    "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "run-now": cmd_run_now,
 }

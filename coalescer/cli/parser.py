@@ -84,11 +84,27 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cancel)
     cancel.add_argument("keys", nargs="+", metavar="KEY")
     _json_flag(cancel)
+    _add_controls(sub)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo, rules_default=None,
             rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
     return p
+
+
+def _add_controls(sub: Any) -> None:
+    """pause, resume and run-now: an operator's controls."""
+    for action, text in (("pause", "pause a rule on every node: its keys collect touches "
+                                   "and none runs until it is resumed"),
+                         ("resume", "resume a paused rule: its due keys run at once")):
+        p = sub.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("rule", metavar="RULE")
+        _json_flag(p)
+    run_now = sub.add_parser("run-now", help="run pending keys now: their window skipped")
+    _common(run_now)
+    run_now.add_argument("keys", nargs="+", metavar="KEY")
+    _json_flag(run_now)
 
 
 def _http_limits(run: argparse.ArgumentParser) -> None:

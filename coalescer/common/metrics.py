@@ -267,6 +267,11 @@ class Metrics:
             "dead letters dropped by this node, by reason: age (older than "
             "limits.dead_letter_ttl) or count (past limits.dead_letters, oldest first)",
             ["reason"], registry=r)
+        self.rule_paused = Gauge(
+            "coalescer_rule_paused",
+            "1 while an operator has paused the rule (its keys collect touches and no "
+            "node runs them), else 0, as this worker node last read it", ["rule"],
+            registry=r)
 
     def hold(self, rule: str, shard: int, keys: int) -> None:
         """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""

@@ -28,6 +28,7 @@ from coalescer.query.history import (
 )
 from coalescer.query.layout_read import current_space, home_of
 from coalescer.store import key_states as states
+from coalescer.store import keys as key_names
 from coalescer.store.hints import CommandHints
 from coalescer.store.scripts import OVERFLOW
 
@@ -152,6 +153,8 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
         info["rate_wait"] = {"rate": str(rule.rate), "due_now": await redis.zcount(
             sk.due(rule.name), "-inf", now)}
     info["last_refreshes"] = [r.to_json() for r in mine[:LAST_REFRESHES]]
+    info["rule_paused"] = await redis.sismember(key_names.paused_rules(config.namespace),
+                                                rule.name) == 1
     return info
 
 
@@ -200,6 +203,9 @@ def _state_lines(info: dict[str, Any], hints: CommandHints) -> list[str]:
                          "due on this shard")
         if state == "backoff":
             lines.append(f"last error: {info.get('last_error') or '(not in the history)'}")
+        if info.get("rule_paused"):
+            lines.append(f"{state}, but its rule is paused: it runs once the rule is resumed "
+                         f"({hints.command('resume', info['rule']['name'])}{hints.note})")
         return lines
     if state == "running":
         run = info["running"]

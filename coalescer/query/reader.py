@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coalescer.config.rules import Config
+from coalescer.query.controls import RunNowOutcome, paused_rules, run_now, set_paused
 from coalescer.query.dead_letters import (
     Action,
     DeadOutcome,
@@ -32,7 +33,8 @@ Connected = Callable[[], tuple[Any, Scripts]]
 
 class Query:
     """Reads a coalescer's namespace: status, explain, history, the next due keys and
-    the dead letters, which it also re-queues and purges."""
+    the dead letters, which it also re-queues and purges; and the operator's controls:
+    pause and resume a rule, run keys now."""
 
     def __init__(self, config: Callable[[], Config], connected: Connected) -> None:
         self._config = config
@@ -93,6 +95,28 @@ class Query:
         named others are listed in ``not_dead``. A purged key touched again starts
         a fresh burst."""
         return await self._on_dead(lambda s: s.purge, keys, rule)
+
+    async def pause(self, rule: str) -> bool:
+        """Pause ``rule`` on every node (and across restarts): its keys keep collecting
+        touches and none runs until ``resume``. Whether it was not paused before;
+        KeyError if there is no such rule."""
+        return await set_paused(self._redis, self._config(), rule, paused=True)
+
+    async def resume(self, rule: str) -> bool:
+        """Resume a paused ``rule``: its due keys run at once. Whether it was paused;
+        KeyError if there is no such rule."""
+        return await set_paused(self._redis, self._config(), rule, paused=False)
+
+    async def paused(self) -> list[str]:
+        """The names of the rules paused now."""
+        return await paused_rules(self._redis, self._config())
+
+    async def run_now(self, keys: Sequence[str]) -> RunNowOutcome:
+        """Make the keys' pending refreshes due now (window, max wait, time or backoff
+        skipped) and wake their pollers; see RunNowOutcome. UnknownKeyError or
+        InvalidKeyError (checked before anything runs) runs nothing."""
+        redis, scripts = self._connected()
+        return await run_now(redis, scripts, self._config(), list(keys))
 
     async def _on_dead(self, action: Callable[[Scripts], Action], keys: Sequence[str] | None,
                        rule: str | None) -> DeadOutcome:

@@ -8,6 +8,7 @@ from typing import Any
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
+from coalescer.query.controls import paused_rules
 from coalescer.query.history import RECENT, recent_by_rule
 from coalescer.query.layout_read import read_layout
 from coalescer.query.rate_status import add_rates, format_rates
@@ -24,6 +25,7 @@ SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
 RECENT_TOTAL = 2000  # history entries status reads at most, over every shard
 LAPSED = "lease lapsed, takeover pending"  # a leader whose node lease ended
+PAUSED = "  paused: no key runs until it is resumed"  # the row of a paused rule
 
 
 def recent_per_shard(shards: int) -> int:
@@ -81,6 +83,9 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     for name, counts in recent.items():
         rules[name]["recent"] = counts
     await add_scheduled(redis, config, space, rules)
+    paused = set(await paused_rules(redis, config))
+    for name in names:
+        rules[name]["paused"] = name in paused
     status = {"namespace": config.namespace, "shards": shards, "rules": rules,
               "dead_letters": dead, "layout": layout_entry(layout)}
     await add_registry(redis, config, status)
@@ -165,7 +170,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
-                     f"{_when(r['next_due_ms'], now_ms)}")
+                     f"{_when(r['next_due_ms'], now_ms)}" + (PAUSED if r.get("paused") else ""))
     lines += _scheduled_lines(status, now_ms)
     lines += format_rates(status)
     lines += format_registry(status)

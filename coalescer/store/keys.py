@@ -52,6 +52,10 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
     NS:{NS:nodes}:drained     SET     the old shards a running reshard has emptied
     NS:{NS:nodes}:layout-changed  channel  a new layout generation, or a drained shard
     NS:{NS:nodes}:nodes-changed   channel  a worker node that joined or left
+    NS:{NS:nodes}:paused      SET     the names of the rules an operator paused: no node
+                                      claims their keys until they are resumed
+    NS:{NS:nodes}:paused-changed  channel  a rule was paused or resumed: every worker
+                                      node reads the paused set again
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -274,3 +278,15 @@ def rate_bucket(namespace: str, rule: str) -> str:
     """The token bucket of ``rule``'s rate: cluster-wide, so on a slot of its own (the
     rule's keys span every shard), one per rule so that rules spread over the cluster."""
     return f"{namespace}:{{{namespace}:rate:{rule}}}:bucket"
+
+
+def paused_rules(namespace: str) -> str:
+    """The set of the rules an operator paused (query/controls.py), next to the node
+    leases: one set for the namespace, whatever its shard layout, read by every worker
+    node at start, on each reconnect and when ``paused_channel`` announces a change."""
+    return f"{namespace}:{{{namespace}:nodes}}:paused"
+
+
+def paused_channel(namespace: str) -> str:
+    """Where a pause or a resume is announced (the paused set's tag)."""
+    return f"{namespace}:{{{namespace}:nodes}}:paused-changed"

@@ -42,8 +42,11 @@ SCRIPT_NAMES = (
     "adopt", "peers", "node_lease", "unclaim",
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
-    "limits",
+    "limits", "run_now",
 )
+
+# What run_now.lua found a key in: the first two run next (see run_now.lua).
+RUN_NOW_STATES = ("hastened", "due", "running", "dead", "idle")
 
 # What cancel.lua found each key in: the first two had a refresh to drop (see cancel.lua).
 CANCEL_STATES = ("pending", "rearm", "running", "dead", "idle")
@@ -714,6 +717,13 @@ class Scripts:
             keys += [shard.due(rule), shard.inflight(rule)]
         now, hastened, pending, in_flight = await self._run("hasten", keys, [limit])
         return Hastened(int(now), int(hastened), int(pending), int(in_flight))
+
+    async def run_now(self, shard: ShardKeys, rule: str, key: str) -> str:
+        """Make pending ``key`` due now and wake the shard's poller; what it found: one
+        of RUN_NOW_STATES ("hastened" or "due": it runs next)."""
+        _now, state = await self._run("run_now", [shard.meta, shard.due(rule), shard.next_wake],
+                                      [key, shard.wake_channel])
+        return str(state)
 
     async def take_rate(self, bucket: str, rate: RateLimit, want: int,
                         give_back: int = 0) -> RateGrant:

@@ -29,6 +29,7 @@ from coalescer.worker.claims import (
 )
 from coalescer.worker.lapsed import LapsedClaims, expiry_delay
 from coalescer.worker.lease_clock import ServerClock
+from coalescer.worker.paused import paused_limits
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -114,9 +115,12 @@ class Adopter:
         self._serving = serving
 
     async def _claim(self, rules: list[Rule], gate: RateGate) -> tuple[AdoptBatch, bool]:
+        paused = self._ctx.paused
+
         async def call(limits: list[tuple[str, int]]) -> AdoptBatch:
+            limits = paused_limits(paused, limits)
             if gate:  # rated rules claim only the starts their rate grants
-                limits = await gate.limit(limits)
+                limits = paused_limits(paused, await gate.limit(limits))
             return await self._scripts.adopt(
                 self._shard, node_id=self._node_id, claim_lease_ms=self._claim_lease_ms,
                 limits=limits,

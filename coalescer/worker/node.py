@@ -16,7 +16,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -35,6 +35,7 @@ from coalescer.worker.leadership import Leadership, Standing
 from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.mover import Mover
 from coalescer.worker.node_lease import NodeLease
+from coalescer.worker.paused import PausedRules
 from coalescer.worker.poller import Poller
 from coalescer.worker.registry import RegistryWatch
 from coalescer.worker.runner import Runner
@@ -63,6 +64,8 @@ class NodeContext:
     # the server's clock against this node's, shared by its parts (None on a Cluster:
     # each master has a clock of its own, observed per shard)
     clock: ServerClock | None = None
+    # the rules an operator paused (a node's: read from Redis; None: none is)
+    paused: PausedRules | None = None
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -82,7 +85,9 @@ class Node:
 
     def __init__(self, ctx: NodeContext, *, invokers: dict[str, Invoke], pubsub: Any) -> None:
         """``pubsub`` is the client whose connection the wake listener subscribes on."""
-        self.ctx = ctx
+        self.paused = PausedRules(ctx.scripts.client, ctx.keyspace.namespace,
+                                  [r.name for r in ctx.rules], ctx.metrics, self.poke_all)
+        self.ctx = ctx = replace(ctx, paused=self.paused)
         self.led: set[int] = set()
         self.span = ctx.keyspace.span  # the shards led or stood by for: 0 .. span - 1
         self.lead_log = LeadLog(ctx.node_id, self.span, self.led)
@@ -103,6 +108,7 @@ class Node:
             ctx.layouts.on_change(self._layout_changed)
             routes[ctx.layouts.channel] = self._layout_announced
         routes[self.node_lease.channel] = self._node_announced
+        routes[self.paused.channel] = self.paused.announced
         self.wakeups = WakeListener(pubsub, routes, self.poke_all, ctx.metrics)
         self._spawn: Spawn | None = None
 
@@ -220,11 +226,14 @@ class Node:
                 ls_.adopter.poke()
 
     def poke_all(self) -> None:
-        """Wake the poller of every shard led (the wake channel reconnected; standbys
-        hear of it from their channel's subscription, see wakeups.py)."""
+        """Wake the poller of every shard led (the wake channel reconnected, or a rule
+        was resumed; standbys hear of a reconnect from their channel's subscription, see
+        wakeups.py) and every adopter."""
         for ls_ in self.leaderships:
             if ls_.leading:
                 ls_.poller.poke()
+            if ls_.adopter is not None:
+                ls_.adopter.poke()
 
     def tick(self) -> None:
         """About once a second: hand back shards above the fair share, the leadership line

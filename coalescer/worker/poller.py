@@ -40,6 +40,7 @@ from coalescer.worker.claims import (
 )
 from coalescer.worker.lapsed import LapsedClaims, expiry_delay
 from coalescer.worker.lease_clock import ServerClock
+from coalescer.worker.paused import paused_limits
 from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
@@ -75,6 +76,7 @@ class Poller:
         self.clock = ctx.clock if ctx.clock is not None else ServerClock()
         self._lapsed = LapsedClaims(ctx.scripts, shard, self.clock, ctx.claim_lease)
         self._lapse_wait: float | None = None
+        self._paused = ctx.paused
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -109,8 +111,9 @@ class Poller:
     async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
         """One claim call; returns it and the limits of the rules that took that many keys."""
         async def call(limits: list[tuple[str, int]]) -> ClaimBatch:
+            limits = paused_limits(self._paused, limits)
             if self._gate:  # rated rules claim only the starts their rate grants
-                limits = await self._gate.limit(limits)
+                limits = paused_limits(self._paused, await self._gate.limit(limits))
             return await self._scripts.claim(
                 self._shard, leader=leader_value, node_id=self._node_id,
                 claim_lease_ms=self._claim_lease_ms,

@@ -5,7 +5,7 @@
 -- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
 -- ARGV[1] node id   ARGV[2] claim lease ms
 -- ARGV[3+2r], ARGV[4+2r]   the name of rule r and how many of its keys to claim
---                          at most (0 claims none)
+--                          at most (0 claims none; -1: paused, as in claim.lua)
 -- then, only when some rule has items: ITEMS-PREFIX, CLAIMED-PREFIX and the items max
 -- of each rule (0: none), from ARGV[3+2R] (R rules), as in claim.lua
 --
@@ -42,7 +42,7 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
     served = served + 1
     local before = #c.claims
     if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
-    local h = head(due_key)
+    local h = limit >= 0 and head(due_key) or nil
     if h and h <= now and limit == 0 then blocked = 1 else next_due = min(next_due, h) end
     if h and h <= now and #c.claims - before == limit then
       held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)

@@ -5,7 +5,8 @@
 -- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] claim lease ms
 -- ARGV[3] how far ahead the poller looks again at most, ms
 -- ARGV[4] node id (kept in each claim)
--- ARGV[5+r] how many keys of rule r to claim at most (0 claims none)
+-- ARGV[5+r] how many keys of rule r to claim at most (0 claims none; -1: the rule is
+--          paused: none claimed, and its due keys neither block nor wake the poller)
 -- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
 -- the items max of each rule r (0: none), from ARGV[5+R] (R rules)
 --
@@ -48,7 +49,7 @@ for r = 0, (#KEYS - 5) / 2 - 1 do
   local before = #c.claims
   if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
   local claimed = #c.claims - before
-  local h = head(due_key)
+  local h = limit >= 0 and head(due_key) or nil
   if h and h <= now and claimed == limit then
     blocked = 1  -- due work waits for a free slot; it must not delay other rules
     held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)

@@ -1,0 +1,85 @@
+"""A worker node's view of the rules an operator paused (cluster-wide, in Redis).
+
+The paused set (``store.keys.paused_rules``) is read when the node's subscription to
+``paused_channel`` is confirmed (at start and after every reconnect: a change announced
+while the connection was down is read then) and whenever a pause or a resume is
+announced there. Until the first read the node claims nothing, so a paused rule never
+runs for a moment after a node starts. An idle node makes no call for it.
+
+The pollers and adopters pass a paused rule's limit as -1 to their claim scripts: its
+due keys stay pending (touches keep arming them), are not claimed and do not wake the
+poller; a resume pokes every poller, which claims them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from coalescer.common.metrics import Metrics
+from coalescer.store import keys as key_names
+
+log = logging.getLogger(__name__)
+
+PAUSED_LIMIT = -1  # a claim script's limit for a paused rule (claim.lua, adopt.lua)
+
+
+class PausedRules:
+    """The rules paused now, as this node last read them."""
+
+    def __init__(self, redis: Any, namespace: str, rules: Sequence[str], metrics: Metrics,
+                 on_change: Callable[[], None]) -> None:
+        self._redis = redis
+        self._key = key_names.paused_rules(namespace)
+        self.channel = key_names.paused_channel(namespace)
+        self._rules = tuple(rules)
+        self._metrics = metrics
+        self._on_change = on_change
+        self.names: frozenset[str] = frozenset(self._rules)  # all, until the first read
+        self.read_once = False
+        self._reading: asyncio.Future[None] | None = None
+        self._again = False
+
+    def limits(self, limits: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """``limits`` with each paused rule's set to PAUSED_LIMIT."""
+        if not self.names:
+            return limits
+        return [(rule, PAUSED_LIMIT if rule in self.names else n) for rule, n in limits]
+
+    def announced(self, _message: Any) -> None:
+        """A pause or resume was announced (or the subscription confirmed): read again,
+        once at a time (a read running now may predate the change: read once more)."""
+        self._again = True
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_all())
+
+    async def _read_all(self) -> None:
+        while self._again:
+            self._again = False
+            await self._read()
+
+    async def _read(self) -> None:
+        try:
+            found = frozenset(str(n) for n in await self._redis.smembers(self._key))
+        except (RedisError, OSError) as exc:
+            log.warning("reading the paused rules failed: %r (read again at the next "
+                        "announcement or reconnect)", exc)
+            return
+        changed = found != self.names or not self.read_once
+        self.names, self.read_once = found, True
+        for rule in self._rules:
+            self._metrics.rule_paused.labels(rule).set(1 if rule in found else 0)
+        if changed:
+            if found:
+                log.info("paused rules: %s", ", ".join(sorted(found)))
+            self._on_change()
+
+
+def paused_limits(paused: PausedRules | None,
+                  limits: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``limits`` with each paused rule's set to PAUSED_LIMIT (none paused: as given)."""
+    return limits if paused is None else paused.limits(limits)
