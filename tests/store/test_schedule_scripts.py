@@ -186,7 +186,8 @@ async def test_a_lapsed_claim_with_a_schedule_made_during_it_is_due_at_the_sched
     assert await scheduled(shard, "k")
 
 
-async def test_a_key_scheduled_a_month_ahead_keeps_a_state_as_short_as_a_plain_one(shard: Shard) -> None:
+async def test_a_key_scheduled_a_month_ahead_keeps_a_state_as_short_as_a_plain_one(
+        shard: Shard) -> None:
     now = await shard.now()
     await timed(shard, {"k": f"a{now + FAR}"})
     state = await shard.state("k")
