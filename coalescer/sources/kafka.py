@@ -254,6 +254,7 @@ class KafkaLoop:
                         "new owner reads the batch again): %s", self.source.name, exc)
             return
         self._committed.update(mine)
+        log.debug("source %s: committed %d partition(s)", self.source.name, len(mine))
 
     def _seek_back(self) -> None:
         """After a failed batch, read it again from its first messages."""
@@ -269,6 +270,9 @@ class KafkaLoop:
 
     async def revoked(self, revoked: Any) -> None:
         """The group takes partitions away: wait for the batch in hand to be committed."""
+        if revoked and self._batch_lock.locked():
+            log.info("source %s: the group takes %d partition(s); the batch in hand is "
+                     "flushed and committed first", self.source.name, len(revoked))
         async with self._batch_lock:
             with contextlib.suppress(Exception):  # the new owner reports them anyway
                 await asyncio.wait_for(self._redis.hdel(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -39,7 +40,7 @@ from tests.helpers.e2e import (
     recorder_rules,
     server_ms,
 )
-from tests.helpers.servers import ValkeyProcess, wait_until
+from tests.helpers.servers import ValkeyProcess, freeze, thaw, wait_until
 
 # -- the rules file ---------------------------------------------------------------------
 
@@ -383,6 +384,43 @@ async def test_nodes_joining_and_leaving_share_partitions_and_lose_nothing(
     await produce(kafka, topic, [{"orderId": f"c{n}"} for n in range(200)])
     await wait_until(lambda: len(refreshed_keys(rec)) == 600, timeout=30)
     await until_equal(lambda: total_committed(kafka, topic, 4), 600)
+
+
+async def test_a_rebalance_commits_the_batch_in_hand_before_giving_up_partitions(
+        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str, *,
+        own_server: ValkeyProcess, nodes: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="coalescer.sources.kafka")
+    topic = await new_topic(kafka, partitions=2)
+    path, _ = setup(tmp_path, namespace, kafka, topic)
+    # two nodes on two Redis servers; a's stops answering before a reads its first batch
+    # (the group's first join takes seconds), so that batch holds both partitions' messages
+    a = await nodes(path, own_server.url, node_id="node-a")
+    await produce(kafka, topic, [{"orderId": n} for n in range(50)])
+    freeze(own_server)
+    try:
+        await wait_until(lambda: sample(a, "coalescer_kafka_unflushed_messages") == 50,
+                         timeout=20, message="a batch of both partitions in a's hands")
+        b = await nodes(path, redis_url, node_id="node-b")  # the group rebalances
+        await wait_until(lambda: "the batch in hand is flushed and committed first"
+                         in caplog.text, timeout=20, message="a's partitions revoked")
+    finally:
+        thaw(own_server)
+    await produce(kafka, topic, [{"orderId": n} for n in range(50, 60)])
+    await until_equal(lambda: total_committed(kafka, topic, 2), 60, timeout=30)
+
+    def accepted() -> float:
+        return sum(sample(node, "coalescer_source_entries_total", outcome="accepted")
+                   for node in (a, b))
+
+    # every message touched once: b read none of the batch a committed before giving up
+    await until_equal(accepted, 60)
+    assert sample(b, "coalescer_source_entries_total", outcome="accepted") > 0
+    said = [r.getMessage() for r in caplog.records if r.name == "coalescer.sources.kafka"]
+    taken = next(n for n, text in enumerate(said) if "flushed and committed first" in text)
+    after = [text for text in said[taken:] if "committed 2 partition" in text
+             or "gave up 2 partition" in text]
+    assert after[:2] == ["source orders: committed 2 partition(s)",
+                         "source orders: gave up 2 partition(s)"]  # a's batch, then the rest
 
 
 # -- a node killed mid-batch ------------------------------------------------------------
