@@ -387,8 +387,9 @@ class KafkaSources(Source):
             await loop.close()
 
     def problems(self) -> list[str]:
-        """What /healthz reports of these sources: each one that cannot read."""
-        return [f"Kafka source {loop.source.name!r} cannot read: {loop.error}"
+        """What /healthz reports of these sources: each one that cannot read (its error
+        is in ``coalescer status``: /healthz is served without a token)."""
+        return [f"Kafka source {loop.source.name!r} cannot read (see coalescer status)"
                 for loop in self.loops if loop.error is not None]
 
 

@@ -19,6 +19,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -32,6 +33,7 @@ from coalescer.query.source_status import format_sources
 from coalescer.sources.kafka import check_kafka
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
+from coalescer.web.api import HttpApi
 from tests.helpers.e2e import (
     NodeProcs,
     Recorder,
@@ -351,7 +353,15 @@ async def test_a_broker_that_is_down_is_shown_and_then_read(
         return (await c.query.status())["sources"]["orders"]["errors"].get("node-a")
 
     assert "Unable to bootstrap" in str(await wait_until(error, timeout=20))
-    assert any("Kafka source 'orders' cannot read" in p for p in c.health_problems())
+    api = HttpApi(c, port=0)
+    await api.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(api.url + "/healthz") as reply:
+            assert reply.status == 503
+            assert "Kafka source 'orders' cannot read (see coalescer status)" in (
+                await reply.json())["reasons"]
+    finally:
+        await api.close()
     with down:
         await new_topic(down, name="orders")
         await produce(down, "orders", [{"orderId": "late"}])
