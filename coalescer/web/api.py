@@ -1,5 +1,6 @@
 """The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
-GET and DELETE /keys/{key} (explain, cancel),
+GET and DELETE /keys/{key} (explain, cancel), POST /keys/{key}/run (run now),
+POST /rules/{rule}/pause and /resume,
 and the status page at GET / with the endpoints it reads (see ``http_page``).
 
 Served with aiohttp on loopback unless told otherwise. With a token, every route but
@@ -21,7 +22,7 @@ import asyncio
 import hmac
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -41,6 +42,7 @@ from coalescer.errors import (
     QuotaExceededError,
     UnknownKeyError,
 )
+from coalescer.query.controls import RunNowOutcome
 from coalescer.web.connections import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -89,6 +91,12 @@ class Reads(PageReads, Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     async def explain(self, key: str) -> dict[str, Any]: ...
+
+    async def pause(self, rule: str) -> bool: ...
+
+    async def resume(self, rule: str) -> bool: ...
+
+    async def run_now(self, keys: Sequence[str]) -> RunNowOutcome: ...
 
 
 class Node(PageNode, Protocol):
@@ -255,6 +263,9 @@ class HttpApi:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/keys/{key:.+}", self._explain)
         app.router.add_delete("/keys/{key:.+}", self._cancel)
+        app.router.add_post("/keys/{key:.+}/run", self._run_now)
+        app.router.add_post("/rules/{rule}/pause", self._pause)
+        app.router.add_post("/rules/{rule}/resume", self._resume)
         page.register(app)
         return app
 
@@ -441,6 +452,50 @@ class HttpApi:
             raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
                           key=key, cancelled=False, state=state)
         return web.json_response({"cancelled": True, "key": key, "state": state})
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """POST /rules/{rule}/pause (`coalescer pause RULE`); 404 for no such rule."""
+        return await self._set_paused(request, paused=True)
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        """POST /rules/{rule}/resume (`coalescer resume RULE`); 404 for no such rule."""
+        return await self._set_paused(request, paused=False)
+
+    async def _set_paused(self, request: web.Request, *, paused: bool) -> web.Response:
+        rule = request.match_info["rule"]
+        action = self._c.query.pause if paused else self._c.query.resume
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                changed = await action(rule)
+        except KeyError:
+            names = [r.name for r in self._c.config.rules]
+            raise Refusal(404, f"no rule named {rule!r}", rule=rule, rules=names) from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot {'pause' if paused else 'resume'} rule {rule!r} in "
+                               f"Redis: {exc!r}") from None
+        return web.json_response({"rule": rule, "paused": paused, "changed": changed})
+
+    async def _run_now(self, request: web.Request) -> web.Response:
+        """POST /keys/{key}/run: make the key's pending refresh due now (`coalescer
+        run-now KEY`); 404 when no rule matches it or it is idle, 409 when it is
+        running or dead-lettered."""
+        key = request.match_info["key"]
+        try:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                outcome = await self._c.query.run_now([key])
+        except UnknownKeyError:
+            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+        except InvalidKeyError as exc:
+            raise Refusal(422, str(exc), key=key, invalid_keys=[
+                {"key": exc.key, "error": exc.reason}]) from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Refusal(503, f"cannot run key {key!r} in Redis: {exc!r}") from None
+        state = outcome.states[key]
+        if outcome.not_pending:
+            raise Refusal(404 if state == "idle" else 409,
+                          f"key {key!r} is not pending ({state}); nothing was run",
+                          key=key, run=False, state=state)
+        return web.json_response({"run": True, "key": key, "state": state})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()
