@@ -55,7 +55,7 @@ def format_sources(status: dict[str, Any]) -> list[str]:
     if not sources:
         return []
     lines = ["", f"{'SOURCE':<24} {'LAG':>8} {'PENDING':>8} {'REJECTED':>9}  STREAM (GROUP)"
-             " OR OUTBOX TABLE AT URL"]
+             " OR OUTBOX TABLE AT URL OR KAFKA TOPICS (GROUP)"]
     for name, s in sources.items():
         if s.get("type") == "outbox":
             lines += _outbox_lines(name, s)
