@@ -267,6 +267,10 @@ class Metrics:
             "dead letters dropped by this node, by reason: age (older than "
             "limits.dead_letter_ttl) or count (past limits.dead_letters, oldest first)",
             ["reason"], registry=r)
+        self.unwritten_age = Gauge(
+            "coalescer_oldest_unwritten_touch_seconds",
+            "age of the oldest touch buffered in this process and not yet written to Redis "
+            "(0 when every touch is written), as of the scrape", registry=r)
         self.rule_paused = Gauge(
             "coalescer_rule_paused",
             "1 while an operator has paused the rule (its keys collect touches and no "

@@ -507,6 +507,7 @@ class HttpApi:
     async def _refresh_gauges(self) -> None:
         """Pending, in-flight and dead per rule, from Redis; stale gauges if it is down."""
         self._c.sync_metrics()  # touch counters up to date with the absorber
+        self._c.metrics.unwritten_age.set(self._c.unwritten_age() or 0.0)
         try:
             status = await self._read_status()
         except Refusal as refusal:
