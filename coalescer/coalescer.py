@@ -13,10 +13,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
@@ -54,6 +54,7 @@ from coalescer.store.keycheck import check_item, check_key, key_problem
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import Layouts
 from coalescer.store.scripts import History, Scripts
+from coalescer.tracing import touch_traces
 from coalescer.worker.drain import Drainer, local_runner
 from coalescer.worker.handlers import Handlers
 from coalescer.worker.lease_clock import ServerClock
@@ -65,6 +66,9 @@ from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.flusher import Flusher
 from coalescer.write.quota import Quota
 from coalescer.write.room import DEFAULT_TIMEOUT, Wanted, touch_blocking, touch_waiting
+
+if TYPE_CHECKING:
+    from coalescer.tracing.touches import TouchTraces
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +191,8 @@ class Coalescer:
         self._max_buffered = max_buffered
         self._refuse_evicting = refuse_evicting_policy  # False: reading tools only warn
         self._run = self._new_run()
+        self._traces: TouchTraces | None = None  # the touches' span contexts (tracing on)
+        self._record: Callable[[str], None] | None = None  # its record(), on the hot path
         self._query = Query(lambda: self.config, self._connected)
         self._state = "new"
         self._closed = asyncio.Event()
@@ -241,6 +247,8 @@ class Coalescer:
             self._absorber.touch(key)
         else:
             self._absorber.touch_item(key, item)
+        if self._record is not None:
+            self._record(key)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = (),
                     at: At | None = None, delay: Delay | None = None) -> None:
@@ -265,6 +273,9 @@ class Coalescer:
         self._check_quota()
         keys = list(keys)
         self._run.absorber.touch_many(keys, _spec(keys, at, delay))
+        if self._traces is not None:
+            for key in keys:
+                self._traces.record(key)
 
     async def touch_wait(self, key: str, item: str | None = None, *,
                          timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
@@ -576,6 +587,8 @@ class Coalescer:
         run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
         await self._read_layout(run.layouts)
         run.flusher = Flusher(run.absorber, scripts, run.layouts, run.metrics)
+        run.flusher.traces = self._traces = touch_traces()
+        self._record = self._traces.record if self._traces is not None else None
         run.spawn("flusher", run.flusher.run())
         run.spawn("metrics", self._metrics_loop(run))
         run.quota = Quota(self.config, scripts, lambda: self.keyspace, run.metrics,

@@ -26,6 +26,9 @@ Per shard::
                                       with ``items:``; "" marks an overflow)
     NS:{NS:N}:claimed:KEY     SET     the items of KEY's current claim, kept until a
                                       success is acked (a retry gets them again)
+    NS:{NS:N}:traces:KEY      STRING  trace contexts of KEY's touches (and of its failed
+                                      try), with tracing on: taken by its next refresh,
+                                      else gone after a day (store/lua/traces_put.lua)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
     NS:{NS:N}:layout          STRING  the newest layout generation a writer or a mover
                                       used here (absent: 1); an older writer is sent to
@@ -159,6 +162,10 @@ class ShardKeys:
     def claimed_items(self, key: str) -> str:
         """The items of ``key``'s current claim, until a success is acked."""
         return self.claimed_prefix + key
+
+    def traces(self, key: str) -> str:
+        """The trace contexts kept for ``key``'s next refresh (tracing on only)."""
+        return f"{self.prefix}:traces:{key}"
 
     def acked(self, node: str) -> str:
         """The receipt of ``node``'s last ack call on this shard (see lua/ack.lua)."""

@@ -42,7 +42,7 @@ SCRIPT_NAMES = (
     "adopt", "peers", "node_lease", "unclaim",
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
-    "limits", "run_now",
+    "limits", "run_now", "traces_put", "traces_take",
 )
 
 # What run_now.lua found a key in: the first two run next (see run_now.lua).
@@ -74,7 +74,7 @@ class UpsertGroup:
     # keys of an old shard while a reshard runs: written only where the shard still
     # holds them, the others come back as ``asked`` (for their new shard)
     held: bool = False
-    # key -> its touch's time (write/schedule.py), for some of ``keys``
+    # key -> its touch's time (config/schedule.py), for some of ``keys``
     schedules: Mapping[str, str] | None = None
 
 
@@ -369,6 +369,21 @@ class Scripts:
         """One call sent at once, not queued behind the batcher's (on a Redis Cluster, a
         node's lease renewal would otherwise wait behind its shards' calls, and lapse)."""
         return await self._scripts[name](keys=list(keys), args=list(args))
+
+    async def traces_put(self, shard: ShardKeys, values: Mapping[str, str], keep: int,
+                         ttl_ms: int) -> None:
+        """Keep trace contexts beside their keys (``values``: key -> the form
+        traces_put.lua merges), at most ``keep`` at each end of a burst."""
+        if values:
+            await self._run("traces_put", [shard.traces(k) for k in values],
+                            [keep, ttl_ms, *values.values()])
+
+    async def traces_take(self, shard: ShardKeys, keys: Sequence[str]) -> list[str | None]:
+        """The trace contexts kept for ``keys`` (None where none), deleted."""
+        if not keys:
+            return []
+        found = await self._run("traces_take", [shard.traces(k) for k in keys], [])
+        return [str(v) if v else None for v in found]
 
     async def upsert(self, shard: ShardKeys, groups: Sequence[UpsertGroup]) -> int:
         """Schedule the groups' keys; returns how many. ScriptError if a key failed."""

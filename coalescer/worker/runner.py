@@ -36,7 +36,7 @@ import random
 import time
 import traceback
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,7 @@ from coalescer.common.printable import printable, unsafe_exception
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.store.scripts import History
+from coalescer.tracing import refresh_tracer
 from coalescer.worker.batches import BatchAnswerError, failed_keys
 from coalescer.worker.claim_leases import ClaimLeases
 from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
@@ -205,6 +206,7 @@ class Runner:
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
         self._failures = FailureLog()  # one line per kind of failure per period
         self._leases = ClaimLeases(ctx, self._jobs, self._lose)
+        self._tracer = refresh_tracer(ctx.scripts, ctx.keyspace)  # None: tracing off
 
     # -- claims in -----------------------------------------------------------------
 
@@ -468,7 +470,7 @@ class Runner:
             return {}
         claims = [job.claim for job in jobs]
         try:
-            answer = await self._invokers[rule.name](claims)
+            answer = await self._invoke_batch(rule, jobs, claims)
             return dict(failed_keys(answer, claims))
         except BatchAnswerError as exc:
             log.error("rule %s: %s; failing all %d keys of the batch (they are retried)",
@@ -484,7 +486,7 @@ class Runner:
             return
         started = time.monotonic()
         try:
-            await invoke(claim)
+            await self._invoke(job, invoke)
         except asyncio.CancelledError as exc:
             job.ends = _ends(exc)
             if not job.timed_out:
@@ -500,6 +502,21 @@ class Runner:
         job.duration_ms = round(job.took_ms)
         self._metrics.rule(rule.name).duration.observe(took)
         self._finish(job, error)
+
+    def _invoke(self, job: Job, invoke: Invoke) -> Awaitable[object]:
+        """The handler's call for ``job``, inside its refresh span with tracing on."""
+        if self._tracer is None:
+            return invoke(job.claim)
+        return self._tracer.run_one(job.shard, job.rule_name, job.claim, job.touches,
+                                    lambda: invoke(job.claim))
+
+    def _invoke_batch(self, rule: Rule, jobs: list[Job], claims: list[Claim]) -> Awaitable[object]:
+        """A batch handler's call for ``jobs``, inside its span with tracing on."""
+        invoke = self._invokers[rule.name]
+        if self._tracer is None:
+            return invoke(claims)
+        return self._tracer.run_batch([j.shard for j in jobs], rule.name, claims,
+                                      [j.touches for j in jobs], lambda: invoke(claims))
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
         rule, claim = job.rule, job.claim

@@ -25,16 +25,17 @@ import contextlib
 import logging
 from collections import defaultdict, deque
 from collections.abc import Collection, Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
 from coalescer.errors import LayoutMovedError, shown_key
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
+from coalescer.tracing import KEEP, TTL_MS
 from coalescer.write.absorber import (
     NO_ITEMS,
     NO_SCHEDULES,
@@ -54,6 +55,9 @@ from coalescer.write.failures import (
 )
 from coalescer.write.refusals import Refusals
 from coalescer.write.routing import Routed, mark_held, part, route, route_asked
+
+if TYPE_CHECKING:
+    from coalescer.tracing.touches import TouchTraces
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +192,7 @@ class Flusher:
         self.dropped: deque[DroppedKey] = deque(maxlen=DROPPED_SHOWN)
         self.refusals = Refusals(metrics)
         self.last_failure: str | None = None  # why the background loop's last write failed
+        self.traces: TouchTraces | None = None  # touches' span contexts, with tracing on
         absorber.set_waker(self._wake)
 
     def _wake(self) -> None:
@@ -349,6 +354,7 @@ class Flusher:
                        batch: Batch) -> None:
         """Write one call's keys; on a permanent error, split it to find the bad keys."""
         keyspace = hop.keyspace
+        await self._write_traces(keyspace.shard(shard), groups)
         try:
             result = await self._scripts.upsert_keys(keyspace.shard(shard), groups,
                                                      keyspace.gen, hop.min_seq)
@@ -374,6 +380,18 @@ class Flusher:
             if result.transit:
                 await self._carry(keyspace, result, asked, batch)
             await self._deliver_all(hop._replace(min_seq=result.seq), asked, batch)
+
+    async def _write_traces(self, shard: ShardKeys, groups: list[UpsertGroup]) -> None:
+        """Keep the span contexts of the groups' touches beside their keys, before the
+        touches themselves (a claim then finds them); lost if that fails (a touch never
+        waits for its trace). Nothing with tracing off."""
+        if self.traces is None:
+            return
+        values = self.traces.take(key for group in groups for key in group.keys)
+        try:
+            await self._scripts.traces_put(shard, values, KEEP, TTL_MS)
+        except Exception as exc:
+            log.debug("keeping the trace contexts of %d keys failed: %r", len(values), exc)
 
     def _not_taken(self, exc: BaseException) -> None:
         if classify(exc) == REFUSED:

@@ -1,0 +1,96 @@
+"""The span contexts of touches made in this process and not yet written to Redis:
+per key, the first and last few of its burst, and how many were left out between."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanContext
+from opentelemetry.trace import propagation as otel_propagation
+
+# The current span, read straight from the context variable OpenTelemetry keeps the
+# current context in (an eighth of trace.get_current_span()'s cost, which the touch path
+# would pay on every call); the public calls where this API version differs.
+_SPAN_KEY: str = getattr(otel_propagation, "_SPAN_KEY", "")
+_VAR = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+_current_context: Callable[[], Any] = (_VAR.get if isinstance(_VAR, ContextVar)
+                                       else otel_context.get_current)
+
+
+def traceparent(ctx: SpanContext) -> str:
+    """``ctx`` as a W3C traceparent string."""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+@dataclass(slots=True)
+class _Burst:
+    span: Span  # the span of the last touch recorded
+    first: list[SpanContext]
+    last: deque[SpanContext]
+    dropped: int = 0  # touches counted, not linked (past the kept ones)
+
+    def encoded(self) -> str:
+        """The form store/lua/traces_put.lua merges: "DROPPED|FIRST|LAST|"."""
+        return (f"{self.dropped}|{','.join(map(traceparent, self.first))}|"
+                f"{','.join(map(traceparent, self.last))}|")
+
+
+class TouchTraces:
+    """Records the caller's span context with each touched key (none outside a span).
+    A key touched again within the same span is recorded once."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._keys: dict[str, _Burst] = {}
+        self.record: Callable[[str], None] = self._recorder()
+        """Record the current span's context with ``key`` (the touch path: a closure
+        over what it reads, cheaper than a method)."""
+
+    def _recorder(self) -> Callable[[str], None]:
+        burst_of, add = self._keys.get, self._add
+        current, span_key = _current_context, _SPAN_KEY
+
+        def record(key: str) -> None:
+            span = current().get(span_key)
+            if span is not None:
+                burst = burst_of(key)
+                if burst is None or burst.span is not span:
+                    add(key, burst, span)
+
+        def record_public(key: str) -> None:  # an API version without the span key
+            span = trace.get_current_span()
+            burst = burst_of(key)
+            if burst is None or burst.span is not span:
+                add(key, burst, span)
+        return record if span_key else record_public
+
+    def _add(self, key: str, burst: _Burst | None, span: Span) -> None:
+        ctx = span.get_span_context()
+        if not ctx.is_valid:
+            return
+        if burst is None:
+            self._keys[key] = _Burst(span, [ctx], deque(maxlen=self._keep))
+            return
+        burst.span = span
+        if len(burst.first) < self._keep:
+            burst.first.append(ctx)
+            return
+        if len(burst.last) == self._keep:
+            burst.dropped += 1
+        burst.last.append(ctx)
+
+    def take(self, keys: Iterable[str]) -> dict[str, str]:
+        """The recorded contexts of ``keys`` (those that have some), encoded; forgotten
+        here."""
+        out, pop = {}, self._keys.pop
+        for key in keys:
+            burst = pop(key, None)
+            if burst is not None:
+                out[key] = burst.encoded()
+        return out
