@@ -125,13 +125,14 @@ class KafkaLoop:
         if self._consumer is None:
             await self._connect()
         batch = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=self.source.batch)
+        heard = bool(batch)  # the broker answered: messages read and committed
         if batch:
             async with self._batch_lock:
                 await self._handle(batch)
         else:
-            await self._probe()
+            heard = await self._probe()
             await self._commit_positions()
-        if self.error is not None:
+        if heard and self.error is not None:
             log.info("source %s: Kafka reachable again", self.source.name)
             self.error = None
         await self._learn_committed()
@@ -174,12 +175,15 @@ class KafkaLoop:
         log.info("source %s: reading topics %s in group %r", self.source.name,
                  ", ".join(self.source.topics), self.source.group)
 
-    async def _probe(self) -> None:
-        """When idle, ask the broker for its metadata now and then: raises while down."""
+    async def _probe(self) -> bool:
+        """When idle, ask the broker for its metadata now and then (at once after an
+        error): raises while it is down; whether it asked."""
         now = time.monotonic()
-        if now - self._probed >= PROBE_EVERY:
-            self._probed = now
-            await asyncio.wait_for(self._consumer.topics(), COMMIT_TIMEOUT)
+        if self.error is None and now - self._probed < PROBE_EVERY:
+            return False
+        self._probed = now
+        await asyncio.wait_for(self._consumer.topics(), COMMIT_TIMEOUT)
+        return True
 
     async def _handle(self, batch: Mapping[Any, Sequence[Any]]) -> None:
         """Touch, flush, then commit the batch (rejected messages too)."""

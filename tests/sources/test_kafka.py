@@ -370,6 +370,26 @@ async def test_a_broker_that_is_down_is_shown_and_then_read(
         await until_equal(error, None)
 
 
+async def test_a_broker_that_goes_away_stays_shown_as_down(
+        tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str, nodes: Any, *,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="coalescer.sources.kafka")
+    broker = TansuBroker(kafka.binary, tmp_path).start()  # its own: this test stops it
+    try:
+        topic = await new_topic(broker)
+        path, rec = setup(tmp_path, namespace, broker, topic)
+        c = await nodes(path, redis_url, node_id="node-a")
+        await produce(broker, topic, [{"orderId": "before"}])
+        await wait_until(lambda: refreshed_keys(rec) == {"order:before"}, timeout=15)
+    finally:
+        broker.stop()  # memory storage: a restarted Tansu would have lost every topic
+    await wait_until(lambda: sample(c, "coalescer_kafka_errors_total") >= 2, timeout=30,
+                     message="two failed steps")
+    assert c.health_problems() == ["Kafka source 'orders' cannot read (see coalescer status)"]
+    assert "Kafka reachable again" not in caplog.text  # idle steps between do not say so
+    assert (await c.query.status())["sources"]["orders"]["errors"]["node-a"]
+
+
 # -- several nodes ------------------------------------------------------------------------
 
 @pytest.mark.slow  # three group rebalances (Tansu delays the first join 5 s)
