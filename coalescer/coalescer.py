@@ -675,7 +675,15 @@ class Coalescer:
         run.sources = start_sources(SourceContext(
             config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
             flush=self.flush, metrics=run.metrics, touch_items=self.touch_items,
-            touch_timed=self._touch_timed))
+            touch_timed=self._touch_timed,
+            trace_links=self._trace_links if self._traces is not None else None))
+
+    def _trace_links(self, pairs: list[tuple[str, str]]) -> None:
+        """Record each (key, producer's W3C traceparent) a source read, for the key's
+        refresh to link to (tracing on)."""
+        if self._traces is not None:
+            for key, traceparent in pairs:
+                self._traces.record_remote(key, traceparent)
 
     def _touch_timed(self, touches: list[tuple[str, str | None, str]]) -> None:
         """Touch each (key, item or None, time in its wire form: config/schedule.py),

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 TouchMany = Callable[[list[str]], None]
 TouchItems = Callable[[list[tuple[str, str]]], None]  # (key, item) touches, all or none
 Flush = Callable[[], Awaitable[None]]
+# (key, W3C traceparent) of touches whose producer sent its trace context: the refresh
+# links to the producer's span (coalescer/tracing)
+TraceLinks = Callable[[list[tuple[str, str]]], None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +45,7 @@ class NodeContext:
     touch_items: TouchItems | None = None  # for sources whose entries carry an item
     # touches with a time of their own (a source's at:/delay:, see sources/times.py)
     touch_timed: TouchTimed | None = None
+    trace_links: TraceLinks | None = None  # None: tracing off
 
 
 class Source(ABC):

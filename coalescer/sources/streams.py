@@ -43,6 +43,7 @@ from coalescer.sources.base import (
     SourceType,
     TouchItems,
     TouchMany,
+    TraceLinks,
     cancel_loops,
     register,
     start_loops,
@@ -60,6 +61,7 @@ REJECTS_LOGGED = 20  # rejected entries logged one by one per batch; the rest su
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  # id, fields (None: no longer in the stream)
 Accepted = tuple[bytes, str, str | None, dict[bytes, bytes] | None]  # id, key, item, fields
+TRACEPARENT = b"traceparent"  # an entry's field with its producer's W3C trace context
 
 
 def block_seconds(claim_lease: float) -> float:
@@ -145,9 +147,11 @@ class SourceLoop:
     def __init__(self, source: StreamSource, client: Any, *, config: Config, node_id: str,
                  touch_many: TouchMany, flush: Flush, metrics: Metrics,
                  touch_items: TouchItems | None = None,
-                 touch_timed: TouchTimed | None = None) -> None:
+                 touch_timed: TouchTimed | None = None,
+                 trace_links: TraceLinks | None = None) -> None:
         self.source = source
         self._touch_timed = touch_timed
+        self._trace_links = trace_links
         self._client = client
         self._config = config
         self._consumer = node_id
@@ -239,8 +243,9 @@ class SourceLoop:
         """Touch the keys, flush, then acknowledge every entry (rejected ones too)."""
         accepted, rejected = self._touches(entries)
         timed = self._with_times(accepted, rejected)
+        timed_accepted: list[Accepted] = []
         if self.source.at or self.source.delay:
-            accepted = []  # every touch went in ``timed``
+            accepted, timed_accepted = [], accepted  # every touch went in ``timed``
         keys = [key for _, key, item, _ in accepted if item is None]
         pairs = [(key, item) for _, key, item, _ in accepted if item is not None]
         if timed:
@@ -251,6 +256,7 @@ class SourceLoop:
         if pairs:
             assert self._touch_items is not None
             self._touch_items(pairs)
+        self._link_traces(accepted or timed_accepted)
         if keys or pairs or timed:
             await self._flush()
         await self._client.xack(self.source.stream, self.source.group,
@@ -262,6 +268,16 @@ class SourceLoop:
         if keys or pairs or timed:
             self._metrics.labels(self.source.name, "accepted").inc(
                 len(keys) + len(pairs) + len(timed))
+
+    def _link_traces(self, accepted: list[Accepted]) -> None:
+        """With tracing on: the producer's trace context of each entry that carries one
+        (a ``traceparent`` field), for the refresh of its key to link to."""
+        if self._trace_links is None:
+            return
+        pairs = [(key, fields[TRACEPARENT].decode("ascii", "replace"))
+                 for _, key, _, fields in accepted if fields and TRACEPARENT in fields]
+        if pairs:
+            self._trace_links(pairs)
 
     def _touches(self, entries: list[Entry]) -> tuple[list[Accepted],
                                                       list[tuple[bytes, str]]]:
@@ -357,14 +373,16 @@ class Sources(Source):
                  flush: Flush, metrics: Metrics,
                  sources: Sequence[StreamSource] | None = None,
                  touch_items: TouchItems | None = None,
-                 touch_timed: TouchTimed | None = None) -> None:
+                 touch_timed: TouchTimed | None = None,
+                 trace_links: TraceLinks | None = None) -> None:
         client.set_response_callback("XREADGROUP", _raw)
         client.set_response_callback("XAUTOCLAIM", _raw)
         self._client = client
         streams = _streams(config.sources) if sources is None else sources
         self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
                                  touch_many=touch_many, flush=flush, metrics=metrics,
-                                 touch_items=touch_items, touch_timed=touch_timed)
+                                 touch_items=touch_items, touch_timed=touch_timed,
+                                 trace_links=trace_links)
                       for source in streams]
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -391,7 +409,7 @@ def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sourc
     return Sources(context.config, client, node_id=context.node_id,
                    touch_many=context.touch_many, flush=context.flush,
                    metrics=context.metrics, sources=streams, touch_items=context.touch_items,
-                   touch_timed=context.touch_timed)
+                   touch_timed=context.touch_timed, trace_links=context.trace_links)
 
 
 async def stream_status(redis: Any, source: SourceConfig,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from coalescer.tracing import KEEP, TTL_MS
-from coalescer.tracing.touches import traceparent
+from coalescer.tracing.touches import span_context, traceparent
 
 if TYPE_CHECKING:
     from coalescer.claim import Claim
@@ -27,19 +27,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SYSTEM = "coalescer"  # messaging.system
-
-
-def span_context(text: str) -> SpanContext | None:
-    """The span context of a W3C traceparent string; None when it does not read."""
-    parts = text.strip().split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
-        return None
-    try:
-        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True,
-                          trace_flags=TraceFlags(int(parts[3], 16) & 0xFF))
-    except ValueError:
-        return None
-    return ctx if ctx.is_valid else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanContext
+from opentelemetry.trace import Span, SpanContext, TraceFlags
 from opentelemetry.trace import propagation as otel_propagation
 
 # The current span, read straight from the context variable OpenTelemetry keeps the
@@ -21,6 +21,19 @@ _SPAN_KEY: str = getattr(otel_propagation, "_SPAN_KEY", "")
 _VAR = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
 _current_context: Callable[[], Any] = (_VAR.get if isinstance(_VAR, ContextVar)
                                        else otel_context.get_current)
+
+
+def span_context(text: str) -> SpanContext | None:
+    """The span context of a W3C traceparent string; None when it does not read."""
+    parts = text.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True,
+                          trace_flags=TraceFlags(int(parts[3], 16) & 0xFF))
+    except ValueError:
+        return None
+    return ctx if ctx.is_valid else None
 
 
 def traceparent(ctx: SpanContext) -> str:
@@ -69,6 +82,13 @@ class TouchTraces:
             if burst is None or burst.span is not span:
                 add(key, burst, span)
         return record if span_key else record_public
+
+    def record_remote(self, key: str, text: str) -> None:
+        """Record a producer's context (a W3C traceparent string) with ``key``; one
+        that does not read is left out."""
+        ctx = span_context(text)
+        if ctx is not None:
+            self._add(key, self._keys.get(key), trace.NonRecordingSpan(ctx))
 
     def _add(self, key: str, burst: _Burst | None, span: Span) -> None:
         ctx = span.get_span_context()

@@ -227,3 +227,28 @@ def test_a_writer_without_opentelemetry_imported_never_imports_it(
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+STREAM_RULES = RULES + """\
+sources:
+  - name: events
+    stream: "{ns}:events"
+    key: "stats:{{customer}}"
+    start: all
+"""
+
+
+async def test_a_stream_entry_carries_its_producers_context_to_the_refresh(
+        exporter: InMemorySpanExporter, namespace: str, redis_url: str, rules_file: Any,
+        start: Any) -> None:
+    path = rules_file(STREAM_RULES.format(ns=namespace), HANDLERS)
+    node = await start(path, redis_url=redis_url)
+    with trace.get_tracer("app").start_as_current_span("publish") as span:
+        producer = span.get_span_context()
+    sent = f"00-{producer.trace_id:032x}-{producer.span_id:016x}-01"
+    await node.redis.xadd(f"{namespace}:events", {"customer": "9", "traceparent": sent})
+    await node.redis.xadd(f"{namespace}:events", {"customer": "9", "traceparent": "bad"})
+    await node.redis.xadd(f"{namespace}:events", {"customer": "9"})
+    [refresh] = await refresh_spans(exporter, 1)
+    assert dict(refresh.attributes or {})["coalescer.key"] == "stats:9"
+    assert linked(refresh) == [ids(producer)]
