@@ -14,7 +14,7 @@ from coalescer.query.explain import format_explain
 from coalescer.query.status import format_status
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules
-from tests.helpers.servers import wait_until
+from tests.helpers.servers import Cluster, wait_until
 
 RULES = """\
 namespace: {ns}
@@ -186,3 +186,18 @@ async def test_run_now_of_a_paused_rule_waits_for_the_resume(
     assert rec.of("slow:1") == []
     await node.query.resume("slow")
     await wait_until(lambda: rec.of("slow:1"), message="slow:1 refreshed once resumed")
+
+
+async def test_a_pause_holds_on_a_redis_cluster(tmp_path: Path, namespace: str,
+                                                cluster: Cluster, start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    node = await start(path, redis_url=cluster.url, node_id="n1")
+    await node.query.pause("item")
+    await wait_until(lambda: paused_gauge(node, "item") == 1, timeout=20,
+                     message="the node heard of the pause")
+    await touch_then_witness(node, rec, ITEMS, "other:1")
+    assert runs(rec, ITEMS) == [0] * len(ITEMS)
+    await node.query.resume("item")
+    await wait_until(lambda: all(runs(rec, ITEMS)), timeout=20,
+                     message="every paused key refreshed")
+    assert runs(rec, ITEMS) == [1] * len(ITEMS)
