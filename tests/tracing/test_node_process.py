@@ -83,9 +83,10 @@ def spans_in(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
+@pytest.mark.usefixtures("writer_tracing")
 async def test_a_node_process_links_its_refresh_to_the_writers_touches(
-        writer_tracing: None, nodes: NodeProcs, namespace: str, redis_url: str,
-        rules_file: Any, tmp_path: Path) -> None:
+        nodes: NodeProcs, namespace: str, redis_url: str, rules_file: Any,
+        tmp_path: Path) -> None:
     path = rules_file(RULES.format(ns=namespace), HANDLERS)
     spans_file = tmp_path / "spans.jsonl"
     nodes.start(path, redis_url, "n1", SPANS_FILE=str(spans_file))
