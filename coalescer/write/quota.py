@@ -1,16 +1,17 @@
 """The rules file's ``limits:`` at work: touches refused past ``pending_keys``, and dead
 letters dropped past their count or age.
 
-Every ``EVERY`` seconds while this node takes touches (and a few seconds after, and
-while it refuses them), else every ``IDLE_EVERY`` seconds (an idle node costs Redis next
-to nothing), a node runs limits.lua on every shard: it counts the shard's pending keys
-(its due sets) and drops the shard's dead letters older than ``dead_letter_ttl``, then
-its oldest past its share of ``dead_letters`` (``dead_letters`` divided by the shard
-count, rounded up). Once the pending keys of all shards reach ``pending_keys``, this
-node refuses touches (QuotaExceededError) until a count finds fewer. The upsert script
-never refuses a key, so nothing already accepted is lost; the price is precision: the
-count is up to one period old, so the keys written by every node within one period (and
-those buffered in them) may go past the limit.
+Every ``EVERY`` seconds (every shard count / ``SHARDS_PER_SECOND`` seconds with many
+shards) while this node takes touches (and a few seconds after, and while it refuses
+them), else every ``IDLE_EVERY`` seconds (an idle node costs Redis next to nothing), a
+node runs limits.lua on every shard: it counts the shard's pending keys (its due sets)
+and drops the shard's dead letters older than ``dead_letter_ttl``, then its oldest past
+its share of ``dead_letters`` (``dead_letters`` divided by the shard count, rounded up).
+Once the pending keys of all shards reach ``pending_keys``, this node refuses touches
+(QuotaExceededError) until a count finds fewer. The upsert script never refuses a key,
+so nothing already accepted is lost; the price is precision: the count is up to one
+period old, so the keys written by every node within one period (and those buffered in
+them) may go past the limit.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 EVERY = 1.0  # seconds between two counts (and dead-letter trims) while touches come
 IDLE_EVERY = 60.0  # seconds between two of them on a node that takes no touches
 AFTER_TOUCHES = 3  # counts made after the last touch (its write lands meanwhile)
+SHARDS_PER_SECOND = 256  # script calls a count makes a second at most: many shards count
+# less often (2,048 shards: every 8 s), so that counting never costs Redis much
 DROP_BUDGET = 1000  # dead letters one shard drops at most per call
 
 
@@ -88,6 +91,7 @@ class Quota:
     async def step(self) -> None:
         """Count every shard's pending keys, trim its dead letters; log what was dropped."""
         space, limits = self._keyspace(), self._limits
+        self._every = max(EVERY, space.span / SHARDS_PER_SECOND)
         keep = limits.dead_letters_per_shard(space.shards)
         answers = await asyncio.gather(*(
             self._scripts.limits(shard, self._rules, keep_dead=keep,
