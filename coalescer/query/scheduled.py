@@ -3,8 +3,9 @@ and the next one due. Read for ``coalescer status`` and the status page.
 
 A scheduled key looks like any pending key in its rule's due set; only its state in
 the shard's meta hash says so (an "S" in front, store/key_states.py). So the count is
-an ``HSCAN`` of each shard's meta hash, read in pages: at most ``SCAN_CAP`` states per
-shard are looked at, and past that the count is a lower bound (``scheduled_capped``).
+an ``HSCAN`` of the shards' meta hashes, a page of every shard per round trip: at most
+about ``SCAN_CAP`` states in all are looked at, and past that the count is a lower bound
+(``scheduled_capped``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from coalescer.errors import UnknownKeyError
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
 
-SCAN_CAP = 200_000  # states looked at per shard, at most
+SCAN_CAP = 200_000  # states looked at in all, at most (the last round may pass it)
 PAGE = 2000  # states per HSCAN call
 
 
@@ -37,34 +38,37 @@ def _count(rules: dict[str, dict[str, Any]], config: Config, key: str, due_ms: i
         entry["next_scheduled_ms"] = due_ms
 
 
-async def _scan_shard(redis: Any, meta: str, config: Config,
-                      rules: dict[str, dict[str, Any]]) -> bool:
-    """Count one shard's scheduled keys into ``rules``; True when the cap cut it short."""
-    cursor, seen = 0, 0
-    while True:
-        cursor, page = await redis.hscan(meta, cursor, count=PAGE)
-        for key, value in page.items():
-            text = _text(value)
-            if text.startswith("S"):
-                found = states.pending(text)
-                if found is not None:
-                    _count(rules, config, _text(key), found.due_ms)
-        seen += len(page)
-        if int(cursor) == 0:
-            return False
-        if seen >= SCAN_CAP:
-            return True
+def _count_page(page: dict[Any, Any], config: Config,
+                rules: dict[str, dict[str, Any]]) -> None:
+    for key, value in page.items():
+        text = _text(value)
+        if text.startswith("S"):
+            found = states.pending(text)
+            if found is not None:
+                _count(rules, config, _text(key), found.due_ms)
 
 
 async def add_scheduled(redis: Any, config: Config, space: KeySpace,
                         rules: dict[str, dict[str, Any]]) -> None:
     """Add ``scheduled``, ``next_scheduled_ms`` and ``scheduled_capped`` to each rule's
-    entry of ``rules``."""
+    entry of ``rules``: one pipelined ``HSCAN`` page of every shard a round trip, until
+    every shard is read or ``SCAN_CAP`` states were looked at in all."""
     for entry in rules.values():
         entry.update(scheduled=0, next_scheduled_ms=None, scheduled_capped=False)
-    capped = False
-    for sk in space.all_shards():
-        capped = await _scan_shard(redis, sk.meta, config, rules) or capped
-    if capped:
+    cursors = {sk.meta: 0 for sk in space.all_shards()}
+    seen = 0
+    while cursors and seen < SCAN_CAP:
+        pipe = redis.pipeline(transaction=False)
+        for meta, cursor in cursors.items():
+            pipe.hscan(meta, cursor, count=PAGE)
+        replies = await pipe.execute()
+        for meta, (cursor, page) in zip(list(cursors), replies, strict=True):
+            _count_page(page, config, rules)
+            seen += len(page)
+            if int(cursor) == 0:
+                del cursors[meta]
+            else:
+                cursors[meta] = int(cursor)
+    if cursors:
         for entry in rules.values():
             entry["scheduled_capped"] = True
