@@ -189,7 +189,8 @@ class KafkaLoop:
         """Touch, flush, then commit the batch (rejected messages too)."""
         self._unflushed(sum(len(messages) for messages in batch.values()))
         self._rewind = {tp: messages[0].offset for tp, messages in batch.items() if messages}
-        touches = self._reader.touches(m for messages in batch.values() for m in messages)
+        touches = self._reader.touches((m for messages in batch.values() for m in messages),
+                                       traced=self._context.trace_links is not None)
         partitions = list(batch)
         self._consumer.pause(*partitions)  # read no further until the batch is flushed
         try:
@@ -221,6 +222,8 @@ class KafkaLoop:
         except KeyRefusedError:
             touches = self._reader.screen(touches)
             self._apply(touches)
+        if touches.traced and self._context.trace_links is not None:
+            self._context.trace_links(touches.traced)
         if touches.keys or touches.pairs or touches.timed:
             await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
         return touches

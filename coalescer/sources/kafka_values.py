@@ -44,6 +44,9 @@ class Touches:
     # their rules were checked (``MessageReader.screen``)
     keys_from: list[tuple[str, int, int]] = field(default_factory=list)
     timed_from: list[tuple[str, int, int]] = field(default_factory=list)
+    # (key, W3C traceparent) of the messages whose producer sent its trace context in a
+    # ``traceparent`` header, for the refresh to link to (read with tracing on only)
+    traced: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _text(name: str, value: Any, *, segment: bool) -> str:
@@ -72,6 +75,14 @@ def _fill(template: KeyTemplate, fields: dict[str, Any], *, segment: bool) -> st
     return template.fill(values)
 
 
+def _trace_of(message: Any, key: str, out: list[tuple[str, str]]) -> None:
+    """Add (key, traceparent) when ``message`` has a ``traceparent`` header."""
+    for name, value in message.headers or ():
+        if name == "traceparent" and isinstance(value, bytes):
+            out.append((key, value.decode("ascii", "replace")))
+            return
+
+
 class MessageReader:
     """Turns the values of one source's messages into touches."""
 
@@ -80,7 +91,7 @@ class MessageReader:
         self._config = config
         self._known: dict[str, bool] = {}  # key -> its rule takes items (keys seen lately)
 
-    def touches(self, messages: Iterable[Any]) -> Touches:
+    def touches(self, messages: Iterable[Any], *, traced: bool = False) -> Touches:
         """The touches of ``messages`` (aiokafka ``ConsumerRecord``s), in order. A plain
         or timed touch's key is not matched to a rule here: the touch checks it, and
         ``screen`` rejects the messages whose key no rule takes only when it refused."""
@@ -92,6 +103,8 @@ class MessageReader:
             except Rejected as exc:
                 out.rejected.append((*where, str(exc)))
                 continue
+            if traced:
+                _trace_of(message, key, out.traced)
             if spec is not None:
                 out.timed.append((key, item, spec))
                 out.timed_from.append(where)
@@ -105,7 +118,8 @@ class MessageReader:
     def screen(self, touches: Touches) -> Touches:
         """``touches`` without the plain and timed ones whose key no rule takes or Redis
         cannot store: those messages rejected."""
-        out = Touches(pairs=touches.pairs, rejected=list(touches.rejected))
+        out = Touches(pairs=touches.pairs, rejected=list(touches.rejected),
+                      traced=touches.traced)
         for key, where in zip(touches.keys, touches.keys_from, strict=True):
             try:
                 self._rule_of(key)
