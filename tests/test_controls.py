@@ -129,6 +129,22 @@ async def test_pause_and_resume_say_whether_they_changed_anything(
     assert await c.query.resume("item") is False
     with pytest.raises(KeyError, match="no rule named 'nope'"):
         await c.query.pause("nope")
+    with pytest.raises(KeyError, match="no rule named 'nope'"):
+        await c.query.resume("nope")
+    assert await c.query.paused() == []
+
+
+async def test_a_paused_rule_these_rules_lack_can_still_be_resumed(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    path, _ = setup(tmp_path, namespace)
+    c = await start(path, redis_url=redis_url, worker=False)
+    await c.query.pause("item")
+    older = tmp_path / "older.yaml"  # a rules file without the rule (a rolling deploy)
+    older.write_text(path.read_text().replace('  - name: item\n    match: "item:{id}"\n',
+                                              '  - name: gone\n    match: "gone:{id}"\n'))
+    other = await start(older, redis_url=redis_url, worker=False)
+    assert "item" not in {r.name for r in other.config.rules}
+    assert await other.query.resume("item") is True
     assert await c.query.paused() == []
 
 

@@ -215,12 +215,16 @@ async def cmd_resume(args: argparse.Namespace) -> int:
 
 async def _set_paused(args: argparse.Namespace, *, paused: bool) -> int:
     c = _client(args, worker=False, refuse_evicting_policy=False)
-    if _unknown_rule(args.command, args, c):
+    if paused and _unknown_rule(args.command, args, c):
         return EXIT_ERROR
     async with c:
         _say_using(args, c)
         action = c.query.pause if paused else c.query.resume
-        changed = await action(args.rule)
+        try:
+            changed = await action(args.rule)
+        except KeyError:  # not paused, and not in these rules
+            _unknown_rule(args.command, args, c)
+            return EXIT_ERROR
     if args.json:
         print(json.dumps({"rule": args.rule, "paused": paused, "changed": changed}))
     elif paused:

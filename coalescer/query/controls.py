@@ -46,13 +46,17 @@ async def paused_rules(redis: Any, config: Config) -> list[str]:
 
 async def set_paused(redis: Any, config: Config, rule: str, *, paused: bool) -> bool:
     """Pause (or resume) ``rule`` across the namespace and tell the worker nodes;
-    whether that changed anything (False: it already was). KeyError for no such rule."""
-    known_rule(config, rule)
+    whether that changed anything (False: it already was). KeyError for no such rule
+    (a paused rule these rules lack can still be resumed: another node's rules file,
+    during a rolling deploy, may have it)."""
     ns = config.namespace
     if paused:
+        known_rule(config, rule)
         changed = await redis.sadd(key_names.paused_rules(ns), rule)
     else:
         changed = await redis.srem(key_names.paused_rules(ns), rule)
+        if not changed:
+            known_rule(config, rule)
     await redis.publish(key_names.paused_channel(ns), rule)
     if changed:
         log.info("rule %s %s", rule, "paused" if paused else "resumed")
