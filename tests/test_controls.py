@@ -217,3 +217,15 @@ async def test_a_pause_holds_on_a_redis_cluster(tmp_path: Path, namespace: str,
     await wait_until(lambda: all(runs(rec, ITEMS)), timeout=20,
                      message="every paused key refreshed")
     assert runs(rec, ITEMS) == [1] * len(ITEMS)
+
+
+async def test_a_drain_runs_the_keys_of_a_paused_rule(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    c = await start(path, redis_url=redis_url, worker=False)
+    await c.query.pause("slow")
+    c.touch_many(["slow:1", "slow:2"])
+    ran = await c.drain(timeout=10)
+    assert sorted(claim.key for claim in ran) == ["slow:1", "slow:2"]
+    assert runs(rec, ["slow:1", "slow:2"]) == [1, 1]
+    assert await c.query.paused() == ["slow"]  # the drain leaves the pause as it was
