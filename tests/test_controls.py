@@ -5,13 +5,16 @@ run keys now."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from coalescer import Coalescer, UnknownKeyError
 from coalescer.query.explain import format_explain
 from coalescer.query.status import format_status
+from coalescer.store.keys import paused_rules
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.servers import Cluster, wait_until
@@ -229,3 +232,29 @@ async def test_a_drain_runs_the_keys_of_a_paused_rule(
     assert sorted(claim.key for claim in ran) == ["slow:1", "slow:2"]
     assert runs(rec, ["slow:1", "slow:2"]) == [1, 1]
     assert await c.query.paused() == ["slow"]  # the drain leaves the pause as it was
+
+
+async def test_a_node_that_cannot_read_the_paused_rules_runs_nothing_until_it_can(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start, *,
+        redis_client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="coalescer.worker.paused")
+    path, rec = setup(tmp_path, namespace)
+    key = paused_rules(namespace)
+    await redis_client.set(key, "not a set")  # every read answers WRONGTYPE
+    node = await start(path, redis_url=redis_url, node_id="n1")
+    node.touch("other:1")
+    await node.flush()
+
+    def failed_reads() -> int:
+        return sum("reading the paused rules failed" in r.getMessage() for r in caplog.records)
+
+    async def due() -> bool:
+        found = await node.query.next_due()
+        return any(k["key"] == "other:1" and k["due_ms"] <= found["now_ms"]
+                   for k in found["rules"]["other"])
+
+    await wait_until(due, message="other:1 due")
+    await wait_until(lambda: failed_reads() >= 2, message="a read failed, and again")
+    assert rec.of("other:1") == []
+    await redis_client.delete(key)
+    await wait_until(lambda: rec.of("other:1"), message="other:1 refreshed once read")

@@ -246,6 +246,7 @@ class Node:
     def stop_claiming(self) -> None:
         """Stop every shard's claims now; ``release()`` waits for the leases to go."""
         self.health.close()
+        self.paused.close()
         for ls_ in self.leaderships:
             ls_.stop()
 

@@ -3,8 +3,9 @@
 The paused set (``store.keys.paused_rules``) is read when the node's subscription to
 ``paused_channel`` is confirmed (at start and after every reconnect: a change announced
 while the connection was down is read then) and whenever a pause or a resume is
-announced there. Until the first read the node claims nothing, so a paused rule never
-runs for a moment after a node starts. An idle node makes no call for it.
+announced there; a read that fails is made again a second later. Until the first read
+the node claims nothing, so a paused rule never runs for a moment after a node starts.
+An idle node makes no call for it.
 
 The pollers and adopters pass a paused rule's limit as -1 to their claim scripts: its
 due keys stay pending (touches keep arming them), are not claimed and do not wake the
@@ -26,6 +27,7 @@ from coalescer.store import keys as key_names
 log = logging.getLogger(__name__)
 
 PAUSED_LIMIT = -1  # a claim script's limit for a paused rule (claim.lua, adopt.lua)
+RETRY_DELAY = 1.0  # seconds before a failed read of the paused rules is made again
 
 
 class PausedRules:
@@ -60,15 +62,22 @@ class PausedRules:
     async def _read_all(self) -> None:
         while self._again:
             self._again = False
-            await self._read()
+            if not await self._read():
+                self._again = True  # a change may be missed, or none read yet: again
+                await asyncio.sleep(RETRY_DELAY)
 
-    async def _read(self) -> None:
+    def close(self) -> None:
+        """Stop reading (the node stops)."""
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def _read(self) -> bool:
         try:
             found = frozenset(str(n) for n in await self._redis.smembers(self._key))
         except (RedisError, OSError) as exc:
-            log.warning("reading the paused rules failed: %r (read again at the next "
-                        "announcement or reconnect)", exc)
-            return
+            log.warning("reading the paused rules failed: %r (read again in %gs)", exc,
+                        RETRY_DELAY)
+            return False
         changed = found != self.names or not self.read_once
         self.names, self.read_once = found, True
         for rule in self._rules:
@@ -77,6 +86,7 @@ class PausedRules:
             if found:
                 log.info("paused rules: %s", ", ".join(sorted(found)))
             self._on_change()
+        return True
 
 
 def paused_limits(paused: PausedRules | None,
