@@ -16,6 +16,7 @@ from coalescer import Coalescer
 from coalescer.errors import RedisRefusesWritesError
 from coalescer.query.history import HistoryQuery
 from coalescer.query.status import format_status
+from coalescer.store import key_states
 from coalescer.store import layout as layout_module
 from coalescer.store.keys import KeySpace, layout
 from coalescer.store.layout import Layouts, Taken
@@ -78,8 +79,12 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
         a.touch("orders:1", "row-1")
         a.touch("orders:1", "row-2")
         await a.flush()
+        a.touch("stats:7")  # a second write: its burst counts two touches, and moves so
+        await a.flush()
         before = await redis_client.hget(a.keyspace.shard(a.keyspace.shard_of("stats:7")).meta,
                                          "stats:7")
+        burst = key_states.pending(str(before))
+        assert burst is not None and burst.touches == 2
         async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
             await wait_until(lambda: reshard_done(redis_client, namespace, 8), timeout=30,
                              message="the reshard from 2 to 8 shards to end")

@@ -194,9 +194,9 @@ local function pending(first, last, attempts, due, sched, count)
 end
 
 -- Make `key` pending, due at `due`, in meta and in its rule's due set (`sched`: a
--- due time set by a touch's own time).
-local function schedule(meta, due_key, key, first, last, attempts, due, sched)
-  redis.call('HSET', meta, key, pending(first, last, attempts, due, sched))
+-- due time set by a touch's own time; `count`: the burst's touches, 1 when nil).
+local function schedule(meta, due_key, key, first, last, attempts, due, sched, count)
+  redis.call('HSET', meta, key, pending(first, last, attempts, due, sched, count))
   redis.call('ZADD', due_key, due, key)
 end
 

@@ -10,7 +10,8 @@
 --
 -- A key this shard already holds was touched here while it moved (a writer found it
 -- gone from its old shard): the two merge as one burst would. Pending and pending:
--- first and last touch widen, the later due time and the higher attempt count win.
+-- first and last touch widen, the later due time and the higher attempt count win, and
+-- their touches add up.
 -- Pending into running: a re-arm for when the run ends. Pending into dead: pending
 -- again. A dead bundle into a key with a state: dropped (the newer touch revived it).
 -- Items and claimed items go to the key's items (its next claim gets them all).
@@ -28,7 +29,8 @@ end
 local function merge_pending(b, e, due_key, key)
   local first, last = math.min(b.first, e.first), math.max(b.last, e.last)
   local due = math.max(b.due, e.due)
-  redis.call('HSET', meta, key, pending(first, last, math.max(b.attempts, e.attempts), due))
+  redis.call('HSET', meta, key, pending(first, last, math.max(b.attempts, e.attempts), due,
+                                        nil, (b.count or 1) + (e.count or 1)))
   redis.call('ZADD', due_key, due, key)
   return due
 end
@@ -46,7 +48,7 @@ local function put_pending(key, b, e, rule)
   if e and e.kind == 'P' then return merge_pending(b, e, due_key, key) end
   if e and e.kind == 'R' then return rearm_running(b, e, key) end
   if e and e.kind == 'D' then redis.call('ZREM', prefix .. ':dead:' .. rule, key) end
-  schedule(meta, due_key, key, b.first, b.last, b.attempts, b.due)
+  schedule(meta, due_key, key, b.first, b.last, b.attempts, b.due, nil, b.count)
   return b.due
 end
 
