@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -104,11 +104,16 @@ class RefreshTracer:
         span = self._root(rule, kept.links(), _attributes(rule, claim, kept, touches))
         return await self._within(span, [], where, call)
 
-    async def run_batch(self, shards: Sequence[int], rule: str, claims: Sequence[Claim],
-                        touches: Sequence[int], call: Callable[[], Awaitable[T]]) -> T:
-        """Run ``call`` (a batch handler's) in one span, with a child span per key
-        (``shards``: each claim's shard)."""
-        where = [(shard, c.key) for shard, c in zip(shards, claims, strict=True)]
+    async def run_batch(self, rule: str, batch: Sequence[tuple[int, Claim, int]],
+                        call: Callable[[], Awaitable[T]],
+                        failed: Callable[[T], Collection[str]]) -> T:
+        """Run ``call`` (a batch handler's) in one span, with a child span per key of
+        ``batch`` (shard, claim, touches of its burst); ``failed`` reads the keys that
+        failed from its answer: their spans are marked so, and their retries link to
+        them."""
+        claims = [claim for _, claim, _ in batch]
+        touches = [n for _, _, n in batch]
+        where = [(shard, claim.key) for shard, claim, _ in batch]
         kept = await self._kept(where)
         span = self._root(rule, [], {
             "messaging.system": SYSTEM, "messaging.operation.type": "process",
@@ -119,14 +124,24 @@ class RefreshTracer:
                                             kind=SpanKind.INTERNAL, links=k.links(),
                                             attributes=_attributes(rule, c, k, n))
                     for c, k, n in zip(claims, kept, touches, strict=True)]
-        return await self._within(span, children, where, call)
+        def mark(answer: T) -> None:
+            keys = set(failed(answer))
+            for child, (shard, key) in zip(children, where, strict=True):
+                if key in keys:
+                    child.set_status(Status(StatusCode.ERROR, "failed"))
+                    self._remember_try([(shard, key)], child)
+        return await self._within(span, children, where, call, mark)
 
     async def _within(self, span: Span, children: list[Span], where: list[tuple[int, str]],
-                      call: Callable[[], Awaitable[T]]) -> T:
+                      call: Callable[[], Awaitable[T]],
+                      answered: Callable[[T], None] | None = None) -> T:
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
                                 set_status_on_exception=False):
-                return await call()
+                answer = await call()
+            if answered is not None:
+                answered(answer)
+            return answer
         except BaseException as exc:
             for s in (span, *children):
                 s.record_exception(exc)

@@ -36,7 +36,7 @@ import random
 import time
 import traceback
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -146,6 +146,15 @@ class Results:
     def merge(self, other: Results) -> None:
         self.acks[:0] = other.acks
         self.fails[:0] = other.fails
+
+
+def _failed_in(answer: object, claims: list[Claim]) -> Collection[str]:
+    """The keys a batch handler's ``answer`` says failed (all of them when it does not
+    read: they are all failed then)."""
+    try:
+        return failed_keys(answer, claims).keys()
+    except BatchAnswerError:
+        return [c.key for c in claims]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -515,8 +524,9 @@ class Runner:
         invoke = self._invokers[rule.name]
         if self._tracer is None:
             return invoke(claims)
-        return self._tracer.run_batch([j.shard for j in jobs], rule.name, claims,
-                                      [j.touches for j in jobs], lambda: invoke(claims))
+        return self._tracer.run_batch(rule.name, [(j.shard, j.claim, j.touches) for j in jobs],
+                                      lambda: invoke(claims),
+                                      lambda answer: _failed_in(answer, claims))
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
         rule, claim = job.rule, job.claim

@@ -38,7 +38,7 @@ async def refresh(claim):
 
 async def refresh_batch(claims):
     calls.append(list(claims))
-    return []
+    return [c for c in claims if c.key in fail_once and c.attempt == 1]
 """
 
 RULES = """\
@@ -180,6 +180,26 @@ async def test_a_batch_call_is_one_span_with_a_child_per_key(
     assert set(children) == {"bunch:a", "bunch:b"}
     assert linked(children["bunch:a"]) == [ids(a)]
     assert linked(children["bunch:b"]) == [ids(b)]
+
+
+async def test_a_key_a_batch_call_failed_links_its_retry_to_its_span_in_that_call(
+        exporter: InMemorySpanExporter, pair: Callable[[], Awaitable[Pair]]) -> None:
+    writer, _, handlers = await pair()
+    handlers.fail_once.add("bunch:bad")
+    touch_in_span(writer, "bunch:ok", "request ok")
+    touch_in_span(writer, "bunch:bad", "request bad")
+    await writer.flush()
+    await refresh_spans(exporter, 2)  # the call, and the retry's call
+
+    def keyed(key: str) -> list[ReadableSpan]:
+        return [s for s in exporter.get_finished_spans()
+                if dict(s.attributes or {}).get("coalescer.key") == key]
+    [ok] = keyed("bunch:ok")
+    failed, retry = keyed("bunch:bad")
+    assert ok.status.status_code != StatusCode.ERROR
+    assert failed.status.status_code == StatusCode.ERROR
+    assert linked(retry) == [ids(failed.context)]
+    assert dict(retry.attributes or {})["coalescer.attempt"] == 2
 
 
 async def test_with_no_tracer_provider_a_touch_keeps_no_trace(
