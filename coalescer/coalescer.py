@@ -262,6 +262,7 @@ class Coalescer:
         pairs, keys = list(pairs), list(keys)
         spec = _spec([k for k, _ in pairs] + keys, at, delay)
         self._run.absorber.touch_items(pairs, keys, spec)
+        self._record_all([*(k for k, _ in pairs), *keys])
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
                    delay: Delay | None = None) -> None:
@@ -273,9 +274,7 @@ class Coalescer:
         self._check_quota()
         keys = list(keys)
         self._run.absorber.touch_many(keys, _spec(keys, at, delay))
-        if self._traces is not None:
-            for key in keys:
-                self._traces.record(key)
+        self._record_all(keys)
 
     async def touch_wait(self, key: str, item: str | None = None, *,
                          timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
@@ -296,6 +295,7 @@ class Coalescer:
             keys, pairs = ([key], []) if item is None else ([], [(key, item)])
             await touch_waiting(self._absorber, Wanted(keys, pairs, _spec([key], at, delay)),
                                 timeout, f"touch_wait({key!r})")
+            self._record_all([key])
 
     async def touch_many_wait(self, keys: Iterable[str], *,
                               timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
@@ -314,6 +314,7 @@ class Coalescer:
         spec = _spec(keys, at, delay)
         await touch_waiting(self._run.absorber, Wanted(keys, (), spec), timeout,
                             "touch_many_wait()")
+        self._record_all(keys)
 
     async def touch_items_wait(self, pairs: Iterable[tuple[str, str]], *,
                                timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
@@ -328,6 +329,7 @@ class Coalescer:
         spec = _spec([k for k, _ in pairs], at, delay)
         await touch_waiting(self._run.absorber, Wanted([], pairs, spec), timeout,
                             "touch_items_wait()")
+        self._record_all([k for k, _ in pairs])
 
     def touch_blocking(self, keys: Iterable[str], *, timeout: float | None = DEFAULT_TIMEOUT,
                        what: str = "touch_blocking()",
@@ -677,6 +679,20 @@ class Coalescer:
             flush=self.flush, metrics=run.metrics, touch_items=self.touch_items,
             touch_timed=self._touch_timed,
             trace_links=self._trace_links if self._traces is not None else None))
+
+    def _record_all(self, keys: list[str]) -> None:
+        """With tracing on, record the current span's context with each of ``keys``."""
+        if self._record is not None:
+            for key in keys:
+                self._record(key)
+
+    def link_trace(self, keys: Iterable[str], traceparent: str) -> None:
+        """With tracing on, record a producer's trace context (a W3C traceparent string,
+        e.g. an HTTP request's header) with ``keys`` just touched: their refreshes link
+        to it. Nothing with tracing off; a context that does not read is ignored."""
+        if self._traces is not None:
+            for key in keys:
+                self._traces.record_remote(key, traceparent)
 
     def _trace_links(self, pairs: list[tuple[str, str]]) -> None:
         """Record each (key, producer's W3C traceparent) a source read, for the key's

@@ -115,6 +115,8 @@ class Node(PageNode, Protocol):
 
     def refused_items(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]: ...
 
+    def link_trace(self, keys: list[str], traceparent: str) -> None: ...
+
     def unwritten_age(self) -> float | None: ...
 
     def dropped_keys(self) -> list[dict[str, Any]]: ...
@@ -347,6 +349,9 @@ class HttpApi:
                                "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
         self._apply(keys, pairs, when)
+        traceparent = request.headers.get("traceparent")
+        if traceparent:  # the caller's trace: the refreshes link to it (tracing on)
+            self._c.link_trace([*keys, *(key for key, _ in pairs)], traceparent)
         return web.json_response({"accepted": len(keys) + len(pairs)}, status=202)
 
     def _apply(self, keys: list[str], pairs: list[tuple[str, str]],

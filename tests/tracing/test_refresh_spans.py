@@ -136,6 +136,21 @@ async def test_a_refresh_starts_a_trace_that_links_to_the_touches_of_its_burst(
     assert not await writer.redis.exists(shard.traces("stats:1"))  # taken by the refresh
 
 
+async def test_touch_many_and_the_waiting_touches_record_the_callers_span(
+        exporter: InMemorySpanExporter, pair: Callable[[], Awaitable[Pair]]) -> None:
+    writer, _, _ = await pair()
+    tracer = trace.get_tracer("app")
+    with tracer.start_as_current_span("many") as many:
+        writer.touch_many(["stats:m1"])
+    with tracer.start_as_current_span("waiting") as waiting:
+        await writer.touch_many_wait(["stats:m2"])
+    await writer.flush()
+    spans = await refresh_spans(exporter, 2)
+    links = {dict(s.attributes or {})["coalescer.key"]: linked(s) for s in spans}
+    assert links == {"stats:m1": [ids(many.get_span_context())],
+                     "stats:m2": [ids(waiting.get_span_context())]}
+
+
 async def test_a_long_burst_keeps_its_first_and_last_eight_touches_and_counts_them_all(
         exporter: InMemorySpanExporter, pair: Callable[[], Awaitable[Pair]]) -> None:
     writer, _, _ = await pair()
