@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SYSTEM = "coalescer"  # messaging.system
+LINKS_WAIT = 1.0  # seconds a refresh waits at most for its links (Redis slow or away)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +85,9 @@ class RefreshTracer:
         found: dict[str, Kept] = {}
         for shard, keys in by_shard.items():
             try:
-                values = await self._scripts.traces_take(self._keyspace.shard(shard), keys)
-            except Exception as exc:  # a refresh never fails for its trace links
+                values = await asyncio.wait_for(
+                    self._scripts.traces_take(self._keyspace.shard(shard), keys), LINKS_WAIT)
+            except Exception as exc:  # a refresh never fails, nor waits long, for its links
                 log.debug("reading the trace links of %d keys failed: %r", len(keys), exc)
                 values = [None] * len(keys)
             found.update(zip(keys, map(Kept.decode, values), strict=True))

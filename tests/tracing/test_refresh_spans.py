@@ -217,6 +217,19 @@ async def test_a_key_a_batch_call_failed_links_its_retry_to_its_span_in_that_cal
     assert dict(retry.attributes or {})["coalescer.attempt"] == 2
 
 
+async def test_a_traces_key_redis_cannot_read_costs_the_links_not_the_refresh(
+        exporter: InMemorySpanExporter, pair: Callable[[], Awaitable[Pair]]) -> None:
+    writer, _, handlers = await pair()
+    traces = writer.keyspace.shard(0).traces("stats:5")
+    await writer.redis.hset(traces, "not", "a string")  # WRONGTYPE for both scripts
+    touch_in_span(writer, "stats:5", "request")
+    await writer.flush()  # the touch is written, its context is not
+    [refresh] = await refresh_spans(exporter, 1)
+    assert [c.key for c in handlers.calls] == ["stats:5"]
+    assert linked(refresh) == []
+    assert dict(refresh.attributes or {})["coalescer.key"] == "stats:5"
+
+
 async def test_with_no_tracer_provider_a_touch_keeps_no_trace(
         pair: Callable[[], Awaitable[Pair]]) -> None:
     writer, _, _ = await pair()
