@@ -50,6 +50,7 @@ MAX_SHARDS = 16384
 HTTP_METHODS = ("POST", "PUT", "PATCH")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+WAIT_SHARE = 0.25  # of claim_lease: the longest wait for replicas a rules file may ask
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "durability",
                "limits", "defaults", "rules", "sources")
 _DURABILITY_FIELDS = ("replicas", "timeout")
@@ -152,6 +153,7 @@ class RulesSchema(YamlReader):
                   for name in ("leader_lease", "claim_lease")}
         history = self.optional(entries, "", "history", self.history, DEFAULT_HISTORY)
         durability = self.optional(entries, "", "durability", self.durability, NO_REPLICAS)
+        self.check_wait(entries, durability, leases["claim_lease"])
         limits = self.optional(entries, "", "limits", self.limits, DEFAULT_LIMITS)
         defaults = self.defaults(entries)
         node = self.attempt(self.require, entries, "rules", root, "", "the rules file")
@@ -188,6 +190,17 @@ class RulesSchema(YamlReader):
         timeout = self.optional(entries, field, "timeout", self.replica_timeout,
                                 NO_REPLICAS.timeout)
         return Durability(replicas=replicas, timeout=timeout)
+
+    def check_wait(self, entries: Entries, durability: Durability, claim_lease: float) -> None:
+        """A claim waits for its replicas before it runs, while its lease runs: a wait of
+        more than a quarter of ``claim_lease`` would leave a claim too little lease to
+        start in (it would lapse, and count an attempt, before it ran)."""
+        if durability.replicas and durability.timeout > claim_lease * WAIT_SHARE:
+            self.errors.append(self.error(
+                f"must be at most a quarter of claim_lease ({format_duration(claim_lease)}): "
+                f"a claim waits for its replicas while its lease runs, got "
+                f"{format_duration(durability.timeout)}", entries["durability"][1],
+                "durability.timeout"))
 
     def limits(self, node: Node, field: str) -> Limits:
         """``limits: {pending_keys: N, dead_letters: N, dead_letter_ttl: DURATION}``."""

@@ -45,6 +45,8 @@ def test_durability_names_the_replicas_each_write_waits_for(
     ("{replicas: 1, timeout: 0s}", "durability.timeout", "must be longer than 0"),
     ("{replicas: 1, timeout: 6s}", "durability.timeout", "must be at most 5s"),
     ("{replicas: 1, timeout: soon}", "durability.timeout", "bad duration 'soon'"),
+    ("{replicas: 1, timeout: 2s}", "durability.timeout",
+     "at most a quarter of claim_lease (5s): a claim waits for its replicas"),
     ("{replica: 1}", "durability.replica", "did you mean 'replicas'?"),
     ("1", "durability", "durability must be a mapping"),
 ])

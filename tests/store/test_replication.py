@@ -46,8 +46,10 @@ rules:
 """
 
 
-def rules(tmp_path: Path, namespace: str, durability: str = "") -> tuple[Path, Recorder]:
-    text = RULES.format(ns=namespace, durability=durability)
+def rules(tmp_path: Path, namespace: str, durability: str = "",
+          claim_lease: str = "1s") -> tuple[Path, Recorder]:
+    text = RULES.format(ns=namespace, durability=durability).replace(
+        "claim_lease: 1s", f"claim_lease: {claim_lease}")
     return recorder_rules(tmp_path, f"rec_{namespace}", text)
 
 
@@ -109,7 +111,9 @@ async def test_a_flush_returns_only_once_the_replica_holds_the_touches_and_they_
         tmp_path: Path, namespace: str, pair: tuple[ValkeyProcess, ValkeyProcess],
         start: Start) -> None:
     primary, replica = pair
-    path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 5s}")
+    # a writer's long wait (a claim's wait is at most a quarter of its lease)
+    path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 5s}",
+                      claim_lease="20s")
     writer = Coalescer.from_yaml(path, redis_url=primary.url, worker=False)
     await writer.start()
     keys = [f"item:{i}" for i in range(200)]

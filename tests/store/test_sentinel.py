@@ -30,7 +30,7 @@ HOT = ("item:hot-1", "item:hot-2", "item:hot-3")  # touched in every batch
 RULES = """\
 namespace: {ns}
 leader_lease: 1s
-claim_lease: 1s
+claim_lease: 4s
 durability: {{replicas: 1, timeout: 1s}}
 defaults:
   window: 50ms
