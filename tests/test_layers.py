@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "coalescer"
 # Lowest first. Modules of one rank may import each other's rank only where they
 # share a subpackage (worker and sources are peers that never import each other).
 RANKS = {
-    "errors": 0, "common": 1, "config": 2, "store": 3, "write": 4, "claim": 4,
+    "errors": 0, "common": 1, "config": 2, "store": 3, "tracing": 3, "write": 4, "claim": 4,
     "worker": 5, "sources": 5, "query": 6,
     "facade": 7, "integrations": 7,
     "web": 8, "cli": 9,

@@ -4,6 +4,9 @@ context, and the refresh it caused links to it.
 On only when the application has imported OpenTelemetry and set a tracer provider
 before the coalescer starts; otherwise nothing here imports OpenTelemetry, and a touch
 costs one attribute test more. See docs/operations.md "Tracing".
+
+It may import the store's types (for type checking) and ``claim``; write, worker and the
+facade import it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ if TYPE_CHECKING:
     from coalescer.tracing.refreshes import RefreshTracer
     from coalescer.tracing.touches import TouchTraces
 
-KEEP = 8  # span contexts kept at each end of a burst (the others are counted)
-TTL_MS = 24 * 3600 * 1000  # contexts no refresh took are gone after a day
+from coalescer.tracing.bounds import KEEP
 
 
 def enabled() -> bool:

@@ -16,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
-from coalescer.tracing import KEEP, TTL_MS
+from coalescer.tracing.bounds import KEEP, TTL_MS
 from coalescer.tracing.touches import span_context, traceparent
 
 if TYPE_CHECKING:

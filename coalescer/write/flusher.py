@@ -35,7 +35,7 @@ from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
-from coalescer.tracing import KEEP, TTL_MS
+from coalescer.tracing.bounds import KEEP, TTL_MS
 from coalescer.write.absorber import (
     NO_ITEMS,
     NO_SCHEDULES,

@@ -246,8 +246,9 @@ WRITER = """\
 import asyncio, sys
 import redis.asyncio
 
-def otel():
-    return {m for m in sys.modules if m.startswith(("opentelemetry", "coalescer.tracing."))}
+def otel():  # OpenTelemetry, and the tracing modules that use it (bounds holds numbers)
+    return {m for m in sys.modules if m.startswith(("opentelemetry", "coalescer.tracing."))
+            and m != "coalescer.tracing.bounds"}
 
 before = otel()
 from coalescer import Coalescer
