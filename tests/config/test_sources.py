@@ -41,7 +41,7 @@ def test_a_source_of_type_stream_loads_as_one_without_a_type() -> None:
     assert (source.type, source.stream, source.group) == ("stream", "s", "coalescer")
 
 
-@pytest.mark.parametrize("value", ["kafka", "[stream]", "''", "Stream"])
+@pytest.mark.parametrize("value", ["nats", "[stream]", "''", "Stream"])
 def test_an_unknown_type_is_refused_with_file_line_field_and_the_known_types(
         value: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -49,7 +49,7 @@ def test_an_unknown_type_is_refused_with_file_line_field_and_the_known_types(
     err = info.value
     assert (err.file, err.line, err.field) == ("rules.yaml", 6, "sources[0].type")
     assert "unknown source type" in err.message
-    assert err.message.endswith("known types: stream, outbox")
+    assert err.message.endswith("known types: stream, outbox, kafka")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +88,7 @@ def test_a_field_of_another_type_is_refused() -> None:
     err = info.value
     assert (err.line, err.field) == (6, "sources[0].stream")
     assert err.message == ("field 'stream' is not a field of a list source; "
-                           "allowed: name, type, keys")
+                           "allowed: name, type, at, delay, keys")
     with pytest.raises(ConfigError) as info:
         load("  - {name: a, stream: s, key: 'stats:customer:{c}', keys: [x]}\n")
     assert info.value.field == "sources[0].keys"
@@ -100,4 +100,5 @@ def test_an_unknown_field_lists_the_fields_of_every_type() -> None:
     with pytest.raises(ConfigError) as info:
         load("  - {name: a, stream: s, key: 'stats:customer:{c}', shard: 1}\n")
     assert info.value.message.endswith(
-        "allowed: name, stream, group, start, key, item, url, table, batch, poll, keys, type")
+        "allowed: name, stream, group, start, key, item, url, table, batch, poll, bootstrap, "
+        "topics, keys, at, delay, type")
