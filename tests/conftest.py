@@ -14,6 +14,8 @@ Fixtures:
     kafka          session   a real Kafka-protocol broker (Tansu, bench.kafka_broker), skipped
                              where its binary is absent; kafka.bootstrap is its address
 
+Long scenarios are marked slow here (``SLOW_MODULES``): ``pytest -m slow`` runs them.
+
 Helpers (import from ``tests.helpers.servers``): ValkeyProcess, Cluster, start_cluster, wait_until,
 poll_until, write_rules, free_port.
 """
@@ -35,6 +37,29 @@ from bench.kafka_broker import TansuBroker, find_tansu
 from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
+
+# Long scenarios (failovers, faults, floods, many shards, a broker, whole examples): marked
+# slow, left out of the default run (`pytest -q`, under five minutes) and run apart with
+# `pytest -m slow` (CI runs both).
+SLOW_MODULES = frozenset({
+    "tests/sources/test_kafka.py", "tests/test_model.py", "tests/web/test_connection_flood.py",
+    "tests/worker/test_gray_failures.py", "tests/cli/test_supervisor.py",
+    "tests/worker/test_shards.py", "tests/test_examples.py", "tests/worker/test_idle.py",
+    "tests/worker/test_rolling.py", "tests/worker/test_reshard.py",
+    "tests/worker/test_throttle.py", "tests/worker/test_health_leadership.py",
+    "tests/store/test_replication.py", "tests/store/test_sentinel.py",
+    "tests/test_example_orders.py", "tests/web/test_page_kafka.py",
+    "tests/tracing/test_kafka_links.py", "tests/test_monitoring.py",
+    "tests/worker/test_failover.py", "tests/worker/test_hung_handlers.py",
+    "tests/cli/test_hints.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 RulesFactory = Callable[..., Path]
 
