@@ -243,13 +243,16 @@ class NodeLease:
             self._on_live(self.live_nodes)
 
     async def _forget(self, gone: list[tuple[str, int]]) -> None:
+        """Drop lapsed nodes; each call with the lease calls' deadline (this runs in the
+        renewal loop: a silent Redis must not hold the next renewal back)."""
         space = self._layouts.keyspace if self._layouts is not None else self._keyspace
+        deadline = self._lease * CALL_SHARE
         for node, _ in gone:
-            await self._scripts.forget(space.all_shards(), node)
+            await asyncio.wait_for(self._scripts.forget(space.all_shards(), node), deadline)
             log.info("node %s: forgot node %s, whose lease lapsed", self._node_id, node)
-        await self._scripts.node_lease(self._key, node_id=self._node_id,
-                                       lease_ms=round(self._lease * 1000),
-                                       period_ms=self._period_ms, forgotten=gone)
+        await asyncio.wait_for(self._scripts.node_lease(
+            self._key, node_id=self._node_id, lease_ms=round(self._lease * 1000),
+            period_ms=self._period_ms, forgotten=gone), deadline)
 
     def _failed(self, exc: Exception) -> None:
         """A lease call failed; the expiry timer decides when claiming stops."""
