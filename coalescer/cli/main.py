@@ -59,8 +59,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
         logging.getLogger("coalescer").setLevel(logging.DEBUG)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *,
+         parser: argparse.ArgumentParser | None = None) -> int:
+    """Run the command ``argv`` names; ``parser``: build_parser()'s, adapted by a caller
+    (Django's ``manage.py coalescer`` names itself and its rules file there)."""
+    args = (parser or build_parser()).parse_args(argv)
     _setup_logging(args)
     try:
         if args.command == "check":

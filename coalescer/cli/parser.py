@@ -29,8 +29,10 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coalescer", description=DESCRIPTION)
+def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
+    """Every subcommand; ``prog`` names the command in usage and help lines
+    (``manage.py coalescer`` under Django)."""
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")
