@@ -19,6 +19,20 @@ off). Its fixtures, all named ``coalescer_*``:
     ``options`` go to ``Coalescer``; ``worker`` defaults to False here, so handlers
     run only when the test calls ``await c.drain()``.
 
+``coalescer_isolated_env`` (autouse)
+    Isolates the code under test (ini option ``coalescer_isolate_env``, on by default):
+    see below.
+
+For each test (unless ``coalescer_isolate_env = false``), ``$COALESCER_NAMESPACE`` is
+the test's ``coalescer_namespace`` and ``$COALESCER_REDIS_URL`` is ``coalescer_url``, so
+a coalescer the application builds itself (in a lifespan, a fixture, a view) works in
+the test's namespace on the test server, never on a running deployment's keys. For the
+whole session (while modules are imported, too) ``$COALESCER_NAMESPACE`` is a namespace
+of the session's own. ``coalescer_isolate_env = false`` leaves the environment alone.
+
+``$COALESCER_TEST_REDIS_URL``, when set, is the server ``coalescer_url`` names instead of
+starting one (a Redis the CI job provides, say); tests still keep to their namespaces.
+
 Helpers: ``assert_refreshed(claims, keys)`` and ``refreshed_keys(claims)``.
 """
 
@@ -37,11 +51,16 @@ import pytest
 
 from coalescer.claim import Claim
 from coalescer.coalescer import Coalescer, default_node_id
+from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.config.rules import NAME_RE, Config
 from coalescer.errors import ConfigError
-from coalescer.store.embedded import ROOT_NAME, EmbeddedServer
+from coalescer.store.embedded import ENV_REDIS_URL, ROOT_NAME, EmbeddedServer
 
 Factory = Callable[..., AbstractAsyncContextManager[Coalescer]]
+
+ISOLATE_ENV = "coalescer_isolate_env"  # the ini option
+ENV_TEST_REDIS_URL = "COALESCER_TEST_REDIS_URL"
+_SESSION_ENV = pytest.StashKey[pytest.MonkeyPatch]()
 
 __all__ = ["Factory", "assert_refreshed", "load_rules", "refreshed_keys"]
 
@@ -95,9 +114,42 @@ def rules_path(rules: str | os.PathLike[str], rootdir: Path) -> Path:
                       f"working folder ({Path.cwd()})", file=os.fspath(rules))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(ISOLATE_ENV, type="bool", default=True,
+                  help="coalescer: set $COALESCER_NAMESPACE and $COALESCER_REDIS_URL to the "
+                       "test's namespace and server for each test (default: true)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """For the session: a namespace of its own, for coalescers built at import."""
+    if config.getini(ISOLATE_ENV):
+        patch = config.stash[_SESSION_ENV] = pytest.MonkeyPatch()
+        patch.setenv(ENV_NAMESPACE, "test-session-" + uuid.uuid4().hex[:12])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    patch = config.stash.get(_SESSION_ENV, None)
+    if patch is not None:
+        patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def coalescer_isolated_env(request: pytest.FixtureRequest,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's $COALESCER_NAMESPACE and $COALESCER_REDIS_URL: its namespace and the
+    session's server (unless the ini option ``coalescer_isolate_env`` is false)."""
+    if request.config.getini(ISOLATE_ENV):
+        monkeypatch.setenv(ENV_NAMESPACE, request.getfixturevalue("coalescer_namespace"))
+        monkeypatch.setenv(ENV_REDIS_URL, request.getfixturevalue("coalescer_url"))
+
+
 @pytest.fixture(scope="session")
 def coalescer_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real valkey-server for the test session; its URL."""
+    """A real valkey-server for the test session (or $COALESCER_TEST_REDIS_URL's); its URL."""
+    given = os.environ.get(ENV_TEST_REDIS_URL)
+    if given:
+        yield given
+        return
     server = EmbeddedServer(tmp_path_factory.mktemp("coalescer-server") / ROOT_NAME)
     url = server.acquire()
     try:

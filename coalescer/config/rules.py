@@ -25,6 +25,7 @@ from coalescer.config.lint import (
     unset_secret_warnings,
 )
 from coalescer.config.model import Handler, HttpHandler, RetryPolicy, Rule
+from coalescer.config.namespace_env import namespace_override
 from coalescer.config.rule_index import RuleIndex
 from coalescer.config.schema import DEFAULT_HISTORY, Document, RulesSchema
 from coalescer.config.sources import SourceConfig, unset_env_warnings
@@ -166,10 +167,12 @@ class Config:
 
 
 def _config(schema: RulesSchema, document: Document | None) -> Config | None:
-    """The config of what ``schema`` read (None when it found errors)."""
+    """The config of what ``schema`` read (None when it found errors); a non-empty
+    $COALESCER_NAMESPACE replaces its namespace."""
     if document is None:
         return None
-    return Config(namespace=document.namespace, shards=document.shards,
+    namespace = namespace_override(schema.file) or document.namespace
+    return Config(namespace=namespace, shards=document.shards,
                   leader_lease=document.leader_lease, claim_lease=document.claim_lease,
                   rules=document.rules, source=schema.file, history=document.history,
                   sources=document.sources, durability=document.durability,
