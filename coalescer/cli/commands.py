@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
+from coalescer.config.namespace_env import namespace_origin
 from coalescer.config.rules import Config, check_file
 from coalescer.config.schedule import schedule_spec
 from coalescer.errors import ConfigError, InvalidScheduleError
@@ -152,9 +154,20 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(format_status(status, int(time.time() * 1000), every_shard=args.all_shards,
-                            hints=c.hints))
+        print(_namespace_noted(format_status(status, int(time.time() * 1000),
+                                             every_shard=args.all_shards, hints=c.hints),
+                               c.config.namespace))
     return 0
+
+
+def _namespace_noted(text: str, namespace: str) -> str:
+    """``text`` saying, on its line "namespace[:] NAME", that the namespace came from
+    $COALESCER_NAMESPACE when it did."""
+    origin = namespace_origin(namespace)
+    if origin is None:
+        return text
+    return re.sub(rf"^(namespace:? {re.escape(namespace)})", rf"\1 {origin}", text, count=1,
+                  flags=re.MULTILINE)
 
 
 async def cmd_retry(args: argparse.Namespace) -> int:
@@ -451,7 +464,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{plural(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
         return EXIT_ERROR
     print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
-    print(report.config.describe())
+    print(_namespace_noted(report.config.describe(), report.config.namespace))
     return 0
 
 
