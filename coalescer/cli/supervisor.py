@@ -4,10 +4,13 @@ Each child is an ordinary `coalescer run` node: shards spread over the children 
 over any nodes. Child ``k`` gets node id ``ID-k`` when ``--node-id ID`` is given
 (else its own ``HOST:PID``) and the HTTP port ``PORT + k`` (``off`` stays off).
 SIGTERM and SIGINT are forwarded to every child, and the supervisor waits for them
-to drain. A child that exits without being told to (a crash, a SIGKILL, the OOM
-killer) is restarted after a backoff; one that keeps crashing soon after its start
-stops the whole group with a non-zero exit. On Linux a child also gets SIGTERM when
-the supervisor itself dies, so no node outlives it unnoticed.
+to drain; a second one is forwarded too (each child then stops at once) and the group
+exits with 128 + its number. The children run in a process group of their own, so a
+Ctrl-C in the terminal reaches them once, through the supervisor. A child that exits
+without being told to (a crash, a SIGKILL, the OOM killer) is restarted after a
+backoff; one that keeps crashing soon after its start stops the whole group with a
+non-zero exit. On Linux a child also gets SIGTERM when the supervisor itself dies, so
+no node outlives it unnoticed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coalescer.cli.parser import http_limit_argv
+from coalescer.cli.stopping import again_hint
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 
@@ -36,6 +40,7 @@ QUICK_CRASH = 10.0  # a child that dies sooner than this after its start crashed
 GIVE_UP_AFTER = 5  # quick crashes in a row of one child stop the group
 PR_SET_PDEATHSIG = 1
 MAX_PORT = 65535
+PLAIN_COMMAND = (sys.executable, "-m", "coalescer.cli")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,12 +54,15 @@ class ChildPlan:
     http: tuple[str, int] | None
     grace: float
     verbose: bool
+    quiet: bool = False  # -q: no line per refresh
     open_http: bool = False  # --insecure-no-token
     http_limits: tuple[str, ...] = ()  # --http-max-connections N ... as given
+    # what runs a child before "run ...": the plain command, or Django's manage.py
+    command: tuple[str, ...] = PLAIN_COMMAND
 
     def argv(self, k: int) -> list[str]:
         """The command line of child ``k``."""
-        cmd = [sys.executable, "-m", "coalescer.cli", "run", "--rules", self.rules,
+        cmd = [*self.command, "run", "--rules", self.rules,
                "--grace", repr(self.grace), "--http", self._http(k)]
         if self.redis is not None:
             cmd += ["--redis", self.redis]
@@ -62,6 +70,8 @@ class ChildPlan:
             cmd += ["--node-id", f"{self.node_id}-{k}"]
         if self.verbose:
             cmd.append("-v")
+        if self.quiet:
+            cmd.append("-q")
         if self.open_http:
             cmd.append("--insecure-no-token")
         return cmd + list(self.http_limits)
@@ -81,8 +91,10 @@ def plan_from_args(args: Any, http: tuple[str, int] | None) -> ChildPlan:
                           f"{MAX_PORT}", file="--http")
     return ChildPlan(processes=args.processes, rules=args.rules, redis=args.redis,
                      node_id=args.node_id, http=http, grace=args.grace,
-                     verbose=bool(args.verbose), open_http=bool(args.open_http),
-                     http_limits=tuple(http_limit_argv(args)))
+                     verbose=bool(args.verbose), quiet=bool(getattr(args, "quiet", False)),
+                     open_http=bool(args.open_http),
+                     http_limits=tuple(http_limit_argv(args)),
+                     command=tuple(getattr(args, "child_command", ())) or PLAIN_COMMAND)
 
 
 def _die_with_parent() -> None:
@@ -101,6 +113,7 @@ class Supervisor:
         self.children: dict[int, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
         self._signal = signal.SIGTERM
+        self._again: signal.Signals | None = None  # a second stop signal: stop at once
         self._gave_up = False
         self._exit_codes: dict[int, int] = {}
 
@@ -113,13 +126,20 @@ class Supervisor:
         await self._stop.wait()
         self._forward()
         await asyncio.gather(*slots)
+        if self._again is not None:
+            return 128 + int(self._again)
         bad = {k: rc for k, rc in self._exit_codes.items() if rc != 0}
         if bad:
             log.error("supervisor: children exited non-zero after the stop: %s", bad)
         return 1 if self._gave_up or bad else 0
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("supervisor: %s received: stopping the children", sig.name)
+        if self._stop.is_set():
+            log.info("supervisor: %s received again: the children stop at once", sig.name)
+            self._again = self._again or sig
+        else:
+            log.info("supervisor: %s received: stopping the children (%s to stop them at "
+                     "once)", sig.name, again_hint(sig))
         self.stop(sig)
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -162,7 +182,8 @@ class Supervisor:
 
     async def _spawn(self, k: int) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            *self.plan.argv(k), stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            *self.plan.argv(k), stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            process_group=0)  # a terminal's Ctrl-C reaches them through the supervisor
         self.children[k] = proc
         name = (f"{self.plan.node_id}-{k}" if self.plan.node_id
                 else f"{socket.gethostname()}:{proc.pid}")

@@ -57,7 +57,7 @@ def resolve(spec: HandlerImport) -> Callable[..., object]:
             where = repr(str(spec.base_dir)) if spec.base_dir is not None else "nothing extra"
             raise spec.error(f"handler module {module_name!r} does not import "
                              f"({type(exc).__name__}: {exc}); it is looked up with "
-                             f"{where} first on sys.path") from None
+                             f"{where} first on sys.path{setup_hint(exc)}") from None
     for part in attr_path.split("."):
         if not hasattr(target, part):
             raise spec.error(f"module {module_name!r} has no attribute {attr_path!r}")
@@ -69,6 +69,23 @@ def resolve(spec: HandlerImport) -> Callable[..., object]:
     if problem is not None:
         raise spec.error(f"{spec.ref} {problem}")
     return target
+
+
+# what Django raises when a module uses the ORM in a process that did not set Django up
+DJANGO_NOT_SET_UP = frozenset({"django.core.exceptions.ImproperlyConfigured",
+                               "django.core.exceptions.AppRegistryNotReady"})
+
+
+def setup_hint(exc: BaseException) -> str:
+    """What to do when a handler module needs a framework this process has not set up."""
+    kind = type(exc)
+    if f"{kind.__module__}.{kind.__qualname__}" not in DJANGO_NOT_SET_UP:
+        return ""
+    return ("; a handler that uses Django needs Django set up first: run the command as "
+            "'python manage.py coalescer ...' (with 'coalescer.integrations.django' in "
+            "INSTALLED_APPS); a rule with isolation: process imports its handler in a child "
+            "process, where the handler module must call django.setup() before it imports "
+            "models")
 
 
 @contextmanager

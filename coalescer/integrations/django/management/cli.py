@@ -1,0 +1,89 @@
+"""The ``coalescer`` command line inside Django: the same subcommands, options, help
+and exit codes, named ``manage.py coalescer`` and with ``settings.COALESCER_RULES`` as
+the default rules file (``--rules PATH`` still wins)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from coalescer.cli.commands import EXIT_ERROR
+from coalescer.cli.main import main
+from coalescer.cli.parser import build_parser
+from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
+
+# Django's own options, applied by manage.py before the command runs
+DJANGO_OPTIONS = ("--settings", "--pythonpath")
+
+
+def run(argv: Sequence[str], *, prog: str, script: str) -> int:
+    """Run ``coalescer ARGV`` in this process, where Django is set up; its exit status.
+    ``script`` (manage.py's path) starts the children of ``run --processes N``."""
+    argv = without_django_options(argv)
+    try:
+        parser = django_parser(prog, script)
+    except ImproperlyConfigured as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    problem = missing_rules(parser.parse_args(argv), prog)  # bad usage exits 2 here
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_ERROR
+    return main(argv, parser=parser)
+
+
+def without_django_options(argv: Sequence[str]) -> list[str]:
+    """``argv`` less ``--settings X`` and ``--pythonpath X`` (either spelling)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in DJANGO_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{option}=" for option in DJANGO_OPTIONS)):
+            kept.append(arg)
+    return kept
+
+
+def django_parser(prog: str, script: str) -> argparse.ArgumentParser:
+    """The command's parser named ``prog``, the setting's rules file as its default."""
+    parser = build_parser(prog)
+    rules = rules_setting()
+    if rules is not None:
+        for sub in _subparsers(parser):
+            _default_rules(sub, rules)
+    parser.set_defaults(child_command=(sys.executable, os.path.abspath(script), "coalescer"))
+    return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
+
+
+def _default_rules(parser: argparse.ArgumentParser, rules: str) -> None:
+    for action in parser._actions:
+        if action.dest == "rules" and action.default == DEFAULT_RULES:
+            action.default = rules
+            action.help = f"rules file (default {rules}, from settings.{RULES_SETTING})"
+
+
+def missing_rules(args: argparse.Namespace, prog: str) -> str | None:
+    """The error line when the rules file the setting names is used and is missing."""
+    rules = rules_setting()
+    if rules is None or getattr(args, "rules", None) != rules or getattr(args, "path", None):
+        return None
+    if Path(rules).exists():
+        return None
+    return (f"{prog} {args.command}: settings.{RULES_SETTING} names {rules}, which does not "
+            "exist: set it to the rules file's path (e.g. BASE_DIR / 'rules.yaml'), or "
+            "give --rules PATH")

@@ -1,0 +1,95 @@
+"""The ``SyncCoalescer`` of a Django process: ``get_coalescer()``.
+
+Made and started on the first call, from ``settings.COALESCER_RULES`` (else
+``./rules.yaml``) with ``worker=False`` (the process only touches keys; ``manage.py
+coalescer run`` nodes run the handlers) and ``$COALESCER_REDIS_URL`` (else the embedded
+server); closed at exit, which writes the touches still buffered.
+
+Fork-safe: a gunicorn or uwsgi worker forked from a master that already made it gets
+one of its own, started again on its first touch (``SyncCoalescer`` parks the
+parent's loop and connections in the child and never uses them).
+
+When ``$COALESCER_NAMESPACE`` or ``$COALESCER_REDIS_URL`` changes (the pytest plugin
+sets both for each test) the next call closes the old one and makes a new one, so an
+app's own coalescer follows each test's namespace and server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+
+from coalescer.errors import UnwrittenTouchesError
+from coalescer.integrations.django.conf import rules_path
+from coalescer.store.embedded import ENV_REDIS_URL
+from coalescer.sync import SyncCoalescer
+
+ENV_NAMESPACE = "COALESCER_NAMESPACE"
+
+# what a process's coalescer was made from: the rules file, the namespace and the URL
+Origin = tuple[str, str, str]
+
+
+def _origin() -> Origin:
+    return (str(rules_path()), os.environ.get(ENV_NAMESPACE, ""),
+            os.environ.get(ENV_REDIS_URL, ""))
+
+
+class _PerProcess:
+    """The process's one coalescer, made under a lock by the first caller."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: tuple[Origin, SyncCoalescer] | None = None
+
+    def get(self) -> SyncCoalescer:
+        made, wanted = self._made, _origin()
+        if made is not None and made[0] == wanted:
+            return made[1]
+        with self._lock:
+            made = self._made
+            if made is None or made[0] != wanted:
+                old = made[1] if made is not None else None
+                made = self._made = (wanted, _started(wanted[0]))
+                if old is not None:
+                    _close(old)
+            return made[1]
+
+    def close(self) -> None:
+        with self._lock:
+            made, self._made = self._made, None
+        if made is not None:
+            _close(made[1])
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+
+
+def _started(path: str) -> SyncCoalescer:
+    coalescer = SyncCoalescer.from_yaml(path)
+    coalescer.start()
+    return coalescer
+
+
+def _close(coalescer: SyncCoalescer) -> None:
+    with contextlib.suppress(UnwrittenTouchesError):  # close() has logged their keys
+        coalescer.close()
+
+
+_PROCESS = _PerProcess()
+os.register_at_fork(after_in_child=_PROCESS.after_fork)
+atexit.register(_PROCESS.close)
+
+
+def get_coalescer() -> SyncCoalescer:
+    """This process's started ``SyncCoalescer`` (see the module doc), e.g.
+    ``touch_on_commit(key, coalescer=get_coalescer())``."""
+    return _PROCESS.get()
+
+
+def close_coalescer() -> None:
+    """Close this process's coalescer now, writing its buffered touches (it is also
+    closed at exit); the next ``get_coalescer()`` makes a new one."""
+    _PROCESS.close()
