@@ -27,6 +27,7 @@ from coalescer.query.history import (
     read_history,
 )
 from coalescer.query.layout_read import current_space, home_of
+from coalescer.query.workers import add_workers, explain_worker_lines
 from coalescer.store import key_states as states
 from coalescer.store import keys as key_names
 from coalescer.store.hints import CommandHints
@@ -145,11 +146,12 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
                             "rule": rule_settings(rule)}
     info |= describe_state(value, rule, {"inflight": inflight, "dead": dead}, now)
     info["items"] = _item_state(*item_sets) if item_sets else None
+    await add_workers(redis, config, rule, space.shard(0), info)
     if info["state"] == "backoff":
         failed = next((r for r in mine if r.failed), None)
         info["last_error"] = failed.error if failed else None
     if rule.rate is not None and info["state"] in ("pending", "backoff") \
-            and info["due_ms"] <= now:
+            and info["due_ms"] <= now and not info["no_worker"]:
         info["rate_wait"] = {"rate": str(rule.rate), "due_now": await redis.zcount(
             sk.due(rule.name), "-inf", now)}
     info["last_refreshes"] = [r.to_json() for r in mine[:LAST_REFRESHES]]
@@ -275,6 +277,7 @@ def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -
     now = info["now_ms"]
     lines = [f"{info['key']}  (shard {info['shard']})", *_rule_lines(info["rule"])]
     state = _state_lines(info, hints or CommandHints())
+    state += explain_worker_lines(info, hints or CommandHints())
     lines.append(f"state      {state[0]}")
     lines += [f"           {line}" for line in state[1:]]
     if info["first_touch_ms"] is not None:

@@ -8,9 +8,10 @@ Adds to the status dict:
   is about to take it over);
 - ``rules_mismatch``: ``{"missing": {RULE: [nodes lacking it]}, "differing":
   {RULE: {NODE: FINGERPRINT}}}``, both empty when every live node runs the same rules;
-- per rule: ``known_by`` (the live nodes that serve it) and ``unserved`` (true while
-  it has pending keys and no live node knows it), ``in_rules_file`` (false for a
-  rule some node registered that the reader's rules file lacks: listed too).
+- per rule: ``known_by`` (the live nodes that serve it), ``no_worker`` (true when
+  none does: nothing will refresh its keys) and ``unserved`` (true while it has
+  pending keys and no live node knows it), ``in_rules_file`` (false for a rule some
+  node registered that the reader's rules file lacks: listed too).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
     file lacks.
     """
     space = KeySpace(config.namespace, len(status["shards"]))  # every shard status read
-    nodes, names, leased = await _read_registry(redis, space.shard(0), config.namespace,
-                                                round(config.leader_lease * 1000))
+    nodes, names, leased = await read_registry(redis, space.shard(0), config)
     for shard in status["shards"]:  # a leader whose node lease ended: a take-over is due
         shard["lease_lapsed"] = shard["leader"] is not None and shard["leader"] not in leased
     known = {p.node: decode(p.rules) for p in nodes}
@@ -49,13 +49,22 @@ async def add_registry(redis: Any, config: Config, status: dict[str, Any]) -> No
     for name, entry in rules.items():
         entry.setdefault("in_rules_file", True)
         entry["known_by"] = [node for node, r in known.items() if name in r]
+        entry["no_worker"] = not entry["known_by"]
         entry["unserved"] = entry["pending"] > 0 and not entry["known_by"]
 
 
-async def _read_registry(redis: Any, sk: ShardKeys, namespace: str,
-                         lease_ms: int) -> tuple[list[Peer], set[str], set[str]]:
+async def live_rules(redis: Any, sk: ShardKeys, config: Config) -> dict[str, set[str]]:
+    """Each live worker node (its node lease lives, and shard ``sk``'s registry has
+    its entry) -> the names of the rules it serves."""
+    nodes, _, _ = await read_registry(redis, sk, config)
+    return {p.node: set(decode(p.rules)) for p in nodes}
+
+
+async def read_registry(redis: Any, sk: ShardKeys,
+                        config: Config) -> tuple[list[Peer], set[str], set[str]]:
     """The live worker nodes of shard ``sk`` (sorted by id), every rule name registered,
     and every node whose node lease lives."""
+    namespace, lease_ms = config.namespace, round(config.leader_lease * 1000)
     secs, micros = await redis.time()  # apart: a Cluster pipeline refuses TIME
     now_ms = int(secs) * 1000 + int(micros) // 1000
     pipe = redis.pipeline(transaction=False)

@@ -27,6 +27,8 @@ from coalescer.config.sources import SourceConfig
 from coalescer.sources.base import SOURCE_TYPES
 from coalescer.store.keys import sources_rejected
 
+NOT_READ = "its events are not being read: no worker is running"
+
 
 async def add_sources(redis: Any, config: Config, status: dict[str, Any]) -> None:
     """Extend ``status`` with the sources of ``config``: one read per stream, plus one."""
@@ -57,17 +59,22 @@ def format_sources(status: dict[str, Any]) -> list[str]:
     lines = ["", f"{'SOURCE':<24} {'LAG':>8} {'PENDING':>8} {'REJECTED':>9}  STREAM (GROUP)"
              " OR OUTBOX TABLE AT URL OR KAFKA TOPICS (GROUP)"]
     for name, s in sources.items():
-        if s.get("type") == "outbox":
-            lines += _outbox_lines(name, s)
-            continue
-        if s.get("type") == "kafka":
-            lines += _kafka_lines(name, s)
-            continue
-        lag = "?" if s.get("lag") is None else s["lag"]
-        pending = "?" if s.get("pending") is None else s["pending"]
-        what = f"{s['stream']} ({s['group']})" if "stream" in s else f"({s.get('type')})"
-        lines.append(f"{name:<24} {lag:>8} {pending:>8} {s['rejected']:>9}  {what}")
+        lines += _type_lines(name, s)
+        if s.get("unread"):
+            lines.append(f"{'':<24} {NOT_READ}")
     return lines
+
+
+def _type_lines(name: str, s: dict[str, Any]) -> list[str]:
+    """A source's lines, as its type shows it."""
+    if s.get("type") == "outbox":
+        return _outbox_lines(name, s)
+    if s.get("type") == "kafka":
+        return _kafka_lines(name, s)
+    lag = "?" if s.get("lag") is None else s["lag"]
+    pending = "?" if s.get("pending") is None else s["pending"]
+    what = f"{s['stream']} ({s['group']})" if "stream" in s else f"({s.get('type')})"
+    return [f"{name:<24} {lag:>8} {pending:>8} {s['rejected']:>9}  {what}"]
 
 
 def _outbox_lines(name: str, s: dict[str, Any]) -> list[str]:

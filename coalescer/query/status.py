@@ -16,6 +16,7 @@ from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
 from coalescer.query.scheduled import add_scheduled
 from coalescer.query.source_status import add_sources, format_sources
+from coalescer.query.workers import NO_WORKER, mark_unread, status_worker_lines
 from coalescer.store.eviction import policy_lines, policy_status
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import ShardKeys
@@ -90,6 +91,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
               "dead_letters": dead, "layout": layout_entry(layout)}
     await add_registry(redis, config, status)
     await add_sources(redis, config, status)
+    mark_unread(status)
     await add_rates(redis, config, status)
     status["memory"] = await policy_status(redis)
     return status
@@ -170,7 +172,9 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += ["", f"{'RULE':<24} {'PENDING':>8} {'IN-FLIGHT':>10} {'DEAD':>6}  NEXT DUE"]
     for name, r in status["rules"].items():
         lines.append(f"{name:<24} {r['pending']:>8} {r['in_flight']:>10} {r['dead']:>6}  "
-                     f"{_when(r['next_due_ms'], now_ms)}" + (PAUSED if r.get("paused") else ""))
+                     f"{_when(r['next_due_ms'], now_ms)}" + (PAUSED if r.get("paused") else "")
+                     + (f"  {NO_WORKER}" if r.get("no_worker") else ""))
+    lines += status_worker_lines(status, hints or CommandHints())
     lines += _scheduled_lines(status, now_ms)
     lines += format_rates(status)
     lines += format_registry(status)
