@@ -1,0 +1,1 @@
+"""The FastAPI example: an app whose lifespan runs its coalescer, and its own tests."""

@@ -1,0 +1,1 @@
+"""The example app's tests: run `pytest` in examples/fastapi_app."""
