@@ -53,6 +53,7 @@ from coalescer.store.hints import CommandHints
 from coalescer.store.keycheck import check_item, check_key, key_problem
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import Layouts
+from coalescer.store.redis_failures import check_url, explained
 from coalescer.store.scripts import History, Scripts
 from coalescer.tracing import touch_traces
 from coalescer.worker.drain import Drainer, local_runner
@@ -186,6 +187,8 @@ class Coalescer:
         self.node_id = node_id or default_node_id()
         self.grace = grace
         self._keyspace = KeySpace(config.namespace, config.shards)
+        if redis_url:
+            check_url(redis_url, "redis_url")  # RedisUrlError, saying what to write
         self._redis_url = redis_url
         self._embedded_root = embedded_root
         self._max_buffered = max_buffered
@@ -193,7 +196,7 @@ class Coalescer:
         self._run = self._new_run()
         self._traces: TouchTraces | None = None  # the touches' span contexts (tracing on)
         self._record: Callable[[str], None] | None = None  # its record(), on the hot path
-        self._query = Query(lambda: self.config, self._connected)
+        self._query = Query(lambda: self.config, self._connected, self._explained)
         self._state = "new"
         self._closed = asyncio.Event()
         self._pid = os.getpid()
@@ -397,10 +400,11 @@ class Coalescer:
             rules[key] = self.config.rule_for(key).name
         run = self._run
         assert run.flusher is not None and run.scripts is not None
-        buffered = await run.flusher.forget(keys)
-        outcome = await cancel_keys(run.scripts, self.keyspace, rules,
-                                    history=History(self.node_id, self.config.history),
-                                    buffered=buffered)
+        async with self._explained():
+            buffered = await run.flusher.forget(keys)
+            outcome = await cancel_keys(run.scripts, self.keyspace, rules,
+                                        history=History(self.node_id, self.config.history),
+                                        buffered=buffered)
         for key in outcome.cancelled:
             run.metrics.cancels.labels(rules[key]).inc()
         log.info("cancel: %d of %s dropped (%d not pending)", outcome.done,
@@ -629,17 +633,34 @@ class Coalescer:
             except CoalescerError:  # no folder can be trusted with it: nothing to undo
                 self._state = "closed"
                 raise
-        url, run.embedded = resolve_redis_url(self._redis_url,
-                                              choice.root if choice else None)
-        if run.embedded is not None and choice is not None:
-            run.embedded.reason = choice.reason
         try:
-            run.conn = await connect(url)
+            self._check_env_url()
+            url, run.embedded = resolve_redis_url(self._redis_url,
+                                                  choice.root if choice else None)
+            if run.embedded is not None and choice is not None:
+                run.embedded.reason = choice.reason
+            async with self._explained(url):
+                run.conn = await connect(url)
         except BaseException:
             run.release_embedded()
             self._state = "closed"
             raise
         return run.conn
+
+    def _check_env_url(self) -> None:
+        """RedisUrlError for an unusable $COALESCER_REDIS_URL that this coalescer uses."""
+        from_env = os.environ.get(ENV_REDIS_URL)
+        if not self._redis_url and from_env:
+            check_url(from_env, "$" + ENV_REDIS_URL)
+
+    def _explained(self, url: str | None = None) -> contextlib.AbstractAsyncContextManager[None]:
+        """Raise redis-py's connection and password errors as coalescer's own, naming the
+        server (``url``, else the one in use) and what to check (store/redis_failures.py)."""
+        run = self._run
+        url = url or (run.conn.url if run.conn is not None else None)
+        embedded = run.embedded is not None
+        origin = "" if embedded or self._redis_url else "$" + ENV_REDIS_URL
+        return explained(None if embedded else url, origin)
 
     async def _check_policy(self, run: Run, conn: Connection) -> None:
         """Refuse to start on a server whose maxmemory-policy may evict our keys."""

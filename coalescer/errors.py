@@ -5,6 +5,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
+from redis.exceptions import AuthenticationError as _RedisAuthenticationError
+from redis.exceptions import ConnectionError as _RedisConnectionError
+
 
 class CoalescerError(Exception):
     """Base class of coalescer's own errors."""
@@ -156,6 +159,27 @@ class RedisWriteError(CoalescerError):
 
 class RedisUnreachableError(RedisWriteError):
     """Redis could not be reached (refused connection, timeout, reset)."""
+
+
+class RedisConnectError(RedisUnreachableError, _RedisConnectionError):
+    """Redis could not be reached by a call (start, a read, cancel), with what to
+    check: "could not connect to URL: connection refused (is a Redis server listening
+    there?)". Raised from redis-py's own error, and one still (a ConnectionError)."""
+
+
+class RedisAuthenticationError(CoalescerError, _RedisAuthenticationError):
+    """The Redis server refused the password of the URL, or wants one it lacks; the
+    message says which and how to give it. Raised from redis-py's own error, and one
+    still (an AuthenticationError)."""
+
+
+class RedisUrlError(ConfigError, ValueError):
+    """A Redis URL that cannot work (no scheme, an unreadable port, a password with an
+    unencoded '/'): ``file`` names where it came from (``redis_url`` or
+    ``$COALESCER_REDIS_URL``), the message what to write instead. Also a ValueError."""
+
+    def __init__(self, message: str, *, where: str) -> None:
+        super().__init__(message, file=where)
 
 
 class RedisRefusesWritesError(RedisWriteError):

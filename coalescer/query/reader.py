@@ -7,8 +7,10 @@ so it raises ClosedError while the coalescer is not connected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coalescer.config.rules import Config
 from coalescer.query.controls import RunNowOutcome, paused_rules, run_now, set_paused
@@ -29,6 +31,21 @@ from coalescer.store.scripts import Scripts
 
 # The client and scripts of the coalescer's connection; raises ClosedError without one.
 Connected = Callable[[], tuple[Any, Scripts]]
+# What raises redis-py's connection errors met in a read as coalescer's own.
+Explained = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _explained(read: Callable[Concatenate[Query, _P], Coroutine[Any, Any, _T]],
+               ) -> Callable[Concatenate[Query, _P], Coroutine[Any, Any, _T]]:
+    """``read``, its Redis connection and password errors raised as coalescer's own."""
+    @functools.wraps(read)
+    async def call(self: Query, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        async with self._explained():
+            return await read(self, *args, **kwargs)
+    return call
 
 
 class Query:
@@ -36,18 +53,22 @@ class Query:
     the dead letters, which it also re-queues and purges; and the operator's controls:
     pause and resume a rule, run keys now."""
 
-    def __init__(self, config: Callable[[], Config], connected: Connected) -> None:
+    def __init__(self, config: Callable[[], Config], connected: Connected,
+                 explained: Explained = contextlib.nullcontext) -> None:
         self._config = config
         self._connected = connected
+        self._explained = explained
 
     @property
     def _redis(self) -> Any:
         return self._connected()[0]
 
+    @_explained
     async def status(self) -> dict[str, Any]:
         """The JSON of ``coalescer status --json``."""
         return await gather_status(self._redis, self._config())
 
+    @_explained
     async def explain(self, key: str) -> dict[str, Any]:
         """Where ``key`` stands and why (the JSON of ``coalescer explain KEY --json``).
 
@@ -59,15 +80,18 @@ class Query:
         """
         return await gather_explain(self._redis, self._config(), key)
 
+    @_explained
     async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:
         """Recent refreshes, newest first, across every shard (see HistoryQuery)."""
         return await read_history(self._redis, self._config(), query or HistoryQuery())
 
+    @_explained
     async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]:
         """The earliest ``per_rule`` pending keys of each rule, with the server clock:
         ``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``."""
         return await next_due(self._redis, self._config(), per_rule)
 
+    @_explained
     async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
                            limit: int = 20, offset: int = 0) -> DeadPage:
         """A page of dead letters, oldest first, with the total count.
@@ -81,6 +105,7 @@ class Query:
         return await list_dead(self._redis, self._config(), rule=rule, limit=limit,
                                offset=offset)
 
+    @_explained
     async def retry_dead(self, keys: Sequence[str] | None = None, *,
                          rule: str | None = None) -> DeadOutcome:
         """Re-queue dead keys, due now with fresh attempts: the named ``keys``, else
@@ -88,6 +113,7 @@ class Query:
         alone and listed in ``not_dead``; ``done`` counts the keys re-queued."""
         return await self._on_dead(lambda s: s.requeue_each, keys, rule)
 
+    @_explained
     async def purge_dead(self, keys: Sequence[str] | None = None, *,
                          rule: str | None = None) -> DeadOutcome:
         """Delete dead keys for good (state and dead letter): the named ``keys``, else
@@ -96,21 +122,25 @@ class Query:
         a fresh burst."""
         return await self._on_dead(lambda s: s.purge, keys, rule)
 
+    @_explained
     async def pause(self, rule: str) -> bool:
         """Pause ``rule`` on every node (and across restarts): its keys keep collecting
         touches and none runs until ``resume``. Whether it was not paused before;
         KeyError if there is no such rule."""
         return await set_paused(self._redis, self._config(), rule, paused=True)
 
+    @_explained
     async def resume(self, rule: str) -> bool:
         """Resume a paused ``rule``: its due keys run at once. Whether it was paused;
         KeyError if there is no such rule."""
         return await set_paused(self._redis, self._config(), rule, paused=False)
 
+    @_explained
     async def paused(self) -> list[str]:
         """The names of the rules paused now."""
         return await paused_rules(self._redis, self._config())
 
+    @_explained
     async def run_now(self, keys: Sequence[str]) -> RunNowOutcome:
         """Make the keys' pending refreshes due now (window, max wait, time or backoff
         skipped) and wake their pollers; see RunNowOutcome. UnknownKeyError or
