@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -547,6 +548,19 @@ class Coalescer:
         ``.coalescer/`` and where it stopped), while this coalescer runs on it."""
         embedded = self._run.embedded
         return embedded.reason if embedded is not None else None
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        # Started, never closed, now dropped: its buffered touches die with it (asyncio
+        # and aiohttp warn so of an unclosed loop or session).
+        if getattr(self, "_state", None) not in ("starting", "running") or (
+                self._pid != os.getpid()):
+            return
+        keys = len(self._run.absorber.unwritten_keys())
+        text = (f"coalescer {self.node_id} was never closed: {plural(keys, 'touched key')} "
+                "not written to Redis are lost; use 'async with Coalescer(...)' or "
+                "'await coalescer.close()'")
+        _warn(text, ResourceWarning, source=self)
+        log.warning("%s", text)
 
     def __repr__(self) -> str:
         url = redact(self.redis_url) if self.redis_url else None

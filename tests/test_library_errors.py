@@ -3,6 +3,8 @@ coalescer's own errors, saying what to check, raised from redis-py's original.""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -112,3 +114,32 @@ async def test_reads_and_cancel_on_a_stopped_server_name_it(
             await c.query.explain("stats:1")
         with pytest.raises(RedisConnectError, match=f"could not connect to {own_server.url}"):
             await c.cancel("stats:1")
+
+
+# -- a coalescer never closed ---------------------------------------------------------------
+
+
+def test_a_started_coalescer_never_closed_warns_of_its_lost_touches(
+        rules: Path, own_server: ValkeyProcess, caplog: pytest.LogCaptureFixture) -> None:
+    async def forget_to_close() -> None:
+        c = Coalescer.from_yaml(rules, redis_url=own_server.url, worker=False)
+        await c.start()
+        own_server.stop()  # the touches cannot be written: they wait in the buffer
+        c.touch_many(["stats:1", "stats:2", "stats:3"])
+
+    with pytest.warns(ResourceWarning, match="was never closed: 3 touched keys not written "
+                      "to Redis are lost; use 'async with Coalescer"):
+        asyncio.run(forget_to_close())
+        gc.collect()
+    lines = [r for r in caplog.records if "was never closed" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "WARNING"
+
+
+async def test_a_closed_or_never_started_coalescer_does_not_warn(
+        rules: Path, redis_url: str, recwarn: pytest.WarningsRecorder) -> None:
+    async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
+        c.touch("stats:1")
+    Coalescer.from_yaml(rules, redis_url=redis_url, worker=False)  # never started
+    del c
+    gc.collect()
+    assert not [w for w in recwarn if "never closed" in str(w.message)]
