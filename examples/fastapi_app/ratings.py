@@ -41,11 +41,15 @@ def rating(product: int) -> dict[str, Any] | None:
 
 
 def refresh_rating(claim: Claim) -> None:
-    """The rule's handler: the product's review count and mean stars, from every review."""
+    """The rule's handler: the product's review count and mean stars, from every review
+    (no rating for a product without reviews)."""
     product = int(claim.params["product_id"])
     with closing(connect()) as db, db:
-        db.execute(
-            "INSERT INTO ratings (product, reviews, stars) "
-            "SELECT ?, COUNT(*), ROUND(AVG(stars), 2) FROM reviews WHERE product = ? "
-            "ON CONFLICT (product) DO UPDATE SET reviews = excluded.reviews, "
-            "stars = excluded.stars", (product, product))
+        count, stars = db.execute("SELECT COUNT(*), ROUND(AVG(stars), 2) FROM reviews "
+                                  "WHERE product = ?", (product,)).fetchone()
+        if not count:
+            db.execute("DELETE FROM ratings WHERE product = ?", (product,))
+            return
+        db.execute("INSERT INTO ratings (product, reviews, stars) VALUES (?, ?, ?) "
+                   "ON CONFLICT (product) DO UPDATE SET reviews = excluded.reviews, "
+                   "stars = excluded.stars", (product, count, stars))
