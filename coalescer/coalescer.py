@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -39,7 +39,14 @@ from coalescer.errors import (
 )
 from coalescer.query.reader import Query
 from coalescer.sources.base import NodeContext as SourceContext
-from coalescer.sources.base import Source, check_sources, start_sources, stop_sources
+from coalescer.sources.base import (
+    Source,
+    check_sources,
+    open_sources,
+    read_sources,
+    start_sources,
+    stop_sources,
+)
 from coalescer.store import embedded_watch
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import (
@@ -57,7 +64,7 @@ from coalescer.store.layout import Layouts
 from coalescer.store.redis_failures import check_url, explained
 from coalescer.store.scripts import History, Scripts
 from coalescer.tracing import touch_traces
-from coalescer.worker.drain import Drainer, local_runner
+from coalescer.worker.drain import Drainer, ReadSources, local_runner
 from coalescer.worker.handlers import Handlers
 from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.node import Node, NodeContext
@@ -472,28 +479,52 @@ class Coalescer:
         """Run everything pending now through this process's handlers, windows and
         retry backoff skipped, and return the claims run, in the order they started.
 
-        Meant for tests. Flushes this process's touches first; drains touches that
-        the handlers make through this coalescer too, until nothing of its rules is
-        pending or in flight in Redis. Works with ``worker=False`` as well: the
-        handlers then run here for the drain's length. Claims are taken as a leader
-        takes them (fencing tokens, leases), whichever node leads; what another
+        Meant for tests. First reads what the rules file's ``sources:`` hold now
+        (outbox rows, stream entries, Kafka messages), as a running source would:
+        touched, flushed, then deleted, acknowledged or committed. Then flushes this
+        process's touches; drains touches that the handlers make through this
+        coalescer too (and source events they write: the sources are read again each
+        round), until nothing of its rules is pending or in flight in Redis. Works
+        with ``worker=False`` as well: the handlers then run here, and the sources are
+        opened here, for the drain's length (closed after). Claims are taken as a
+        leader takes them (fencing tokens, leases), whichever node leads; what another
         node runs meanwhile is waited for but not returned. A failing handler is
         retried at once until its attempts run out (dead-lettered, in the list once
-        per attempt). Raises TimeoutError naming the keys left after ``timeout``.
+        per attempt). Raises TimeoutError naming the keys left after ``timeout``, and
+        SourceReadError naming a source that cannot be read (or did not answer
+        within ``timeout``).
         """
         if self._state != "running":
             raise self._not_running("drain()")
         run = self._run
-        if run.node is not None:
-            return await self._drainer(run.node.runner).run(timeout)
-        if run.handlers is None:
-            self.config = self.config.with_handlers()  # a writer's drain imports them here
-            run.handlers = Handlers(self.config)
-        async with local_runner(self._context(), invokers=run.handlers.invokers) as runner:
-            return await self._drainer(runner).run(timeout)
+        async with self._sources_for_drain() as read:
+            if run.node is not None:
+                return await self._drainer(run.node.runner, read).run(timeout)
+            if run.handlers is None:
+                self.config = self.config.with_handlers()  # a writer's drain imports them
+                run.handlers = Handlers(self.config)
+            async with local_runner(self._context(), invokers=run.handlers.invokers) as runner:
+                return await self._drainer(runner, read).run(timeout)
 
-    def _drainer(self, runner: Runner) -> Drainer:
-        return Drainer(self._context(), runner=runner, flush=self.flush, redis=self.redis)
+    def _drainer(self, runner: Runner, read: ReadSources | None) -> Drainer:
+        return Drainer(self._context(), runner=runner, flush=self.flush, redis=self.redis,
+                       read_sources=read)
+
+    @contextlib.asynccontextmanager
+    async def _sources_for_drain(self) -> AsyncIterator[ReadSources | None]:
+        """What reads the rules file's sources once, for a drain: a worker's running
+        sources, else the sources opened for the drain's length (closed after)."""
+        run = self._run
+        if run.sources or not self.config.sources:
+            running = run.sources
+            yield (lambda deadline: read_sources(running, deadline)) if running else None
+            return
+        _refuse_sources_that_cannot_run(self.config)
+        opened = open_sources(self._source_context(run))
+        try:
+            yield lambda deadline: read_sources(opened, deadline)
+        finally:
+            await stop_sources(opened)
 
     @property
     def keyspace(self) -> KeySpace:
@@ -708,12 +739,15 @@ class Coalescer:
 
     def _start_sources(self, run: Run) -> None:
         # In the façade, not the node: the worker layer never imports the sources.
+        run.sources = start_sources(self._source_context(run))
+
+    def _source_context(self, run: Run) -> SourceContext:
         assert run.conn is not None
-        run.sources = start_sources(SourceContext(
+        return SourceContext(
             config=self.config, conn=run.conn, node_id=self.node_id, touch_many=self.touch_many,
             flush=self.flush, metrics=run.metrics, touch_items=self.touch_items,
             touch_timed=self._touch_timed,
-            trace_links=self._trace_links if self._traces is not None else None))
+            trace_links=self._trace_links if self._traces is not None else None)
 
     def _record_all(self, keys: list[str]) -> None:
         """With tracing on, record the current span's context with each of ``keys``."""

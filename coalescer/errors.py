@@ -218,6 +218,15 @@ class ClosedError(CoalescerError):
     """touch() or flush() on a coalescer that is closed or not started."""
 
 
+class SourceReadError(CoalescerError):
+    """``drain()`` could not read one of the rules file's sources (its database, broker
+    or stream cannot be reached, or did not answer in time); ``source`` is its name."""
+
+    def __init__(self, source: str, message: str) -> None:
+        super().__init__(f"drain(): {message}")
+        self.source = source
+
+
 class NotLeaderError(CoalescerError):
     """A claim was refused because this node no longer holds the shard's lease."""
 

@@ -2,13 +2,15 @@
 
 A type registers a ``SourceType``: how to open its running ``Source`` for the sources
 of that type in the rules file, and what ``coalescer status`` shows of each of them.
-``start_sources`` starts every configured source of a node.
+``start_sources`` starts every configured source of a node; ``read_sources`` reads,
+once, what every source holds now (what ``drain()`` does before it runs what is pending).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig
-from coalescer.errors import ConfigError
+from coalescer.errors import ConfigError, SourceReadError
 from coalescer.sources.times import TouchTimed
 from coalescer.store.connection import Connection
 
@@ -62,6 +64,22 @@ class Source(ABC):
     def problems(self) -> list[str]:
         """What keeps these sources from reading now (shown by /healthz); none by default."""
         return []
+
+    @abstractmethod
+    def readers(self) -> list[Reader]:
+        """One ``Reader`` per source: what reads, once, everything the source holds now,
+        touches, flushes and commits it as the running loop would (never both at once)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reader:
+    """Reads one source once up to now: ``read()`` returns how many events it handled;
+    ``name`` and ``what`` (e.g. "outbox coalescer_outbox at sqlite:///app.db") name it
+    in errors."""
+
+    name: str
+    what: str
+    read: Callable[[], Awaitable[int]]
 
 
 OpenSources = Callable[[Sequence[SourceConfig], NodeContext], Source]
@@ -131,18 +149,49 @@ def check_sources(config: Config, environ: Mapping[str, str]) -> list[ConfigErro
     return problems
 
 
-def start_sources(context: NodeContext) -> list[Source]:
-    """Open and start the sources of ``context.config``, one ``Source`` per type."""
+def open_sources(context: NodeContext) -> list[Source]:
+    """Open (not start) the sources of ``context.config``, one ``Source`` per type."""
     by_type: dict[str, list[SourceConfig]] = {}
     for source in context.config.sources:
         by_type.setdefault(source.type, []).append(source)
-    started: list[Source] = []
-    for name, sources in by_type.items():  # each type the rules file allows registers
-        running = SOURCE_TYPES[name].open(sources, context)
+    # each type the rules file allows registers
+    return [SOURCE_TYPES[name].open(sources, context) for name, sources in by_type.items()]
+
+
+def start_sources(context: NodeContext) -> list[Source]:
+    """Open and start the sources of ``context.config``, one ``Source`` per type."""
+    started = open_sources(context)
+    for running in started:
         running.start()
-        started.append(running)
-        log.debug("started %d %s source(s)", len(sources), name)
+        log.debug("started %d %s source(s)", len(running.readers()), type(running).__name__)
     return started
+
+
+async def read_sources(sources: Sequence[Source], deadline: float) -> int:
+    """Read every one of ``sources`` once up to now, in order, by ``deadline`` (a
+    ``time.monotonic()`` value); how many events they handled. SourceReadError naming
+    the source when one cannot be read, or does not answer by then."""
+    total = 0
+    for source in sources:
+        for reader in source.readers():
+            total += await _read_one(reader, deadline)
+    return total
+
+
+async def _read_one(reader: Reader, deadline: float) -> int:
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise TimeoutError
+        return await asyncio.wait_for(reader.read(), left)
+    except TimeoutError as exc:
+        raise SourceReadError(
+            reader.name, f"source {reader.name!r} ({reader.what}) could not be read "
+            "before the deadline: is it reachable?") from exc
+    except Exception as exc:
+        raise SourceReadError(
+            reader.name, f"source {reader.name!r} ({reader.what}) could not be read: "
+            f"{type(exc).__name__}: {exc}") from exc
 
 
 async def stop_sources(sources: Sequence[Source]) -> None:

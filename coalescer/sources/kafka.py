@@ -16,6 +16,13 @@ committed; a commit the group refuses because the partitions moved already is dr
 partitions to its first messages. The loop survives a broker that is down (retried with
 backoff, logged once) and says so in ``/healthz`` and ``coalescer status``; what a node
 last saw (each partition's lag, its error) is kept in Redis for ``coalescer status``.
+
+``drain()`` reads a Kafka source once (``KafkaLoop.read_now``) with the node's consumer
+(a writer's drain joins the group for its length, then leaves it): batch by batch as
+above, until each partition the group gives this consumer is read up to its end
+offset as the drain started, never at the same time as the node's own loop reads. A
+group with no committed offset begins at ``start`` as the running source does: with
+``latest``, what was published before it first joined is not read.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from coalescer.config.sources import SourceConfig, source_error
 from coalescer.errors import ConfigError, KeyRefusedError
 from coalescer.sources.base import (
     NodeContext,
+    Reader,
     Source,
     SourceType,
     cancel_loops,
@@ -53,6 +61,7 @@ COMMIT_TIMEOUT = 10.0  # seconds a commit may take (the broker retries inside)
 STOP_TIMEOUT = 3.0  # seconds leaving the group may take (a broker down never answers)
 PROBE_EVERY = 2.0  # seconds between two looks at an idle source's broker
 POLL_MS = 1000  # how long a read waits for messages
+DRAIN_POLL_MS = 100  # how long a drain's read waits for messages (or for partitions)
 REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
 REPORT_IDLE = 30.0  # seconds between two reports of an unchanged source
 REPORT_STALE = 3 * REPORT_IDLE  # a report older than this is a gone node's
@@ -89,6 +98,7 @@ class KafkaLoop:
         self._redis = context.conn.client
         self._consumer: Any = None
         self._batch_lock = asyncio.Lock()  # a batch and a rebalance never overlap
+        self._read_lock = asyncio.Lock()  # one reader at a time: the loop or a drain
         self._rewind: dict[Any, int] = {}  # partition -> first offset of the batch in hand
         self._committed: dict[Any, int] = {}  # partition -> offset this node last committed
         self._probed = 0.0
@@ -101,11 +111,15 @@ class KafkaLoop:
         self.accepted = 0
         self.rejected = 0
 
+    @property
+    def what(self) -> str:
+        """The topics and broker read, as errors and logs name them."""
+        return f"Kafka topics {', '.join(self.source.topics)} at {redact(self._bootstrap)}"
+
     async def run(self) -> None:
         """The loop: survives a broker or Redis that is down; backs off."""
-        await keep_running(f"source {self.source.name}: Kafka topics "
-                           f"{', '.join(self.source.topics)} at {redact(self._bootstrap)}",
-                           self.step, backoff=Backoff(base=0.1, cap=5.0), logger=log,
+        await keep_running(f"source {self.source.name}: {self.what}", self.step,
+                           backoff=Backoff(base=0.1, cap=5.0), logger=log,
                            on_error=self._failed, pause=self._pause)
 
     def _failed(self, exc: Exception) -> None:
@@ -122,6 +136,10 @@ class KafkaLoop:
 
     async def step(self) -> int:
         """One read and its handling; returns how many messages it handled."""
+        async with self._read_lock:
+            return await self._step()
+
+    async def _step(self) -> int:
         if self._consumer is None:
             await self._connect()
         batch = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=self.source.batch)
@@ -138,6 +156,49 @@ class KafkaLoop:
         await self._learn_committed()
         await self._report()
         return sum(len(messages) for messages in batch.values())
+
+    async def read_now(self) -> int:
+        """Read and handle, batch by batch, every message up to each partition's end
+        offset as it starts (of the partitions the group gives this consumer); how many
+        messages. Raises what the broker or Redis raises: a batch not committed is
+        read again."""
+        async with self._read_lock:
+            try:
+                if self._consumer is None:
+                    await self._connect()
+                total = await self._read_to_ends()
+                await self._commit_positions()
+            except Exception as exc:
+                self._failed(exc)
+                raise
+            return total
+
+    async def _read_to_ends(self) -> int:
+        total = 0
+        ends: dict[Any, int] = {}
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=DRAIN_POLL_MS,
+                                                 max_records=self.source.batch)
+            if batch:
+                async with self._batch_lock:
+                    await self._handle(batch)
+                total += sum(len(messages) for messages in batch.values())
+            owned = self._consumer.assignment()
+            if not owned:
+                continue  # the group has not handed this consumer its partitions yet
+            new = [tp for tp in owned if tp not in ends]
+            if new:
+                ends.update(await asyncio.wait_for(self._consumer.end_offsets(new),
+                                                   COMMIT_TIMEOUT))
+            if await self._read_up_to(ends, owned):
+                return total
+
+    async def _read_up_to(self, ends: Mapping[Any, int], owned: Any) -> bool:
+        """Whether each partition still this consumer's is read up to its end in ``ends``."""
+        for tp in owned:
+            if await self._consumer.position(tp) < ends[tp]:
+                return False
+        return True
 
     async def _commit_positions(self) -> None:
         """When idle, commit where each partition with no commit yet stands (nothing read
@@ -384,6 +445,10 @@ class KafkaSources(Source):
 
     def start(self) -> None:
         self._tasks = start_loops(self.loops)
+
+    def readers(self) -> list[Reader]:
+        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
+                for loop in self.loops]
 
     async def stop(self) -> None:
         """Stop reading (what was read and not committed is read again by the group's

@@ -11,6 +11,10 @@ columns its template names with each row (a column the application adds to the
 table) and touches each key with that time; a row whose time cannot be made is
 rejected the same way.
 
+``drain()`` reads an outbox once (``OutboxLoop.read_now``): every row whose id is at most
+the highest one in the table when it starts, claimed, touched and deleted batch by
+batch as above, never at the same time as the node's own loop (they share a lock).
+
 An idle outbox is looked at every ``poll`` (one cheap query); on PostgreSQL the
 table's NOTIFY trigger wakes the node at once. A loop survives its own errors (logs
 once, backs off, connects again). What a node last saw (backlog, lag, error) is kept in
@@ -43,6 +47,7 @@ from coalescer.config.sources import (
 from coalescer.errors import ConfigError, UnknownKeyError, shown_key
 from coalescer.sources.base import (
     NodeContext,
+    Reader,
     Source,
     SourceType,
     cancel_loops,
@@ -92,13 +97,18 @@ class OutboxLoop:
         self._measured = 0.0
         self._reported: tuple[Any, ...] | None = None
         self._report_at = 0.0
+        self._lock = asyncio.Lock()  # one claim at a time: the loop's or a drain's
         self.accepted = 0
         self.rejected = 0
 
+    @property
+    def what(self) -> str:
+        """The table and database read, as errors and logs name them."""
+        return f"outbox {self.source.table} at {self._shown_url}"
+
     async def run(self) -> None:
         """The loop: survives database and Redis errors; backs off."""
-        await keep_running(f"source {self.source.name}: outbox {self.source.table} at "
-                           f"{self._shown_url}", self.step,
+        await keep_running(f"source {self.source.name}: {self.what}", self.step,
                            backoff=Backoff(base=0.1, cap=5.0), logger=log,
                            on_error=self._failed, pause=self._pause)
 
@@ -115,11 +125,39 @@ class OutboxLoop:
 
     async def step(self) -> int:
         """One claim and its handling; waits for more rows when the outbox ran dry."""
+        async with self._lock:
+            count = await self._take()
+        if not self._full:
+            await self._outbox.wait(self.source.poll)
+        return count
+
+    async def read_now(self) -> int:
+        """Claim and handle, batch by batch, every row in the table now (ids up to the
+        highest one there as it starts); how many rows. Raises what the database or
+        Redis raises: the rows not yet deleted stay in the table."""
+        async with self._lock:
+            await self._connected()
+            self._reconnect = True
+            newest = await self._outbox.newest()
+            self._reconnect = False
+            total = 0
+            while newest is not None:
+                count = await self._take(newest)
+                total += count
+                if count < self.source.batch:
+                    break
+            return total
+
+    async def _connected(self) -> None:
         if self._reconnect:
             await self._outbox.connect()
             self._reconnect = False
+
+    async def _take(self, up_to: int | None = None) -> int:
+        """One claim (of the rows with ids up to ``up_to``, if given) and its handling."""
+        await self._connected()
         self._reconnect = True  # until the claim is in hand: a failure is the database's
-        rows = await self._outbox.claim(self.source.batch)
+        rows = await self._outbox.claim(self.source.batch, up_to)
         self._reconnect = False
         keys, pairs, rejected = self._split(rows)
         timed = self._with_times(rows, keys, pairs, rejected)
@@ -132,8 +170,6 @@ class OutboxLoop:
         self._error = None
         self._full = len(rows) >= self.source.batch
         await self._report()
-        if not self._full:
-            await self._outbox.wait(self.source.poll)
         return len(rows)
 
     def _with_times(self, rows: Sequence[Row], keys: list[str], pairs: list[tuple[str, str]],
@@ -277,6 +313,10 @@ class OutboxSources(Source):
 
     def start(self) -> None:
         self._tasks = start_loops(self.loops)
+
+    def readers(self) -> list[Reader]:
+        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
+                for loop in self.loops]
 
     async def stop(self) -> None:
         """Stop claiming (rows claimed and not yet deleted stay in the table), close."""

@@ -96,8 +96,13 @@ class Outbox(ABC):
         """Open the connection(s); ready to claim."""
 
     @abstractmethod
-    async def claim(self, limit: int) -> list[Row]:
-        """The first ``limit`` rows, held until ``done`` or ``undo``."""
+    async def claim(self, limit: int, up_to: int | None = None) -> list[Row]:
+        """The first ``limit`` rows (with ids up to ``up_to``, if given), held until
+        ``done`` or ``undo``."""
+
+    @abstractmethod
+    async def newest(self) -> int | None:
+        """The highest id in the table now; None when it is empty."""
 
     @abstractmethod
     async def done(self) -> None:
@@ -118,6 +123,11 @@ class Outbox(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Close the connection(s); rows held go back to the table."""
+
+
+def _bound(up_to: int | None, mark: str) -> tuple[str, tuple[int, ...]]:
+    """The WHERE clause (and its parameter) of a claim of ids up to ``up_to``, if given."""
+    return ("", ()) if up_to is None else (f" WHERE id <= {mark}", (up_to,))
 
 
 def open_outbox(source: OutboxSource, url: str, rules_dir: Path) -> Outbox:
@@ -191,18 +201,24 @@ class PostgresOutbox(Outbox):
             log.debug("source %s: LISTEN connection lost: %r", self._source.name, exc)
         self._wake.set()
 
-    async def claim(self, limit: int) -> list[Row]:
+    async def claim(self, limit: int, up_to: int | None = None) -> list[Row]:
         if self._listening is None or self._listening.done():
             await self.connect()  # LISTEN lost: connect again (and claim what came)
         self._wake.clear()
         await self._conn.execute("BEGIN")
+        bound, params = _bound(up_to, "%s")
         cursor = await self._conn.execute(
-            f"DELETE FROM {self._table} WHERE id IN (SELECT id FROM {self._table} "
+            f"DELETE FROM {self._table} WHERE id IN (SELECT id FROM {self._table}{bound} "
             f"ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING key, item"
-            f"{time_columns(self._source)}", (limit,))
+            f"{time_columns(self._source)}", (*params, limit))
         rows = list(await cursor.fetchall())
         self.fields = row_fields(self._source, rows, 2)
         return [(row[0], row[1]) for row in rows]
+
+    async def newest(self) -> int | None:
+        cursor = await self._conn.execute(f"SELECT max(id) FROM {self._table}")
+        found = await cursor.fetchone()
+        return None if found is None or found[0] is None else int(found[0])
 
     async def done(self) -> None:
         await self._conn.execute("COMMIT")
@@ -266,16 +282,24 @@ class SqliteOutbox(Outbox):
                         "create it with outbox_table() or the Django migration",
                         self._source.name, self._source.table, self._path)
 
-    async def claim(self, limit: int) -> list[Row]:
+    async def claim(self, limit: int, up_to: int | None = None) -> list[Row]:
         if self._conn is None:
             await self.connect()
+        bound, params = _bound(up_to, "?")
         cursor = await self._conn.execute(
-            f"SELECT id, key, item{time_columns(self._source)} FROM {self._table} "
-            "ORDER BY id LIMIT ?", (limit,))
+            f"SELECT id, key, item{time_columns(self._source)} FROM {self._table}{bound} "
+            "ORDER BY id LIMIT ?", (*params, limit))
         rows = list(await cursor.fetchall())
         self._last_id = rows[-1][0] if rows else None
         self.fields = row_fields(self._source, rows, 3)
         return [(row[1], row[2]) for row in rows]
+
+    async def newest(self) -> int | None:
+        if self._conn is None:
+            await self.connect()
+        cursor = await self._conn.execute(f"SELECT max(id) FROM {self._table}")
+        found = await cursor.fetchone()
+        return None if found is None or found[0] is None else int(found[0])
 
     async def done(self) -> None:
         if self._last_id is not None:

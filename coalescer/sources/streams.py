@@ -19,6 +19,12 @@ is rejected rather than failing the read, and a blocked read never holds one of
 the connections the scripts share. A loop survives its own errors (logs once,
 backs off); a missing stream or group (deleted, or lost in a Redis restart) is
 created again, from the stream's start so that nothing added since is missed.
+
+``drain()`` reads a stream once (``SourceLoop.read_now``), as the same consumer: the
+entries it was handed and has not acknowledged, then new entries up to the stream's
+last id when it starts, each batch touched, flushed and acknowledged as above. A
+running loop's batch is never handled at the same time (they share a lock), nor twice:
+entries the drain handled are dropped from the batch the loop read meanwhile.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from coalescer.errors import UnknownKeyError, shown_key
 from coalescer.sources.base import (
     Flush,
     NodeContext,
+    Reader,
     Source,
     SourceType,
     TouchItems,
@@ -136,6 +143,13 @@ def _item_field_problem(raw: bytes) -> str | None:
     return None
 
 
+def _stream_id(raw: bytes | str) -> tuple[int, int]:
+    """An entry id (``ms-seq``) as numbers, to compare."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _group_gone(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, ResponseError) and ("NOGROUP" in text or "no longer exists" in text)
@@ -171,6 +185,13 @@ class SourceLoop:
         self._recreating = False  # the group was ready once: create it again from 0
         self._own_first = True  # re-read this consumer's own pending entries first
         self._metrics = metrics.source_entries
+        self._lock = asyncio.Lock()  # one batch handled at a time: the loop's or a drain's
+        self._drained: set[bytes] = set()  # pending entries a drain handled (and acked)
+
+    @property
+    def what(self) -> str:
+        """The stream and group read, as errors and logs name them."""
+        return f"stream {self.source.stream!r}, group {self.source.group!r}"
 
     async def run(self) -> None:
         """The loop: survives Redis errors and a lost stream or group; backs off."""
@@ -190,9 +211,45 @@ class SourceLoop:
         entries = await self._claim() if time.monotonic() >= self._next_claim else []
         if not entries:
             entries = await self._read()
-        if entries:
-            await self._handle(entries)
+        async with self._lock:
+            drained, self._drained = self._drained, set()
+            entries = [entry for entry in entries if entry[0] not in drained]
+            if entries:
+                await self._handle(entries)
         return len(entries)
+
+    async def read_now(self) -> int:
+        """Handle, batch by batch, the entries this consumer holds unacknowledged, then
+        the new ones up to the stream's last id as it starts; how many entries."""
+        async with self._lock:
+            try:
+                if not self._group_ready:
+                    await self._create_group()
+                newest = await self._client.xrevrange(self.source.stream, count=1)
+                total = await self._read_all("0")
+                if newest:
+                    total += await self._read_all(">", _stream_id(newest[0][0]))
+            except Exception as exc:
+                self._failed(exc)
+                raise
+            return total
+
+    async def _read_all(self, start: str, last: tuple[int, int] | None = None) -> int:
+        """Read from ``start`` ("0": this consumer's pending entries, ">": new ones, up
+        to ``last``) without blocking until none is left, handling each batch."""
+        s = self.source
+        total = 0
+        while True:
+            entries = _read_reply(await self._client.xreadgroup(
+                s.group, self._consumer, {s.stream: start}, count=BATCH))
+            if not entries:
+                return total
+            if start == "0":  # the running loop may hold them: it skips them then
+                self._drained.update(entry_id for entry_id, _ in entries)
+            await self._handle(entries)
+            total += len(entries)
+            if last is not None and _stream_id(entries[-1][0]) >= last:
+                return total
 
     async def _create_group(self) -> None:
         """Create the group (and the stream) if missing: at the configured start the
@@ -388,6 +445,10 @@ class Sources(Source):
 
     def start(self) -> None:
         self._tasks = start_loops(self.loops)
+
+    def readers(self) -> list[Reader]:
+        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
+                for loop in self.loops]
 
     async def stop(self) -> None:
         """Stop reading (entries read and not yet acknowledged stay pending), close."""

@@ -1,14 +1,18 @@
 """Drain: run everything pending now through this process's handlers, windows skipped.
 
 Meant for users' tests (``await coalescer.drain()``) and one-off catch-ups. Each
-round flushes this process's touches, makes every pending key of the coalescer's
+round first reads the rules file's sources once up to now (``read_sources``, lent by
+the façade: the worker layer never imports the sources; outbox rows, stream entries,
+Kafka messages become touches as a running source makes them), then flushes this
+process's touches, makes every pending key of the coalescer's
 rules due now (``hasten.lua``: windows and retry backoff skipped), re-queues claims
 whose holder died, and claims what is due (``take.lua``: as the leader's poller
 claims, fencing tokens and leases included, but whoever leads the shard) into this
 process's runner, within each rule's concurrency (none waits in process: a key
-not yet started stays pending in Redis). Touches made by the handlers are
-flushed and drained in the next round. It ends once a round finds nothing pending
-or in flight for the coalescer's rules and nothing ran since the round before.
+not yet started stays pending in Redis). Touches made by the handlers (and source
+events they wrote: an outbox row, a stream entry) are read, flushed and drained in
+the next round. It ends once a round finds nothing pending or in flight for the
+coalescer's rules and nothing ran since the round before.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from coalescer.claim import Claim
 from coalescer.worker.claims import MAX_CLAIM, RECOVER_BATCH, Taken, claim_into_slots, item_rules
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.runner import Runner
+
+# Reads the sources once up to now, by a deadline (time.monotonic()); events handled.
+ReadSources = Callable[[float], Awaitable[int]]
 
 if TYPE_CHECKING:
     from coalescer.worker.node import NodeContext
@@ -50,8 +57,10 @@ class Drainer:
     """Drains one coalescer's namespace into one runner."""
 
     def __init__(self, ctx: NodeContext, *, runner: Runner,
-                 flush: Callable[[], Awaitable[None]], redis: Any) -> None:
+                 flush: Callable[[], Awaitable[None]], redis: Any,
+                 read_sources: ReadSources | None = None) -> None:
         self._config = ctx.config
+        self._read_sources = read_sources
         self._keyspace = ctx.keyspace
         self._scripts = ctx.scripts
         self._runner = runner
@@ -79,6 +88,8 @@ class Drainer:
         wait = OTHERS_STEP[0]
         while time.monotonic() < deadline:
             seen, idle = len(claims), self._runner.holding == 0
+            if self._read_sources is not None:
+                await self._read_sources(deadline)
             await self._flush()
             found = await self._round()
             if idle and not (found.pending or found.in_flight or found.taken) \

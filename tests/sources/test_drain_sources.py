@@ -1,0 +1,118 @@
+"""``await coalescer.drain()`` reads the rules file's sources before it runs what is pending.
+
+Real coalescers (in process) on the suite's valkey-server, with an outbox in a real
+SQLite file written by ``touch_in_transaction`` as an application would, and a real
+Redis Stream written with XADD. Every rule's window is an hour: a key is refreshed
+only because the drain read its source event and ran it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from coalescer import Claim, SourceReadError
+from coalescer.store.keys import sources_rejected
+from tests.conftest import Start
+from tests.helpers.e2e import Recorder, recorder_rules
+from tests.helpers.outbox import OutboxDb, new_outbox
+
+RULES = """\
+namespace: {ns}
+rules:
+  - name: customer
+    match: "stats:customer:{{id}}"
+    window: 1h
+    max_wait: 2h
+    handler: {{mod}}:refresh
+"""
+
+
+def setup(tmp_path: Path, namespace: str, sources: str) -> tuple[Path, Recorder]:
+    text = RULES.format(ns=namespace) + sources
+    return recorder_rules(tmp_path, f"drain_sources_{namespace}", text)
+
+
+def keys_of(claims: list[Claim]) -> list[str]:
+    return [claim.key for claim in claims]
+
+
+def sqlite_outbox(tmp_path: Path) -> OutboxDb:
+    return new_outbox("sqlite", tmp_path, None)
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["write-only", "worker"])
+async def test_drain_touches_and_runs_the_outbox_rows_and_deletes_them(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start, worker: bool) -> None:
+    db = sqlite_outbox(tmp_path)
+    path, rec = setup(tmp_path, namespace, db.source(poll="1m"))  # the loop looks rarely
+    c = await start(path, redis_url=redis_url, worker=worker)
+    db.write(["stats:customer:1", "stats:customer:2"])
+    db.write(["stats:customer:1"])
+    db.write(["stats:customer:3"], rollback=True)
+
+    claims = await c.drain(timeout=20)
+
+    assert sorted(keys_of(claims)) == ["stats:customer:1", "stats:customer:2"]
+    assert sorted(keys_of(rec.calls)) == ["stats:customer:1", "stats:customer:2"]
+    assert db.rows() == 0  # touched, then deleted: never read twice
+    assert await c.drain(timeout=5) == []
+
+
+async def test_outbox_rows_a_handler_writes_are_drained_in_the_next_round(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    db = sqlite_outbox(tmp_path)
+    path, rec = setup(tmp_path, namespace, db.source(poll="1m"))
+
+    async def order_placed(claim: Claim) -> None:
+        if claim.key == "stats:customer:1":  # its refresh writes another row
+            db.write(["stats:customer:2"])
+
+    rec.hook = order_placed
+    c = await start(path, redis_url=redis_url, worker=False)
+    db.write(["stats:customer:1"])
+
+    claims = await c.drain(timeout=20)
+
+    assert keys_of(claims) == ["stats:customer:1", "stats:customer:2"]
+    assert db.rows() == 0
+
+
+async def test_drain_reads_the_stream_entries_and_acknowledges_them(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start,
+        redis_client: redis.asyncio.Redis) -> None:
+    stream = f"{namespace}:orders"
+    sources = (f"sources:\n  - name: order-events\n    stream: \"{stream}\"\n"
+               "    start: all\n    key: \"stats:customer:{customer_id}\"\n")
+    path, _ = setup(tmp_path, namespace, sources)
+    for customer in ("7", "8", "7", "bad:id"):
+        await redis_client.xadd(stream, {"customer_id": customer})
+    c = await start(path, redis_url=redis_url, worker=False)
+
+    claims = await c.drain(timeout=20)
+
+    assert sorted(keys_of(claims)) == ["stats:customer:7", "stats:customer:8"]
+    (group,) = await redis_client.xinfo_groups(stream)
+    assert (group["pending"], group["lag"]) == (0, 0)  # each entry acknowledged once
+    assert await redis_client.hget(sources_rejected(namespace), "order-events") == "1"
+    assert await c.drain(timeout=5) == []
+
+
+async def test_a_source_that_cannot_be_read_fails_the_drain_naming_it(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    missing = tmp_path / "gone.db"
+    sources = (f"sources:\n  - name: orders\n    type: outbox\n"
+               f"    url: \"sqlite:///{missing}\"\n")
+    path, rec = setup(tmp_path, namespace, sources)
+    c = await start(path, redis_url=redis_url, worker=False)
+    c.touch("stats:customer:1")
+
+    with pytest.raises(SourceReadError) as info:
+        await c.drain(timeout=10)
+
+    assert info.value.source == "orders"
+    message = str(info.value)
+    assert "source 'orders'" in message and f"no SQLite database at {missing}" in message
+    assert rec.calls == []
