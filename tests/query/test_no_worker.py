@@ -15,14 +15,15 @@ from coalescer.store.scripts import Scripts
 from coalescer.worker.registry import encode
 from tests.helpers.e2e import server_ms
 from tests.helpers.inspection import node, write
+from tests.helpers.outbox import new_outbox
 from tests.helpers.servers import wait_until
 
 HINT = ("no worker is running for this rule: pending keys will not be refreshed until one "
         "starts (`coalescer run`)")
 NO_NODE = ("no worker is running: no node has renewed its lease; pending keys will not be "
            "refreshed, and no source is read, until one starts (`coalescer run`)")
-SOURCE = ("source events is not being read (no worker is running): touches waiting there do "
-          "not show here until one starts")
+SOURCES = ("sources events, orders are not being read (no worker is running): touches "
+           "waiting there do not show here until one starts")
 
 RULES = """\
 namespace: {ns}
@@ -59,7 +60,10 @@ def explained(info: dict[str, Any]) -> list[str]:
 
 async def test_with_no_node_status_and_explain_say_nothing_will_refresh_or_read(
         tmp_path: Path, redis_url: str, namespace: str) -> None:
-    rules, _ = write(tmp_path, namespace, rules_text(namespace, only_here=False))
+    outbox = new_outbox("sqlite", tmp_path, None)
+    orders = outbox.source("orders").removeprefix("sources:\n")
+    rules, _ = write(tmp_path, namespace, rules_text(namespace, only_here=False) + orders)
+    outbox.write(["stats:outboxed"])  # committed with the app's data; only a node reads it
     async with node(rules, redis_url, worker=False) as c:
         c.touch_many(["stats:late", "stats:soon"])
         await c.flush()
@@ -69,6 +73,7 @@ async def test_with_no_node_status_and_explain_say_nothing_will_refresh_or_read(
         assert status["nodes"] == []
         assert status["rules"]["stats"]["no_worker"] is True
         assert status["sources"]["events"]["unread"] is True
+        assert status["sources"]["orders"]["unread"] is True
         lines = format_status(status, 0).splitlines()
         row = next(line for line in lines if line.startswith("stats "))
         assert row.endswith("  no worker is running for this rule")
@@ -77,19 +82,20 @@ async def test_with_no_node_status_and_explain_say_nothing_will_refresh_or_read(
         assert lines[source + 1].strip() == "its events are not being read: no worker is running"
 
         late = await c.query.explain("stats:late")
-        assert late["no_worker"] is True and late["unread_sources"] == ["events"]
+        assert late["no_worker"] is True and late["unread_sources"] == ["events", "orders"]
         assert late["due_ms"] <= late["now_ms"]
         state = explained(late)
         assert state[0].startswith("pending: due ") and " ago " in state[0]
-        assert state[1:] == [f"overdue: {HINT}", SOURCE]
+        assert state[1:] == [f"overdue: {HINT}", SOURCES]
 
         soon = explained(await c.query.explain("stats:soon"))
         assert soon[0].startswith("pending: due in ")
-        assert soon[1:] == [HINT, SOURCE]
+        assert soon[1:] == [HINT, SOURCES]
 
-        idle = explained(await c.query.explain("stats:none"))
-        assert idle == ["idle: nothing pending, running or dead (its next touch starts a "
-                        "burst)", HINT, SOURCE]
+        outboxed = explained(await c.query.explain("stats:outboxed"))
+        assert outboxed == ["idle: nothing pending, running or dead (its next touch starts a "
+                            "burst)", HINT, SOURCES]
+    assert outbox.rows() == 1
 
 
 async def test_a_live_node_silences_the_hint_for_its_rules_only(
