@@ -7,7 +7,8 @@ from importlib.metadata import version as _version
 
 from coalescer.claim import Claim
 from coalescer.coalescer import Coalescer
-from coalescer.config.rules import Config, Rule
+from coalescer.config.code_rules import Rule, Rules
+from coalescer.config.rules import Config
 from coalescer.errors import (
     BackpressureError,
     ClosedError,
@@ -56,6 +57,7 @@ __all__ = [
     "RedisWriteError",
     "ReplicationError",
     "Rule",
+    "Rules",
     "SourceReadError",
     "SyncCoalescer",
     "UnknownKeyError",

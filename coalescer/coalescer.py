@@ -26,6 +26,7 @@ from coalescer.common import forksafe
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
+from coalescer.config.code_rules import Rules, rules_config
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay, schedule_spec
 from coalescer.errors import (
@@ -169,6 +170,16 @@ def _task_ended(task: asyncio.Task[None]) -> None:
                   exc_info=task.exception())
 
 
+def _the_rules(config: Config | Rules | None, rules: Config | Rules | None) -> Config:
+    """The Config given either way (positionally, or as ``rules=``); exactly one."""
+    if config is not None and rules is None:
+        return rules_config(config)
+    if rules is not None and config is None:
+        return rules_config(rules)
+    raise TypeError("give the rules once: Coalescer(config) (e.g. Config.from_yaml(path)) "
+                    "or Coalescer(rules=Rules(...))")
+
+
 class Coalescer:
     """Debounce and coalesce refreshes, across every process and node, on Redis.
 
@@ -183,10 +194,13 @@ class Coalescer:
     started in the child.
     """
 
-    def __init__(self, config: Config, *, redis_url: str | None = None, worker: bool = True,
+    def __init__(self, config: Config | Rules | None = None, *,
+                 rules: Config | Rules | None = None, redis_url: str | None = None,
+                 worker: bool = True,
                  node_id: str | None = None, max_buffered: int = DEFAULT_MAX_BUFFERED,
                  grace: float = 30.0, embedded_root: Path | None = None,
                  refuse_evicting_policy: bool = True) -> None:
+        config = _the_rules(config, rules)  # Coalescer(config) or Coalescer(rules=Rules(...))
         self.config = config.with_handlers() if worker else config  # only workers call them
         if worker:
             _refuse_sources_that_cannot_run(self.config)

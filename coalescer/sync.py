@@ -13,6 +13,8 @@ from typing import Any
 
 from coalescer.coalescer import CLOSE_FLUSH_TIMEOUT, Coalescer
 from coalescer.common import forksafe
+from coalescer.config.code_rules import Rules
+from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay
 from coalescer.errors import BackpressureError, ClosedError, UnwrittenTouchesError
 from coalescer.write.cancel import CancelOutcome
@@ -37,7 +39,16 @@ class SyncCoalescer:
     it repairs the interpreter's state there (see ``coalescer.common.forksafe``).
     """
 
-    def __init__(self, coalescer: Coalescer) -> None:
+    def __init__(self, coalescer: Coalescer | None = None, *,
+                 rules: Config | Rules | None = None, **options: Any) -> None:
+        """``SyncCoalescer(Coalescer(...))``, or ``SyncCoalescer(rules=Rules(...),
+        **options)`` with ``Coalescer``'s options (``worker`` defaults to False here)."""
+        if coalescer is None and rules is not None:
+            options.setdefault("worker", False)
+            coalescer = Coalescer(rules=rules, **options)
+        elif coalescer is None or rules is not None or options:
+            raise TypeError("give SyncCoalescer(coalescer), or SyncCoalescer(rules=..., "
+                            "**options) with Coalescer's options")
         self.coalescer = coalescer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -12,7 +12,8 @@ off). Its fixtures, all named ``coalescer_*``:
 ``coalescer_factory``
     ``coalescer_factory(rules, **options)``: an async context manager yielding a
     started ``Coalescer`` on ``coalescer_url`` and the test's namespace (it replaces
-    the rules file's). ``rules`` is a rules file's path, or the YAML text itself.
+    the rules file's). ``rules`` is a rules file's path, the YAML text itself, or
+    ``Rules(...)`` built in code.
     A relative path is the project's: it is looked up in the pytest rootdir first, so
     ``coalescer_factory("rules.yaml")`` finds the same file whichever folder pytest
     runs from, then in the working folder.
@@ -51,6 +52,7 @@ import pytest
 
 from coalescer.claim import Claim
 from coalescer.coalescer import Coalescer, default_node_id
+from coalescer.config.code_rules import Rules, rules_config
 from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.config.rules import NAME_RE, Config
 from coalescer.errors import ConfigError
@@ -90,12 +92,16 @@ def assert_refreshed(claims: Sequence[Claim], keys: Iterable[str], *,
         raise AssertionError(f"refreshes were {ran!r}; " + "; ".join(problems))
 
 
-def load_rules(rules: str | os.PathLike[str], *, rootdir: Path | None = None) -> Config:
-    """A rules file's path, or rules as YAML text (any string holding a line break).
+def load_rules(rules: str | os.PathLike[str] | Rules | Config, *,
+               rootdir: Path | None = None) -> Config:
+    """A rules file's path, rules as YAML text (any string holding a line break), or
+    rules built in code (``Rules(...)``) or loaded already (a ``Config``).
 
     With ``rootdir``, a relative path is looked up there first, then in the working
     folder; a ConfigError names both when it is in neither.
     """
+    if isinstance(rules, Rules | Config):
+        return rules_config(rules)
     if isinstance(rules, str) and "\n" in rules:
         return Config.from_string(rules, source="<rules text>")
     return Config.from_yaml(rules if rootdir is None else rules_path(rules, rootdir))
@@ -169,14 +175,16 @@ def coalescer_factory(coalescer_url: str, coalescer_namespace: str,
                       request: pytest.FixtureRequest) -> Factory:
     """``coalescer_factory(rules, **options)``: ``async with`` it for a started Coalescer.
 
-    ``rules`` is YAML text or a rules file's path; a relative path is looked up in the
-    pytest rootdir (``request.config.rootpath``) first, then in the working folder.
+    ``rules`` is YAML text, a rules file's path or ``Rules(...)``; a relative path is
+    looked up in the pytest rootdir (``request.config.rootpath``) first, then in the
+    working folder.
     """
     rootdir = request.config.rootpath
     numbers = itertools.count(1)
 
     @asynccontextmanager
-    async def make(rules: str | os.PathLike[str], **options: Any) -> AsyncIterator[Coalescer]:
+    async def make(rules: str | os.PathLike[str] | Rules | Config,
+                   **options: Any) -> AsyncIterator[Coalescer]:
         namespace = options.pop("namespace", coalescer_namespace)
         if not isinstance(namespace, str) or NAME_RE.fullmatch(namespace) is None:
             raise ConfigError(f"namespace {namespace!r} may only use letters, digits, '_', "

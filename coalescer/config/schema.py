@@ -144,7 +144,11 @@ class RulesSchema(YamlReader):
     def load(self, text: str) -> Document | None:
         """The document, or None when errors were recorded. Raises ConfigError only when
         nothing more can be read (not YAML, not a mapping)."""
-        root = self.compose(text)
+        return self.read(self.compose(text))
+
+    def read(self, root: Node) -> Document | None:
+        """``load`` of a composed document: the hook for rules given as other nodes (rules
+        in code, ``coalescer.config.code_rules``, build their nodes from Python values)."""
         entries = self.mapping(root, "", _TOP_FIELDS, "the top level")
         namespace = self.optional(entries, "", "namespace", self.namespace, DEFAULT_NAMESPACE)
         shards = self.optional(entries, "", "shards", self.shards, int(TOP_DEFAULTS["shards"]))
