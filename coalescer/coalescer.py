@@ -622,6 +622,21 @@ class Coalescer:
         node = self._run.node
         return node.leads() if node is not None else []
 
+    def running_keys(self) -> list[str]:
+        """The keys whose refreshes this node runs now (or has claimed and waits for a
+        slot of their rule to run); empty for a coalescer that is not a worker."""
+        node = self._run.node
+        return node.runner.running_keys() if node is not None else []
+
+    def stop_now(self) -> None:
+        """Make ``close()`` (under way, or the next one) stop waiting for the running
+        refreshes: they are cancelled at once instead of after ``grace``, and their keys
+        run again once their claim lease expires, as after a crash. Nothing for a
+        coalescer that is not a worker."""
+        node = self._run.node
+        if node is not None:
+            node.runner.stop_now()
+
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Coalescer:

@@ -4,26 +4,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import errno
 import json
 import logging
 import os
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from coalescer.cli.check_details import (
+    describe_sources,
+    handler_lines,
+    source_errors,
+    source_json,
+)
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
+from coalescer.cli.stopping import Stopping, at_once_line, waiting_line
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.namespace_env import namespace_origin
-from coalescer.config.rules import Config, check_file
+from coalescer.config.rules import CheckReport, Config, check_file
 from coalescer.config.schedule import schedule_spec
 from coalescer.errors import ConfigError, InvalidScheduleError
 from coalescer.store.embedded import ENV_REDIS_URL
@@ -393,23 +400,34 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.processes > 1:
         from coalescer.cli.supervisor import plan_from_args, supervise
         return await supervise(plan_from_args(args, address))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stopping = Stopping()
+    stopping.install(asyncio.get_running_loop())
     node = _client(args, worker=True, node_id=args.node_id, grace=args.grace)
     _refuse_unset_secrets(node.config)
-    async with node as c:
-        api = await _start_http(c, address, args.http, allow_open=args.open_http,
-                                limits=http_limits(args))
-        print(f"coalescer {c.node_id} running, {_using(args, c)}"
-              + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
-              flush=True)
-        await stop.wait()
-        log.info("signal received: draining")
-        if api is not None:
-            await api.close()
-    return 0
+    at_once: asyncio.Task[None] | None = None
+    try:
+        async with node as c:
+            api = await _start_http(c, address, args.http, allow_open=args.open_http,
+                                    limits=http_limits(args))
+            print(f"coalescer {c.node_id} running, {_using(args, c)}"
+                  + (f", HTTP on http://{address[0]}:{api.port}" if api and address else ""),
+                  flush=True)
+            await stopping.asked.wait()
+            print(waiting_line(c.running_keys(), args.grace, stopping.first), flush=True)
+            at_once = asyncio.create_task(_stop_at_once(c, stopping))
+            if api is not None:
+                await api.close()
+    finally:
+        if at_once is not None:
+            at_once.cancel()
+    return stopping.exit_code
+
+
+async def _stop_at_once(c: Coalescer, stopping: Stopping) -> None:
+    """On a second signal: cancel the running refreshes instead of waiting for them."""
+    await stopping.again.wait()
+    print(at_once_line(c.running_keys()), flush=True)
+    c.stop_now()
 
 
 async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str, *,
@@ -451,7 +469,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Every error and warning of the rules file, one line each, in file order; exit 1
     when there are errors."""
     path = args.path or args.rules
-    report = check_file(path, os.environ, import_handlers=args.import_handlers)
+    report = _with_source_errors(check_file(path, os.environ,
+                                            import_handlers=args.import_handlers))
     if args.json:
         print(json.dumps(_check_json(path, report), indent=2))
         return EXIT_ERROR if report.errors or report.config is None else 0
@@ -465,7 +484,27 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
     print(_namespace_noted(report.config.describe(), report.config.namespace))
+    _print_details(args, report.config)
     return 0
+
+
+def _with_source_errors(report: CheckReport) -> CheckReport:
+    """``report`` with the errors that make `run` refuse its sources here (a driver
+    not installed): such a file fails the check too."""
+    extra = source_errors(report)
+    if not extra:
+        return report
+    return dataclasses.replace(report, config=None, errors=(*report.errors, *extra))
+
+
+def _print_details(args: argparse.Namespace, config: Config) -> None:
+    """After the rules: a line per source; with ``-v``, how each handler runs."""
+    sources = describe_sources(config)
+    if sources:
+        print(sources)
+    if getattr(args, "verbose", False):
+        print("handlers:")
+        print(handler_lines(config))
 
 
 def _problem(problem: Any) -> dict[str, Any]:
@@ -480,7 +519,8 @@ def _check_json(path: str, report: Any) -> dict[str, Any]:
             "errors": [_problem(e) for e in report.errors],
             "warnings": [_problem(w) for w in report.warnings],
             "rules": [{"name": r.name, "match": r.pattern.source} for r in config.rules]
-            if config is not None else []}
+            if config is not None else [],
+            "sources": source_json(config.sources) if config is not None else []}
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

@@ -11,9 +11,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from coalescer.cli.closed_stdout import leave_quietly, stdout_closed
 from coalescer.cli.commands import COMMANDS, EXIT_ERROR, cmd_check
 from coalescer.cli.errors import check_redis_url, redis_failure
 from coalescer.cli.parser import build_parser
+from coalescer.cli.refresh_lines import show_refreshes
 from coalescer.common.printable import printable, unsafe_exception
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError, ConfigError
@@ -48,8 +50,9 @@ class RedactingFormatter(logging.Formatter):
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    """run and demo log at INFO; one-shot commands only warnings and errors. ``-v``
-    shows coalescer's own DEBUG lines (other libraries stay at INFO)."""
+    """run and demo log at INFO (run: with a line per refresh, unless ``-q``); one-shot
+    commands only warnings and errors. ``-v`` shows coalescer's own DEBUG lines (other
+    libraries stay at INFO)."""
     level = logging.INFO if args.command in SERVICES else logging.WARNING
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter(LOG_FORMAT))
@@ -57,6 +60,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO if verbose else level, handlers=[handler])
     if verbose:
         logging.getLogger("coalescer").setLevel(logging.DEBUG)
+    if args.command == "run" and not getattr(args, "quiet", False):
+        show_refreshes(handler, verbose=verbose)
 
 
 def main(argv: Sequence[str] | None = None, *,
@@ -66,6 +71,19 @@ def main(argv: Sequence[str] | None = None, *,
     args = (parser or build_parser()).parse_args(argv)
     _setup_logging(args)
     try:
+        code = _command(args)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+    except BrokenPipeError as exc:
+        if stdout_closed():
+            return leave_quietly()
+        print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    return code
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command; its errors as one line on stderr and exit status 1."""
+    try:
         if args.command == "check":
             return cmd_check(args)
         check_redis_url(args.redis)
@@ -74,8 +92,11 @@ def main(argv: Sequence[str] | None = None, *,
         print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except RedisError as exc:
-        print(f"coalescer {args.command}: {redis_failure(args.redis, exc)}", file=sys.stderr)
+        print(f"coalescer {args.command}: {redis_failure(getattr(args, 'redis', None), exc)}",
+              file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        raise
     except (OSError, CoalescerError) as exc:
         print(f"coalescer {args.command}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR

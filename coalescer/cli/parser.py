@@ -50,6 +50,9 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     run.add_argument("--processes", type=_count, default=1, metavar="N",
                      help="node processes to run and supervise (default 1); child k gets "
                           "node id ID-k with --node-id and HTTP port PORT+k")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no line per refresh (the node still logs its start, a summary "
+                          "every 10 s in which it refreshed, warnings and errors)")
     touch = sub.add_parser("touch", help="touch keys; exits once Redis holds them")
     _common(touch)
     touch.add_argument("keys", nargs="+", metavar="KEY")
@@ -66,8 +69,11 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file")
     check.add_argument("path", nargs="?", default=None, metavar="PATH")
-    check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules")
-    check.add_argument("--redis", default=None, metavar="URL", help="(unused)")
+    check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules",
+                       help="rules file (default ./rules.yaml; PATH, if given, is used)")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="also say how each Python handler runs and where it is defined, "
+                            "with debug logging")
     check.add_argument("--no-import", action="store_false", dest="import_handlers",
                        help="check the handlers' names only: import no handler module "
                             "(none of their code runs)")

@@ -211,6 +211,7 @@ class Runner:
         self._results_event = asyncio.Event()
         self._idle_event = asyncio.Event()
         self._idle_event.set()
+        self._stop_now = asyncio.Event()  # a drain ends at once: stop_now()
         self._random = random.Random()
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
         self._failures = FailureLog()  # one line per kind of failure per period
@@ -770,31 +771,52 @@ class Runner:
         """How many claims this node holds (running, or finished but not yet recorded)."""
         return len(self._jobs)
 
+    def running_keys(self) -> list[str]:
+        """The keys whose refreshes run here now, or wait for a slot of their rule."""
+        return [key for key, job in self._jobs.items()
+                if job.queued or (job.task is not None and not job.task.done())]
+
     # -- shutdown ----------------------------------------------------------------------
+
+    def stop_now(self) -> None:
+        """End the drain under way (or the next) at once: what still runs is cancelled
+        as at the end of the grace, and handlers that go on are not waited for."""
+        self._stop_now.set()
 
     async def drain(self, grace: float) -> None:
         """Wait up to ``grace`` for held claims to finish and for handlers that went on
         past their run to end, then cancel the rest (a child process is killed) and name
         the runs abandoned: a thread in a handler cannot be stopped, it ends with the
-        process (its threads never keep the process from exiting)."""
+        process (its threads never keep the process from exiting). ``stop_now()`` ends
+        the wait early."""
         loop = asyncio.get_running_loop()
         end = loop.time() + grace
-        try:
-            await asyncio.wait_for(self._idle_event.wait(), grace)
-        except TimeoutError:
+        await self._unless_stopped(self._idle_event.wait(), grace)
+        if not self._idle_event.is_set():
             await self._cancel_all(grace)
         ending = [j.ends for j in self._ending.values() if j.ends is not None]
-        if ending:
-            await asyncio.wait(ending, timeout=max(end - loop.time(), AFTER_GRACE))
+        if ending and not self._stop_now.is_set():
+            await self._unless_stopped(asyncio.wait(ending),
+                                       max(end - loop.time(), AFTER_GRACE))
         self._log_abandoned()
+
+    async def _unless_stopped(self, aw: Awaitable[object], timeout: float) -> None:
+        """Wait up to ``timeout`` for ``aw``, or until ``stop_now()``."""
+        waits = [asyncio.ensure_future(aw), asyncio.ensure_future(self._stop_now.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _cancel_all(self, grace: float) -> None:
         for job in [j for j in self._jobs.values() if j.queued]:
             self._drop(job)  # never started: re-run once its claim lease expires
         tasks = [j.task for j in self._jobs.values() if j.task and not j.task.done()]
-        log.warning("shutdown: cancelling %s still running after %.1fs; "
+        after = "at once" if self._stop_now.is_set() else f"after {grace:.1f}s"
+        log.warning("shutdown: cancelling %s still running %s; "
                     "they re-run once their claim lease expires",
-                    plural(len(tasks), "refresh", "refreshes"), grace)
+                    plural(len(tasks), "refresh", "refreshes"), after)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
