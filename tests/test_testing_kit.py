@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -229,3 +230,72 @@ def test_assert_refreshed_passes_on_a_match() -> None:
     assert_refreshed(claims("b", "a", "a"), ["a", "b"])
     assert_refreshed(claims("b", "a"), iter(["a", "b"]), exactly_once=True)
     assert refreshed_keys(claims("b", "a", "b")) == ["b", "a"]
+
+
+# -- the environment of the code under test: $COALESCER_NAMESPACE and $COALESCER_REDIS_URL --
+
+ENV_TESTS = '''\
+import os
+
+import pytest
+
+AT_IMPORT = os.environ.get("COALESCER_NAMESPACE")
+SEEN = []
+
+
+def test_a_module_is_imported_in_the_sessions_namespace():
+    assert AT_IMPORT.startswith("test-session-")
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_each_test_has_its_namespace_and_the_sessions_server(
+        run, coalescer_namespace, coalescer_url):
+    assert os.environ["COALESCER_NAMESPACE"] == coalescer_namespace
+    assert os.environ["COALESCER_REDIS_URL"] == coalescer_url
+    SEEN.append(coalescer_namespace)
+    assert len(set(SEEN)) == run
+'''
+
+
+def test_the_plugin_gives_each_test_its_namespace_and_server_in_the_environment(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COALESCER_NAMESPACE", "production")
+    monkeypatch.setenv("COALESCER_REDIS_URL", "redis://127.0.0.1:1/0")
+    pytester.makepyfile(test_env=ENV_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+OFF_TEST = '''\
+import os
+
+
+def test_the_environment_is_left_alone(coalescer_url):
+    assert os.environ["COALESCER_NAMESPACE"] == "production"
+    assert "COALESCER_REDIS_URL" not in os.environ
+    assert coalescer_url == "{url}"
+'''
+
+
+def test_the_ini_option_leaves_the_environment_alone_and_a_given_server_is_used(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.setenv("COALESCER_NAMESPACE", "production")
+    monkeypatch.delenv("COALESCER_REDIS_URL", raising=False)
+    monkeypatch.setenv("COALESCER_TEST_REDIS_URL", redis_url)
+    pytester.makeini("[pytest]\ncoalescer_isolate_env = false\n")
+    pytester.makepyfile(test_off=OFF_TEST.format(url=redis_url))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_the_environment_is_restored_after_the_session(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.delenv("COALESCER_NAMESPACE", raising=False)
+    monkeypatch.setenv("COALESCER_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("COALESCER_TEST_REDIS_URL", redis_url)  # no server started in-process
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(test_env=ENV_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    assert "COALESCER_NAMESPACE" not in os.environ
+    assert os.environ["COALESCER_REDIS_URL"] == "redis://127.0.0.1:1/0"
