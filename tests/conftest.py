@@ -37,6 +37,7 @@ from bench.kafka_broker import TansuBroker, find_tansu
 from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
+from tests.helpers.threads import alive_threads, leftover_threads
 
 # Long scenarios (failovers, faults, floods, many shards, a broker, whole examples): marked
 # slow, left out of the default run (`pytest -q`, under five minutes) and run apart with
@@ -62,6 +63,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 RulesFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_thread_outlives_its_module() -> Iterator[None]:
+    """Every thread a test module starts is gone once the module ends: a thread left
+    running is something not closed, and a non-daemon one would keep pytest from exiting."""
+    before = alive_threads()
+    yield
+    left = leftover_threads(before)
+    if left:
+        pytest.fail(f"threads still running after the module's tests: {', '.join(left)}",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

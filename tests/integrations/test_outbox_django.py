@@ -3,13 +3,13 @@ SQLite database, the rows read back by a real node."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
-from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 
 from coalescer import Coalescer, InvalidKeyError, UnknownKeyError
@@ -124,13 +124,29 @@ async def test_a_node_reads_the_django_outbox(node: Coalescer, redis_client: Any
         with transaction.atomic():
             touch_in_transaction("stats:customer:7", "stats:customer:8")
 
-    await sync_to_async(write)()
+    await in_thread(write)
     await wait_until(_emptied, timeout=20, message="the outbox emptied")
     assert await _pending(redis_client, namespace)
 
 
+T = TypeVar("T")
+
+
+async def in_thread(call: Callable[[], T]) -> T:
+    """``call()`` in a thread of the loop's executor (Django refuses to query from a
+    running event loop), its database connection closed after it: nothing outlives the
+    test (asgiref's sync_to_async keeps a process-wide thread alive)."""
+    def run() -> T:
+        try:
+            return call()
+        finally:
+            connection.close()
+
+    return await asyncio.to_thread(run)
+
+
 async def _emptied() -> bool:
-    return await sync_to_async(rows)() == []
+    return await in_thread(rows) == []
 
 
 async def _pending(redis_client: Any, namespace: str) -> bool:
