@@ -21,12 +21,11 @@ import contextlib
 import os
 import threading
 
+from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.errors import UnwrittenTouchesError
 from coalescer.integrations.django.conf import rules_path
 from coalescer.store.embedded import ENV_REDIS_URL
 from coalescer.sync import SyncCoalescer
-
-ENV_NAMESPACE = "COALESCER_NAMESPACE"
 
 # what a process's coalescer was made from: the rules file, the namespace and the URL
 Origin = tuple[str, str, str]

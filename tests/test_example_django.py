@@ -1,0 +1,83 @@
+"""The Django example project, run as its README says: migrate, check the rules, a node
+through manage.py, orders placed through the view; the ORM handler's row in SQLite."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.e2e import REPO, clean_env
+from tests.helpers.servers import poll_until
+
+PROJECT = REPO / "examples" / "django_project"
+
+PLACE_ORDERS = """
+from django.test import Client
+for total in (1250, 50):
+    print(Client().post("/orders/", {"customer": 7, "total_cents": total}).status_code)
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str, namespace: str) -> dict[str, str]:
+    env = clean_env(SHOP_DB=str(tmp_path / "shop.sqlite3"), COALESCER_REDIS_URL=redis_url,
+                    COALESCER_NAMESPACE=namespace)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.fixture
+def node(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with (tmp_path / "node.log").open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "manage.py", "coalescer", "run", "--http",
+                                 "off"], cwd=PROJECT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def stats(db: Path, customer: int) -> tuple[int, int] | None:
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT orders, total_cents FROM shop_customerstats "
+                           "WHERE customer_id = ?", (customer,)).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def test_orders_placed_through_the_view_are_refreshed_by_the_orm_handler(
+        env: dict[str, str], tmp_path: Path) -> None:
+    migrated = manage(env, "migrate", "-v0")
+    assert migrated.returncode == 0, migrated.stderr
+    checked = manage(env, "coalescer", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "shop.handlers:refresh_customer_stats" in checked.stdout
+    placed = manage(env, "shell", "-c", PLACE_ORDERS)
+    assert placed.stdout.split()[-2:] == ["201", "201"], placed.stderr
+    assert stats(tmp_path / "shop.sqlite3", 7) is None  # no node has run yet
+
+
+def test_a_node_run_through_manage_py_refreshes_what_the_view_touched(
+        env: dict[str, str], tmp_path: Path, node: subprocess.Popen[bytes]) -> None:
+    db = tmp_path / "shop.sqlite3"
+    assert manage(env, "migrate", "-v0").returncode == 0
+    placed = manage(env, "shell", "-c", PLACE_ORDERS)
+    assert placed.stdout.split()[-2:] == ["201", "201"], placed.stderr
+    log = tmp_path / "node.log"
+    poll_until(lambda: stats(db, 7) == (2, 1300) or node.poll() is not None, timeout=20,
+               message="the customer's stats row")
+    assert stats(db, 7) == (2, 1300), log.read_text()
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(20) == 0, log.read_text()
