@@ -219,3 +219,16 @@ def test_a_coalescer_takes_its_rules_once() -> None:
         Coalescer(rules.config, rules=rules)
     with pytest.raises(TypeError, match="give the rules once"):
         Coalescer()
+
+
+def test_coalescer_namespace_replaces_the_namespace_of_rules_in_code(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rule = Rule(name="user", match="user:{id}", handler=refresh)
+    monkeypatch.setenv("COALESCER_NAMESPACE", "tenant-b")
+    assert Rules(namespace="shop", rules=[rule]).config.namespace == "tenant-b"
+    monkeypatch.setenv("COALESCER_NAMESPACE", "not a namespace")
+    line = here() + 2
+    with pytest.raises(ConfigError) as caught:
+        Rules(namespace="shop", rules=[rule])
+    assert str(caught.value).startswith(f"<Rules(...) at {__file__}:{line}>: namespace: "
+                                        "$COALESCER_NAMESPACE is 'not a namespace'")
