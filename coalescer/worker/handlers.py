@@ -16,6 +16,7 @@ from coalescer.config.handler_import import is_async
 from coalescer.config.rules import Config, HttpHandler, Rule
 from coalescer.worker.invoke import Invoke, invoker_for
 from coalescer.worker.isolation import ChildPool
+from coalescer.worker.loop_lag import LoopLag
 from coalescer.worker.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class Handlers:
         self._threads: dict[str, HandlerThreads] = {}
         self.children: dict[str, ChildPool] = {}
         self._webhooks: Any = None
+        self.loop_lag = LoopLag()  # names an async handler that blocks the event loop
         if any(isinstance(r.handler, HttpHandler) for r in config.rules):
             from coalescer.worker.webhooks import Webhooks
             self._webhooks = Webhooks()
@@ -35,8 +37,11 @@ class Handlers:
 
     def _invoker(self, rule: Rule) -> Invoke:
         handler = rule.handler
-        if not callable(handler) or is_async(handler):
+        if not callable(handler):
             return invoker_for(rule, self._webhooks)
+        if is_async(handler):
+            return self.loop_lag.wrap(rule.name, rule.handler_ref,
+                                      invoker_for(rule, self._webhooks))
         size = int(rule.concurrency)
         if rule.isolation is not None:
             pool = ChildPool(rule.name, rule.handler_ref, rule.isolation.base_dir, size)
