@@ -1,7 +1,7 @@
 """The example's data: reviews in SQLite, and the refresh handler that recomputes a
 product's rating from them (the aggregate the app serves).
 
-The database is ``$RATINGS_DB``, else ``ratings.db`` in the working folder.
+The database is ``$RATINGS_DB``, else ``ratings.db`` beside this file.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 from coalescer import Claim
@@ -22,7 +23,7 @@ CREATE TABLE IF NOT EXISTS ratings (product INTEGER PRIMARY KEY, reviews INTEGER
 
 def connect() -> sqlite3.Connection:
     """A connection to the database, its tables created if they are not there yet."""
-    db = sqlite3.connect(os.environ.get("RATINGS_DB", "ratings.db"))
+    db = sqlite3.connect(os.environ.get("RATINGS_DB") or Path(__file__).with_name("ratings.db"))
     db.executescript(SCHEMA)
     return db
 
