@@ -22,6 +22,7 @@ poll_until, write_rules, free_port.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -38,6 +39,10 @@ from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
 from tests.helpers.threads import alive_threads, leftover_threads
+
+# A $COALESCER_NAMESPACE of the developer's shell would replace the namespace of every
+# rules file these tests load (pyproject.toml keeps the plugin from setting it here).
+os.environ.pop("COALESCER_NAMESPACE", None)
 
 # Long scenarios (failovers, faults, floods, many shards, a broker, whole examples): marked
 # slow, left out of the default run (`pytest -q`, under five minutes) and run apart with
