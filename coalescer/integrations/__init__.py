@@ -3,6 +3,8 @@
 Each lives in a module of its own (``coalescer.integrations.sqlalchemy``,
 ``coalescer.integrations.django``) that needs its library, installed with the
 matching extra (``pip install 'coalescer[sqlalchemy]'`` or ``'coalescer[django]'``).
+``coalescer.integrations.asgi`` runs an app's coalescer with a Starlette or FastAPI
+app's lifespan (it needs Starlette, which such an app has).
 
 Beside the façade: may import ``coalescer.sync``, ``coalescer.store`` and the layers
 below it; never the worker, the web or the CLI.
