@@ -34,6 +34,11 @@ async def run_the_examples_tests(redis_url: str, database: Path) -> str:
     return text
 
 
+async def keys_of_test_namespaces(client: redis.asyncio.Redis) -> set[str]:
+    """The keys of the plugin's test namespaces ("test-" and 12 hex digits) on ``client``."""
+    return {key async for key in client.scan_iter(match="*test-????????????*")}
+
+
 async def refreshed(node: Coalescer) -> list[str]:
     return [refresh.key for refresh in await node.query.history()]
 
@@ -46,9 +51,10 @@ async def test_the_examples_tests_pass_and_never_reach_the_running_deployment(
     try:
         node = await start(EXAMPLE / "rules.yaml", redis_url=redis_url, worker=True)
         assert node.config.namespace == "fastapi_app"  # the rules file's own
+        before = await keys_of_test_namespaces(redis_client)
         output = await run_the_examples_tests(redis_url, database)
         assert "2 passed" in output
-        assert [key async for key in redis_client.scan_iter(match="*test-*")]  # same Valkey
+        assert await keys_of_test_namespaces(redis_client) - before  # written to this Valkey
         # A touch of the deployment's own, after the tests': once the node has refreshed it,
         # any touch of the tests that had reached its namespace (due earlier) has run too.
         node.touch("rating:product:99")
