@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -22,8 +23,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from coalescer.config.handler_import import signature_problem
 from coalescer.config.model import Handler
 from coalescer.config.model import Rule as RuleModel
+from coalescer.config.namespace_env import namespace_override
 from coalescer.config.rules import Config, _config
-from coalescer.config.schema import RulesSchema, Settings, _Setting
+from coalescer.config.schema import DEFAULT_NAMESPACE, RulesSchema, Settings, _Setting
 from coalescer.config.yaml_reader import Entries, kind, shown
 from coalescer.errors import ConfigError
 
@@ -74,11 +76,14 @@ class Rules:
 
     Built and checked at once: a ConfigError carries every problem, each with the file
     and line of the ``Rules(...)`` or ``Rule(...)`` call at fault and the field as a
-    rules file names it (``rules[0].window``). ``config`` is the ``Config``;
-    ``$COALESCER_NAMESPACE`` replaces ``namespace`` as it does a rules file's.
+    rules file names it (``rules[0].window``). ``config`` is the ``Config``.
+
+    ``$COALESCER_NAMESPACE`` replaces ``namespace`` as it does a rules file's, read each
+    time ``config`` is (when a coalescer is built on these rules, as a rules file is read
+    then), so rules built at import follow a variable set later (a test's).
     """
 
-    __slots__ = ("config", "file", "line")
+    __slots__ = ("_built", "_namespace", "file", "line")
 
     def __init__(self, *, rules: Sequence[Rule | Mapping[str, Any]],  # noqa: PLR0913
                  namespace: str = _UNSET, shards: int = _UNSET,
@@ -90,7 +95,15 @@ class Rules:
         given = {"namespace": namespace, "shards": shards, "leader_lease": leader_lease,
                  "claim_lease": claim_lease, "history": history, "durability": durability,
                  "limits": limits, "defaults": defaults, "rules": rules, "sources": sources}
-        self.config: Config = build(_given(given) | unknown, self.file, self.line)
+        self._built = build(_given(given) | unknown, self.file, self.line)
+        self._namespace = namespace if namespace is not _UNSET else DEFAULT_NAMESPACE
+
+    @property
+    def config(self) -> Config:
+        """The rules' Config, its namespace ``$COALESCER_NAMESPACE``'s if set now."""
+        built = self._built
+        namespace = namespace_override(built.source) or self._namespace
+        return built if namespace == built.namespace else replace(built, namespace=namespace)
 
     def __repr__(self) -> str:
         names = ", ".join(rule.name for rule in self.config.rules)

@@ -4,8 +4,10 @@ same checks, each error naming the Python call at fault; a coalescer runs on the
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,10 +227,45 @@ def test_coalescer_namespace_replaces_the_namespace_of_rules_in_code(
         monkeypatch: pytest.MonkeyPatch) -> None:
     rule = Rule(name="user", match="user:{id}", handler=refresh)
     monkeypatch.setenv("COALESCER_NAMESPACE", "tenant-b")
-    assert Rules(namespace="shop", rules=[rule]).config.namespace == "tenant-b"
+    rules = Rules(namespace="shop", rules=[rule])
+    assert rules.config.namespace == "tenant-b"
+    monkeypatch.setenv("COALESCER_NAMESPACE", "tenant-c")  # read when a coalescer is built
+    assert Coalescer(rules=rules, worker=False).config.namespace == "tenant-c"
+    monkeypatch.delenv("COALESCER_NAMESPACE")
+    assert rules.config.namespace == "shop"
     monkeypatch.setenv("COALESCER_NAMESPACE", "not a namespace")
     line = here() + 2
     with pytest.raises(ConfigError) as caught:
         Rules(namespace="shop", rules=[rule])
     assert str(caught.value).startswith(f"<Rules(...) at {__file__}:{line}>: namespace: "
                                         "$COALESCER_NAMESPACE is 'not a namespace'")
+
+
+OTHER_MODULE = """\
+from coalescer import Rule
+
+def refresh(claim):
+    pass
+
+BAD = Rule(name="bad", match="bad:{id}", handler=refresh, window="1 fortnight")
+GOOD = Rule(name="good", match="good:{id}", handler=refresh)
+"""
+
+
+def test_each_error_names_the_file_of_its_own_call(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "far_rules.py").write_text(OTHER_MODULE)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(sys.modules, "far_rules", raising=False)
+    far_rules = importlib.import_module("far_rules")  # written just now
+
+    line = here() + 2
+    with pytest.raises(ConfigError) as caught:
+        Rules(rules=[far_rules.BAD, far_rules.GOOD], defaults={"absorb": "3s"})
+    assert sorted(str(error) for error in caught.value.errors) == sorted([
+        f"{tmp_path / 'far_rules.py'}:6: rules[0].window: bad duration '1 fortnight': "
+        "expected a number of seconds >= 0 (e.g. 2 or 0.25), or a string with a unit: "
+        '"50ms", "2s", "1.5s", "5m", "2h"',
+        f"{__file__}:{line}: defaults.absorb: absorb (3s) must be shorter than window (2s); "
+        "lengthen window or shorten absorb",
+    ])
