@@ -38,16 +38,35 @@ def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60, check=False)
 
 
+class Node:
+    """``manage.py coalescer run --http off ARGS`` of the example, killed at teardown."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "manage.py", "coalescer", "run", "--http", "off", *args],
+                cwd=PROJECT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT)
+        return self.proc
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(20)
+
+
 @pytest.fixture
-def node(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with (tmp_path / "node.log").open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "manage.py", "coalescer", "run", "--http",
-                                 "off"], cwd=PROJECT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT)
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+def node(env: dict[str, str], tmp_path: Path) -> Iterator[Node]:
+    started = Node(env, tmp_path / "node.log")
+    yield started
+    if started.proc is not None and started.proc.poll() is None:
+        started.proc.kill()
+    if started.proc is not None:
+        started.proc.wait()
 
 
 def stats(db: Path, customer: int) -> tuple[int, int] | None:
@@ -69,15 +88,29 @@ def test_orders_placed_through_the_view_are_refreshed_by_the_orm_handler(
     assert stats(tmp_path / "shop.sqlite3", 7) is None  # no node has run yet
 
 
-def test_a_node_run_through_manage_py_refreshes_what_the_view_touched(
-        env: dict[str, str], tmp_path: Path, node: subprocess.Popen[bytes]) -> None:
-    db = tmp_path / "shop.sqlite3"
-    assert manage(env, "migrate", "-v0").returncode == 0
-    placed = manage(env, "shell", "-c", PLACE_ORDERS)
+def refreshed(node: Node, db: Path) -> None:
+    """Place two orders through the view; wait for the handler's row."""
+    placed = manage(node.env, "shell", "-c", PLACE_ORDERS)
     assert placed.stdout.split()[-2:] == ["201", "201"], placed.stderr
-    log = tmp_path / "node.log"
-    poll_until(lambda: stats(db, 7) == (2, 1300) or node.poll() is not None, timeout=20,
+    proc = node.proc
+    assert proc is not None
+    poll_until(lambda: stats(db, 7) == (2, 1300) or proc.poll() is not None, timeout=20,
                message="the customer's stats row")
-    assert stats(db, 7) == (2, 1300), log.read_text()
-    node.send_signal(signal.SIGTERM)
-    assert node.wait(20) == 0, log.read_text()
+    assert stats(db, 7) == (2, 1300), node.log.read_text()
+    assert node.stop() == 0, node.log.read_text()
+
+
+def test_a_node_run_through_manage_py_refreshes_what_the_view_touched(
+        env: dict[str, str], tmp_path: Path, node: Node) -> None:
+    assert manage(env, "migrate", "-v0").returncode == 0
+    node.start()
+    refreshed(node, tmp_path / "shop.sqlite3")
+
+
+def test_a_handler_in_a_child_process_imports_its_models_too(
+        env: dict[str, str], tmp_path: Path, node: Node) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text((PROJECT / "rules.yaml").read_text() + "    isolation: process\n")
+    assert manage(env, "migrate", "-v0").returncode == 0
+    node.start("--rules", str(rules))
+    refreshed(node, tmp_path / "shop.sqlite3")

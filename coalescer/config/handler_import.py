@@ -83,9 +83,7 @@ def setup_hint(exc: BaseException) -> str:
         return ""
     return ("; a handler that uses Django needs Django set up first: run the command as "
             "'python manage.py coalescer ...' (with 'coalescer.integrations.django' in "
-            "INSTALLED_APPS); a rule with isolation: process imports its handler in a child "
-            "process, where the handler module must call django.setup() before it imports "
-            "models")
+            "INSTALLED_APPS)")
 
 
 @contextmanager

@@ -14,6 +14,8 @@ import redis
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from coalescer.cli.supervisor import plan_from_args
+from coalescer.integrations.django.management.cli import django_parser
 from coalescer.integrations.django.process import close_coalescer, get_coalescer
 from coalescer.store.keys import KeySpace
 from tests.helpers.django_db import configure
@@ -193,3 +195,11 @@ def test_a_forked_worker_touches_through_its_own_coalescer(
     parent.touch("stats:user:8")  # the master's own loop and connections still work
     parent.flush()
     assert pending(redis_url, namespace) == ["stats:user:7", "stats:user:8"]
+
+
+def test_run_processes_starts_its_children_through_manage_py(rules: Path) -> None:
+    args = django_parser("manage.py coalescer", "manage.py").parse_args(
+        ["run", "--processes", "2", "--http", "off"])
+    child = plan_from_args(args, None).argv(1)
+    assert child[:4] == [sys.executable, str(Path("manage.py").resolve()), "coalescer", "run"]
+    assert child[child.index("--rules") + 1] == str(rules)

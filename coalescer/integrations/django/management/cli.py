@@ -5,6 +5,8 @@ the default rules file (``--rules PATH`` still wins)."""
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -15,10 +17,13 @@ from django.core.exceptions import ImproperlyConfigured
 from coalescer.cli.commands import EXIT_ERROR
 from coalescer.cli.main import main
 from coalescer.cli.parser import build_parser
+from coalescer.config.rules import Config
+from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
 
 # Django's own options, applied by manage.py before the command runs
 DJANGO_OPTIONS = ("--settings", "--pythonpath")
+FORKSERVER_SETUP = "coalescer.integrations.django.management.forkserver_setup"
 
 
 def run(argv: Sequence[str], *, prog: str, script: str) -> int:
@@ -30,11 +35,29 @@ def run(argv: Sequence[str], *, prog: str, script: str) -> int:
     except ImproperlyConfigured as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    problem = missing_rules(parser.parse_args(argv), prog)  # bad usage exits 2 here
+    args = parser.parse_args(argv)  # bad usage exits 2 here, as for the plain command
+    problem = missing_rules(args, prog)
     if problem is not None:
         print(problem, file=sys.stderr)
         return EXIT_ERROR
+    if args.command == "run" and args.processes == 1:
+        set_up_handler_children(args.rules)
     return main(argv, parser=parser)
+
+
+def set_up_handler_children(rules: str) -> None:
+    """With a rule of ``isolation: process`` in ``rules``: start the fork server its
+    handler processes are forked from, with Django set up in it (they import the
+    handler module, and so its models). A rules file that does not load is left to
+    the command, which reports it."""
+    try:
+        config = Config.from_yaml(rules, import_handlers=False)
+    except ConfigError:
+        return
+    if any(rule.isolation is not None for rule in config.rules):
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([FORKSERVER_SETUP, "coalescer.worker.child"])
+        multiprocessing.forkserver.ensure_running()
 
 
 def without_django_options(argv: Sequence[str]) -> list[str]:
