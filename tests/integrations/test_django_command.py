@@ -20,7 +20,7 @@ from coalescer.integrations.django.process import close_coalescer, get_coalescer
 from coalescer.store.keys import KeySpace
 from tests.helpers.django_db import configure
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd
-from tests.helpers.forks import exit_code, in_child
+from tests.helpers.forks import LIBC_FORK, exit_code, in_child
 
 PROJECT = REPO / "examples" / "django_project"
 RULES = PROJECT / "rules.yaml"
@@ -203,3 +203,19 @@ def test_run_processes_starts_its_children_through_manage_py(rules: Path) -> Non
     child = plan_from_args(args, None).argv(1)
     assert child[:4] == [sys.executable, str(Path("manage.py").resolve()), "coalescer", "run"]
     assert child[child.index("--rules") + 1] == str(rules)
+
+
+def test_a_worker_forked_without_pythons_fork_hooks_gets_its_own_too(
+        rules: Path, redis_url: str, namespace: str) -> None:
+    parent = get_coalescer()  # uwsgi's master without py-call-osafterfork forks from C
+
+    def worker() -> None:
+        get_coalescer().touch("stats:user:9")  # started again here before it buffers
+        get_coalescer().flush(timeout=10)
+        close_coalescer()
+
+    assert exit_code(in_child(worker, LIBC_FORK)) == 0
+    assert pending(redis_url, namespace) == ["stats:user:9"]
+    parent.touch("stats:user:10")
+    parent.flush()
+    assert pending(redis_url, namespace) == ["stats:user:10", "stats:user:9"]

@@ -41,12 +41,14 @@ class _PerProcess:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self._made: tuple[Origin, SyncCoalescer] | None = None
 
     def get(self) -> SyncCoalescer:
         made, wanted = self._made, _origin()
-        if made is not None and made[0] == wanted:
+        if made is not None and made[0] == wanted and self._pid == os.getpid():
             return made[1]
+        self._forked()
         with self._lock:
             made = self._made
             if made is None or made[0] != wanted:
@@ -56,6 +58,17 @@ class _PerProcess:
                     _close(old)
             return made[1]
 
+    def _forked(self) -> None:
+        """In a process forked from the one that made the coalescer, even without
+        Python's fork hooks (uwsgi without py-call-osafterfork): start it again here,
+        before a touch goes into a buffer that only the parent's thread would write."""
+        if self._pid == os.getpid():
+            return
+        self.after_fork()
+        made = self._made
+        if made is not None:
+            made[1].start()  # parks the parent's loop; repairs a fork made without hooks
+
     def close(self) -> None:
         with self._lock:
             made, self._made = self._made, None
@@ -63,6 +76,7 @@ class _PerProcess:
             _close(made[1])
 
     def after_fork(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()  # the parent's may have been held at the fork
 
 
