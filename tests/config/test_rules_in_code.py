@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -207,12 +208,28 @@ def test_every_error_of_rules_in_code_is_found_at_once() -> None:
     ]
 
 
-def test_a_function_handler_may_run_in_child_processes() -> None:
-    rules = Rules(rules=[Rule(name="user", match="user:{id}", handler=refresh,
+CHILD_HANDLERS = """\
+import os
+import pathlib
+
+def note_pid(claim):
+    (pathlib.Path(__file__).parent / f"pid-{claim.key}").write_text(str(os.getpid()))
+"""
+
+
+async def test_a_function_handler_may_run_in_child_processes(
+        coalescer_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "child_handlers.py").write_text(CHILD_HANDLERS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(sys.modules, "child_handlers", raising=False)
+    handlers = importlib.import_module("child_handlers")
+    rules = Rules(rules=[Rule(name="user", match="user:{id}", handler=handlers.note_pid,
                               isolation="process")])
-    (rule,) = rules.config.rules
-    assert rule.handler is refresh
-    assert rule.handler_ref == f"{__name__}:refresh"  # what each child imports
+    assert rules.config.rules[0].handler_ref == "child_handlers:note_pid"  # what it imports
+    async with coalescer_factory(rules) as c:
+        c.touch("user:1")
+        assert refreshed_keys(await c.drain()) == ["user:1"]
+    assert int((tmp_path / "pid-user:1").read_text()) != os.getpid()
 
 
 def test_a_coalescer_takes_its_rules_once() -> None:
