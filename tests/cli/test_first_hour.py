@@ -149,6 +149,32 @@ def test_a_second_ctrl_c_cancels_the_refresh_and_its_key_runs_again_after_its_le
     assert "stopping: no refresh is running" in node.output("n2")
 
 
+def test_ctrl_c_in_a_terminal_reaches_supervised_nodes_once_and_twice_stops_them_at_once(
+        node: Node, redis_url: str) -> None:
+    with (node.folder / "group.out").open("ab") as out:
+        group = subprocess.Popen(  # a session of its own: its process group gets the Ctrl-C
+            [*coalescer_cmd(), "run", "--rules", str(node.folder / "rules.yaml"), "--redis",
+             redis_url, "--http", "off", "--grace", "2m", "--processes", "2"],
+            cwd=node.folder, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            env=clean_env(), start_new_session=True)
+    node.procs.append(group)
+    poll_until(lambda: node.output("group").count(" running, using ") == 2, timeout=30,
+               message="both nodes running")
+    node.touch(redis_url, "slow:1")
+    poll_until(lambda: "start slow:1" in node.calls(), message="the refresh started")
+    os.killpg(group.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    poll_until(lambda: " exited 0" in node.output("group"), timeout=30,
+               message="the idle node stopped")
+    out = node.output("group")
+    assert out.count("stopping: waiting up to 2m for 1 running refresh (key slow:1)") == 1
+    assert out.count("stopping: no refresh is running") == 1
+    assert "stopping at once" not in out and group.poll() is None  # one Ctrl-C: it drains
+    os.killpg(group.pid, signal.SIGINT)
+    assert group.wait(timeout=30) == 130
+    assert "stopping at once: cancelling 1 running refresh (key slow:1)" in node.output("group")
+    assert node.calls() == ["start slow:1"]
+
+
 def test_quiet_and_verbose_are_run_options() -> None:
     args = build_parser().parse_args(["run", "-q"])
     assert args.quiet and not args.verbose
