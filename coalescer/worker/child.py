@@ -5,12 +5,15 @@ it receives and sends back ``("ok", answer)`` or ``("error", packed exception)``
 
 The node kills the process at the run's timeout, when its claim is lost and at the
 end of the shutdown grace; the child itself never decides to stop but at the end of
-its pipe (the node closed it).
+its pipe (the node closed it). It ignores SIGINT: a Ctrl-C in the terminal reaches the
+whole process group, and it is the node's to handle (its first one lets running
+refreshes finish).
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -34,6 +37,7 @@ def pack(exc: BaseException) -> Packed:
 
 def serve(conn: Connection, ref: str, base_dir: str | None) -> None:
     """The child's main function: import, say ready, run calls until the pipe ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = HandlerImport(ref=ref, file="<rules>", line=0, field="handler",
                          base_dir=Path(base_dir) if base_dir is not None else None)
     try:

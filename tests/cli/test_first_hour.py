@@ -149,6 +149,50 @@ def test_a_second_ctrl_c_cancels_the_refresh_and_its_key_runs_again_after_its_le
     assert "stopping: no refresh is running" in node.output("n2")
 
 
+SYNC_HANDLER = """\
+import pathlib
+import threading
+
+HERE = pathlib.Path(__file__).parent
+
+
+def _note(line):
+    with open(HERE / "calls.log", "a") as f:
+        f.write(line + "\\n")
+
+
+def refresh(claim):
+    _note("start " + claim.key)
+    while not (HERE / "release").exists():
+        threading.Event().wait(0.01)
+    _note("done " + claim.key)
+"""
+
+
+def test_a_ctrl_c_in_the_terminal_lets_a_handler_in_a_child_process_finish(
+        node: Node, redis_url: str, namespace: str) -> None:
+    (node.folder / f"held_{namespace}.py").write_text(SYNC_HANDLER)
+    rules = node.folder / "rules.yaml"
+    rules.write_text(rules.read_text().replace("    absorb: 5ms\n",
+                                               "    absorb: 5ms\n    isolation: process\n"))
+    with (node.folder / "iso.out").open("ab") as out:
+        proc = subprocess.Popen(  # a session of its own: its process group gets the Ctrl-C
+            [*coalescer_cmd(), "run", "--rules", str(rules), "--redis", redis_url, "--http",
+             "off", "--grace", "2m"], cwd=node.folder, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True)
+    node.procs.append(proc)
+    poll_until(lambda: " running, using " in node.output("iso"), timeout=30,
+               message="the node running")
+    node.touch(redis_url, "slow:1")
+    poll_until(lambda: "start slow:1" in node.calls(), timeout=30, message="the refresh started")
+    os.killpg(proc.pid, signal.SIGINT)  # the node and its handler's child process get it
+    poll_until(lambda: "stopping: waiting" in node.output("iso"), message="the stopping line")
+    (node.folder / "release").touch()
+    assert proc.wait(timeout=30) == 0
+    assert node.calls() == ["start slow:1", "done slow:1"]
+    assert "refreshed slow:1 in" in node.output("iso")
+
+
 def test_ctrl_c_in_a_terminal_reaches_supervised_nodes_once_and_twice_stops_them_at_once(
         node: Node, redis_url: str) -> None:
     with (node.folder / "group.out").open("ab") as out:
