@@ -114,3 +114,15 @@ def test_a_handler_in_a_child_process_imports_its_models_too(
     assert manage(env, "migrate", "-v0").returncode == 0
     node.start("--rules", str(rules))
     refreshed(node, tmp_path / "shop.sqlite3")
+
+
+def test_the_examples_own_pytest_django_tests_pass(redis_url: str) -> None:
+    """``pytest`` in the example's folder, as its developer runs it (pytest-django and
+    the coalescer plugin), on the suite's Valkey."""
+    env = clean_env(COALESCER_TEST_REDIS_URL=redis_url, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                          cwd=PROJECT, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout

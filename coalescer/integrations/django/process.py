@@ -11,16 +11,20 @@ parent's loop and connections in the child and never uses them).
 
 When ``$COALESCER_NAMESPACE`` or ``$COALESCER_REDIS_URL`` changes (the pytest plugin
 sets both for each test) the next call closes the old one and makes a new one, so an
-app's own coalescer follows each test's namespace and server.
+app's own coalescer follows each test's namespace and server; ``drain()`` runs what
+the test touched.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
 import threading
 
+from coalescer.claim import Claim
+from coalescer.coalescer import Coalescer
 from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.errors import UnwrittenTouchesError
 from coalescer.integrations.django.conf import rules_path
@@ -106,3 +110,18 @@ def close_coalescer() -> None:
     """Close this process's coalescer now, writing its buffered touches (it is also
     closed at exit); the next ``get_coalescer()`` makes a new one."""
     _PROCESS.close()
+
+
+def drain(timeout: float = 30.0) -> list[Claim]:
+    """For a test (a synchronous one, such as a pytest-django test): write what this
+    process's coalescer buffered, then run every pending refresh of its rules here,
+    windows skipped, as ``Coalescer.drain`` does (outbox rows included); the claims
+    run, in the order they started. Their handlers use their own database connections:
+    mark the test ``django_db(transaction=True)``, so that they see its data."""
+    get_coalescer().flush()
+    return asyncio.run(_drain(timeout))
+
+
+async def _drain(timeout: float) -> list[Claim]:
+    async with Coalescer.from_yaml(rules_path(), worker=False) as coalescer:
+        return await coalescer.drain(timeout)
