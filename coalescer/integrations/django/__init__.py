@@ -17,8 +17,13 @@ that NOTIFYs the nodes. Outside ``atomic()`` (autocommit) the rows commit at onc
 it behaves as every on-commit callback does: inside ``transaction.atomic()`` the
 keys are touched once the outermost block commits, and never if it rolls back; a
 rolled-back inner block (a savepoint) drops the keys it recorded; outside any
-atomic block (autocommit) they are touched at once. ``coalescer`` is typically a
-``SyncCoalescer`` started once per process.
+atomic block (autocommit) they are touched at once. ``coalescer`` is typically
+``get_coalescer()``: the process's own ``SyncCoalescer``, made from
+``settings.COALESCER_RULES`` on first use (``coalescer.integrations.django.process``,
+with ``drain()`` for tests and ``close_coalescer()``).
+
+``python manage.py coalescer ...`` (this app's management command) is the
+``coalescer`` command with Django set up first.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from coalescer.integrations import Toucher, checked_keys
+from coalescer.integrations.django.process import close_coalescer, drain, get_coalescer
 from coalescer.integrations.outbox_rows import ROWS_PER_INSERT, checked_rows
 
-__all__ = ["outbox_touches", "touch_in_transaction", "touch_on_commit"]
+__all__ = ["close_coalescer", "drain", "get_coalescer", "outbox_touches",
+           "touch_in_transaction", "touch_on_commit"]
 
 
 def touch_in_transaction(*keys: str, using: str | None = None, item: str | None = None,

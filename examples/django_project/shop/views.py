@@ -7,8 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from coalescer.integrations.django import touch_on_commit
-from coalescer.integrations.django.process import get_coalescer
+from coalescer.integrations.django import get_coalescer, touch_on_commit
 
 from .models import CustomerStats, Order
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from coalescer.integrations.django.process import drain
+from coalescer.integrations.django import drain
 from coalescer.testing import assert_refreshed
 
 # The handler runs on a connection of its own: it sees only committed data.
