@@ -17,12 +17,14 @@ partitions to its first messages. The loop survives a broker that is down (retri
 backoff, logged once) and says so in ``/healthz`` and ``coalescer status``; what a node
 last saw (each partition's lag, its error) is kept in Redis for ``coalescer status``.
 
-``drain()`` reads a Kafka source once (``KafkaLoop.read_now``) with the node's consumer
-(a writer's drain joins the group for its length, then leaves it): batch by batch as
-above, until each partition the group gives this consumer is read up to its end
-offset as the drain started, never at the same time as the node's own loop reads. A
-group with no committed offset begins at ``start`` as the running source does: with
-``latest``, what was published before it first joined is not read.
+``drain()`` reads a Kafka source once (``KafkaLoop.read_now``): batch by batch as above,
+until each partition is read up to its end offset as the drain started. A worker's
+drain reads with the node's consumer (its partitions), never at the same time as the
+node's own loop. A writer's drain (no loop runs here) reads every partition of the
+topics without joining the group (a join costs seconds of rebalancing): from the
+group's committed offsets (``start`` where there are none, as for a new group),
+committing after each flush as the loop does; while nodes elsewhere are members of
+the group, it refuses those commits and the members read the messages once more.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class KafkaLoop:
         self._consumer: Any = None
         self._batch_lock = asyncio.Lock()  # a batch and a rebalance never overlap
         self._read_lock = asyncio.Lock()  # one reader at a time: the loop or a drain
+        self._looping = False  # run() started: the consumer is a member of the group
         self._rewind: dict[Any, int] = {}  # partition -> first offset of the batch in hand
         self._committed: dict[Any, int] = {}  # partition -> offset this node last committed
         self._probed = 0.0
@@ -118,6 +121,7 @@ class KafkaLoop:
 
     async def run(self) -> None:
         """The loop: survives a broker or Redis that is down; backs off."""
+        self._looping = True
         await keep_running(f"source {self.source.name}: {self.what}", self.step,
                            backoff=Backoff(base=0.1, cap=5.0), logger=log,
                            on_error=self._failed, pause=self._pause)
@@ -165,7 +169,7 @@ class KafkaLoop:
         async with self._read_lock:
             try:
                 if self._consumer is None:
-                    await self._connect()
+                    await (self._connect() if self._looping else self._connect_assigned())
                 total = await self._read_to_ends()
                 await self._commit_positions()
             except Exception as exc:
@@ -185,6 +189,8 @@ class KafkaLoop:
                 total += sum(len(messages) for messages in batch.values())
             owned = self._consumer.assignment()
             if not owned:
+                if not self._looping:
+                    return total  # the topics have no partitions (or do not exist)
                 continue  # the group has not handed this consumer its partitions yet
             new = [tp for tp in owned if tp not in ends]
             if new:
@@ -235,6 +241,29 @@ class KafkaLoop:
         self._consumer = consumer
         log.info("source %s: reading topics %s in group %r", self.source.name,
                  ", ".join(self.source.topics), self.source.group)
+
+    async def _connect_assigned(self) -> None:
+        """A consumer of every partition of the topics, outside the group's membership
+        (for a writer's drain): committed offsets are read, and commits made, in the
+        group's name."""
+        aiokafka = _kafka()
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=self.source.group,
+            client_id=f"coalescer-{self._context.node_id}", enable_auto_commit=False,
+            auto_offset_reset=self.source.start, max_partition_fetch_bytes=1 << 20,
+            fetch_max_bytes=8 << 20)
+        try:
+            await consumer.start()
+            known = await asyncio.wait_for(consumer.topics(), COMMIT_TIMEOUT)
+            consumer.assign([aiokafka.TopicPartition(topic, partition)
+                             for topic in self.source.topics if topic in known
+                             for partition in sorted(consumer.partitions_for_topic(topic)
+                                                     or ())])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+        self._consumer = consumer
 
     async def _probe(self) -> bool:
         """When idle, ask the broker for its metadata now and then (at once after an

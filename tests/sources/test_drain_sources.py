@@ -1,13 +1,15 @@
 """``await coalescer.drain()`` reads the rules file's sources before it runs what is pending.
 
 Real coalescers (in process) on the suite's valkey-server, with an outbox in a real
-SQLite file written by ``touch_in_transaction`` as an application would, and a real
-Redis Stream written with XADD. Every rule's window is an hour: a key is refreshed
+SQLite file (or a table of the suite's PostgreSQL server) written by
+``touch_in_transaction`` as an application would, and a real Redis Stream written
+with XADD. Every rule's window is an hour: a key is refreshed
 only because the drain read its source event and ran it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,14 +41,33 @@ def keys_of(claims: list[Claim]) -> list[str]:
     return [claim.key for claim in claims]
 
 
-def sqlite_outbox(tmp_path: Path) -> OutboxDb:
-    return new_outbox("sqlite", tmp_path, None)
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[OutboxDb]:
+    yield from _outbox("sqlite", tmp_path, None)
 
 
-@pytest.mark.parametrize("worker", [False, True], ids=["write-only", "worker"])
+def _outbox(kind: str, tmp_path: Path, url: str | None) -> Iterator[OutboxDb]:
+    db = new_outbox(kind, tmp_path, url)
+    yield db
+    db.table.drop(db.engine)
+    db.engine.dispose()
+
+
+@pytest.fixture(params=[("sqlite", False), ("sqlite", True), ("postgresql", False)],
+                ids=["sqlite-write-only", "sqlite-worker", "postgresql-write-only"])
+def outbox_case(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> Iterator[tuple[OutboxDb, bool]]:
+    """An outbox of each kind, and whether the coalescer is a worker."""
+    kind, worker = request.param
+    url = request.getfixturevalue("postgres").url if kind == "postgresql" else None
+    for db in _outbox(kind, tmp_path, url):
+        yield db, worker
+
+
 async def test_drain_touches_and_runs_the_outbox_rows_and_deletes_them(
-        tmp_path: Path, namespace: str, redis_url: str, start: Start, worker: bool) -> None:
-    db = sqlite_outbox(tmp_path)
+        tmp_path: Path, namespace: str, redis_url: str,
+        outbox_case: tuple[OutboxDb, bool], start: Start) -> None:
+    db, worker = outbox_case
     path, rec = setup(tmp_path, namespace, db.source(poll="1m"))  # the loop looks rarely
     c = await start(path, redis_url=redis_url, worker=worker)
     db.write(["stats:customer:1", "stats:customer:2"])
@@ -62,8 +83,9 @@ async def test_drain_touches_and_runs_the_outbox_rows_and_deletes_them(
 
 
 async def test_outbox_rows_a_handler_writes_are_drained_in_the_next_round(
-        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
-    db = sqlite_outbox(tmp_path)
+        tmp_path: Path, namespace: str, redis_url: str, sqlite_db: OutboxDb,
+        start: Start) -> None:
+    db = sqlite_db
     path, rec = setup(tmp_path, namespace, db.source(poll="1m"))
 
     async def order_placed(claim: Claim) -> None:
