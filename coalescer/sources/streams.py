@@ -56,7 +56,7 @@ from coalescer.sources.base import (
     start_loops,
 )
 from coalescer.sources.times import Field, Timed, TouchTimed, time_of
-from coalescer.store.connection import bytes_client
+from coalescer.store.connection import Connection, bytes_client
 from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem, key_problem
 from coalescer.store.keys import sources_rejected
 
@@ -431,10 +431,12 @@ class Sources(Source):
                  sources: Sequence[StreamSource] | None = None,
                  touch_items: TouchItems | None = None,
                  touch_timed: TouchTimed | None = None,
-                 trace_links: TraceLinks | None = None) -> None:
+                 trace_links: TraceLinks | None = None,
+                 conn: Connection | None = None) -> None:
         client.set_response_callback("XREADGROUP", _raw)
         client.set_response_callback("XAUTOCLAIM", _raw)
         self._client = client
+        self._conn = conn  # whose list of pools holds the client's (a drain's: dropped)
         streams = _streams(config.sources) if sources is None else sources
         self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
                                  touch_many=touch_many, flush=flush, metrics=metrics,
@@ -455,6 +457,9 @@ class Sources(Source):
         await cancel_loops(self._tasks)
         self._tasks = []
         await self._client.aclose()
+        pool = getattr(self._client, "connection_pool", None)
+        if self._conn is not None and pool in self._conn.more_pools:
+            self._conn.more_pools.remove(pool)  # opened and closed again by each drain
 
 
 def _streams(sources: Sequence[SourceConfig]) -> list[StreamSource]:
@@ -470,7 +475,8 @@ def open_streams(sources: Sequence[SourceConfig], context: NodeContext) -> Sourc
     return Sources(context.config, client, node_id=context.node_id,
                    touch_many=context.touch_many, flush=context.flush,
                    metrics=context.metrics, sources=streams, touch_items=context.touch_items,
-                   touch_timed=context.touch_timed, trace_links=context.trace_links)
+                   touch_timed=context.touch_timed, trace_links=context.trace_links,
+                   conn=context.conn)
 
 
 async def stream_status(redis: Any, source: SourceConfig,
