@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -24,7 +25,7 @@ from coalescer.cli.check_details import (
 )
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
-from coalescer.cli.stopping import Stopping, at_once_line, waiting_line
+from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
@@ -414,7 +415,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
                   flush=True)
             await stopping.asked.wait()
             print(waiting_line(c.running_keys(), args.grace, stopping.first), flush=True)
-            at_once = asyncio.create_task(_stop_at_once(c, stopping))
+            at_once = asyncio.create_task(_after_the_first(c, stopping))
             if api is not None:
                 await api.close()
     finally:
@@ -423,9 +424,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return stopping.exit_code
 
 
-async def _stop_at_once(c: Coalescer, stopping: Stopping) -> None:
-    """On a second signal: cancel the running refreshes instead of waiting for them."""
-    await stopping.again.wait()
+async def _after_the_first(c: Coalescer, stopping: Stopping) -> None:
+    """The signals after the first: a SIGINT cancels the running refreshes instead of
+    waiting for them; a SIGTERM only says what is still waited for."""
+    while await stopping.later.get() != signal.SIGINT:
+        print(still_line(c.running_keys()), flush=True)
     print(at_once_line(c.running_keys()), flush=True)
     c.stop_now()
 

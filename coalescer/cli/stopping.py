@@ -1,9 +1,12 @@
-"""How `coalescer run` stops: the first SIGINT or SIGTERM drains, a second stops at once.
+"""How `coalescer run` stops: the first SIGINT or SIGTERM drains, a SIGINT after it
+(a second Ctrl-C) stops at once.
 
 The signal handlers only set events. The node's coroutine then says, in one line,
-what it waits for; a second signal cancels the running refreshes (their keys run
-again once their claim lease expires, as after a crash) and the command exits with
-128 + that signal's number (130 for Ctrl-C).
+what it waits for; a SIGINT after the first signal cancels the running refreshes
+(their keys run again once their claim lease expires, as after a crash) and the
+command exits 130. A repeated SIGTERM changes nothing: process managers send it more
+than once (systemd signals every process of a unit) and end what outlives its grace
+with SIGKILL.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ from coalescer.config.durations import format_duration
 
 SHOWN_KEYS = 5  # keys named in a stopping line, at most
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOPPED_AT_ONCE = 128 + signal.SIGINT  # the exit status after a stop at once: 130
 
 
 class Stopping:
-    """The stop signals a process received: ``asked`` is set by the first, ``again``
-    by the second."""
+    """The stop signals a process received: ``asked`` is set by the first; each later
+    one is queued in ``later``, and ``at_once`` is set by a SIGINT among them."""
 
     def __init__(self) -> None:
         self.asked = asyncio.Event()
-        self.again = asyncio.Event()
+        self.at_once = False
+        self.later: asyncio.Queue[signal.Signals] = asyncio.Queue()
         self.first: signal.Signals | None = None
-        self.second: signal.Signals | None = None
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in STOP_SIGNALS:
@@ -37,18 +41,19 @@ class Stopping:
         if self.first is None:
             self.first = sig
             self.asked.set()
-        elif self.second is None:
-            self.second = sig
-            self.again.set()
+            return
+        self.at_once = self.at_once or sig == signal.SIGINT
+        self.later.put_nowait(sig)
 
     @property
     def exit_code(self) -> int:
-        """0 after a drain; 128 + the second signal's number after a stop at once."""
-        return 0 if self.second is None else 128 + int(self.second)
+        """0 after a drain; 130 after a stop at once."""
+        return STOPPED_AT_ONCE if self.at_once else 0
 
 
-def again_hint(sig: signal.Signals | None) -> str:
-    return "press Ctrl-C again" if sig in (signal.SIGINT, None) else f"send {sig.name} again"
+def again_hint(first: signal.Signals | None) -> str:
+    """How to stop at once after ``first``: another Ctrl-C, or a SIGINT after a SIGTERM."""
+    return "press Ctrl-C again" if first in (signal.SIGINT, None) else "send SIGINT"
 
 
 def named(keys: list[str]) -> str:
@@ -67,6 +72,15 @@ def waiting_line(keys: list[str], grace: float, sig: signal.Signals | None) -> s
     running = plural(len(keys), "running refresh", "running refreshes")
     return (f"stopping: waiting up to {format_duration(grace)} for {running} {named(keys)}; "
             f"{again_hint(sig)} to stop at once")
+
+
+def still_line(keys: list[str]) -> str:
+    """What a repeated SIGTERM does: nothing but say so."""
+    if not keys:
+        return "stopping: SIGTERM again; no refresh is running"
+    running = plural(len(keys), "running refresh", "running refreshes")
+    return (f"stopping: SIGTERM again; still waiting for {running} {named(keys)}; send "
+            "SIGINT to stop at once")
 
 
 def at_once_line(keys: list[str]) -> str:

@@ -4,8 +4,8 @@ Each child is an ordinary `coalescer run` node: shards spread over the children 
 over any nodes. Child ``k`` gets node id ``ID-k`` when ``--node-id ID`` is given
 (else its own ``HOST:PID``) and the HTTP port ``PORT + k`` (``off`` stays off).
 SIGTERM and SIGINT are forwarded to every child, and the supervisor waits for them
-to drain; a second one is forwarded too (each child then stops at once) and the group
-exits with 128 + its number. The children run in a process group of their own, so a
+to drain; a second SIGINT is forwarded too (each child then stops at once) and the
+group exits 130. The children run in a process group of their own, so a
 Ctrl-C in the terminal reaches them once, through the supervisor. A child that exits
 without being told to (a crash, a SIGKILL, the OOM killer) is restarted after a
 backoff; one that keeps crashing soon after its start stops the whole group with a
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coalescer.cli.parser import http_limit_argv
-from coalescer.cli.stopping import again_hint
+from coalescer.cli.stopping import STOPPED_AT_ONCE, again_hint
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 
@@ -113,7 +113,7 @@ class Supervisor:
         self.children: dict[int, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
         self._signal = signal.SIGTERM
-        self._again: signal.Signals | None = None  # a second stop signal: stop at once
+        self._again = False  # a SIGINT after the stop: the children stop at once
         self._gave_up = False
         self._exit_codes: dict[int, int] = {}
 
@@ -126,20 +126,20 @@ class Supervisor:
         await self._stop.wait()
         self._forward()
         await asyncio.gather(*slots)
-        if self._again is not None:
-            return 128 + int(self._again)
+        if self._again:
+            return STOPPED_AT_ONCE
         bad = {k: rc for k, rc in self._exit_codes.items() if rc != 0}
         if bad:
             log.error("supervisor: children exited non-zero after the stop: %s", bad)
         return 1 if self._gave_up or bad else 0
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        if self._stop.is_set():
-            log.info("supervisor: %s received again: the children stop at once", sig.name)
-            self._again = self._again or sig
-        else:
+        if not self._stop.is_set():
             log.info("supervisor: %s received: stopping the children (%s to stop them at "
                      "once)", sig.name, again_hint(sig))
+        elif sig == signal.SIGINT and not self._again:
+            log.info("supervisor: SIGINT received again: the children stop at once")
+            self._again = True
         self.stop(sig)
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:

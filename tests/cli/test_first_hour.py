@@ -149,6 +149,23 @@ def test_a_second_ctrl_c_cancels_the_refresh_and_its_key_runs_again_after_its_le
     assert "stopping: no refresh is running" in node.output("n2")
 
 
+def test_a_repeated_sigterm_still_drains(node: Node, redis_url: str) -> None:
+    proc = _running(node, redis_url, "n1", "--grace", "2m")
+    node.touch(redis_url, "slow:1")
+    poll_until(lambda: "start slow:1" in node.calls(), message="the refresh started")
+    proc.send_signal(signal.SIGTERM)
+    poll_until(lambda: "stopping: waiting" in node.output("n1"), message="the stopping line")
+    assert ("stopping: waiting up to 2m for 1 running refresh (key slow:1); send SIGINT to "
+            "stop at once") in node.output("n1")
+    proc.send_signal(signal.SIGTERM)  # as systemd may: to the unit's every process
+    poll_until(lambda: "SIGTERM again" in node.output("n1"), message="the second SIGTERM")
+    assert ("stopping: SIGTERM again; still waiting for 1 running refresh (key slow:1); "
+            "send SIGINT to stop at once") in node.output("n1")
+    (node.folder / "release").touch()
+    assert proc.wait(timeout=30) == 0
+    assert node.calls() == ["start slow:1", "done slow:1"]
+
+
 SYNC_HANDLER = """\
 import pathlib
 import threading
