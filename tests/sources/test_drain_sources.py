@@ -9,6 +9,7 @@ only because the drain read its source event and ran it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,4 +138,32 @@ async def test_a_source_that_cannot_be_read_fails_the_drain_naming_it(
     assert info.value.source == "orders"
     message = str(info.value)
     assert "source 'orders'" in message and f"no SQLite database at {missing}" in message
+    assert rec.calls == []
+
+
+async def test_a_database_that_never_answers_fails_the_drain_at_its_timeout(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepts the connection, never says a word
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sources = (f"sources:\n  - name: orders\n    type: outbox\n"
+               f"    url: \"postgresql://app@127.0.0.1:{port}/shop\"\n")
+    path, rec = setup(tmp_path, namespace, sources)
+    c = await start(path, redis_url=redis_url, worker=False)
+    try:
+        with pytest.raises(SourceReadError) as info:
+            await c.drain(timeout=1)
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+    assert info.value.source == "orders"
+    assert f"source 'orders' (outbox coalescer_outbox at postgresql://app@127.0.0.1:{port}" \
+        f"/shop) could not be read before the deadline" in str(info.value)
     assert rec.calls == []
