@@ -489,7 +489,7 @@ class Coalescer:
         flusher = self._run.flusher
         return [d.as_json() for d in flusher.dropped] if flusher else []
 
-    async def drain(self, timeout: float = 30.0) -> list[Claim]:
+    async def drain(self, timeout: float = 30.0, *, sources: bool = True) -> list[Claim]:
         """Run everything pending now through this process's handlers, windows and
         retry backoff skipped, and return the claims run, in the order they started.
 
@@ -506,12 +506,12 @@ class Coalescer:
         retried at once until its attempts run out (dead-lettered, in the list once
         per attempt). Raises TimeoutError naming the keys left after ``timeout``, and
         SourceReadError naming a source that cannot be read (or did not answer
-        within ``timeout``).
+        within ``timeout``). ``sources=False`` leaves the sources unread.
         """
         if self._state != "running":
             raise self._not_running("drain()")
         run = self._run
-        async with self._sources_for_drain() as read:
+        async with self._sources_for_drain(sources) as read:
             if run.node is not None:
                 return await self._drainer(run.node.runner, read).run(timeout)
             if run.handlers is None:
@@ -525,13 +525,16 @@ class Coalescer:
                        read_sources=read)
 
     @contextlib.asynccontextmanager
-    async def _sources_for_drain(self) -> AsyncIterator[ReadSources | None]:
+    async def _sources_for_drain(self, wanted: bool) -> AsyncIterator[ReadSources | None]:
         """What reads the rules file's sources once, for a drain: a worker's running
         sources, else the sources opened for the drain's length (closed after)."""
         run = self._run
-        if run.sources or not self.config.sources:
-            running = run.sources
-            yield (lambda deadline: read_sources(running, deadline)) if running else None
+        if not wanted or not self.config.sources:
+            yield None
+            return
+        running = run.sources
+        if running:
+            yield lambda deadline: read_sources(running, deadline)
             return
         _refuse_sources_that_cannot_run(self.config)
         opened = open_sources(self._source_context(run))

@@ -83,6 +83,21 @@ async def test_drain_touches_and_runs_the_outbox_rows_and_deletes_them(
     assert await c.drain(timeout=5) == []
 
 
+async def test_a_drain_told_to_leave_the_sources_unread_runs_only_what_is_pending(
+        tmp_path: Path, namespace: str, redis_url: str, sqlite_db: OutboxDb,
+        start: Start) -> None:
+    path, _ = setup(tmp_path, namespace, sqlite_db.source(poll="1m"))
+    c = await start(path, redis_url=redis_url, worker=False)
+    sqlite_db.write(["stats:customer:1"])
+    c.touch("stats:customer:2")
+
+    claims = await c.drain(timeout=20, sources=False)
+
+    assert keys_of(claims) == ["stats:customer:2"]
+    assert sqlite_db.rows() == 1  # left for a node, or the next drain
+    assert keys_of(await c.drain(timeout=20)) == ["stats:customer:1"]
+
+
 async def test_outbox_rows_a_handler_writes_are_drained_in_the_next_round(
         tmp_path: Path, namespace: str, redis_url: str, sqlite_db: OutboxDb,
         start: Start) -> None:
