@@ -20,6 +20,7 @@ from coalescer.cli.parser import build_parser
 from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
+from coalescer.worker import child
 
 # Django's own options, applied by manage.py before the command runs
 DJANGO_OPTIONS = ("--settings", "--pythonpath")
@@ -56,7 +57,7 @@ def set_up_handler_children(rules: str) -> None:
         return
     if any(rule.isolation is not None for rule in config.rules):
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([FORKSERVER_SETUP, "coalescer.worker.child"])
+        context.set_forkserver_preload([FORKSERVER_SETUP, child.__name__])
         multiprocessing.forkserver.ensure_running()
 
 
