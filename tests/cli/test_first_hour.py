@@ -226,10 +226,10 @@ def test_ctrl_c_in_a_terminal_reaches_supervised_nodes_once_and_twice_stops_them
     os.killpg(group.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
     poll_until(lambda: " exited 0" in node.output("group"), timeout=30,
                message="the idle node stopped")
-    out = node.output("group")
-    assert out.count("stopping: waiting up to 2m for 1 running refresh (key slow:1)") == 1
-    assert out.count("stopping: no refresh is running") == 1
-    assert "stopping at once" not in out and group.poll() is None  # one Ctrl-C: it drains
+    shown = node.output("group")
+    assert shown.count("stopping: waiting up to 2m for 1 running refresh (key slow:1)") == 1
+    assert shown.count("stopping: no refresh is running") == 1
+    assert "stopping at once" not in shown and group.poll() is None  # one Ctrl-C: it drains
     os.killpg(group.pid, signal.SIGINT)
     assert group.wait(timeout=30) == 130
     assert "stopping at once: cancelling 1 running refresh (key slow:1)" in node.output("group")
