@@ -21,6 +21,7 @@ from coalescer.store.keys import sources_rejected
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules
 from tests.helpers.outbox import OutboxDb, new_outbox
+from tests.helpers.servers import wait_until
 
 RULES = """\
 namespace: {ns}
@@ -136,6 +137,33 @@ async def test_drain_reads_the_stream_entries_and_acknowledges_them(
     assert (group["pending"], group["lag"]) == (0, 0)  # each entry acknowledged once
     assert await redis_client.hget(sources_rejected(namespace), "order-events") == "1"
     assert await c.drain(timeout=5) == []
+
+
+async def test_a_workers_drain_reads_its_running_sources_each_event_once(
+        tmp_path: Path, namespace: str, redis_url: str, sqlite_db: OutboxDb,
+        start: Start) -> None:
+    stream = f"{namespace}:orders"
+    sources = (sqlite_db.source(poll="1m") + f"  - name: order-events\n"
+               f"    stream: \"{stream}\"\n    key: \"stats:customer:{{customer_id}}\"\n")
+    path, _ = setup(tmp_path, namespace, sources)
+    c = await start(path, redis_url=redis_url, worker=True)
+    redis_client = c.redis
+    await wait_until(lambda: redis_client.exists(stream), message="the stream's group")
+    sqlite_db.write(["stats:customer:1"])
+    for customer in ("7", "8", "7"):  # the running loop reads them as they come
+        await redis_client.xadd(stream, {"customer_id": customer})
+
+    claims = await c.drain(timeout=20)
+
+    assert sorted(keys_of(claims)) == ["stats:customer:1", "stats:customer:7",
+                                       "stats:customer:8"]
+    accepted = {source: c.metrics.registry.get_sample_value(
+        "coalescer_source_entries_total", {"source": source, "outcome": "accepted"})
+        for source in ("orders", "order-events")}
+    assert accepted == {"orders": 1, "order-events": 3}  # each event touched once
+    (group,) = await redis_client.xinfo_groups(stream)
+    assert (group["pending"], group["lag"]) == (0, 0)
+    assert sqlite_db.rows() == 0
 
 
 async def test_a_source_that_cannot_be_read_fails_the_drain_naming_it(
