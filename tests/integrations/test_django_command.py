@@ -88,14 +88,16 @@ def test_help_names_manage_py_and_the_rules_setting(env: dict[str, str]) -> None
     assert "{run,touch,check,status" in listed.stdout
 
 
-@pytest.mark.parametrize("settings_module_env", [False, True],
-                         ids=["settings-not-configured", "apps-not-loaded"])
+@pytest.mark.parametrize(("command", "settings_module_env"),
+                         [(["check"], False), (["run", "--http", "off"], True)],
+                         ids=["check-settings-not-configured", "run-apps-not-loaded"])
 def test_the_plain_command_says_to_use_manage_py_for_a_handler_that_needs_django(
-        env: dict[str, str], settings_module_env: bool) -> None:
+        env: dict[str, str], command: list[str], settings_module_env: bool) -> None:
     if settings_module_env:
         env["DJANGO_SETTINGS_MODULE"] = "shop_site.settings"
-    done = subprocess.run([*coalescer_cmd(), "check", str(RULES)], env=env, cwd=PROJECT,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([*coalescer_cmd(), *command, "--rules", str(RULES)], env=env,
+                          cwd=PROJECT, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60, check=False)
     assert done.returncode == 1
     cause = "AppRegistryNotReady" if settings_module_env else "ImproperlyConfigured"
     assert cause in done.stderr
