@@ -126,3 +126,10 @@ def test_the_examples_own_pytest_django_tests_pass(redis_url: str) -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def test_run_processes_starts_children_that_set_django_up_too(
+        env: dict[str, str], tmp_path: Path, node: Node) -> None:
+    assert manage(env, "migrate", "-v0").returncode == 0
+    node.start("--processes", "2")
+    refreshed(node, tmp_path / "shop.sqlite3")
