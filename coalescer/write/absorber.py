@@ -182,9 +182,7 @@ class Absorber:
         """``touch`` near a full buffer (or with times buffered): the exact bound."""
         with self._lock:
             if len(self._pending) + self._taken >= self._max_keys and key not in self._pending:
-                raise BackpressureError(
-                    f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
-                    f"and not yet written to Redis ({self.why_unwritten()})")
+                raise self._full(key)
             if self._schedules and key in self._pending:
                 self._timed_locked(key, None)  # taken and touched again meanwhile
                 self.absorbed += 1
@@ -193,6 +191,11 @@ class Absorber:
             self._pending[key] = rule
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
+
+    def _full(self, key: str) -> BackpressureError:
+        return BackpressureError(
+            f"touch({key!r}) refused: {self._max_keys} keys are already buffered "
+            f"and not yet written to Redis ({self.why_unwritten()})")
 
     def _plain_after(self, key: str) -> bool:
         """Mark a plain touch of buffered ``key`` after its scheduled one; False when the
@@ -477,13 +480,13 @@ class Absorber:
                 ready.update(snapshot)
             else:
                 held_since = self._split_ready(snapshot, ready)
+            self._taken += len(ready)  # first: meanwhile touch() counts them twice, not 0
             self._remove(ready, held_since, ready.taken_at)
             if self._items:  # only where items were touched: plain touches skip this
                 self._take_items(ready)
             if self._schedules:  # likewise for touches with a time
                 self._take_schedules(ready)
             if ready:
-                self._taken += len(ready)
                 self._taken_since[ready.since] += len(ready)
                 self._writing.append(ready)
             return ready
@@ -586,9 +589,9 @@ class Absorber:
         with self._lock:
             if schedules:
                 self._give_back_schedules(schedules)
-            self._finish(batch, since)
             for key, rule in batch.items():
                 self._pending.setdefault(key, rule)
+            self._finish(batch, since)  # after: meanwhile touch() counts them twice, not 0
             for key, its in items.items():
                 self._give_back_items(key, batch[key], its)
             stamp = since if since is not None else getattr(batch, "since", None)
