@@ -76,20 +76,9 @@ def stats(db: Path, customer: int) -> tuple[int, int] | None:
     return (row[0], row[1]) if row else None
 
 
-def test_orders_placed_through_the_view_are_refreshed_by_the_orm_handler(
-        env: dict[str, str], tmp_path: Path) -> None:
-    migrated = manage(env, "migrate", "-v0")
-    assert migrated.returncode == 0, migrated.stderr
-    checked = manage(env, "coalescer", "check")
-    assert checked.returncode == 0, checked.stderr
-    assert "shop.handlers:refresh_customer_stats" in checked.stdout
-    placed = manage(env, "shell", "-c", PLACE_ORDERS)
-    assert placed.stdout.split()[-2:] == ["201", "201"], placed.stderr
-    assert stats(tmp_path / "shop.sqlite3", 7) is None  # no node has run yet
-
-
-def refreshed(node: Node, db: Path) -> None:
-    """Place two orders through the view; wait for the handler's row."""
+def refreshed(node: Node, db: Path, nodes: int = 1) -> None:
+    """Place two orders through the view; wait for the handler's row, then stop the
+    ``nodes`` node processes once every one is running."""
     placed = manage(node.env, "shell", "-c", PLACE_ORDERS)
     assert placed.stdout.split()[-2:] == ["201", "201"], placed.stderr
     proc = node.proc
@@ -97,12 +86,18 @@ def refreshed(node: Node, db: Path) -> None:
     poll_until(lambda: stats(db, 7) == (2, 1300) or proc.poll() is not None, timeout=20,
                message="the customer's stats row")
     assert stats(db, 7) == (2, 1300), node.log.read_text()
+    poll_until(lambda: node.log.read_text().count(" running, using ") == nodes, timeout=20,
+               message=f"{nodes} running node processes")
     assert node.stop() == 0, node.log.read_text()
 
 
 def test_a_node_run_through_manage_py_refreshes_what_the_view_touched(
         env: dict[str, str], tmp_path: Path, node: Node) -> None:
-    assert manage(env, "migrate", "-v0").returncode == 0
+    migrated = manage(env, "migrate", "-v0")
+    assert migrated.returncode == 0, migrated.stderr
+    checked = manage(env, "coalescer", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "shop.handlers:refresh_customer_stats" in checked.stdout
     node.start()
     refreshed(node, tmp_path / "shop.sqlite3")
 
@@ -128,8 +123,9 @@ def test_the_examples_own_pytest_django_tests_pass(redis_url: str) -> None:
     assert "2 passed" in done.stdout
 
 
+@pytest.mark.slow  # a supervisor and two node processes, each setting Django up
 def test_run_processes_starts_children_that_set_django_up_too(
         env: dict[str, str], tmp_path: Path, node: Node) -> None:
     assert manage(env, "migrate", "-v0").returncode == 0
     node.start("--processes", "2")
-    refreshed(node, tmp_path / "shop.sqlite3")
+    refreshed(node, tmp_path / "shop.sqlite3", nodes=2)
