@@ -57,7 +57,7 @@ SLOW_MODULES = frozenset({
     "tests/test_example_orders.py", "tests/web/test_page_kafka.py",
     "tests/tracing/test_kafka_links.py", "tests/test_monitoring.py",
     "tests/worker/test_failover.py", "tests/worker/test_hung_handlers.py",
-    "tests/cli/test_hints.py",
+    "tests/cli/test_hints.py", "tests/sources/test_drain_kafka_worker.py",
 })
 
 

@@ -17,14 +17,15 @@ partitions to its first messages. The loop survives a broker that is down (retri
 backoff, logged once) and says so in ``/healthz`` and ``coalescer status``; what a node
 last saw (each partition's lag, its error) is kept in Redis for ``coalescer status``.
 
-``drain()`` reads a Kafka source once (``KafkaLoop.read_now``): batch by batch as above,
-until each partition is read up to its end offset as the drain started. A worker's
-drain reads with the node's consumer (its partitions), never at the same time as the
-node's own loop. A writer's drain (no loop runs here) reads every partition of the
-topics without joining the group (a join costs seconds of rebalancing): from the
-group's committed offsets (``start`` where there are none, as for a new group),
-committing after each flush as the loop does; while nodes elsewhere are members of
-the group, it refuses those commits and the members read the messages once more.
+``drain()`` reads a Kafka source once (``KafkaLoop.read_now``), up to each partition's
+end offset as the drain starts. A worker's drain lets the node's own loop read (it
+reads as soon as messages come): it waits until the loop has committed each of the
+node's partitions up to that offset (so after their flush). A writer's drain (no
+loop runs here) reads every partition of the topics itself, batch by batch as above,
+without joining the group (a join costs seconds of rebalancing): from the group's
+committed offsets (``start`` where there are none, as for a new group), committing
+after each flush as the loop does; while nodes elsewhere are members of the group, it
+refuses those commits and the members read the messages once more.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ COMMIT_TIMEOUT = 10.0  # seconds a commit may take (the broker retries inside)
 STOP_TIMEOUT = 3.0  # seconds leaving the group may take (a broker down never answers)
 PROBE_EVERY = 2.0  # seconds between two looks at an idle source's broker
 POLL_MS = 1000  # how long a read waits for messages
-DRAIN_POLL_MS = 100  # how long a drain's read waits for messages (or for partitions)
+DRAIN_POLL_MS = 100  # how long a writer's drain's read waits for messages
+CAUGHT_UP_CHECK = 0.25  # seconds between two looks of a worker's drain at its loop, at most
 REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
 REPORT_IDLE = 30.0  # seconds between two reports of an unchanged source
 REPORT_STALE = 3 * REPORT_IDLE  # a report older than this is a gone node's
@@ -100,8 +102,10 @@ class KafkaLoop:
         self._redis = context.conn.client
         self._consumer: Any = None
         self._batch_lock = asyncio.Lock()  # a batch and a rebalance never overlap
-        self._read_lock = asyncio.Lock()  # one reader at a time: the loop or a drain
-        self._looping = False  # run() started: the consumer is a member of the group
+        self._looping = False  # run() started: a worker's drain waits for the loop
+        self._joined = False  # the group gave this consumer its partitions (maybe none)
+        self._progress = asyncio.Event()  # a commit, or partitions given: drains look
+        self._offsets: Any = None  # a worker's drain's consumer of end offsets (no group)
         self._rewind: dict[Any, int] = {}  # partition -> first offset of the batch in hand
         self._committed: dict[Any, int] = {}  # partition -> offset this node last committed
         self._probed = 0.0
@@ -140,10 +144,6 @@ class KafkaLoop:
 
     async def step(self) -> int:
         """One read and its handling; returns how many messages it handled."""
-        async with self._read_lock:
-            return await self._step()
-
-    async def _step(self) -> int:
         if self._consumer is None:
             await self._connect()
         batch = await self._consumer.getmany(timeout_ms=POLL_MS, max_records=self.source.batch)
@@ -162,42 +162,55 @@ class KafkaLoop:
         return sum(len(messages) for messages in batch.values())
 
     async def read_now(self) -> int:
-        """Read and handle, batch by batch, every message up to each partition's end
-        offset as it starts (of the partitions the group gives this consumer); how many
-        messages. Raises what the broker or Redis raises: a batch not committed is
-        read again."""
-        async with self._read_lock:
-            try:
-                if self._consumer is None:
-                    await (self._connect() if self._looping else self._connect_assigned())
-                total = await self._read_to_ends()
-                await self._commit_positions()
-            except Exception as exc:
-                self._failed(exc)
-                raise
-            return total
+        """Every message up to each partition's end offset as it starts, touched,
+        flushed and committed: by the running loop (a worker's drain waits for it) or
+        read here, batch by batch; how many messages. Raises what the broker or Redis
+        raises: a batch not committed is read again."""
+        if self._looping:
+            return await self._loop_caught_up()
+        try:
+            if self._consumer is None:
+                await self._connect_assigned()
+            total = await self._read_to_ends()
+            await self._commit_positions()
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        return total
 
     async def _read_to_ends(self) -> int:
         total = 0
-        ends: dict[Any, int] = {}
-        while True:
+        owned = self._consumer.assignment()
+        if not owned:
+            return 0  # the topics have no partitions (or do not exist)
+        ends = await asyncio.wait_for(self._consumer.end_offsets(list(owned)), COMMIT_TIMEOUT)
+        while not await self._read_up_to(ends, owned):
             batch = await self._consumer.getmany(timeout_ms=DRAIN_POLL_MS,
                                                  max_records=self.source.batch)
             if batch:
                 async with self._batch_lock:
                     await self._handle(batch)
                 total += sum(len(messages) for messages in batch.values())
-            owned = self._consumer.assignment()
-            if not owned:
-                if not self._looping:
-                    return total  # the topics have no partitions (or do not exist)
-                continue  # the group has not handed this consumer its partitions yet
+        return total
+
+    async def _loop_caught_up(self) -> int:
+        """Wait until the running loop has committed each of this node's partitions up
+        to its end offset as the wait starts (nothing to wait for once the group gave
+        the node no partition); how many messages that was."""
+        ends: dict[Any, int] = {}
+        first: dict[Any, int] = {}
+        while True:
+            self._progress.clear()
+            owned = self._consumer.assignment() if self._consumer is not None else set()
             new = [tp for tp in owned if tp not in ends]
             if new:
-                ends.update(await asyncio.wait_for(self._consumer.end_offsets(new),
-                                                   COMMIT_TIMEOUT))
-            if await self._read_up_to(ends, owned):
-                return total
+                ends.update(await self._end_offsets(new))
+                first.update({tp: self._committed.get(tp, ends[tp]) for tp in new})
+            if (owned or self._joined) and all(self._committed.get(tp, -1) >= ends[tp]
+                                               for tp in owned):
+                return sum(max(0, ends[tp] - first[tp]) for tp in owned)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), CAUGHT_UP_CHECK)
 
     async def _read_up_to(self, ends: Mapping[Any, int], owned: Any) -> bool:
         """Whether each partition still this consumer's is read up to its end in ``ends``."""
@@ -221,6 +234,7 @@ class KafkaLoop:
             offset = await asyncio.wait_for(self._consumer.committed(tp), COMMIT_TIMEOUT)
             if offset is not None:
                 self._committed.setdefault(tp, offset)
+                self._progress.set()
         if fresh:
             self._reported_at = 0.0
 
@@ -241,6 +255,23 @@ class KafkaLoop:
         self._consumer = consumer
         log.info("source %s: reading topics %s in group %r", self.source.name,
                  ", ".join(self.source.topics), self.source.group)
+
+    async def _end_offsets(self, partitions: list[Any]) -> dict[Any, int]:
+        """The end offsets of ``partitions`` now, asked on a connection of their own: the
+        loop's consumer would ask only after its pending fetch (up to half a second)."""
+        if self._offsets is None:
+            consumer = _kafka().AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                client_id=f"coalescer-{self._context.node_id}-offsets")
+            try:
+                await consumer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise
+            self._offsets = consumer
+        found = await asyncio.wait_for(self._offsets.end_offsets(partitions), COMMIT_TIMEOUT)
+        return dict(found)
 
     async def _connect_assigned(self) -> None:
         """A consumer of every partition of the topics, outside the group's membership
@@ -351,6 +382,7 @@ class KafkaLoop:
                         "new owner reads the batch again): %s", self.source.name, exc)
             return
         self._committed.update(mine)
+        self._progress.set()
         log.debug("source %s: committed %d partition(s)", self.source.name, len(mine))
 
     def _seek_back(self) -> None:
@@ -367,6 +399,7 @@ class KafkaLoop:
 
     async def revoked(self, revoked: Any) -> None:
         """The group takes partitions away: wait for the batch in hand to be committed."""
+        self._joined = False  # until the rebalance gives this consumer its partitions
         if revoked and self._batch_lock.locked():
             log.info("source %s: the group takes %d partition(s); the batch in hand is "
                      "flushed and committed first", self.source.name, len(revoked))
@@ -388,6 +421,8 @@ class KafkaLoop:
         """The group hands partitions to this node: their committed offsets are read
         after the rebalance (for the lag shown before their first batch)."""
         self._fresh.update(assigned)
+        self._joined = True
+        self._progress.set()
         if assigned:
             log.info("source %s: was given %d partition(s): %s", self.source.name,
                      len(assigned), ", ".join(f"{tp.topic}/{tp.partition}"
@@ -452,17 +487,25 @@ class KafkaLoop:
         """Leave the group (its partitions go to the other nodes) and drop this node's
         report of its error."""
         consumer, self._consumer = self._consumer, None
-        if consumer is not None:  # in a task of its own: aiokafka may raise CancelledError
-            stopping = asyncio.ensure_future(consumer.stop())
-            await asyncio.wait([stopping], timeout=STOP_TIMEOUT)
-            if stopping.done() and not stopping.cancelled() and stopping.exception():
-                log.info("source %s: leaving the group failed: %r", self.source.name,
-                         stopping.exception())
-            stopping.cancel()
+        offsets, self._offsets = self._offsets, None
+        for stopped in (consumer, offsets):
+            if stopped is not None:
+                await self._stop(stopped)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._redis.hdel(
                 sources_kafka(self._context.config.namespace),
                 f"{self.source.name}|node|{self._context.node_id}"), 2.0)
+
+
+    async def _stop(self, consumer: Any) -> None:
+        """Stop ``consumer`` within STOP_TIMEOUT, in a task of its own (aiokafka may raise
+        CancelledError)."""
+        stopping = asyncio.ensure_future(consumer.stop())
+        await asyncio.wait([stopping], timeout=STOP_TIMEOUT)
+        if stopping.done() and not stopping.cancelled() and stopping.exception():
+            log.info("source %s: leaving the group failed: %r", self.source.name,
+                     stopping.exception())
+        stopping.cancel()
 
 
 class KafkaSources(Source):
