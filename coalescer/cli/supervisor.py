@@ -164,8 +164,7 @@ class Supervisor:
             proc = await self._spawn(k)
             rc = await proc.wait()
             if self._stop.is_set():
-                self._exit_codes[k] = rc
-                log.info("supervisor: child %d (pid %d) exited %d", k, proc.pid, rc)
+                self._exit_codes[k] = self._stopped(k, proc.pid, rc)
                 return
             crashes = crashes + 1 if time.monotonic() - started < QUICK_CRASH else 1
             if crashes >= GIVE_UP_AFTER:
@@ -179,6 +178,16 @@ class Supervisor:
                         k, proc.pid, _how(rc), delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
+
+    def _stopped(self, k: int, pid: int, rc: int) -> int:
+        """A child's exit code after the stop. One killed by the signal it was sent
+        had not yet set its handlers (they are set before its node starts): it had
+        taken no work, so it stopped cleanly."""
+        if rc == -int(self._signal):
+            log.info("supervisor: child %d (pid %d) was stopped while it was starting", k, pid)
+            return 0
+        log.info("supervisor: child %d (pid %d) exited %d", k, pid, rc)
+        return rc
 
     async def _spawn(self, k: int) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(

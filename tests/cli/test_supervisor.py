@@ -182,6 +182,15 @@ def test_sigterm_drains_every_child_and_leaves_none_behind(group) -> None:  # ty
     assert out.count(" exited 0") == 3, out
 
 
+def test_a_stop_while_the_children_start_is_a_clean_stop(group) -> None:  # type: ignore[no-untyped-def]
+    g = group("--processes", "2", "--http", "off", shards=1)
+    poll_until(lambda: g.output().count(" started, pid ") == 2, timeout=20,
+               message="both children spawned")
+    g.proc.send_signal(signal.SIGTERM)  # they are still importing: no handler set yet
+    assert g.proc.wait(timeout=60) == 0, g.output()
+    assert g.output().count(" exited 0") + g.output().count(" while it was starting") == 2
+
+
 def free_port_pair() -> int:
     """A port ``p`` on 127.0.0.1 such that ``p`` and ``p + 1`` were both free a moment ago,
     below the kernel's ephemeral range, so no outgoing connection takes ``p + 1`` meanwhile."""
