@@ -378,8 +378,10 @@ class KafkaLoop:
         try:
             await asyncio.wait_for(self._consumer.commit(mine), COMMIT_TIMEOUT)
         except aiokafka.errors.CommitFailedError as exc:
-            log.warning("source %s: commit refused, the group moved the partitions (their "
-                        "new owner reads the batch again): %s", self.source.name, exc)
+            why = ("the group moved the partitions (their new owner reads the batch again)"
+                   if self._looping else "the group has members elsewhere, which read these "
+                   "messages again (this drain touched them already)")
+            log.warning("source %s: commit refused, %s: %s", self.source.name, why, exc)
             return
         self._committed.update(mine)
         self._progress.set()
