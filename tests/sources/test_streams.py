@@ -204,7 +204,7 @@ async def test_entries_refresh_each_customer_once_per_burst(
     consumers = await redis_client.xinfo_consumers(stream, "coalescer")
     assert [entry["name"] for entry in consumers] == ["node-a"]
     assert await source_status(c) == {"stream": stream, "group": "coalescer", "lag": 0,
-                                      "pending": 0, "rejected": 0}
+                                      "pending": 0, "rejected": 0, "unread": False}
 
 
 async def test_start_new_skips_earlier_entries_and_all_reads_them(
@@ -256,7 +256,7 @@ async def test_bad_entries_are_acknowledged_counted_and_never_block(
     assert entries_counted(c, "accepted") == 1
     assert [call.key for call in rec.calls] == ["stats:customer:7"]
     assert await source_status(c) == {"stream": stream, "group": "coalescer", "lag": 0,
-                                      "pending": 0, "rejected": 7}
+                                      "pending": 0, "rejected": 7, "unread": False}
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for entry_id, why in zip(bad, ["no field 'customer_id'", "no rule matches key",
                                    "holds ':' (at index 1)", "not UTF-8", "NUL character",
@@ -305,7 +305,8 @@ async def test_status_shows_lag_pending_and_rejected(
     stream = f"{namespace}-app:orders"
     reader = await nodes(path, redis_url, worker=False)  # a write-path process reads none
     assert await source_status(reader) == {"stream": stream, "group": "coalescer",
-                                           "lag": None, "pending": None, "rejected": 0}
+                                           "lag": None, "pending": None, "rejected": 0,
+                                           "unread": True}
     await redis_client.xgroup_create(stream, "coalescer", id="$", mkstream=True)
     for customer in ("1", "2", "3"):
         await redis_client.xadd(stream, {"customer_id": customer})
@@ -313,7 +314,8 @@ async def test_status_shows_lag_pending_and_rejected(
     await redis_client.xreadgroup("coalescer", "dead-node", {stream: ">"}, count=1)
     status = await reader.query.status()
     assert status["sources"]["orders"] == {"stream": stream, "group": "coalescer", "lag": 3,
-                                           "pending": 1, "rejected": 0}
+                                           "pending": 1, "rejected": 0,
+                                           "unread": True}  # no worker runs yet
     text = format_status(status, now_ms=0)
     assert f"orders{' ' * 18} {3:>8} {1:>8} {0:>9}  {stream} (coalescer)" in text
     worker = await nodes(path, redis_url)
@@ -321,7 +323,8 @@ async def test_status_shows_lag_pending_and_rejected(
     await wait_until(lambda: source_status(reader), message="status")
     assert await wait_until(
         lambda: _equals(source_status(reader), {"stream": stream, "group": "coalescer",
-                                                "lag": 0, "pending": 0, "rejected": 1}))
+                                                "lag": 0, "pending": 0, "rejected": 1,
+                                                "unread": False}))
     assert entries_counted(worker, "rejected") == 1
 
 
