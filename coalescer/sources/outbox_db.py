@@ -183,10 +183,17 @@ class PostgresOutbox(Outbox):
                                               name=f"coalescer outbox {self._source.name}")
 
     async def _check_trigger(self) -> None:
-        found = await (await self._conn.execute(
-            "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) "
-            "AND NOT tgisinternal", (self._table,))).fetchone()
-        if (not found or not found[0]) and not self._warned:
+        """LookupError while the table does not exist; once it does, a warning (once) if
+        it has no trigger."""
+        exists, triggers = await (await self._conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, (SELECT count(*) FROM pg_trigger WHERE "
+            "tgrelid = to_regclass(%s) AND NOT tgisinternal)",
+            (self._table, self._table))).fetchone()
+        if not exists:
+            raise LookupError(f"no table {self._source.table} in the database yet: create it "
+                              "with coalescer.integrations.sqlalchemy.outbox_ddl or the "
+                              "Django migration")
+        if not triggers and not self._warned:
             self._warned = True
             log.warning("source %s: table %s has no NOTIFY trigger: rows are found by "
                         "polling, every %gs (create it: coalescer.integrations.sqlalchemy."
