@@ -460,7 +460,8 @@ class Coalescer:
         self.after_fork()
         if self._run.flusher is None:
             raise self._not_running("flush()")
-        await self._run.flusher.flush()
+        async with self._explained():  # RedisConnectError says what to check
+            await self._run.flusher.flush()
         self.sync_metrics()
 
     @property

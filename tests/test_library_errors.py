@@ -18,6 +18,7 @@ from coalescer.errors import (
     RedisConnectError,
     RedisUnreachableError,
     RedisUrlError,
+    UnwrittenTouchesError,
 )
 from tests.helpers.servers import ValkeyProcess, free_port
 
@@ -103,17 +104,25 @@ async def test_a_password_refused_or_missing_says_which(
                                "give it in the URL: redis://:PASSWORD@HOST:PORT/0")
 
 
-async def test_reads_and_cancel_on_a_stopped_server_name_it(
+async def test_reads_cancel_and_flush_on_a_stopped_server_name_it(
         rules: Path, own_server: ValkeyProcess) -> None:
-    async with Coalescer.from_yaml(rules, redis_url=own_server.url, worker=False) as c:
-        own_server.stop()
-        with pytest.raises(RedisConnectError) as info:
-            await c.query.status()
-        assert str(info.value) == f"could not connect to {own_server.url}: {REFUSED}"
-        with pytest.raises(RedisConnectError, match=f"could not connect to {own_server.url}"):
-            await c.query.explain("stats:1")
-        with pytest.raises(RedisConnectError, match=f"could not connect to {own_server.url}"):
-            await c.cancel("stats:1")
+    c = Coalescer.from_yaml(rules, redis_url=own_server.url, worker=False)
+    await c.start()
+    own_server.stop()
+    with pytest.raises(RedisConnectError) as info:
+        await c.query.status()
+    assert str(info.value) == f"could not connect to {own_server.url}: {REFUSED}"
+    with pytest.raises(RedisConnectError, match=f"could not connect to {own_server.url}"):
+        await c.query.explain("stats:1")
+    with pytest.raises(RedisConnectError, match=f"could not connect to {own_server.url}"):
+        await c.cancel("stats:1")
+    c.touch("stats:2")
+    with pytest.raises(RedisConnectError) as flushed:
+        await c.flush()
+    assert str(flushed.value) == f"could not connect to {own_server.url}: {REFUSED}"
+    assert isinstance(flushed.value, RedisUnreachableError)  # what flush() raised before
+    with pytest.raises(UnwrittenTouchesError):
+        await c.close(flush_timeout=0.1)
 
 
 # -- a coalescer never closed ---------------------------------------------------------------

@@ -5,7 +5,8 @@ The command line prints these lines; the library raises them as coalescer's own
 errors (``explained``), chained to redis-py's original (``__cause__``):
 
 - a URL that cannot be read: ``RedisUrlError`` (also a ``ValueError``, as redis-py's was);
-- a server that cannot be reached: ``RedisConnectError`` (a ``RedisUnreachableError``);
+- a server that cannot be reached: ``RedisConnectError`` (a ``RedisUnreachableError``;
+  ``flush()``'s ``RedisUnreachableError`` becomes one too, with the line);
 - a password refused or missing: ``RedisAuthenticationError``.
 
 The last two are also redis-py's ``ConnectionError`` and ``AuthenticationError``, so
@@ -24,7 +25,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coalescer.common.redact import redact, redact_url
-from coalescer.errors import RedisAuthenticationError, RedisConnectError, RedisUrlError
+from coalescer.errors import (
+    RedisAuthenticationError,
+    RedisConnectError,
+    RedisUnreachableError,
+    RedisUrlError,
+)
 from coalescer.store.sentinel import is_sentinel_url, parse_sentinel_url
 
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
@@ -144,3 +150,18 @@ async def explained(url: str | None, origin: str = "") -> AsyncIterator[None]:
         raise RedisAuthenticationError(failure(url, exc, origin)) from exc
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise RedisConnectError(failure(url, exc, origin)) from exc
+    except RedisUnreachableError as exc:  # flush(): the write's error is its cause
+        found = _connection_error(exc)
+        if found is None:
+            raise
+        raise RedisConnectError(failure(url, found, origin)) from exc
+
+
+def _connection_error(exc: BaseException) -> RedisError | None:
+    """The first of redis-py's connection errors among ``exc``'s causes."""
+    seen = exc.__cause__
+    for _ in range(8):  # a short chain: the flusher's wrapper, redis-py's error
+        if seen is None or isinstance(seen, RedisConnectionError | RedisTimeoutError):
+            return seen
+        seen = seen.__cause__ or getattr(seen, "cause", None)
+    return None
