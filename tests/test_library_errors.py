@@ -12,6 +12,7 @@ import pytest
 import redis.exceptions
 
 from coalescer import Coalescer, SyncCoalescer
+from coalescer.cli.errors import redis_failure
 from coalescer.errors import (
     ConfigError,
     RedisAuthenticationError,
@@ -121,6 +122,8 @@ async def test_reads_cancel_and_flush_on_a_stopped_server_name_it(
         await c.flush()
     assert str(flushed.value) == f"could not connect to {own_server.url}: {REFUSED}"
     assert isinstance(flushed.value, RedisUnreachableError)  # what flush() raised before
+    assert redis_failure(own_server.url, flushed.value) == (  # the CLI's line, not doubled
+        f"could not connect to {own_server.url} (from --redis): {REFUSED}")
     with pytest.raises(UnwrittenTouchesError):
         await c.close(flush_timeout=0.1)
 

@@ -112,11 +112,11 @@ def _reason(exc: BaseException) -> str:
 
 def original(exc: RedisError) -> RedisError:
     """redis-py's error that one of ours was raised from (``exc`` itself otherwise)."""
-    cause = exc.__cause__
-    if isinstance(exc, (RedisConnectError, RedisAuthenticationError)) and isinstance(
-            cause, RedisError):
-        return cause
-    return exc
+    if not isinstance(exc, (RedisConnectError, RedisAuthenticationError)):
+        return exc
+    if isinstance(exc.__cause__, RedisError):
+        return exc.__cause__
+    return _connection_error(exc) or exc  # flush(): through its RedisUnreachableError
 
 
 def failure(url: str | None, exc: RedisError, origin: str = "") -> str:
