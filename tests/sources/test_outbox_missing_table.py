@@ -28,7 +28,7 @@ sources:
 
 
 async def test_a_missing_table_is_said_once_and_its_trigger_looked_for_once_it_exists(
-        rules_file: Callable[..., Path], namespace: str, redis_url: str, start: Start,
+        rules_file: Callable[..., Path], namespace: str, redis_url: str, start: Start, *,
         postgres: PostgresServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="coalescer.sources")
     table = f"late_{namespace}"
