@@ -18,7 +18,9 @@ loop, fed from threads (as the thread pool of an async app's sync endpoints).
 Each of the R rounds (3) runs 1 thread, then T threads, so a change of the machine's
 load weighs on both; the table gives min / median / max of each and the ratio of the
 medians, and each round's own ratio. Also per key: the process's CPU (user + sys,
-``getrusage``) and its context switches, voluntary + involuntary.
+``getrusage``) and its context switches, voluntary + involuntary; the touches refused;
+and how long the final ``flush()`` took after the last writer ended (the keys still
+buffered then are written with no touching left to overlap).
 """
 
 from __future__ import annotations
@@ -84,10 +86,10 @@ class Writers:
             t.join()
 
 
-def _result(keys: int, threads: int, seconds: float, start: tuple[float, int],
-            writers: Writers) -> dict[str, Any]:
+def _result(keys: int, threads: int, seconds: float, *, tail: float,
+            start: tuple[float, int], writers: Writers) -> dict[str, Any]:
     cpu, switches = _usage()
-    return {"keys": keys, "threads": threads, "seconds": seconds,
+    return {"keys": keys, "threads": threads, "seconds": seconds, "tail_seconds": tail,
             "per_second": keys / seconds, "refused": sum(writers.refused),
             "cpu_us_per_key": (cpu - start[0]) * 1e6 / keys,
             "switches_per_key": (switches - start[1]) / keys}
@@ -102,9 +104,11 @@ def _sync_run(server: Server, keys: list[str], threads: int) -> dict[str, Any]:
         writers.release()
         t0 = time.perf_counter()
         writers.join()
+        t1 = time.perf_counter()
         c.flush(timeout=FLUSH_TIMEOUT)
         seconds = time.perf_counter() - t0
-        out = _result(len(keys), threads, seconds, start, writers)
+        out = _result(len(keys), threads, seconds, tail=t0 + seconds - t1, start=start,
+                      writers=writers)
     return out
 
 
@@ -117,9 +121,11 @@ async def _async_run(server: Server, keys: list[str], threads: int) -> dict[str,
         await asyncio.to_thread(writers.release)
         t0 = time.perf_counter()
         await asyncio.to_thread(writers.join)
+        t1 = time.perf_counter()
         await asyncio.wait_for(c.flush(), FLUSH_TIMEOUT)
         seconds = time.perf_counter() - t0
-        out = _result(len(keys), threads, seconds, start, writers)
+        out = _result(len(keys), threads, seconds, tail=t0 + seconds - t1, start=start,
+                      writers=writers)
     return out
 
 
@@ -161,7 +167,8 @@ def report(mode: str, one: list[dict[str, Any]], many: list[dict[str, Any]]) -> 
         print(f"  {label:<11} {_spread(runs, 'per_second'):>24} keys/s   CPU "
               f"{_spread(runs, 'cpu_us_per_key')} us/key   switches "
               f"{_spread(runs, 'switches_per_key')}/key   refused "
-              f"{sum(r['refused'] for r in runs)}")
+              f"{sum(r['refused'] for r in runs)}   flush after the last touch "
+              f"{_spread(runs, 'tail_seconds')} s")
     print(f"  ratio {threads} / 1: {ratio:.2f}x of the medians (each round: {each})")
 
 

@@ -47,6 +47,16 @@ thread was switched out between the check and the insert while the buffer filled
 by ``SLACK`` keys. Sixteen threads touching at once then cost about what one does:
 with the lock on every touch, each thread switched out while holding it sent the
 others to sleep on it, and the switches cost more than the touches.
+
+The flusher runs on an event loop in a thread of its own (``SyncCoalescer``) or the
+application's. Threads that touch without pause hold the GIL in turns of 5 ms
+(``sys.getswitchinterval()``), and the loop's thread, back from each wait for Redis,
+queues behind all of them: with 16 such threads it ran about once in 80 ms, keys piled
+up unwritten until the buffer was full, and Redis sat idle meanwhile. While more than
+``YIELD_BACKLOG`` keys wait for the flusher, every ``YIELD_EVERY``-th new key's touch
+releases the GIL (``time.sleep(0)``, a yield, not a wait), so turns pass every few
+dozen touches and the loop's comes round in milliseconds. One thread touching seldom
+builds such a backlog, and a yield costs about a thread switch.
 """
 
 from __future__ import annotations
@@ -72,6 +82,8 @@ NO_ITEMS: ItemSets = MappingProxyType({})
 Schedules = Mapping[str, str]  # key -> the wire form of its touch's time
 NO_SCHEDULES: Schedules = MappingProxyType({})
 ITEMS_PER_KEY = 10  # buffered items allowed per buffered key, on average (max_items)
+YIELD_BACKLOG = 4000  # with more keys waiting for the flusher, touches yield the GIL
+YIELD_EVERY = 64  # ... once every this many new keys
 SLACK = 1000  # a plain touch takes no lock while the buffer has more room than this
 
 
@@ -128,6 +140,7 @@ class Absorber:
         self._writing: list[Batch] = []  # batches taken and not yet finished (see finished)
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
+        self._flusher_thread: int | None = None  # the thread of the flusher's event loop
         self._room = threading.Condition(self._lock)  # notified when keys leave the buffer
         self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closing = False
@@ -138,8 +151,10 @@ class Absorber:
         self.refused_by: str | None = None  # why Redis refuses writes now (see refusals.py)
 
     def set_waker(self, wake: Callable[[], None]) -> None:
-        """``wake`` tells the flusher there is something to send now."""
+        """``wake`` tells the flusher there is something to send now; called on the
+        flusher's thread."""
         self._wake = wake
+        self._flusher_thread = threading.get_ident()
 
     def why_unwritten(self) -> str:
         """What a full buffer's BackpressureError says keeps the keys from Redis."""
@@ -176,7 +191,15 @@ class Absorber:
             pending[key] = rule  # one atomic step: take() removes keys, never the dict
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
+            if len(pending) > YIELD_BACKLOG and not self.fresh % YIELD_EVERY:
+                self._yield_to_flusher()
         self._poke()
+
+    def _yield_to_flusher(self) -> None:
+        """Let another thread take the GIL (see the module's "Threads"), unless this is
+        the flusher's own thread."""
+        if threading.get_ident() != self._flusher_thread:
+            time.sleep(0)
 
     def _touch_locked(self, key: str, rule: Rule) -> None:
         """``touch`` near a full buffer (or with times buffered): the exact bound."""

@@ -6,13 +6,17 @@ valkey-server."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from coalescer import BackpressureError, SyncCoalescer
+import pytest
+
+from coalescer import BackpressureError, Coalescer, SyncCoalescer
 from coalescer.store.keys import KeySpace
-from coalescer.write.absorber import Absorber
+from coalescer.write.absorber import YIELD_BACKLOG, YIELD_EVERY, Absorber
 from tests.conftest import RulesFactory
 from tests.helpers.servers import ValkeyProcess
 
@@ -160,3 +164,47 @@ def test_a_full_buffer_refuses_threads_and_keeps_every_key_it_accepted(
         sc.flush(timeout=20)
     due = KeySpace(namespace, 1).shard(0).due("item")
     assert set(own_server.client().zrange(due, 0, -1)) == set(taken)
+
+
+@pytest.fixture
+def yields(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """``time.sleep(0)`` calls (GIL yields) by thread name, made while the test runs."""
+    counted: Counter[str] = Counter()
+    sleep = time.sleep
+
+    def counting(seconds: float) -> None:
+        if seconds == 0:
+            counted[threading.current_thread().name] += 1
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", counting)
+    yield counted
+
+
+def test_touching_threads_yield_the_gil_while_keys_pile_up_unwritten(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess,
+        yields: Counter[str]) -> None:
+    with writer(rules_file, namespace, own_server.url) as sc:
+        own_server.stop()  # the keys pile up in the buffer
+        run_threads(touching(sc))
+        by_writers = sum(n for name, n in yields.items() if name.startswith("writer-"))
+        own_server.start()
+        sc.flush(timeout=20)
+    # at most once every YIELD_EVERY new keys (the counter is shared, unlocked), while
+    # more than YIELD_BACKLOG keys wait in the buffer (not in a write in flight)
+    assert 0 < by_writers <= THREADS * KEYS_PER_THREAD // YIELD_EVERY + THREADS
+
+
+async def test_touches_on_the_flushers_own_loop_never_yield(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess,
+        yields: Counter[str]) -> None:
+    path = rules_file(RULES.format(ns=namespace), HANDLERS)
+    async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as c:
+        own_server.stop()
+        for n in range(THREADS):
+            for key in keys_of(n):
+                c.touch(key)
+        assert len(c._run.absorber) == THREADS * KEYS_PER_THREAD > YIELD_BACKLOG
+        assert yields[threading.current_thread().name] == 0
+        own_server.start()
+        await c.flush()
