@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -115,6 +116,19 @@ class SyncCoalescer:
             raise
         # Published once started: a touch from another thread meanwhile waits in _revive.
         self._loop, self._thread = loop, thread
+        atexit.unregister(self._close_at_exit)  # at most once (a restart after a fork)
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """At interpreter exit, a coalescer still open is closed: its buffered touches
+        are written (or logged as lost by close()), never dropped without a word."""
+        if self._loop is None or self._pid != os.getpid():
+            return
+        log.info("closing the SyncCoalescer at exit: it was never closed")
+        try:
+            self.close()
+        except Exception:  # at exit: close() logged the keys it lost
+            log.debug("close() at exit failed", exc_info=True)
 
     def touch(self, key: str, item: str | None = None, *, at: At | None = None,
               delay: Delay | None = None) -> None:
@@ -203,6 +217,7 @@ class SyncCoalescer:
         is stopped (see ``Coalescer.close``)."""
         self.after_fork()
         self._restart = False
+        atexit.unregister(self._close_at_exit)
         if self._loop is None:
             return
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -378,3 +379,18 @@ def test_start_in_a_forked_child_like_a_post_fork_hook(
         sc.touch("item:parent-after")
         sc.flush()
     assert scheduled(r, namespace, 1, ["item:parent", "item:child", "item:parent-after"]) == []
+
+
+def test_a_sync_coalescer_never_closed_writes_its_touches_at_exit(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    # absorb 20s: nothing is written before the process exits, unless at exit
+    rules = line_rules(tmp_path, f"sync_{namespace}",
+                       RULES.format(ns=namespace).replace("absorb: 10ms", "absorb: 20s"))
+    script = ("import sys\nfrom coalescer import SyncCoalescer\n"
+              "sc = SyncCoalescer.from_yaml(sys.argv[1], redis_url=sys.argv[2])\n"
+              "sc.start()\nsc.touch('item:left-open')\n")
+    done = subprocess.run([sys.executable, "-c", script, str(rules), redis_url],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    due = KeySpace(namespace, 1).shard(0).due("item")
+    assert r.zscore(due, "item:left-open") is not None
