@@ -45,6 +45,8 @@ class RecentWrites:
             self._add(absorb, {k: r for k, r in batch.items() if r.absorb == absorb})
 
     def _add(self, absorb: float, keys: Mapping[str, Rule]) -> None:
+        if absorb <= 0:  # absorb 0s: no key is held back after its write
+            return
         cache = self._caches.get(absorb)
         if cache is None:
             cache = self._caches[absorb] = TTLCache(maxsize=SLICES + 2, ttl=absorb)

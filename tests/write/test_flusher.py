@@ -155,6 +155,19 @@ async def test_a_hot_key_costs_at_most_one_upsert_per_absorb_interval(
     assert absorbed is not None and absorbed >= touches - upserts
 
 
+async def test_absorb_zero_holds_no_key_back_after_its_write(
+        make: Make, redis_url: str) -> None:
+    c = await make(redis_url, absorb="0s")
+    due = c.keyspace.shard(0).due("stats")
+    c.touch("stats:1")
+    await c.flush()
+    first = await c.redis.zscore(due, "stats:1")
+    c.touch("stats:1")  # right after its write: written again at once
+    await c.flush()
+    assert first is not None and await c.redis.zscore(due, "stats:1") is not None
+    assert c.metrics.registry.get_sample_value("coalescer_absorbed_touches_total") == 0
+
+
 async def test_distinct_keys_are_batched_at_most_0_02_commands_per_key(
         make: Make, own_server: ValkeyProcess) -> None:
     c = await make(own_server.url)
