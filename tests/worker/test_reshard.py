@@ -73,6 +73,8 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
     new, _ = rules(tmp_path, namespace, 8)
     hostile = ["stats:\x1b[2J\x1b]52;c;aGk=\x07", "stats:line1\nFAKE", "stats:é\u200b\"{}"]
     keys = [f"stats:{i}" for i in range(300)] + hostile  # bytes that JSON must carry
+    moved = next(k for k in (f"stats:later-{i}" for i in range(64))
+                 if KeySpace(namespace, 2).shard_of(k) != KeySpace(namespace, 8).shard_of(k))
     async with Coalescer.from_yaml(old, redis_url=redis_url, node_id="a") as a:
         for key in keys:
             a.touch(key)
@@ -80,9 +82,12 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
         a.touch("orders:1", "row-2")
         await a.flush()
         a.touch("stats:7")  # a second write: its burst counts two touches, and moves so
+        a.touch(moved, delay=3600)  # a time of its own, which it keeps
         await a.flush()
         before = await redis_client.hget(a.keyspace.shard(a.keyspace.shard_of("stats:7")).meta,
                                          "stats:7")
+        later = await redis_client.hget(a.keyspace.shard(a.keyspace.shard_of(moved)).meta,
+                                        moved)
         burst = key_states.pending(str(before))
         assert burst is not None and burst.touches == 2
         async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
@@ -96,6 +101,8 @@ async def test_a_node_with_a_new_shards_value_moves_every_pending_key_to_its_new
         assert await where(redis_client, namespace, key, 8) == [space.shard_of(key)], key
     home = space.shard(space.shard_of("stats:7"))
     assert await redis_client.hget(home.meta, "stats:7") == before  # the same burst
+    assert await redis_client.hget(space.shard(space.shard_of(moved)).meta,
+                                   moved) == later  # still a scheduled one
     assert await redis_client.zscore(home.due("stats"), "stats:7") is not None
     orders = space.shard(space.shard_of("orders:1"))
     assert await redis_client.smembers(orders.items("orders:1")) == {"row-1", "row-2"}
