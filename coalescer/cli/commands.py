@@ -25,13 +25,14 @@ from coalescer.cli.check_details import (
 )
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
+from coalescer.cli.rules_source import check_rules, is_module_ref, load_rules
 from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.namespace_env import namespace_origin
-from coalescer.config.rules import CheckReport, Config, check_file
+from coalescer.config.rules import CheckReport, Config
 from coalescer.config.schedule import schedule_spec
 from coalescer.errors import ConfigError, InvalidScheduleError
 from coalescer.store.embedded import ENV_REDIS_URL
@@ -47,7 +48,13 @@ EXIT_UNKNOWN_KEY = 2
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Coalescer:
-    return Coalescer.from_yaml(args.rules, redis_url=args.redis, **options)
+    """A coalescer on the rules ``--rules`` names (a file, or ``module:attribute``);
+    handler modules are imported only for a worker."""
+    config = load_rules(args.rules, import_handlers=options.get("worker", True))
+    c = Coalescer(config, redis_url=args.redis, **options)
+    if is_module_ref(args.rules):  # printed commands name the same rules
+        c.hints = dataclasses.replace(c.hints, rules=args.rules)
+    return c
 
 
 def _shown_path(path: Path) -> str:
@@ -472,8 +479,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Every error and warning of the rules file, one line each, in file order; exit 1
     when there are errors."""
     path = args.path or args.rules
-    report = _with_source_errors(check_file(path, os.environ,
-                                            import_handlers=args.import_handlers))
+    report = _with_source_errors(check_rules(path, os.environ,
+                                             import_handlers=args.import_handlers))
     if args.json:
         print(json.dumps(_check_json(path, report), indent=2))
         return EXIT_ERROR if report.errors or report.config is None else 0

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coalescer.cli.rules_source import load_rules
 from coalescer.coalescer import Coalescer
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
@@ -72,7 +73,7 @@ DEMO_NODE = "demo"  # the demo node's id (its ack receipts are named for it)
 
 def demo_config(rules: str) -> Config:
     """The rules of ``rules`` in a fresh namespace: ``demo-`` and 8 random hex digits."""
-    config = Config.from_yaml(rules)
+    config = load_rules(rules)
     return dataclasses.replace(config, namespace=f"demo-{secrets.token_hex(4)}")
 
 

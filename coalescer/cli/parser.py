@@ -15,9 +15,14 @@ DESCRIPTION = ("Debounce and coalesce refreshes of aggregates across processes a
                "on Redis.")
 
 
+RULES_METAVAR = "PATH|MODULE:ATTR"
+IN_CODE = "; or module.path:attribute, a Rules(...) built in code"
+
+
 def _common(parser: argparse.ArgumentParser, *, rules_default: str | None = "./rules.yaml",
-            rules_help: str = "rules file (default ./rules.yaml)") -> None:
-    parser.add_argument("--rules", default=rules_default, metavar="PATH", help=rules_help)
+            rules_help: str = "rules file (default ./rules.yaml)" + IN_CODE) -> None:
+    parser.add_argument("--rules", default=rules_default, metavar=RULES_METAVAR,
+                        help=rules_help)
     parser.add_argument("--redis", default=None, metavar="URL",
                         help="Redis URL (default $COALESCER_REDIS_URL, else the embedded server)")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -67,10 +72,11 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
                       help="make every KEY due this long from now (30m, 1.5s, 2h, or "
                            "seconds), by the Redis server's clock")
     _json_flag(touch)
-    check = sub.add_parser("check", help="validate a rules file")
-    check.add_argument("path", nargs="?", default=None, metavar="PATH")
-    check.add_argument("--rules", default="./rules.yaml", metavar="PATH", dest="rules",
-                       help="rules file (default ./rules.yaml; PATH, if given, is used)")
+    check = sub.add_parser("check", help="validate a rules file (or rules built in code)")
+    check.add_argument("path", nargs="?", default=None, metavar=RULES_METAVAR)
+    check.add_argument("--rules", default="./rules.yaml", metavar=RULES_METAVAR, dest="rules",
+                       help="rules file (default ./rules.yaml; PATH, if given, is used)"
+                            + IN_CODE)
     check.add_argument("-v", "--verbose", action="store_true",
                        help="also say how each Python handler runs and where it is defined, "
                             "with debug logging")

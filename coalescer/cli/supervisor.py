@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coalescer.cli.parser import http_limit_argv
+from coalescer.cli.rules_source import load_rules
 from coalescer.cli.stopping import STOPPED_AT_ONCE, again_hint
-from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class ChildPlan:
 
 
 def plan_from_args(args: Any, http: tuple[str, int] | None) -> ChildPlan:
-    """The children of ``coalescer run --processes N``; the rules file is checked once here."""
-    Config.from_yaml(args.rules)
+    """The children of ``coalescer run --processes N``, each given the same ``--rules``;
+    the rules (a file, or ``module:attribute``) are checked once here."""
+    load_rules(args.rules)
     if http is not None and http[1] and http[1] + args.processes - 1 > MAX_PORT:
         raise ConfigError(f"--http port {http[1]} + {args.processes - 1} children is past "
                           f"{MAX_PORT}", file="--http")

@@ -34,7 +34,7 @@ from coalescer.errors import ConfigError, InvalidKeyError, UnknownKeyError
 
 __all__ = [
     "NAME_RE", "CheckReport", "Config", "Handler", "HttpHandler", "RetryPolicy", "Rule",
-    "check_file",
+    "check_config", "check_file",
 ]
 
 _CAPTURE_RE = re.compile(r"\{[^{}]*\}|\*")  # left out of a pattern compared with a key
@@ -224,6 +224,20 @@ def check_file(path: str | os.PathLike[str], environ: Mapping[str, str], *,
                        errors=tuple(problems.errors) if problems else (),
                        warnings=tuple(_warnings(source, schema.matches, schema.secrets,
                                                 environ, config.sources if config else ())))
+
+
+def check_config(config: Config, environ: Mapping[str, str], *,
+                 import_handlers: bool = True) -> CheckReport:
+    """The report of rules loaded already (built in code): the errors of importing their
+    handler paths (none imported with ``import_handlers=False``), and their warnings."""
+    errors: tuple[ConfigError, ...] = ()
+    if import_handlers:
+        try:
+            config = config.with_handlers()
+        except ConfigError as exc:
+            errors = tuple(exc.errors)
+    return CheckReport(config=None if errors else config, errors=errors,
+                       warnings=tuple(config.warnings(environ)))
 
 
 def _warnings(source: str, matches: Sequence[RuleMatch], secrets: Sequence[RuleSecret],

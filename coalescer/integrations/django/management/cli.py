@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from coalescer.cli.commands import EXIT_ERROR
 from coalescer.cli.main import main
 from coalescer.cli.parser import build_parser
-from coalescer.config.rules import Config
+from coalescer.cli.rules_source import load_rules
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
 from coalescer.worker import child
@@ -52,7 +52,7 @@ def set_up_handler_children(rules: str) -> None:
     handler module, and so its models). A rules file that does not load is left to
     the command, which reports it."""
     try:
-        config = Config.from_yaml(rules, import_handlers=False)
+        config = load_rules(rules, import_handlers=False)  # a file, or module:attribute
     except ConfigError:
         return
     if any(rule.isolation is not None for rule in config.rules):
