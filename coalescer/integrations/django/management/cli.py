@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from coalescer.cli.commands import EXIT_ERROR
 from coalescer.cli.main import main
-from coalescer.cli.parser import build_parser
+from coalescer.cli.parser import IN_CODE, build_parser
 from coalescer.cli.rules_source import load_rules
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
@@ -98,7 +98,7 @@ def _default_rules(parser: argparse.ArgumentParser, rules: str) -> None:
     for action in parser._actions:
         if action.dest == "rules" and action.default == DEFAULT_RULES:
             action.default = rules
-            action.help = f"rules file (default {rules}, from settings.{RULES_SETTING})"
+            action.help = f"rules file (default {rules}, from settings.{RULES_SETTING})" + IN_CODE
 
 
 def missing_rules(args: argparse.Namespace, prog: str) -> str | None:
