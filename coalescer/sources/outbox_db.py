@@ -274,7 +274,10 @@ class SqliteOutbox(Outbox):
         await self.close()
         if not self._path.exists():  # never create the application's database
             raise FileNotFoundError(f"no SQLite database at {self._path}")
-        self._conn = await aiosqlite.connect(self._path, isolation_level=None)
+        conn = aiosqlite.connect(self._path, isolation_level=None)
+        # its thread never keeps the process from exiting (aiosqlite makes it non-daemon)
+        conn._thread.daemon = True
+        self._conn = await conn
         await self._conn.execute("PRAGMA busy_timeout = 5000")
         cursor = await self._conn.execute(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",

@@ -10,6 +10,7 @@ tests look for it.
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -138,6 +139,30 @@ def test_a_missing_driver_names_the_extra_to_install(
     assert (info.value.line, info.value.field) == (6, "sources[0].url")
     assert f"needs the {module} package" in str(info.value)
     assert f"pip install '{extra}'" in str(info.value)
+
+
+LEFT_OPEN = """\
+import asyncio, sqlite3, sys
+from pathlib import Path
+from coalescer.config.rules import Config
+from coalescer.sources.outbox_db import open_outbox
+
+db = Path(sys.argv[1])
+sqlite3.connect(db).execute(
+    "CREATE TABLE coalescer_outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, "
+    "item TEXT)")
+config = Config.from_string(sys.argv[2], source="rules.yaml")
+outbox = open_outbox(config.sources[0], f"sqlite:///{db}", db.parent)
+asyncio.run(outbox.connect())  # and never closed
+print("connected", flush=True)
+"""
+
+
+def test_a_sqlite_outbox_never_closed_does_not_keep_its_process_alive(tmp_path: Path) -> None:
+    rules = BASE + "sources:\n  - {name: orders, type: outbox, url: 'sqlite:///x.db'}\n"
+    done = subprocess.run([sys.executable, "-c", LEFT_OPEN, str(tmp_path / "x.db"), rules],
+                          check=False, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "connected\n"), done.stderr
 
 
 def test_a_nodes_error_in_the_status_text_shows_control_characters_escaped() -> None:
