@@ -151,3 +151,25 @@ def test_the_closest_rule_of_a_long_unknown_key_is_found_from_its_start_only() -
     assert error.closest() is None  # not alike enough over 200 characters
     assert CountedKey.reads <= 1
     assert UnknownKeyError("t17:orders:", near=near).closest() == "rule r17"
+
+
+@pytest.mark.parametrize(("source", "fast"), [
+    ("stats:user:{id}", True), ("report:{a}:{b}:done", True), ("{a}:{b}", True),
+    ("x:{a}-{b}", False), ("{a}{b}", False), ("orders:*", False), ("a:{id}b", False)])
+def test_common_patterns_match_in_one_pass_of_a_regular_expression(source: str,
+                                                                   fast: bool) -> None:
+    assert (KeyPattern.compile(source).matcher.fast is not None) is fast
+
+
+def test_the_one_pass_expression_answers_as_the_step_by_step_matcher() -> None:
+    rng = random.Random(5)
+    compared = 0
+    for _ in range(2000):
+        pattern = KeyPattern.compile(random_pattern(rng))
+        if pattern.matcher.fast is None:
+            continue
+        for _ in range(30):
+            key = random_key(rng)
+            assert pattern.match(key) == pattern.match(key, Work()), (pattern.source, key)
+            compared += 1
+    assert compared > 3000
