@@ -73,7 +73,6 @@ class Matcher:
             return None
         return _captures(self.tokens, key, tables)
 
-
     @property
     def fast(self) -> re.Pattern[str] | None:
         """The one-pass expression of this pattern, or None when it has none."""
