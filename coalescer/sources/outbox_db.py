@@ -279,10 +279,9 @@ class SqliteOutbox(Outbox):
         conn._thread.daemon = True
         self._conn = await conn
         await self._conn.execute("PRAGMA busy_timeout = 5000")
-        cursor = await self._conn.execute(
+        found = await self._first_row(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
             (self._source.table.rsplit(".", 1)[-1],))
-        found = await cursor.fetchone()
         if found is None:
             raise LookupError(f"no table {self._source.table} in {self._path}")
         if "AUTOINCREMENT" not in str(found[0]).upper() and not self._warned:
@@ -292,14 +291,22 @@ class SqliteOutbox(Outbox):
                         "create it with outbox_table() or the Django migration",
                         self._source.name, self._source.table, self._path)
 
+    async def _first_row(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        """The first row of ``sql``, executed and read in one call to aiosqlite's thread.
+        A statement stepped once and read on a later turn of the event loop holds
+        SQLite's read lock across that turn: an application committing on the same loop
+        with a blocking driver then waits for the lock (its busy timeout) while the loop
+        waits for it, and its commit fails with "database is locked"."""
+        rows = await self._conn.execute_fetchall(sql, params)
+        return rows[0] if rows else None
+
     async def claim(self, limit: int, up_to: int | None = None) -> list[Row]:
         if self._conn is None:
             await self.connect()
         bound, params = _bound(up_to, "?")
-        cursor = await self._conn.execute(
+        rows = list(await self._conn.execute_fetchall(
             f"SELECT id, key, item{time_columns(self._source)} FROM {self._table}{bound} "
-            "ORDER BY id LIMIT ?", (*params, limit))
-        rows = list(await cursor.fetchall())
+            "ORDER BY id LIMIT ?", (*params, limit)))
         self._last_id = rows[-1][0] if rows else None
         self.fields = row_fields(self._source, rows, 3)
         return [(row[1], row[2]) for row in rows]
@@ -307,8 +314,7 @@ class SqliteOutbox(Outbox):
     async def newest(self) -> int | None:
         if self._conn is None:
             await self.connect()
-        cursor = await self._conn.execute(f"SELECT max(id) FROM {self._table}")
-        found = await cursor.fetchone()
+        found = await self._first_row(f"SELECT max(id) FROM {self._table}")
         return None if found is None or found[0] is None else int(found[0])
 
     async def done(self) -> None:
@@ -321,11 +327,10 @@ class SqliteOutbox(Outbox):
         self._last_id = None
 
     async def backlog(self) -> Backlog:
-        cursor = await self._conn.execute(
+        rows, lag = await self._first_row(
             f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {self._table} LIMIT ?)), "
             f"(SELECT (julianday('now') - julianday(created_at)) * 86400 FROM {self._table} "
             "ORDER BY id LIMIT 1)", (COUNT_CAP,))
-        rows, lag = await cursor.fetchone()
         return Backlog(int(rows), int(rows) >= COUNT_CAP, max(0.0, float(lag or 0.0)))
 
     async def wait(self, timeout: float) -> None:
