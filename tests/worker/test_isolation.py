@@ -89,7 +89,7 @@ async def test_a_handler_that_never_returns_is_killed_at_its_timeout_and_retried
         start: Start, rules_file: RulesFactory, tmp_path: Path, namespace: str,
         redis_url: str) -> None:
     c = await _node(start, rules_file, namespace, redis_url, handler="spin",
-                    timeout="500ms")
+                    timeout="1500ms")  # time for the first child to start on a busy machine
     c.touch("spin:1")
     first = await _pid(tmp_path, "spin:1", 1)
     await wait_until(lambda: _gone(first), message="the first child killed")
@@ -98,7 +98,7 @@ async def test_a_handler_that_never_returns_is_killed_at_its_timeout_and_retried
     await wait_until(lambda: _gone(second), message="the second child killed")
     failures = await _failures(c, "spin:1", 2)
     assert [f.error for f in failures] == ["TimeoutError: handler ran past its timeout "
-                                           "of 0.5s"] * 2
+                                           "of 1.5s"] * 2
     page = await c.query.dead_letters(["spin:1"])
     assert [e["error"] for e in page.entries] == [failures[0].error]
 
