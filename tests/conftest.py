@@ -38,7 +38,7 @@ from bench.kafka_broker import TansuBroker, find_tansu
 from bench.postgres import PostgresServer, find_binaries
 from coalescer import Coalescer
 from tests.helpers.servers import Cluster, ValkeyProcess, start_cluster, write_rules
-from tests.helpers.threads import alive_threads, leftover_threads
+from tests.helpers.threads import alive_threads, leftover_threads, running_test, track_starts
 
 # A $COALESCER_NAMESPACE of the developer's shell would replace the namespace of every
 # rules file these tests load (pyproject.toml keeps the plugin from setting it here).
@@ -68,6 +68,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 RulesFactory = Callable[..., Path]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    track_starts()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    running_test(item.nodeid)
 
 
 @pytest.fixture(scope="module", autouse=True)
