@@ -319,14 +319,19 @@ class OutboxSources(Source):
                 for loop in self.loops]
 
     async def stop(self) -> None:
-        """Stop claiming (rows claimed and not yet deleted stay in the table), close."""
-        await cancel_loops(self._tasks)
-        self._tasks = []
-        for loop in self.loops:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(loop.forget(), 2.0)
-        for outbox in self._outboxes:
-            await outbox.close()
+        """Stop claiming (rows claimed and not yet deleted stay in the table), close.
+        The connections are closed even when the stop is cut short (a shutdown gives it
+        a deadline): a connection left open keeps its thread, or its server session."""
+        try:
+            await cancel_loops(self._tasks)
+            self._tasks = []
+            for loop in self.loops:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(loop.forget(), 2.0)
+        finally:
+            for outbox in self._outboxes:
+                with contextlib.suppress(Exception):
+                    await outbox.close()
 
 
 def _outboxes(sources: Sequence[SourceConfig]) -> list[OutboxSource]:
