@@ -526,11 +526,14 @@ class KafkaSources(Source):
 
     async def stop(self) -> None:
         """Stop reading (what was read and not committed is read again by the group's
-        next owner of the partitions), leave the groups."""
-        await cancel_loops(self._tasks)
-        self._tasks = []
-        for loop in self.loops:
-            await loop.close()
+        next owner of the partitions), leave the groups: even when the stop is cut short
+        by the node's deadline."""
+        try:
+            await cancel_loops(self._tasks)
+            self._tasks = []
+        finally:
+            for loop in self.loops:
+                await loop.close()
 
     def problems(self) -> list[str]:
         """What /healthz reports of these sources: each one that cannot read (its error

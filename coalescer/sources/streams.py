@@ -453,10 +453,13 @@ class Sources(Source):
                 for loop in self.loops]
 
     async def stop(self) -> None:
-        """Stop reading (entries read and not yet acknowledged stay pending), close."""
-        await cancel_loops(self._tasks)
-        self._tasks = []
-        await self._client.aclose()
+        """Stop reading (entries read and not yet acknowledged stay pending), close: the
+        client even when the stop is cut short by the node's deadline."""
+        try:
+            await cancel_loops(self._tasks)
+            self._tasks = []
+        finally:
+            await self._client.aclose()
         pool = getattr(self._client, "connection_pool", None)
         if self._conn is not None and pool in self._conn.more_pools:
             self._conn.more_pools.remove(pool)  # opened and closed again by each drain
