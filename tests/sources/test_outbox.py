@@ -9,6 +9,7 @@ tests look for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -478,3 +479,28 @@ async def test_a_table_made_by_hand_is_read_with_a_warning_once(
     warned = [r.getMessage() for r in caplog.records if r.name == "coalescer.sources.outbox_db"]
     expected = "has no NOTIFY trigger" if kind == "postgresql" else "is not AUTOINCREMENT"
     assert len(warned) == 1 and expected in warned[0]
+
+
+async def test_a_stop_cut_short_by_its_deadline_still_closes_the_connections(
+        tmp_path: Path) -> None:
+    sqlite_db = new_outbox("sqlite", tmp_path, None)
+    config = Config.from_string(BASE + sqlite_db.source(), source=str(tmp_path / "rules.yaml"))
+    db = open_outbox(config.sources[0], config.sources[0].url, tmp_path)
+    await db.connect()
+    thread = db._conn._thread  # the connection's own thread
+
+    async def slow_to_stop() -> None:  # a loop that takes long to end once cancelled
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(5)
+            raise
+
+    sources = OutboxSources([], [db])
+    sources._tasks = [asyncio.create_task(slow_to_stop())]
+    await asyncio.sleep(0)  # it runs
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(sources.stop(), 0.2)  # a shutdown's deadline
+    thread.join(5)
+    assert not thread.is_alive()
+    sqlite_db.engine.dispose()
