@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
 from coalescer import __version__
@@ -34,10 +35,27 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, without breaking a word at a hyphen or in its middle: a default
+    path such as /srv/my-app/rules.yaml stays whole, to be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
+                             break_long_words=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (and its subcommands' parsers) with that help formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     """Every subcommand; ``prog`` names the command in usage and help lines
     (``manage.py coalescer`` under Django)."""
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    p = _Parser(prog=prog, description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a node: absorb, elect, poll, refresh")

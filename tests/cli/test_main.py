@@ -713,3 +713,10 @@ def test_touch_with_an_item_that_cannot_be_touched_exits_2_and_touches_nothing(
     assert done.returncode == 2
     assert says in done.stderr and "nothing was touched" in done.stderr
     assert r.keys(f"{namespace}:*") == []
+
+
+def test_help_never_breaks_a_path_at_its_hyphens() -> None:
+    parser = build_parser()
+    path = "/srv/the-shop-of-anna/stats-service/config/coalescer-rules.yaml"
+    parser.add_argument("--example", help=f"rules file (default {path}, from a setting)")
+    assert path in parser.format_help()  # whole, to be copied: argparse split it at '-'
