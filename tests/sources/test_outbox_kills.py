@@ -163,7 +163,7 @@ async def test_a_node_killed_while_holding_rows_loses_none(
         try:
             outbox.write([f"stats:customer:{n}" for n in range(50)])
             await wait_until(lambda: locked_rows(postgres.url, outbox.table.name) == (50, 0),
-                             timeout=20, message="the node holding every row")
+                             timeout=45, message="the node holding every row")
             node.send_signal(signal.SIGKILL)
             node.wait()
         finally:
