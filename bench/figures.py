@@ -125,7 +125,7 @@ class Sizes:
                    peer_hot_touches=3_000, throttle_keys=1_000, items_per_key=10)
 
 
-# -- helpers ------------------------------------------------------------------------------
+# -- helpers -------------------------------------------------------------------------------
 
 
 async def clock_offset_ms(url: str) -> float:
@@ -205,7 +205,7 @@ async def baseline_scheduled(b: Baseline) -> set[str]:
 def lost_updates(touches: dict[str, list[float]], starts: dict[str, float],
                  scheduled: Iterable[str] = (),
                  refreshes: dict[str, int] | None = None) -> dict[str, Any]:
-    """G1: a touch is lost if no refresh of its key starts after it (and none is scheduled).
+    """A touch is lost if no refresh of its key starts after it (and none is scheduled).
 
     A touch with no refresh after it whose key is still scheduled (pending or in
     flight when the workload ended) is *late*, not lost. ``starts`` holds each
@@ -342,7 +342,7 @@ def process_tree_cpu(pid: int) -> float:
     return total
 
 
-# -- G1: lost updates -----------------------------------------------------------------------
+# -- lost updates --------------------------------------------------------------------------
 
 
 BURST_TOUCHES = 50
@@ -432,7 +432,7 @@ async def churn_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
     return out
 
 
-# -- hot key and distinct keys --------------------------------------------------------------
+# -- hot key and distinct keys -------------------------------------------------------------
 
 
 async def hot_key_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
@@ -575,7 +575,7 @@ def _per_touch(counted: dict[str, Any], stats: dict[str, int], n: int) -> dict[s
             "commandstats_calls_per_touch": sum(stats.values()) / n}
 
 
-# -- start lag -------------------------------------------------------------------------------
+# -- start lag -----------------------------------------------------------------------------
 
 # A process that does nothing but sleep 1 ms at a time, run beside a lag measurement: how
 # late its wake-ups come is how much the machine itself (other processes, the hypervisor)
@@ -675,7 +675,7 @@ async def lag_baseline(server: Server, sizes: Sizes, rate: int) -> dict[str, Any
     return out
 
 
-# -- drain ----------------------------------------------------------------------------------
+# -- drain ---------------------------------------------------------------------------------
 
 
 async def drain_coalescer(server: Server, sizes: Sizes,
@@ -742,7 +742,7 @@ async def drain_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
             "seconds": t_end - first, "g1": lost_updates(touches, REC.starts, scheduled)}
 
 
-# -- idle node --------------------------------------------------------------------------------
+# -- idle node -----------------------------------------------------------------------------
 
 
 async def idle_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
@@ -776,7 +776,7 @@ async def idle_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
             "per_second": counted["top"] / (t1 - t0), "by_command": counted["by_command"]}
 
 
-# -- 1,000,000 pending keys ---------------------------------------------------------------------
+# -- 1,000,000 pending keys ----------------------------------------------------------------
 
 
 def _evalsha_usec(sync: Any) -> float:
@@ -908,7 +908,7 @@ async def _baseline_costs(b: Baseline, sync: Any, keys: list[str], reps: int) ->
     return out
 
 
-# -- leader SIGKILL ---------------------------------------------------------------------------
+# -- leader SIGKILL ------------------------------------------------------------------------
 
 
 FAILOVER_RATE = 50  # distinct keys touched per second while it runs
@@ -1223,7 +1223,7 @@ async def _scheduled(r: Any, space: KeySpace) -> set[str]:
     return keys
 
 
-# -- a 3-master Redis Cluster ----------------------------------------------------------------
+# -- a 3-master Redis Cluster --------------------------------------------------------------
 
 
 CLUSTER_MASTERS = 3

@@ -137,7 +137,7 @@ def shown_key(key: object, limit: int = 80) -> str:
 
 
 class BackpressureError(CoalescerError):
-    """The in-process buffer is full: the touch was not accepted (G8)."""
+    """The in-process buffer is full: the touch was not accepted."""
 
 
 class QuotaExceededError(BackpressureError):

@@ -70,7 +70,7 @@ async def status_of(c: Coalescer) -> dict[str, Any]:
     return await c.query.status()
 
 
-# -- G1: no lost update -------------------------------------------------------------
+# -- lost update: no lost update -----------------------------------------------------------
 
 
 async def test_burst_yields_one_refresh_after_the_last_touch(
@@ -140,7 +140,7 @@ async def test_touch_during_refresh_causes_exactly_one_more(
     assert second.attempt == 1
 
 
-# -- G2: coalescing, with the max-wait cap ------------------------------------------------
+# -- coalescing, with the max-wait cap -----------------------------------------------------
 
 
 async def test_max_wait_caps_a_never_ending_burst(
@@ -174,7 +174,7 @@ async def test_max_wait_caps_a_never_ending_burst(
     assert tokens == sorted(set(tokens))
 
 
-# -- G4: exclusion, fencing tokens --------------------------------------------------------
+# -- exclusion: exclusion, fencing tokens --------------------------------------------------
 
 
 async def test_no_two_refreshes_of_a_key_overlap_across_nodes(
@@ -216,12 +216,12 @@ async def test_no_two_refreshes_of_a_key_overlap_across_nodes(
         assert rec.max_active[key] == 1, f"{key} ran {rec.max_active[key]} times at once"
         tokens = [c.token for c in claims]
         assert tokens == sorted(set(tokens)), f"tokens of {key} do not grow: {tokens}"
-        final = claims[-1]  # the final touch was refreshed, after it (G1)
+        final = claims[-1]  # the final touch was refreshed, after it
         assert final.last_touch_ms >= before_final
         assert rec.started(key)[-1] >= final.due_ms > final.last_touch_ms
 
 
-# -- G6: retries, timeouts, dead letters ----------------------------------------------
+# -- retries, timeouts, dead letters -------------------------------------------------------
 
 
 async def test_failing_handler_is_retried_then_dead_lettered_then_requeued(
@@ -323,7 +323,7 @@ async def test_a_refresh_past_its_timeout_times_out_alone_among_those_claimed_wi
     assert sample("coalescer_refreshes_total", {"rule": "slow", "outcome": "success"}) == 6
 
 
-# -- G8, unknown keys ----------------------------------------------------------------------
+# -- bounded buffer, unknown keys ----------------------------------------------------------
 
 
 async def test_backpressure_when_redis_is_unreachable(
@@ -360,7 +360,7 @@ async def test_unknown_key_is_refused_naming_it(
     assert await redis_client.keys(f"{namespace}:*") == [layout(namespace)]
 
 
-# -- G7: leadership -----------------------------------------------------------------------
+# -- leadership: leadership ----------------------------------------------------------------
 
 
 async def test_one_leader_and_fast_takeover_after_close(
@@ -458,7 +458,7 @@ async def test_three_shards_two_nodes(
     assert sorted(claim.key for claim in rec.calls) == sorted(keys)
 
 
-# -- G3: event-driven, cheap when idle, survives Redis going away -----------------------------
+# -- event-driven, cheap when idle, survives Redis going away ------------------------------
 
 
 async def test_idle_node_costs_under_half_a_command_a_second(
@@ -629,7 +629,7 @@ async def test_poller_survives_a_redis_restart(
 
 async def test_a_dropped_wake_subscription_strands_nothing(
         tmp_path: Path, namespace: str, own_server: ValkeyProcess, start: Start) -> None:
-    """G3: the wake channel's connection is killed; touches are still refreshed, and the
+    """event-driven: the wake channel's connection is killed; touches are still refreshed, and the
     node subscribes again (the known bug: a dropped subscription left work piling up)."""
     path, rec = setup(tmp_path, namespace, rules_text(namespace, leader_lease="3s"))
     c = await start(path, redis_url=own_server.url, node_id="n1")

@@ -498,7 +498,7 @@ class World:
         await self.settle()
         left = (await self.toucher.query.status())["dead_letters"]
         if left:
-            self.violations.append(f"G6: a new touch did not re-queue {left}")
+            self.violations.append(f"retries: a new touch did not re-queue {left}")
 
 
 def _touches(keys: list[str], t0: int, t1: int) -> list[Touch]:

@@ -22,7 +22,7 @@ URL_FIELD_RE = re.compile(r"\{([^{}]*)\}")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetryPolicy:
-    """How often and how patiently a failing refresh is tried again (G6)."""
+    """How often and how patiently a failing refresh is tried again."""
 
     attempts: int
     backoff: float

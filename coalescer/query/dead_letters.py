@@ -1,4 +1,4 @@
-"""Dead letters (G6): listing them with totals and paging, re-queueing, purging.
+"""Dead letters: listing them with totals and paging, re-queueing, purging.
 
 A key is dead-lettered once its last retry failed; it stays in its rule's
 ``dead`` set (with when it died) and its meta field holds its error. A retry

@@ -1,4 +1,4 @@
-"""Leadership of one shard (G7): the leader key names its holder, fenced by epoch.
+"""Leadership of one shard: the leader key names its holder, fenced by epoch.
 
 A shard's leader key holds "EPOCH|NODE-ID" and counts while that node's lease lives
 (node_lease.py: one lease per node, renewed with one call whatever the number of

@@ -1,4 +1,4 @@
-"""The leader's poller of one shard: event-driven, never a fixed interval (G3).
+"""The leader's poller of one shard: event-driven, never a fixed interval.
 
 It claims what is due, then sleeps until the earliest due time or lease expiry
 that the claim script reported, capped at ``sleep_cap`` (about a second) so a

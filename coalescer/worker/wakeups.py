@@ -1,6 +1,6 @@
 """Listens on the shards' wake channels and routes each message to its shard.
 
-A dropped subscription must never strand work (G3): an idle poller makes no call
+A dropped subscription must never strand work: an idle poller makes no call
 until it is woken, so a message published while the connection was down would be
 lost for good. Every subscription the server confirms (the first, and each one
 redis-py makes again after it reconnects on its own) is passed on to its shard as

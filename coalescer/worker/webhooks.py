@@ -2,7 +2,7 @@
 
 One pooled ``aiohttp.ClientSession`` per node, created on first use. Every non-2xx
 answer, connection error or timeout raises, so the runner's retries and dead letter
-(G6) apply. Redirects are not followed: a 3xx is a failure like any other non-2xx.
+apply. Redirects are not followed: a 3xx is a failure like any other non-2xx.
 
 A batch rule's webhook gets one request per batch: a JSON list of the claims. A 2xx
 answer with no body (or any body without a ``failed`` field) means every key

@@ -122,7 +122,7 @@ def _count(items: ItemSets) -> int:
 
 
 class Absorber:
-    """Buffers touched keys; bounded by ``max_keys`` (G8)."""
+    """Buffers touched keys; bounded by ``max_keys``."""
 
     def __init__(self, match: Matcher, *, max_keys: int, max_items: int | None = None) -> None:
         self._match = match

@@ -165,7 +165,7 @@ class History:
                    and (states is None or c.state in states) for c in self.cancels)
 
 
-# -- G1: every touch is followed by a refresh that starts after it ------------------------
+# -- lost update: every touch is followed by a refresh that starts after it ----------------
 
 
 def _covers(run: Run, touch: Touch) -> bool:
@@ -181,7 +181,7 @@ def _covers(run: Run, touch: Touch) -> bool:
 
 def check_no_lost_update(history: History, runs: dict[str, list[Run]],
                          rules: dict[str, Rule], rule_of: Any) -> list[str]:
-    """G1: a touch is followed by a successful refresh, or by its last failed try,
+    """lost update: a touch is followed by a successful refresh, or by its last failed try,
     unless a cancel of its key came after it (every touch after a key's last cancel is)."""
     out = []
     for touch in history.touches:
@@ -192,12 +192,13 @@ def check_no_lost_update(history: History, runs: dict[str, list[Run]],
         if history.cancelled_between(touch.key, touch.t0):
             continue  # a cancel after it dropped it (or may have)
         seen = [(r.attempt, r.result) for r in after]
-        out.append(f"G1: {touch.key} touched at {touch.t0}..{touch.t1} us: no refresh that "
+        out.append(f"lost update: {touch.key} touched at {touch.t0}..{touch.t1} us: no "
+                   "refresh that "
                    f"started after it succeeded or was dead-lettered (after it: {seen})")
     return out
 
 
-# -- G2: one refresh per burst, never early, the max-wait cap ------------------------------
+# -- coalescing: one refresh per burst, never early, the max-wait cap ----------------------
 
 
 def _allowed(history: History, chain: list[Touch], max_wait_ms: int) -> int:
@@ -225,7 +226,7 @@ def _chains(touches: list[Touch], window_ms: int) -> list[list[Touch]]:
 
 def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
                      rule_of: Any) -> list[str]:
-    """G2: at most ceil(T / M) + 1 first tries per burst of length T; none early."""
+    """coalescing: at most ceil(T / M) + 1 first tries per burst of length T; none early."""
     out = []
     for key in {t.key for t in history.touches}:
         rule = rules[rule_of(key)]
@@ -238,7 +239,7 @@ def check_coalescing(history: History, runs: dict[str, list[Run]], rules: dict[s
             n = sum(1 for r in firsts if a < r.start <= horizon)
             allowed = _allowed(history, chain, rule.max_wait_ms)
             if n > allowed:
-                out.append(f"G2: {key}: a burst of {len(chain)} touches over "
+                out.append(f"coalescing: {key}: a burst of {len(chain)} touches over "
                            f"{(b - a) / MS:.0f} ms got {n} refreshes (at most {allowed})")
         out += _never_early(key, history, runs.get(key, []), rule)
     return out
@@ -256,7 +257,8 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
         if history.scheduled_between(key, since, run.start):
             continue  # due at a time of its own, not by window and cap (check_schedules)
         if not burst:
-            out.append(f"G2: {key}: refresh (token {run.token}) started with no touch since "
+            out.append(f"coalescing: {key}: refresh (token {run.token}) started with no "
+                       "touch since "
                        "the previous one")
             continue
         # certainly in this burst: after the previous start, before this one, and not
@@ -278,22 +280,22 @@ def _due_bounds(key: str, run: Run, burst: list[Touch], certain: list[Touch],
     if certain:
         due = max(due, min(max(t.t0 for t in certain) + window, burst[0].t0 + cap))
         if run.due_ms * MS > min(t.t1 for t in certain) + cap + MS:
-            return [f"G2: {key}: refresh (token {run.token}) was due {run.due_ms} ms, past "
+            return [f"coalescing: {key}: refresh (token {run.token}) was due {run.due_ms} ms, past "
                     f"its burst's first touch + max_wait"]
     if run.start < due - MS:
-        return [f"G2: {key}: refresh (token {run.token}) started "
+        return [f"coalescing: {key}: refresh (token {run.token}) started "
                 f"{(due - run.start) / MS:.1f} ms before its burst was due"]
     return []
 
 
-# -- G15: no refresh before a key's scheduled time, unless a plain touch made it due earlier
+# -- schedule: no refresh before a key's scheduled time, unless a plain touch made it due earlier
 
 
 def check_schedules(history: History, runs: dict[str, list[Run]]) -> list[str]:
-    """G15: a first try claimed after a touch with a time of its own certainly reached
+    """schedule: a first try claimed after a touch with a time of its own certainly reached
     Redis is due no earlier than that time, unless a plain touch, another schedule or a
     cancel of its key may have come after it. (That a refresh follows each such touch
-    is G1's: they are in ``touches``.)"""
+    is the lost-update check's: they are in ``touches``.)"""
     timed = {Touch(s.key, s.t0, s.t1) for s in history.scheduled}
     out = []
     for key in sorted({s.key for s in history.scheduled}):
@@ -317,47 +319,48 @@ def _before_its_time(key: str, run: Run, mine: list[Scheduled], plain: list[Touc
             or any(s is not last and s.t1 > last.t0 and s.t0 < run.start for s in mine) \
             or history.cancelled_between(key, last.t0, run.start):
         return []
-    return [f"G15: {key}: refresh (token {run.token}) was due {run.due_ms} ms, before the "
+    return [f"schedule: {key}: refresh (token {run.token}) was due {run.due_ms} ms, before the "
             f"time {last.due // MS} ms its touch at {last.t0}..{last.t1} us asked for"]
 
 
-# -- G4: never two refreshes of a key at once ---------------------------------------------
+# -- exclusion: never two refreshes of a key at once ---------------------------------------
 
 
 def check_exclusion(runs: dict[str, list[Run]]) -> list[str]:
-    """G4: the runs of a key never overlap."""
+    """exclusion: the runs of a key never overlap."""
     out = []
     for key, rs in runs.items():
         for prev, run in itertools.pairwise(rs):
             if prev.end is None or run.start < prev.end:
-                out.append(f"G4: {key}: token {run.token} started at {run.start} while token "
+                out.append(f"exclusion: {key}: token {run.token} started at {run.start} "
+                           "while token "
                            f"{prev.token} ran ({prev.start}..{prev.end})")
     return out
 
 
 def check_tokens_grow(runs: dict[str, list[Run]]) -> list[str]:
-    """G4: each run of a key has a larger fencing token than every run of it before
+    """exclusion: each run of a key has a larger fencing token than every run of it before
     (a store that keeps the largest token seen refuses none of them), failovers too."""
     out = []
     for key, rs in runs.items():
         for prev, run in itertools.pairwise(rs):
             if run.token <= prev.token:
-                out.append(f"G4: {key}: token {run.token} started after token {prev.token}")
+                out.append(f"exclusion: {key}: token {run.token} started after token {prev.token}")
     return out
 
 
-# -- G6: retries, then a dead letter ------------------------------------------------------
+# -- retries, then a dead letter -----------------------------------------------------------
 
 
 def check_retries(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
                   rule_of: Any) -> list[str]:
-    """G6: a failed try below the limit is retried with the next attempt; never more."""
+    """retries: a failed try below the limit is retried with the next attempt; never more."""
     out = []
     for key, rs in runs.items():
         limit = rules[rule_of(key)].attempts
         for run in rs:
             if run.attempt > limit:
-                out.append(f"G6: {key}: attempt {run.attempt} ran (the limit is {limit})")
+                out.append(f"retries: {key}: attempt {run.attempt} ran (the limit is {limit})")
         for prev, run in zip([*rs], [*rs[1:], None], strict=True):
             out += _successor(key, prev, run, limit, history)
     return out
@@ -372,10 +375,10 @@ def _successor(key: str, prev: Run, run: Run | None, limit: int,
     if prev.failed and prev.attempt < limit:
         if run is None or run.attempt != prev.attempt + 1:
             nxt = run.attempt if run else "none"
-            return [f"G6: {key}: attempt {prev.attempt} failed ({prev.result}); the next try "
+            return [f"retries: {key}: attempt {prev.attempt} failed ({prev.result}); the next try "
                     f"was attempt {nxt}, not {prev.attempt + 1}"]
     elif run is not None and run.attempt != 1:
-        return [f"G6: {key}: attempt {run.attempt} followed a final or successful try"]
+        return [f"retries: {key}: attempt {run.attempt} followed a final or successful try"]
     return []
 
 
@@ -403,18 +406,18 @@ def expected_dead(history: History, runs: dict[str, list[Run]], rules: dict[str,
 
 def check_dead_letters(history: History, runs: dict[str, list[Run]], rules: dict[str, Rule],
                        rule_of: Any, dead: list[dict[str, Any]]) -> list[str]:
-    """G6: exactly the keys whose last try failed at the limit are dead, after that many."""
+    """retries: exactly the keys whose last try failed at the limit are dead, after that many."""
     must, unsure = expected_dead(history, runs, rules, rule_of)
     listed = {d["key"]: d for d in dead}
-    out = [f"G6: {key} exhausted its retries but is not dead-lettered"
+    out = [f"retries: {key} exhausted its retries but is not dead-lettered"
            for key in sorted(must - set(listed))]
     for key, entry in sorted(listed.items()):
         limit = rules[rule_of(key)].attempts
         if key not in must and key not in unsure:
-            out.append(f"G6: {key} is dead-lettered, but its last try did not fail at "
+            out.append(f"retries: {key} is dead-lettered, but its last try did not fail at "
                        f"attempt {limit}")
         elif key not in unsure and entry["attempts"] != limit:
-            out.append(f"G6: {key} is dead-lettered after {entry['attempts']} attempts, "
+            out.append(f"retries: {key} is dead-lettered after {entry['attempts']} attempts, "
                        f"not {limit}")
     return out
 
@@ -444,7 +447,7 @@ def timeline(history: History, runs: dict[str, list[Run]], key: str) -> str:
     return "\n".join(f"  {(t - origin) / MS:9.1f} ms  {what}" for t, what in events)
 
 
-# -- cancels: a cancelled pending key runs again only after a new touch ------------------------
+# -- cancels: a cancelled pending key runs again only after a new touch --------------------
 
 
 def check_cancels(history: History, runs: dict[str, list[Run]]) -> list[str]:
@@ -477,7 +480,7 @@ def _refreshed_without_touch(c: Cancel, touches: list[Touch], runs: list[Run]) -
             if run.start > c.t1 and not any(t.t1 > c.t0 and t.t0 < run.start for t in touches)]
 
 
-# -- rates: no more refresh starts than a rule's rate allows --------------------------------
+# -- rates: no more refresh starts than a rule's rate allows -------------------------------
 
 
 def check_rate(runs: dict[str, list[Run]], rule_of: Any, rule: str, per_second: float,
@@ -499,7 +502,7 @@ def check_rate(runs: dict[str, list[Run]], rule_of: Any, rule: str, per_second: 
     return []
 
 
-# -- items: each reaches the first refresh claimed after its touch --------------------------
+# -- items: each reaches the first refresh claimed after its touch -------------------------
 
 
 def check_items(history: History, runs: dict[str, list[Run]]) -> list[str]:

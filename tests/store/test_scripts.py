@@ -127,7 +127,7 @@ def shard(redis_client: Redis, namespace: str) -> Shard:
     return Shard(redis_client, namespace)
 
 
-# -- upsert: due times ---------------------------------------------------
+# -- upsert: due times ---------------------------------------------------------------------
 
 
 async def test_an_upsert_makes_a_few_redis_calls_per_rule_not_one_per_key(
@@ -263,7 +263,7 @@ async def test_an_ack_whose_claims_do_not_parse_is_refused_whole(shard: Shard) -
     assert await shard.scripts.ack(shard.keys, [(RULE, [(c.key, c.token) for c in claims])]) == []
 
 
-# -- claim -------------------------------------------------------------------------------
+# -- claim ---------------------------------------------------------------------------------
 
 
 async def test_a_due_key_whose_state_was_corrupted_is_claimed_and_blocks_no_other(
@@ -365,7 +365,7 @@ async def test_fencing_tokens_strictly_increase_per_key(shard: Shard) -> None:
     assert tokens == sorted(set(tokens)) and len(tokens) == 4
 
 
-# -- touches during a run, ack ------------------------------------------------------------
+# -- touches during a run, ack -------------------------------------------------------------
 
 
 async def test_a_touch_during_a_run_rearms_exactly_one_more_claim_on_ack(shard: Shard) -> None:
@@ -454,7 +454,7 @@ async def test_stale_token_is_refused_by_ack_renew_and_fail(shard: Shard) -> Non
     assert await shard.state("k") is None
 
 
-# -- fail: retries and dead letters (G6) ----------------------------------------------------
+# -- fail: retries and dead letters --------------------------------------------------------
 
 
 async def test_fail_retries_after_the_delay_then_dead_letters_the_last_attempt(
@@ -526,7 +526,7 @@ async def test_a_new_touch_of_a_dead_key_requeues_it_with_fresh_attempts(shard: 
     assert (await shard.claim_one("k")).attempt == 1
 
 
-# -- cancel ---------------------------------------------------------------------
+# -- cancel --------------------------------------------------------------------------------
 
 
 async def test_cancel_drops_pending_refreshes_and_re_arms_and_leaves_every_other_state(
@@ -636,7 +636,7 @@ async def test_requeue_brings_dead_keys_back_and_leaves_other_keys_alone(shard: 
     assert (await shard.claim_one("d1")).attempt == 1
 
 
-# -- recover (G5) ------------------------------------------------------------------------------
+# -- recover -------------------------------------------------------------------------------
 
 
 async def test_recover_requeues_only_expired_leases_counting_the_attempt(shard: Shard) -> None:
@@ -725,7 +725,7 @@ async def test_a_key_whose_holder_died_on_its_last_attempt_is_dead_after_that_ma
         "D", str(dying.first_ms), str(dying.last_ms), "1", "lease expired"]
 
 
-# -- leader lease (G7) ---------------------------------------------------------------------------
+# -- leader lease --------------------------------------------------------------------------
 
 
 async def test_acquire_grants_one_holder_with_growing_epochs(shard: Shard) -> None:
@@ -802,7 +802,7 @@ async def test_node_leases_renew_with_one_call_and_drop_only_an_unchanged_lapsed
     assert await shard.r.zrange(leases, 0, -1) == ["b"]
 
 
-# -- surviving a lost script cache ------------------------------------------------------
+# -- surviving a lost script cache ---------------------------------------------------------
 
 
 async def every_script(shard: Shard, between: Any) -> None:

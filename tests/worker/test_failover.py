@@ -1,4 +1,4 @@
-"""Failover with real processes: `coalescer run` nodes, SIGKILL and SIGTERM (G5, G7).
+"""Failover with real processes: `coalescer run` nodes, SIGKILL and SIGTERM.
 
 Each node is a child process `python -m coalescer.cli run ... --http off`; its
 handler writes "PHASE NODE KEY TOKEN ATTEMPT" lines to a shared file, which is
@@ -116,7 +116,7 @@ async def test_sigkill_of_the_leader_lets_the_standby_take_over(world: World) ->
     w.toucher.touch("item:1")
     await w.toucher.flush()
     await wait_until(lambda: lines(w.log, "done", "item:1", "A"), message="A refreshes item:1")
-    # and records it (killed before its ack, A's refresh would rightly run again: G5)
+    # and records it (killed before its ack, A's refresh would rightly run again)
     await wait_until(w.settled, message="A's ack recorded")
 
     a.send_signal(signal.SIGKILL)
