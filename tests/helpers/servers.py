@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
-import socket
 import subprocess
 import textwrap
 import time
@@ -22,18 +21,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.valkey import Cluster, start_cluster  # the bench's launcher, shared
+from bench.valkey import HOST, Cluster, free_port, start_cluster  # the bench's, shared
 from coalescer.store.embedded import server_binary
-
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def sync_client(port: int, timeout: float = 1.0, password: str | None = None) -> redis.Redis:
@@ -42,10 +31,8 @@ def sync_client(port: int, timeout: float = 1.0, password: str | None = None) ->
                        socket_connect_timeout=timeout, decode_responses=True,
                        retry=Retry(NoBackoff(), 0), password=password)
 
-__all__ = ["Cluster", "ValkeyProcess", "free_port", "poll_until", "start_cluster",
+__all__ = ["HOST", "Cluster", "ValkeyProcess", "free_port", "poll_until", "start_cluster",
            "sync_client", "wait_until", "write_rules"]
-
-HOST = "127.0.0.1"
 
 
 
