@@ -98,7 +98,7 @@ class Run:
         self.absorber = absorber
         self.metrics = Metrics()
         self.seen: tuple[int, int] = (0, 0)  # the absorber's counts last synced to metrics
-        self.waits_seen = 0  # and its waits for room
+        self.waits_seen = (0, 0)  # and its waits: for room, for the flusher's take
         self.conn: Connection | None = None
         self.embedded: EmbeddedServer | None = None
         self.scripts: Scripts | None = None
@@ -253,7 +253,9 @@ class Coalescer:
         given, or one more than 10 years ahead raises InvalidScheduleError (naming the
         key and the value) and touches nothing.
 
-        Sync, non-blocking, safe from any thread. With ``item`` (a short string, e.g. a
+        Sync and safe from any thread; it never waits on Redis (a touch of a new key
+        pauses 5 ms at most when the background writer fell behind by thousands of
+        keys, so that it gets its turn). With ``item`` (a short string, e.g. a
         changed row's id; the key's rule must have ``items:``), the refresh's
         ``claim.items`` will hold it. Raises UnknownKeyError for a key no rule matches,
         InvalidKeyError for one Redis cannot store (not UTF-8, a NUL character, over
@@ -476,8 +478,9 @@ class Coalescer:
         run.metrics.touches.inc(touches - run.seen[0])
         run.metrics.absorbed.inc(absorbed - run.seen[1])
         run.seen = (touches, absorbed)
-        waits = run.absorber.waits
-        run.metrics.touch_waits.inc(waits - run.waits_seen)
+        waits = (run.absorber.waits, run.absorber.waited_for_take)
+        run.metrics.touch_waits.inc(waits[0] - run.waits_seen[0])
+        run.metrics.flusher_waits.inc(waits[1] - run.waits_seen[1])
         run.waits_seen = waits
 
     def unwritten_age(self) -> float | None:

@@ -139,6 +139,10 @@ class Metrics:
             "coalescer_touch_waits_total",
             "times a waiting touch (touch_wait, touch_many_wait) found the buffer full "
             "and waited for room", registry=r)
+        self.flusher_waits = Counter(
+            "coalescer_touch_flusher_waits_total",
+            "touches that paused (5 ms at most) for the background writer to take the "
+            "keys piled up since its last batch", registry=r)
         self.flushes = Counter("coalescer_flushes_total", "batches written to Redis", registry=r)
         self.flush_keys = Histogram(
             "coalescer_flush_batch_keys", "keys per batch written to Redis",

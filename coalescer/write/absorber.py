@@ -51,12 +51,17 @@ others to sleep on it, and the switches cost more than the touches.
 The flusher runs on an event loop in a thread of its own (``SyncCoalescer``) or the
 application's. Threads that touch without pause hold the GIL in turns of 5 ms
 (``sys.getswitchinterval()``), and the loop's thread, back from each wait for Redis,
-queues behind all of them: with 16 such threads it ran about once in 80 ms, keys piled
-up unwritten until the buffer was full, and Redis sat idle meanwhile. While more than
-``YIELD_BACKLOG`` keys wait for the flusher, every ``YIELD_EVERY``-th new key's touch
-releases the GIL (``time.sleep(0)``, a yield, not a wait), so turns pass every few
-dozen touches and the loop's comes round in milliseconds. One thread touching seldom
-builds such a backlog, and a yield costs about a thread switch.
+queues behind all of them: with 16 such threads it ran about once in 80 ms (at times
+once in 600 ms), keys piled up unwritten until the buffer was full, and Redis sat idle
+meanwhile. Yielding the GIL (``time.sleep(0)``) hands it to any waiting thread, most
+often another writer, and each yield cost a thread switch. So once more than
+``GATE_BACKLOG`` new keys came in since the flusher last took a batch, a touch of a new
+key waits (at most ``GATE_WAIT``) until it takes the next one: the touching threads stop
+asking for the GIL, and the loop's thread is the one that gets it. Touches wait only
+while writes succeed: after a failed write (Redis down or refusing, the keys given
+back) none waits until a write succeeds again, so an outage never slows ``touch``;
+the full buffer refuses instead. The flusher's own thread never waits (its loop would
+be the one to take).
 """
 
 from __future__ import annotations
@@ -82,8 +87,8 @@ NO_ITEMS: ItemSets = MappingProxyType({})
 Schedules = Mapping[str, str]  # key -> the wire form of its touch's time
 NO_SCHEDULES: Schedules = MappingProxyType({})
 ITEMS_PER_KEY = 10  # buffered items allowed per buffered key, on average (max_items)
-YIELD_BACKLOG = 4000  # with more keys waiting for the flusher, touches yield the GIL
-YIELD_EVERY = 64  # ... once every this many new keys
+GATE_BACKLOG = 4000  # with more new keys since the flusher's last take, touches wait ...
+GATE_WAIT = 0.005  # ... this long at most for its next take (seconds)
 SLACK = 1000  # a plain touch takes no lock while the buffer has more room than this
 
 
@@ -144,10 +149,16 @@ class Absorber:
         self._room = threading.Condition(self._lock)  # notified when keys leave the buffer
         self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closing = False
+        self._took = threading.Condition(threading.Lock())  # notified by a take, if waited on
+        self._takes = 0  # batches taken, under ``_took``
+        self._taken_fresh = 0  # ``fresh`` at the last take
+        self._waiting_take = 0  # touches waiting for the next take, under ``_took``
+        self._flowing = True  # the last write ended well (touches wait for takes only then)
         self.idle = True
         self.fresh = 0  # touches that buffered a key not buffered yet
         self.absorbed = 0  # touches of a key already buffered
         self.waits = 0  # times a waiting touch found the buffer full
+        self.waited_for_take = 0  # touches that waited for the flusher to take a batch
         self.refused_by: str | None = None  # why Redis refuses writes now (see refusals.py)
 
     def set_waker(self, wake: Callable[[], None]) -> None:
@@ -176,8 +187,9 @@ class Absorber:
     def touch(self, key: str) -> None:
         """Buffer one touch of ``key``. Raises UnknownKeyError, BackpressureError.
 
-        Takes no lock while the buffer is far from full and no key has a time of its
-        own (see the module's "Threads")."""
+        Takes no lock while the buffer is far from full, no key has a time of its own
+        and the flusher keeps up; waits at most ``GATE_WAIT`` for it otherwise (see the
+        module's "Threads")."""
         pending = self._pending
         if key in pending and (not self._schedules or self._plain_after(key)):
             self.absorbed += 1
@@ -191,15 +203,33 @@ class Absorber:
             pending[key] = rule  # one atomic step: take() removes keys, never the dict
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
-            if len(pending) > YIELD_BACKLOG and not self.fresh % YIELD_EVERY:
-                self._yield_to_flusher()
         self._poke()
+        if self.fresh - self._taken_fresh > GATE_BACKLOG:
+            self._wait_for_take()
 
-    def _yield_to_flusher(self) -> None:
-        """Let another thread take the GIL (see the module's "Threads"), unless this is
-        the flusher's own thread."""
-        if threading.get_ident() != self._flusher_thread:
-            time.sleep(0)
+    def _wait_for_take(self) -> None:
+        """Wait (at most ``GATE_WAIT``) until the flusher takes its next batch; see the
+        module's "Threads". Never on the flusher's own thread, nor after a failed write."""
+        if not self._flowing or threading.get_ident() == self._flusher_thread:
+            return
+        seen = self._takes
+        with self._took:
+            if self._takes != seen:
+                return
+            self._waiting_take += 1
+            self.waited_for_take += 1
+            try:
+                self._took.wait(GATE_WAIT)
+            finally:
+                self._waiting_take -= 1
+
+    def _took_batch(self) -> None:
+        """A batch was taken: release the touches waiting for it."""
+        with self._took:
+            self._takes += 1
+            self._taken_fresh = self.fresh
+            if self._waiting_take:
+                self._took.notify_all()
 
     def _touch_locked(self, key: str, rule: Rule) -> None:
         """``touch`` near a full buffer (or with times buffered): the exact bound."""
@@ -512,7 +542,9 @@ class Absorber:
             if ready:
                 self._taken_since[ready.since] += len(ready)
                 self._writing.append(ready)
-            return ready
+        if ready:
+            self._took_batch()
+        return ready
 
     def _take_items(self, ready: Batch) -> None:
         """Move the items of the keys in ``ready`` along with them (lock held)."""
@@ -601,6 +633,7 @@ class Absorber:
             self._finish(batch, since)
             self._item_count -= _count(items)
             self._freed_locked()
+        self._flowing = True
         # ``recent`` is only used from the event loop's thread (take, written,
         # next_ready_in), so filling it needs no lock: touch() is never kept waiting.
         self._recent.add(batch)
@@ -609,6 +642,7 @@ class Absorber:
                   items: ItemSets = NO_ITEMS, schedules: Schedules = NO_SCHEDULES) -> None:
         """Return unwritten keys (and their ``items`` and times) to the buffer; nothing
         accepted is lost."""
+        self._flowing = False  # touches no longer wait for takes (see _wait_for_take)
         with self._lock:
             if schedules:
                 self._give_back_schedules(schedules)

@@ -1,24 +1,21 @@
 """Many threads touching at once (a threaded web server's request threads): nothing
 accepted is lost, each key is written once, in few calls, the writers do not queue on
-a lock while the buffer has room, and a full buffer still refuses; on a real
+a lock while the buffer has room, a full buffer still refuses, and touches pause for
+the background writer only while it lags behind and Redis takes writes; on a real
 valkey-server."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-import pytest
-
 from coalescer import BackpressureError, Coalescer, SyncCoalescer
 from coalescer.store.keys import KeySpace
-from coalescer.write.absorber import YIELD_BACKLOG, YIELD_EVERY, Absorber
+from coalescer.write.absorber import GATE_BACKLOG, Absorber
 from tests.conftest import RulesFactory
-from tests.helpers.servers import ValkeyProcess
+from tests.helpers.servers import ValkeyProcess, poll_until
 
 RULES = """\
 namespace: {ns}
@@ -166,45 +163,92 @@ def test_a_full_buffer_refuses_threads_and_keeps_every_key_it_accepted(
     assert set(own_server.client().zrange(due, 0, -1)) == set(taken)
 
 
-@pytest.fixture
-def yields(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """``time.sleep(0)`` calls (GIL yields) by thread name, made while the test runs."""
-    counted: Counter[str] = Counter()
-    sleep = time.sleep
+def held_loop(sc: SyncCoalescer) -> threading.Event:
+    """Keep the SyncCoalescer's event loop (its background writer) busy until the
+    returned event is set: it takes no batch meanwhile."""
+    loop = sc._loop
+    assert loop is not None
+    busy, release = threading.Event(), threading.Event()
 
-    def counting(seconds: float) -> None:
-        if seconds == 0:
-            counted[threading.current_thread().name] += 1
-        sleep(seconds)
+    def hold() -> None:
+        busy.set()
+        release.wait(30)
 
-    monkeypatch.setattr(time, "sleep", counting)
-    yield counted
+    loop.call_soon_threadsafe(hold)
+    busy.wait(5)
+    return release
 
 
-def test_touching_threads_yield_the_gil_while_keys_pile_up_unwritten(
-        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess,
-        yields: Counter[str]) -> None:
+def test_a_touch_pauses_for_the_writer_once_thousands_of_keys_came_in_since_its_last_batch(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
+    over = 10
+    keys = [f"item:{i}" for i in range(GATE_BACKLOG + over)]
     with writer(rules_file, namespace, own_server.url) as sc:
-        own_server.stop()  # the keys pile up in the buffer
+        absorber = absorber_of(sc)
+        release = held_loop(sc)
+        for key in keys:
+            sc.touch(key)
+        paused = absorber.waited_for_take
+        for key in keys:  # buffered already: absorbed, never a pause
+            sc.touch(key)
+        assert absorber.waited_for_take == paused
+        release.set()
+        sc.flush()
+        sc.coalescer.sync_metrics()
+        sample = sc.coalescer.metrics.registry.get_sample_value
+        assert sample("coalescer_touch_flusher_waits_total") == paused
+    assert paused == over  # each new key past the backlog, none before it
+    due = KeySpace(namespace, 1).shard(0).due("item")
+    assert own_server.client().zcard(due) == len(keys)
+
+
+def test_sixteen_threads_pause_for_the_writer_and_lose_nothing(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
+    with writer(rules_file, namespace, own_server.url) as sc:
+        absorber = absorber_of(sc)
+        release = held_loop(sc)
+
+        def lag() -> None:  # the writer takes nothing until the threads are well past it
+            poll_until(lambda: absorber.fresh > GATE_BACKLOG + 100)
+            release.set()
+
+        lagging = threading.Thread(target=lag)
+        lagging.start()
         run_threads(touching(sc))
-        by_writers = sum(n for name, n in yields.items() if name.startswith("writer-"))
+        lagging.join()
+        sc.flush()
+        assert absorber.waited_for_take >= 100
+        assert len(absorber) == 0
+    due = KeySpace(namespace, 1).shard(0).due("item")
+    assert own_server.client().zcard(due) == THREADS * KEYS_PER_THREAD
+
+
+def test_touches_never_pause_while_redis_is_down(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
+    with writer(rules_file, namespace, own_server.url) as sc:
+        own_server.stop()
+        sc.touch("item:first")  # its write fails: the keys are given back
+        sample = sc.coalescer.metrics.registry.get_sample_value
+        poll_until(lambda: (sample("coalescer_redis_errors_total", {"loop": "flusher"})
+                            or 0) >= 1)
+        run_threads(touching(sc))
+        absorber = absorber_of(sc)
+        assert absorber.fresh == THREADS * KEYS_PER_THREAD + 1 > GATE_BACKLOG
+        assert absorber.waited_for_take == 0
         own_server.start()
         sc.flush(timeout=20)
-    # at most once every YIELD_EVERY new keys (the counter is shared, unlocked), while
-    # more than YIELD_BACKLOG keys wait in the buffer (not in a write in flight)
-    assert 0 < by_writers <= THREADS * KEYS_PER_THREAD // YIELD_EVERY + THREADS
+    due = KeySpace(namespace, 1).shard(0).due("item")
+    assert own_server.client().zcard(due) == THREADS * KEYS_PER_THREAD + 1
 
 
-async def test_touches_on_the_flushers_own_loop_never_yield(
-        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess,
-        yields: Counter[str]) -> None:
+async def test_touches_on_the_writers_own_loop_never_pause(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
     path = rules_file(RULES.format(ns=namespace), HANDLERS)
     async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as c:
-        own_server.stop()
-        for n in range(THREADS):
+        for n in range(THREADS):  # the loop takes no batch while this runs
             for key in keys_of(n):
                 c.touch(key)
-        assert len(c._run.absorber) == THREADS * KEYS_PER_THREAD > YIELD_BACKLOG
-        assert yields[threading.current_thread().name] == 0
-        own_server.start()
+        absorber = c._run.absorber
+        assert absorber.fresh == THREADS * KEYS_PER_THREAD > GATE_BACKLOG
+        assert absorber.waited_for_take == 0
         await c.flush()
