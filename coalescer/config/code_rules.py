@@ -121,6 +121,8 @@ def build(fields: Mapping[str, Any], file: str, line: int) -> Config:
     document = schema.read(to_node(fields, _mark(file, line)))
     schema.file = f"<Rules(...) at {file}:{line}>"  # the config's source: not a file
     config = _config(schema, document)
+    if config is not None:
+        config = replace(config, built_in=file)
     problems = schema.outcome()
     if problems is not None or config is None:
         raise problems or ConfigError("cannot be loaded", file=schema.file)

@@ -54,6 +54,7 @@ class Config:
     sources: tuple[SourceConfig, ...] = ()
     durability: Durability = NO_REPLICAS
     limits: Limits = DEFAULT_LIMITS
+    built_in: str | None = None  # the Python file whose Rules(...) built these; None: a file
     matches: tuple[RuleMatch, ...] = field(default=(), repr=False, compare=False)
     secrets: tuple[RuleSecret, ...] = field(default=(), repr=False, compare=False)
     _by_name: dict[str, Rule] = field(init=False, repr=False, compare=False)
@@ -142,8 +143,7 @@ class Config:
     def unknown_key(self, key: str) -> UnknownKeyError:
         """The error for ``key``, which no rule matches: it names the rules file (when
         the rules came from one) and the rule whose pattern is most like the key."""
-        from_file = not (self.source.startswith("<") and self.source.endswith(">"))
-        return UnknownKeyError(key, rules_file=self.source if from_file else None,
+        return UnknownKeyError(key, rules_file=self.source if self.built_in is None else None,
                                near=self._near)
 
     def rule(self, name: str) -> Rule:
@@ -153,7 +153,8 @@ class Config:
     def describe(self) -> str:
         """A human-readable listing of the settings and every resolved rule."""
         head = [
-            f"rules file: {self.source}",
+            f"rules file: {self.source}" if self.built_in is None
+            else f"rules: built in code, {self.source.strip('<>')}",
             f"namespace: {self.namespace}  shards: {self.shards}  "
             f"leader_lease: {format_duration(self.leader_lease)}  "
             f"claim_lease: {format_duration(self.claim_lease)}",

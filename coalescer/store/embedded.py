@@ -259,10 +259,11 @@ def project_root(rules_file: str | os.PathLike[str] | None) -> Path:
 
 def find_root(rules_file: str | os.PathLike[str] | None) -> RootChoice:
     """The nearest ``.coalescer/`` in the rules file's folder or one of its ancestors,
-    else a new one in the file's folder (without a rules file, the search starts in the
-    working folder). The search stops at a folder another user could have planted a
-    ``.coalescer/`` in (one that belongs to another user, or that others may write to,
-    such as /tmp), after the user's home folder, and at the file system's root."""
+    else a new one in the file's folder (without a rules file, rules built in code
+    for one, the search starts in the working folder). The search stops at a folder
+    another user could have planted a ``.coalescer/`` in (one that belongs to another
+    user, or that others may write to, such as /tmp), after the user's home folder, and
+    at the file system's root."""
     path = Path(rules_file) if rules_file is not None else None
     start = path.resolve().parent if path is not None and path.is_file() else Path.cwd()
     home = _home()
@@ -295,7 +296,7 @@ def _new_root(start: Path, stop: str) -> RootChoice:
             f"{stop}, and {start} {distrust}; put the rules file in a folder of your own, "
             "or give --redis URL")
     return RootChoice(root, f"none found from {start} up to where the search stopped "
-                            f"({stop}): a new one beside the rules file")
+                            f"({stop}): a new one there")
 
 
 def _home() -> Path | None:

@@ -232,6 +232,23 @@ async def test_a_function_handler_may_run_in_child_processes(
     assert int((tmp_path / "pid-user:1").read_text()) != os.getpid()
 
 
+def test_rules_in_code_say_where_they_were_built_not_a_rules_file() -> None:
+    rules = Rules(rules=[Rule(name="user", match="user:{id}", handler=refresh)])
+    line = sys._getframe().f_lineno - 1
+    config = rules.config
+    assert config.built_in == __file__
+    assert config.describe().splitlines()[0] == \
+        f"rules: built in code, Rules(...) at {__file__}:{line}"
+    assert "rules file" not in str(config.unknown_key("usr:1"))
+
+
+def test_a_rules_file_is_named_as_one(rules_file: RulesFactory) -> None:
+    path = rules_file(RULES_YAML, HANDLERS_PY)
+    config = Config.from_yaml(path)
+    assert config.built_in is None
+    assert config.describe().splitlines()[0] == f"rules file: {path}"
+
+
 def test_a_coalescer_takes_its_rules_once() -> None:
     rules = Rules(rules=[Rule(name="user", match="user:{id}", handler=refresh)])
     with pytest.raises(TypeError, match="give the rules once"):
