@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from coalescer.cli.supervisor import plan_from_args
 from coalescer.integrations.django.management.cli import django_parser
-from coalescer.integrations.django.process import close_coalescer, get_coalescer
+from coalescer.integrations.django.process import close_coalescer, drain, get_coalescer
 from coalescer.store.keys import KeySpace
 from tests.helpers.django_db import configure
 from tests.helpers.e2e import REPO, clean_env, coalescer_cmd
@@ -121,8 +121,9 @@ def test_a_rules_setting_that_is_not_a_path_is_an_error(env: dict[str, str],
     done = manage(env, "coalescer", "check", settings=variant)
     assert done.returncode == 1
     assert ("settings.COALESCER_RULES must be the path of a rules file (a str or a "
-            "pathlib.Path, e.g. BASE_DIR / 'rules.yaml'), not list ['rules.yaml']"
-            in done.stderr)
+            "pathlib.Path, e.g. BASE_DIR / 'rules.yaml') or rules built in code named as "
+            "'module.path:attribute' (e.g. 'myapp.coalescing:rules'), not list "
+            "['rules.yaml']" in done.stderr)
 
 
 def test_without_the_setting_the_rules_file_is_the_working_folders(
@@ -160,6 +161,40 @@ def test_call_command_runs_the_command_and_raises_its_exit_status(
     with pytest.raises(CommandError) as failed:
         call_command("coalescer", "touch", "orders:1")
     assert failed.value.returncode == 2
+
+
+CODED_RULES = """\
+from coalescer import Rule, Rules
+
+refreshed = []
+
+
+def refresh(claim):
+    refreshed.append(claim.key)
+
+
+rules = Rules(rules=[Rule(name="user", match="stats:user:{id}", handler=refresh)])
+"""
+
+
+def test_the_setting_may_name_rules_built_in_code(
+        django_db: None, tmp_path: Path, namespace: str, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "coded_rules.py").write_text(CODED_RULES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("COALESCER_REDIS_URL", redis_url)
+    monkeypatch.setenv("COALESCER_NAMESPACE", namespace)
+    with override_settings(COALESCER_RULES="coded_rules:rules"):
+        try:
+            call_command("coalescer", "check")
+            assert f"Rules(...) at {tmp_path / 'coded_rules.py'}:10>: OK" in \
+                capsys.readouterr().out
+            get_coalescer().touch("stats:user:5")
+            claims = drain()
+        finally:
+            close_coalescer()
+    assert [claim.key for claim in claims] == ["stats:user:5"]
+    assert sys.modules["coded_rules"].refreshed == ["stats:user:5"]
 
 
 def pending(redis_url: str, namespace: str) -> list[str]:

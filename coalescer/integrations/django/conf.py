@@ -1,4 +1,5 @@
-"""coalescer's Django settings: ``COALESCER_RULES``, the path of the rules file.
+"""coalescer's Django settings: ``COALESCER_RULES``, the path of the rules file, or
+``"module.path:attribute"`` naming rules built in code (as ``--rules`` takes them).
 
 Unset, the rules file is ``./rules.yaml`` in the working folder, as for the
 ``coalescer`` command. The Redis URL is not a setting: it is ``$COALESCER_REDIS_URL``
@@ -19,19 +20,21 @@ DEFAULT_RULES = "./rules.yaml"
 
 
 def rules_setting() -> str | None:
-    """``settings.COALESCER_RULES`` as a path string, None when it is unset;
-    ImproperlyConfigured, naming the setting, when it is not a path."""
+    """``settings.COALESCER_RULES`` as a string (a path, or ``module.path:attribute``),
+    None when it is unset; ImproperlyConfigured, naming the setting, when it is neither."""
     value = getattr(settings, RULES_SETTING, None)
     if value is None:
         return None
     if not isinstance(value, str | os.PathLike) or not os.fspath(value):
         raise ImproperlyConfigured(
             f"settings.{RULES_SETTING} must be the path of a rules file (a str or a "
-            f"pathlib.Path, e.g. BASE_DIR / 'rules.yaml'), not {type(value).__name__} "
-            f"{value!r}")
+            f"pathlib.Path, e.g. BASE_DIR / 'rules.yaml') or rules built in code named as "
+            f"'module.path:attribute' (e.g. 'myapp.coalescing:rules'), not "
+            f"{type(value).__name__} {value!r}")
     return str(os.fspath(value))
 
 
 def rules_path() -> Path:
-    """The rules file the project uses: the setting's, else ``./rules.yaml``."""
+    """The rules the project uses: the setting's (a file, or ``module.path:attribute``),
+    else ``./rules.yaml``."""
     return Path(rules_setting() or DEFAULT_RULES)

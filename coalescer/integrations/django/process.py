@@ -1,7 +1,7 @@
 """The ``SyncCoalescer`` of a Django process: ``get_coalescer()``.
 
-Made and started on the first call, from ``settings.COALESCER_RULES`` (else
-``./rules.yaml``) with ``worker=False`` (the process only touches keys; ``manage.py
+Made and started on the first call, from ``settings.COALESCER_RULES`` (a rules file,
+or rules built in code named as ``"module.path:attribute"``; else ``./rules.yaml``) with ``worker=False`` (the process only touches keys; ``manage.py
 coalescer run`` nodes run the handlers) and ``$COALESCER_REDIS_URL`` (else the embedded
 server); closed at exit, which writes the touches still buffered.
 
@@ -24,7 +24,9 @@ import os
 import threading
 
 from coalescer.claim import Claim
+from coalescer.cli.rules_source import is_module_ref, load_rules
 from coalescer.coalescer import Coalescer
+from coalescer.config.rules import Config
 from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.errors import UnwrittenTouchesError
 from coalescer.integrations.django.conf import rules_path
@@ -84,8 +86,16 @@ class _PerProcess:
         self._lock = threading.Lock()  # the parent's may have been held at the fork
 
 
-def _started(path: str) -> SyncCoalescer:
-    coalescer = SyncCoalescer.from_yaml(path)
+def _rules(ref: str) -> Config:
+    """The rules ``ref`` names: a rules file, or ``module.path:attribute`` (rules built
+    in code, imported now, when Django is set up); handler modules not imported."""
+    if is_module_ref(ref):
+        return load_rules(ref, import_handlers=False)
+    return Config.from_yaml(ref, import_handlers=False)
+
+
+def _started(ref: str) -> SyncCoalescer:
+    coalescer = SyncCoalescer(rules=_rules(ref))
     coalescer.start()
     return coalescer
 
@@ -123,5 +133,5 @@ def drain(timeout: float = 30.0) -> list[Claim]:
 
 
 async def _drain(timeout: float) -> list[Claim]:
-    async with Coalescer.from_yaml(rules_path(), worker=False) as coalescer:
+    async with Coalescer(rules=_rules(str(rules_path())), worker=False) as coalescer:
         return await coalescer.drain(timeout)

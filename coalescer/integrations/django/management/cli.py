@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from coalescer.cli.commands import EXIT_ERROR
 from coalescer.cli.main import main
 from coalescer.cli.parser import IN_CODE, build_parser
-from coalescer.cli.rules_source import load_rules
+from coalescer.cli.rules_source import is_module_ref, load_rules
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
 from coalescer.worker import child
@@ -102,11 +102,12 @@ def _default_rules(parser: argparse.ArgumentParser, rules: str) -> None:
 
 
 def missing_rules(args: argparse.Namespace, prog: str) -> str | None:
-    """The error line when the rules file the setting names is used and is missing."""
+    """The error line when the rules file the setting names is used and is missing (rules
+    in code, ``module.path:attribute``, report their own errors when loaded)."""
     rules = rules_setting()
     if rules is None or getattr(args, "rules", None) != rules or getattr(args, "path", None):
         return None
-    if Path(rules).exists():
+    if Path(rules).exists() or is_module_ref(rules):
         return None
     return (f"{prog} {args.command}: settings.{RULES_SETTING} names {rules}, which does not "
             "exist: set it to the rules file's path (e.g. BASE_DIR / 'rules.yaml'), or "
