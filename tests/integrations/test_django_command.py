@@ -177,17 +177,24 @@ rules = Rules(rules=[Rule(name="user", match="stats:user:{id}", handler=refresh)
 """
 
 
-def test_the_setting_may_name_rules_built_in_code(
-        django_db: None, tmp_path: Path, namespace: str, redis_url: str,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def coded_rules(django_db: None, tmp_path: Path, namespace: str, redis_url: str,
+                monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The module ``coded_rules`` (CODED_RULES), importable; this test's server and
+    namespace in the environment."""
     (tmp_path / "coded_rules.py").write_text(CODED_RULES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("COALESCER_REDIS_URL", redis_url)
     monkeypatch.setenv("COALESCER_NAMESPACE", namespace)
+    return tmp_path / "coded_rules.py"
+
+
+def test_the_setting_may_name_rules_built_in_code(
+        coded_rules: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with override_settings(COALESCER_RULES="coded_rules:rules"):
         try:
             call_command("coalescer", "check")
-            assert f"Rules(...) at {tmp_path / 'coded_rules.py'}:10>: OK" in \
+            assert f"Rules(...) at {coded_rules}:10>: OK" in \
                 capsys.readouterr().out
             get_coalescer().touch("stats:user:5")
             claims = drain()

@@ -1,8 +1,9 @@
 """The ``SyncCoalescer`` of a Django process: ``get_coalescer()``.
 
 Made and started on the first call, from ``settings.COALESCER_RULES`` (a rules file,
-or rules built in code named as ``"module.path:attribute"``; else ``./rules.yaml``) with ``worker=False`` (the process only touches keys; ``manage.py
-coalescer run`` nodes run the handlers) and ``$COALESCER_REDIS_URL`` (else the embedded
+or rules built in code named as ``"module.path:attribute"``; else ``./rules.yaml``)
+with ``worker=False`` (the process only touches keys; ``manage.py coalescer run``
+nodes run the handlers) and ``$COALESCER_REDIS_URL`` (else the embedded
 server); closed at exit, which writes the touches still buffered.
 
 Fork-safe: a gunicorn or uwsgi worker forked from a master that already made it gets
@@ -26,8 +27,8 @@ import threading
 from coalescer.claim import Claim
 from coalescer.cli.rules_source import is_module_ref, load_rules
 from coalescer.coalescer import Coalescer
-from coalescer.config.rules import Config
 from coalescer.config.namespace_env import ENV_NAMESPACE
+from coalescer.config.rules import Config
 from coalescer.errors import UnwrittenTouchesError
 from coalescer.integrations.django.conf import rules_path
 from coalescer.store.embedded import ENV_REDIS_URL
