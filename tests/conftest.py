@@ -22,6 +22,7 @@ poll_until, write_rules, free_port.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -89,6 +90,18 @@ def no_thread_outlives_its_module() -> Iterator[None]:
     if left:
         pytest.fail(f"threads still running after the module's tests: {', '.join(left)}",
                     pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def logging_levels_kept() -> Iterator[None]:
+    """A command run in this process (``main([...])``, ``call_command``) sets the levels
+    of the root and ``coalescer`` loggers as the command line does; the next test finds
+    them as they were."""
+    loggers = [logging.getLogger(), logging.getLogger("coalescer")]
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")
