@@ -25,7 +25,6 @@ from coalescer.cli.check_details import (
 )
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
-from coalescer.cli.rules_source import check_rules, is_module_ref, load_rules
 from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
 from coalescer.coalescer import Coalescer
 from coalescer.common.plural import plural
@@ -33,6 +32,7 @@ from coalescer.common.printable import printable
 from coalescer.common.redact import redact
 from coalescer.config.namespace_env import namespace_origin
 from coalescer.config.rules import CheckReport, Config
+from coalescer.config.rules_source import check_rules, is_module_ref, load_rules
 from coalescer.config.schedule import schedule_spec
 from coalescer.errors import ConfigError, InvalidScheduleError
 from coalescer.store.embedded import ENV_REDIS_URL

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coalescer.cli.rules_source import load_rules
 from coalescer.coalescer import Coalescer
 from coalescer.common.redact import redact
 from coalescer.config.rules import Config
+from coalescer.config.rules_source import load_rules
 from coalescer.store.embedded import project_root
 from coalescer.store.keys import KeySpace, drained, layout
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coalescer.cli.parser import http_limit_argv
-from coalescer.cli.rules_source import load_rules
 from coalescer.cli.stopping import STOPPED_AT_ONCE, again_hint
+from coalescer.config.rules_source import load_rules
 from coalescer.errors import ConfigError
 
 log = logging.getLogger(__name__)

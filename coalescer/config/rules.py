@@ -143,7 +143,8 @@ class Config:
     def unknown_key(self, key: str) -> UnknownKeyError:
         """The error for ``key``, which no rule matches: it names the rules file (when
         the rules came from one) and the rule whose pattern is most like the key."""
-        return UnknownKeyError(key, rules_file=self.source if self.built_in is None else None,
+        from_file = self.built_in is None and not self.source.startswith("<")
+        return UnknownKeyError(key, rules_file=self.source if from_file else None,
                                near=self._near)
 
     def rule(self, name: str) -> Rule:

@@ -25,10 +25,10 @@ import os
 import threading
 
 from coalescer.claim import Claim
-from coalescer.cli.rules_source import is_module_ref, load_rules
 from coalescer.coalescer import Coalescer
 from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.config.rules import Config
+from coalescer.config.rules_source import is_module_ref, load_rules
 from coalescer.errors import UnwrittenTouchesError
 from coalescer.integrations.django.conf import rules_path
 from coalescer.store.embedded import ENV_REDIS_URL

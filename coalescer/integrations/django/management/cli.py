@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from coalescer.cli.commands import EXIT_ERROR
 from coalescer.cli.main import main
 from coalescer.cli.parser import IN_CODE, build_parser
-from coalescer.cli.rules_source import is_module_ref, load_rules
+from coalescer.config.rules_source import is_module_ref, load_rules
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
 from coalescer.worker import child

@@ -1,5 +1,6 @@
-"""Where the commands' rules come from: ``--rules`` names a rules file, or, as
-``module.path:attribute``, a ``Rules(...)`` (or a ``Config``) built in code.
+"""Rules named by a string (the commands' ``--rules``, Django's
+``settings.COALESCER_RULES``): a rules file, or, as ``module.path:attribute``, a
+``Rules(...)`` (or a ``Config``) built in code.
 
 A value that is an existing file is a rules file. Otherwise a value of the form
 ``dotted.module:attribute`` (identifiers only) is imported, with the working folder
