@@ -55,8 +55,8 @@ queues behind all of them: with 16 such threads it ran about once in 80 ms (at t
 once in 600 ms), keys piled up unwritten until the buffer was full, and Redis sat idle
 meanwhile. Yielding the GIL (``time.sleep(0)``) hands it to any waiting thread, most
 often another writer, and each yield cost a thread switch. So once more than
-``GATE_BACKLOG`` new keys came in since the flusher last took a batch, a touch of a new
-key waits (at most ``GATE_WAIT``) until it takes the next one: the touching threads stop
+``GATE_BACKLOG`` new keys came in since the flusher last took what was ready, a touch
+of a new key waits (at most ``GATE_WAIT``) until it takes again: the touching threads stop
 asking for the GIL, and the loop's thread is the one that gets it. Touches wait only
 while writes succeed: after a failed write (Redis down or refusing, the keys given
 back) none waits until a write succeeds again, so an outage never slows ``touch``;
@@ -223,8 +223,9 @@ class Absorber:
             finally:
                 self._waiting_take -= 1
 
-    def _took_batch(self) -> None:
-        """A batch was taken: release the touches waiting for it."""
+    def _after_take(self) -> None:
+        """The flusher took what was ready (perhaps nothing: every key held): it had its
+        turn, so the touches waiting for it go on and the count of new keys restarts."""
         with self._took:
             self._takes += 1
             self._taken_fresh = self.fresh
@@ -542,8 +543,7 @@ class Absorber:
             if ready:
                 self._taken_since[ready.since] += len(ready)
                 self._writing.append(ready)
-        if ready:
-            self._took_batch()
+        self._after_take()
         return ready
 
     def _take_items(self, ready: Batch) -> None:

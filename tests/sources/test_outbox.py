@@ -33,6 +33,7 @@ from coalescer.query.source_status import format_sources
 from coalescer.sources.base import SOURCE_TYPES
 from coalescer.sources.outbox import OutboxSources, check_outbox, open_outboxes, outbox_status
 from coalescer.sources.outbox_db import Backlog, open_outbox
+from coalescer.store.keys import sources_outbox
 from tests.helpers.outbox import OutboxDb, make_engine, new_outbox, pending_keys
 from tests.helpers.servers import ValkeyProcess, wait_until
 
@@ -218,6 +219,11 @@ def counted(c: Coalescer, outcome: str, source: str = "orders") -> float:
     return value or 0.0
 
 
+async def sources_polling(r: Any, namespace: str, nodes: int) -> bool:
+    """Whether ``nodes`` nodes' outbox sources have polled (each reports on its first)."""
+    return bool(await r.hlen(sources_outbox(namespace)) == nodes)
+
+
 def keys(*ids: object) -> list[str]:
     return [f"stats:customer:{i}" for i in ids]
 
@@ -298,6 +304,8 @@ async def test_two_nodes_share_an_outbox_and_no_row_is_lost(
     path = rules(tmp_path, namespace, outbox, poll="20ms", batch=7)
     a = await nodes(path, redis_url, node_id="a")
     b = await nodes(path, redis_url, node_id="b")
+    await wait_until(lambda: sources_polling(redis_client, namespace, 2), timeout=15,
+                     message="both nodes' outbox sources polling")
     for start in range(0, 300, 10):
         outbox.write(keys(*range(start, start + 10)))
     await wait_until(lambda: outbox.rows() == 0, timeout=30, message="the outbox emptied")

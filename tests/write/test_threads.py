@@ -202,6 +202,21 @@ def test_a_touch_pauses_for_the_writer_once_thousands_of_keys_came_in_since_its_
     assert own_server.client().zcard(due) == len(keys)
 
 
+def test_keys_held_after_their_write_do_not_make_touches_pause(
+        rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
+    path = rules_file(RULES.format(ns=namespace).replace("absorb: 50ms", "absorb: 30m"),
+                      HANDLERS)
+    keys = [f"item:{i}" for i in range(GATE_BACKLOG + 100)]
+    with SyncCoalescer.from_yaml(path, redis_url=own_server.url, worker=False) as sc:
+        sc.touch_many(keys)
+        sc.flush()
+        for key in keys:  # each held for 30 minutes: the writer finds nothing ready to take
+            sc.touch(key)
+        absorber = absorber_of(sc)
+        assert absorber.fresh == 2 * len(keys)
+        assert absorber.waited_for_take == 0
+
+
 def test_sixteen_threads_pause_for_the_writer_and_lose_nothing(
         rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
     with writer(rules_file, namespace, own_server.url) as sc:
