@@ -638,9 +638,13 @@ async def run_and_check(world: World, seed: int, steps: list[Step],
           f"of 2), {len(world.history.kills)} kills, cancels: {dict(sorted(cancels.items()))}, "
           f"reshards to {reshards} shards, {len(world.history.failovers)} failovers"
           + (f" ({len(lost_updates(world))} touches not refreshed)" if tokens_only else ""))
-    assert not violations, (
+    if not violations:
+        return
+    named = _named_keys(violations)
+    raise AssertionError(
         f"seed {seed} (rerun: MODEL_SEED={seed} pytest tests/test_model.py)\n"
         + "\n".join(violations[:30]) + "\n" + _timelines(world, violations)
+        + "\nin Redis now:\n" + await _in_redis(world, named)
         + "\nprogram:\n" + "\n".join(map(repr, steps)))
 
 
@@ -649,11 +653,41 @@ def lost_updates(world: World) -> list[str]:
     return check_no_lost_update(world.history, world.history.runs(world.log), rules, rule_of)
 
 
-def _timelines(world: World, violations: list[str]) -> str:
-    runs = world.history.runs(world.log)
+def _named_keys(violations: list[str]) -> list[str]:
+    """The model's keys the violations name, the first three."""
     keys = dict.fromkeys(k for k in KEYS for v in violations
                          if f" {k} " in v or f" {k}:" in v or f" {k}," in v)
-    return "\n".join(f"{key}:\n{timeline(world.history, runs, key)}" for key in list(keys)[:3])
+    return list(keys)[:3]
+
+
+def _timelines(world: World, violations: list[str]) -> str:
+    runs = world.history.runs(world.log)
+    return "\n".join(f"{key}:\n{timeline(world.history, runs, key)}"
+                     for key in _named_keys(violations))
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+async def _in_redis(world: World, keys: list[str]) -> str:
+    """Every hash field or sorted-set member of the namespace that names one of ``keys``,
+    read after the run (where a key lost its update, or got a second run, is there)."""
+    r, found = world.toucher.redis, []
+    async for raw in r.scan_iter(match=f"{world.config.namespace}:*", count=1000):
+        name = _text(raw)
+        kind = _text(await r.type(name))
+        if kind == "hash":
+            for field, value in (await r.hgetall(name)).items():
+                line = f"{name} {_text(field)} = {_text(value)}"
+                if any(k in line.split(" ", 1)[1] for k in keys):
+                    found.append(line)
+        elif kind == "zset":
+            for k in keys:
+                score = await r.zscore(name, k)
+                if score is not None:
+                    found.append(f"{name} {k} @ {score}")
+    return "\n".join(sorted(found)[:40]) or "nothing"
 
 
 # -- found by the model: a touch during a killed last attempt ------------------------------
