@@ -461,13 +461,16 @@ class World:
         self.start_child()
 
     async def settle(self) -> None:
-        """Wait until nothing is pending or in flight, then check the dead letters."""
+        """Wait until no reshard runs and nothing is pending or in flight, then check the
+        dead letters."""
         try:
-            await wait_until(self.quiet, timeout=60, message="nothing pending or in flight")
+            await wait_until(self.quiet, timeout=60,
+                             message="no reshard running, nothing pending or in flight")
         except AssertionError:
             status = await self.toucher.query.status()
             raise AssertionError(f"still pending or in flight: {status['rules']}; "
-                                 f"leaders {status['shards']}") from None
+                                 f"leaders {status['shards']}; layout {status['layout']}") \
+                from None
         status = await self.toucher.query.status()
         runs = self.history.runs(self.log)
         rules, rule_of = rule_table(self.config)
@@ -475,7 +478,11 @@ class World:
                                               status["dead_letters"])
 
     async def quiet(self) -> bool:
+        """No reshard runs (a key in a mover's hands is neither pending nor in flight, nor
+        dead-lettered, until it is put in its new shard) and no key is pending or in flight."""
         status = await self.toucher.query.status()
+        if status["layout"]["resharding_from"] is not None:
+            return False
         return all(r["pending"] == 0 and r["in_flight"] == 0 for r in status["rules"].values())
 
     async def run_step(self, step: Step) -> None:
