@@ -150,9 +150,7 @@ class Absorber:
         self._room_futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closing = False
         self._took = threading.Condition(threading.Lock())  # notified by a take, if waited on
-        self._takes = 0  # batches taken, under ``_took``
-        self._taken_fresh = 0  # ``fresh`` at the last take
-        self._waiting_take = 0  # touches waiting for the next take, under ``_took``
+        self._taken_fresh = 0  # ``fresh`` at the last take, set under ``_took``
         self._flowing = True  # the last write ended well (touches wait for takes only then)
         self.idle = True
         self.fresh = 0  # touches that buffered a key not buffered yet
@@ -212,25 +210,18 @@ class Absorber:
         module's "Threads". Never on the flusher's own thread, nor after a failed write."""
         if not self._flowing or threading.get_ident() == self._flusher_thread:
             return
-        seen = self._takes
         with self._took:
-            if self._takes != seen:
-                return
-            self._waiting_take += 1
+            if self.fresh - self._taken_fresh <= GATE_BACKLOG:
+                return  # taken meanwhile
             self.waited_for_take += 1
-            try:
-                self._took.wait(GATE_WAIT)
-            finally:
-                self._waiting_take -= 1
+            self._took.wait(GATE_WAIT)
 
     def _after_take(self) -> None:
         """The flusher took what was ready (perhaps nothing: every key held): it had its
         turn, so the touches waiting for it go on and the count of new keys restarts."""
         with self._took:
-            self._takes += 1
             self._taken_fresh = self.fresh
-            if self._waiting_take:
-                self._took.notify_all()
+            self._took.notify_all()
 
     def _touch_locked(self, key: str, rule: Rule) -> None:
         """``touch`` near a full buffer (or with times buffered): the exact bound."""

@@ -31,10 +31,9 @@ def sync_client(port: int, timeout: float = 1.0, password: str | None = None) ->
                        socket_connect_timeout=timeout, decode_responses=True,
                        retry=Retry(NoBackoff(), 0), password=password)
 
+
 __all__ = ["HOST", "Cluster", "ValkeyProcess", "free_port", "poll_until", "start_cluster",
            "sync_client", "wait_until", "write_rules"]
-
-
 
 
 def poll_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
