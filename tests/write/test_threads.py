@@ -206,7 +206,7 @@ def test_keys_held_after_their_write_do_not_make_touches_pause(
         rules_file: RulesFactory, namespace: str, own_server: ValkeyProcess) -> None:
     path = rules_file(RULES.format(ns=namespace).replace("absorb: 50ms", "absorb: 30m"),
                       HANDLERS)
-    keys = [f"item:{i}" for i in range(GATE_BACKLOG + 100)]
+    keys = [f"item:{i}" for i in range(GATE_BACKLOG + 1000)]
     with SyncCoalescer.from_yaml(path, redis_url=own_server.url, worker=False) as sc:
         sc.touch_many(keys)
         sc.flush()
@@ -214,7 +214,10 @@ def test_keys_held_after_their_write_do_not_make_touches_pause(
             sc.touch(key)
         absorber = absorber_of(sc)
         assert absorber.fresh == 2 * len(keys)
-        assert absorber.waited_for_take == 0
+        # each empty take the writer makes restarts the count: a touch waits only where
+        # the writer had no turn for 4,000 new keys (once, on a loaded machine), not for
+        # each of the 1,000 touches past them (as when only a batch with keys counted)
+        assert absorber.waited_for_take <= 10
 
 
 def test_sixteen_threads_pause_for_the_writer_and_lose_nothing(
