@@ -53,10 +53,18 @@ CANCEL_STATES = ("pending", "rearm", "running", "dead", "idle")
 
 
 def script_source(name: str) -> str:
-    """The text sent to Redis for script ``name``: the shared helpers, then it."""
+    """The text sent to Redis for script ``name``: the shared helpers, then it. A script
+    whose file opens with a ``#!lua flags=...`` line keeps that line first (Redis reads
+    flags only there): ``allow-oom`` marks the steps that take work out of Redis or keep
+    leases, which must run at ``maxmemory`` under ``noeviction`` (they free about what
+    they write), while touches are refused there and stay buffered."""
     folder = resources.files("coalescer.store") / "lua"
     lib = (folder / "_lib.lua").read_text()
-    return lib + "\n" + (folder / f"{name}.lua").read_text()
+    text = (folder / f"{name}.lua").read_text()
+    if text.startswith("#!"):
+        shebang, text = text.split("\n", 1)
+        return f"{shebang}\n{lib}\n{text}"
+    return lib + "\n" + text
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,9 +446,8 @@ class Scripts:
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> ClaimBatch:
         """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost.
         ``item_rules`` maps each rule with items to its items max: their claims get
-        their items. A rule in the shard's paused set claims none, whatever its limit."""
-        keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes,
-                shard.paused]
+        their items."""
+        keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes]
         args: list[Any] = [leader, claim_lease_ms, sleep_cap_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
@@ -654,7 +661,7 @@ class Scripts:
                     limits: Sequence[tuple[str, int]],
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> AdoptBatch:
         """Claim due keys of rules the shard's leader lacks, where this node serves them."""
-        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules, shard.paused]
+        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
         args: list[Any] = [node_id, claim_lease_ms]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]

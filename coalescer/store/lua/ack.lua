@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- ack.lua: finish claims whose refresh succeeded (one shard, one or more rules).
 --
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- acquire.lua: take or keep a shard's leadership; register the caller's rules.
 --
 -- KEYS[1] leader   KEYS[2] epoch   KEYS[3] nodes   KEYS[4] rules   KEYS[5] rulenames

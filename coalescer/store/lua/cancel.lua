@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- cancel.lua: drop the pending refreshes of keys (one shard, one or more rules).
 --
 -- KEYS[1] meta   KEYS[2] history   KEYS[3] moving (bundles of keys a reshard's mover

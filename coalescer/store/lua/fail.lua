@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- fail.lua: finish claims whose refresh failed or timed out.
 --
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history

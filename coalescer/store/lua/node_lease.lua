@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- node_lease.lua: renew (or give up) a worker node's lease; read every node's.
 --
 -- KEYS[1] leases (ZSET node id -> lease end, server ms)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- peers.lua: the worker nodes of a shard and the rules each registered.
 --
 -- KEYS[1] nodes   KEYS[2] rules

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- purge.lua: delete dead-lettered keys of one rule for good (coalescer dead purge).
 --
 -- KEYS[1] meta   KEYS[2] dead:RULE

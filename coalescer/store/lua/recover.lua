@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- recover.lua: re-queue claims whose holder stopped renewing their lease.
 --
 -- KEYS[1] meta   KEYS[2] next-wake

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- release.lua: give up a shard's leader lease (clean shutdown, rebalancing).
 --
 -- KEYS[1] leader   KEYS[2] nodes

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- renew.lua: extend the leases of claims that are still running on this node.
 --
 -- KEYS[1] meta;  KEYS[2+g]  inflight:RULE of group g (g = 0, 1, ...)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- requeue.lua: bring dead-lettered keys of one rule back (coalescer retry).
 --
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] due:RULE   KEYS[4] dead:RULE

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- take.lua: claim due keys of one shard for a drain, whoever leads the shard.
 --
 -- KEYS[1] meta   KEYS[2] seq

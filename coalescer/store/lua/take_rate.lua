@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- take_rate.lua: takes refresh starts from a rule's rate, a token bucket shared by
 -- every shard's poller in the cluster (its key has a hash tag of its own).
 --

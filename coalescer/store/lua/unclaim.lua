@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- unclaim.lua: give back claims their node will not run, because too few replicas
 -- confirmed them (durability: replicas): each one still held under its token goes
 -- back to pending, due when it was, with the attempt it was given not counted (a
