@@ -24,7 +24,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from coalescer.common.redact import redact, redact_url
+from coalescer.common.redact import redact, redact_url, redact_with
 from coalescer.errors import (
     RedisAuthenticationError,
     RedisConnectError,
@@ -122,7 +122,11 @@ def original(exc: RedisError) -> RedisError:
 def failure(url: str | None, exc: RedisError, origin: str = "") -> str:
     """One line: which server failed (``url``, None for the embedded server) and how,
     its password hidden; ``origin`` (e.g. "--redis") says where the URL came from."""
-    exc = original(exc)
+    line = _failure(url, original(exc), origin)
+    return redact_with(line, url) if url else line
+
+
+def _failure(url: str | None, exc: RedisError, origin: str) -> str:
     shown_url = redact_url(url) if url else EMBEDDED
     if isinstance(exc, AuthenticationError):
         reason = redact(str(exc))

@@ -91,6 +91,19 @@ def test_a_password_with_an_unencoded_character_is_never_printed(
     assert "redis://:***@127.0.0.1:6379/0" in done.stderr
 
 
+@pytest.mark.parametrize("url", ["unix://:Xq/Zk9w/Tail@{sock}", "unix://:Xq/Zk9w/Tail@{sock}?db=0",
+                                 "unix://{sock}?password=Xq/Zk9w#Tail",
+                                 "unix://{sock}?password=Xq@Zk9w/Tail"])
+def test_a_unix_socket_password_with_an_unencoded_character_is_never_printed(
+        tmp_path: Path, rules: Path, url: str) -> None:
+    value = url.format(sock=tmp_path / "missing.sock")
+    done = cli("status", "--rules", str(rules), "--redis", value, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "could not connect to unix://" in done.stderr, done.stderr
+    assert "Zk9w" not in done.stderr and "Tail" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("command", [["touch", "ok:1"], ["status"], ["run", "--http", "off"]])
 def test_nothing_listening_is_one_line_naming_the_url_without_its_password(
         tmp_path: Path, rules: Path, command: list[str]) -> None:

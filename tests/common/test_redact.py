@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coalescer import Coalescer
-from coalescer.common.redact import redact, redact_url
+from coalescer.common.redact import redact, redact_url, redact_with
 from coalescer.config.rules import Config
 from coalescer.store.connection import Connection
 
@@ -23,6 +23,9 @@ from coalescer.store.connection import Connection
     ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
     ("redis://h:1/0?PASSWORD=s3cret&x=1#f", "redis://h:1/0?PASSWORD=***&x=1#f"),
     ("http://user:s3cret@127.0.0.1:9/hook/{id}", "http://user:***@127.0.0.1:9/hook/{id}"),
+    ("unix://:pa/ss/tail@/run/r.sock?db=0", "unix://:***@/run/r.sock?db=0"),
+    ("unix:///run/r.sock?password=pa#ss/tail", "unix:///run/r.sock?password=***"),
+    ("unix:///run/r.sock?password=pa@ss/tail", "unix:///run/r.sock?password=***"),
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     ("redis://user@127.0.0.1", "redis://user@127.0.0.1"),
     ("", ""),
@@ -51,3 +54,12 @@ def test_reprs_hide_the_password() -> None:
     conn = Connection("redis://:s3cret@127.0.0.1:6379/0", None, None,  # type: ignore[arg-type]
                       cluster=False)
     assert repr(conn) == "Connection(url='redis://:***@127.0.0.1:6379/0', cluster=False)"
+
+
+def test_redact_with_hides_the_tail_a_url_parser_cut_off_the_password() -> None:
+    url = "unix://:pa/ss/tail@/run/r.sock"
+    # redis-py reads the socket path as /ss/tail@/run/r.sock and names it in its error
+    message = "Error 2 connecting to /ss/tail@/run/r.sock. No such file or directory."
+    assert redact_with(message, url) == (
+        "Error 2 connecting to ***@/run/r.sock. No such file or directory.")
+    assert redact_with(message, "unix:///run/r.sock") == message
