@@ -1,10 +1,13 @@
 """An operator's controls: pause and resume a rule, run keys now.
 
 Pausing is cluster-wide and survives restarts: the rule's name goes into the
-namespace's paused set (``store.keys.paused_rules``) and the change is announced on
-``paused_channel``, where every worker node hears it and reads the set again
-(``worker.paused``). A paused rule's keys keep collecting touches (each touch arms or
-extends its key's burst as usual) and no node claims them; once resumed, every key
+namespace's paused set (``store.keys.paused_rules``) and into every shard's copy of it
+(``store.paused_copies``), which the claim scripts read as they claim, and the change
+is announced on ``paused_channel``, where every worker node hears it and reads the set
+again (``worker.paused``). Once a pause returns, no node claims the rule's keys, even
+one that has not heard of it yet (cut off from the announcement, say). A paused
+rule's keys keep collecting touches (each touch arms or extends its key's burst as
+usual) and no node claims them; once resumed, every key
 that is due runs, so no touch made while paused is lost. A drain (``drain()``) runs
 what is pending whatever is paused: it is a request to run this process's work now.
 
@@ -23,6 +26,7 @@ from coalescer.config.rules import Config
 from coalescer.query.layout_read import current_space, home_of
 from coalescer.store import keys as key_names
 from coalescer.store.keycheck import check_key
+from coalescer.store.paused_copies import mark_paused
 from coalescer.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,8 @@ async def set_paused(redis: Any, config: Config, rule: str, *, paused: bool) -> 
         changed = await redis.srem(key_names.paused_rules(ns), rule)
         if not changed:
             known_rule(config, rule)
+    space = await current_space(redis, config)
+    await mark_paused(redis, space.all_shards(), rule, paused=paused)
     await redis.publish(key_names.paused_channel(ns), rule)
     if changed:
         log.info("rule %s %s", rule, "paused" if paused else "resumed")

@@ -40,6 +40,7 @@ from typing import Any
 
 from coalescer.store import keys as key_names
 from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.paused_copies import copy_paused
 from coalescer.store.scripts import KEY_SEPARATOR, Scripts
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,9 @@ class Layouts:
         began = await self._scripts.call("reshard_begin", self._keys(),
                                          [self.info.gen, shards, node_id, self.channel])
         await self.refresh()
+        if int(began) == 1:  # the new shards' copies of the paused rules
+            keyspace = self.info.keyspace(self.namespace)
+            await copy_paused(self._scripts.client, self.namespace, keyspace.all_shards())
         return int(began) == 1
 
     async def raise_markers(self) -> None:

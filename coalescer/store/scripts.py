@@ -446,8 +446,9 @@ class Scripts:
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> ClaimBatch:
         """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost.
         ``item_rules`` maps each rule with items to its items max: their claims get
-        their items."""
-        keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes]
+        their items. A rule in the shard's paused set claims none, whatever its limit."""
+        keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes,
+                shard.paused]
         args: list[Any] = [leader, claim_lease_ms, sleep_cap_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
@@ -661,7 +662,7 @@ class Scripts:
                     limits: Sequence[tuple[str, int]],
                     item_rules: Mapping[str, int] = NO_ITEM_RULES) -> AdoptBatch:
         """Claim due keys of rules the shard's leader lacks, where this node serves them."""
-        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules]
+        keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules, shard.paused]
         args: list[Any] = [node_id, claim_lease_ms]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]

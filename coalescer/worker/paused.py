@@ -9,7 +9,9 @@ An idle node makes no call for it.
 
 The pollers and adopters pass a paused rule's limit as -1 to their claim scripts: its
 due keys stay pending (touches keep arming them), are not claimed and do not wake the
-poller; a resume pokes every poller, which claims them at once.
+poller; a resume pokes every poller, which claims them at once. The claim scripts also
+read the shard's own copy of the paused set (``store.paused_copies``), so a node that has
+not heard of a pause yet claims none of those keys either.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.store import keys as key_names
+from coalescer.worker.wakeups import SUBSCRIBED
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ class PausedRules:
         self.read_once = False
         self._reading: asyncio.Future[None] | None = None
         self._again = False
+        self._poke = False  # an announcement came: poke the pollers after the read
 
     def limits(self, limits: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``limits`` with each paused rule's set to PAUSED_LIMIT."""
@@ -52,10 +56,14 @@ class PausedRules:
             return limits
         return [(rule, PAUSED_LIMIT if rule in self.names else n) for rule, n in limits]
 
-    def announced(self, _message: Any) -> None:
+    def announced(self, message: Any) -> None:
         """A pause or resume was announced (or the subscription confirmed): read again,
-        once at a time (a read running now may predate the change: read once more)."""
+        once at a time (a read running now may predate the change: read once more).
+        After an announcement the pollers are poked even if this node's view did not
+        change: the claim scripts hold a pause this node never saw, and its resume must
+        still wake the pollers that left those keys aside."""
         self._again = True
+        self._poke = self._poke or message != SUBSCRIBED
         if self._reading is None or self._reading.done():
             self._reading = asyncio.ensure_future(self._read_all())
 
@@ -82,9 +90,10 @@ class PausedRules:
         self.names, self.read_once = found, True
         for rule in self._rules:
             self._metrics.rule_paused.labels(rule).set(1 if rule in found else 0)
-        if changed:
-            if found:
-                log.info("paused rules: %s", ", ".join(sorted(found)))
+        if changed and found:
+            log.info("paused rules: %s", ", ".join(sorted(found)))
+        if changed or self._poke:
+            self._poke = False
             self._on_change()
         return True
 

@@ -462,3 +462,15 @@ local function record(history, maxlen, key, rule, node, token, attempt, due, sta
                'due', due, 'outcome', outcome)
   end
 end
+
+-- The due keys of the rules named in `paused_key` (a shard's copy of the paused rules,
+-- see keys.py), as a set: due_key -> true. `meta_key` is the shard's meta key, whose
+-- prefix the due keys share ("PREFIX:meta" and "PREFIX:due:RULE"). One SMEMBERS a call.
+local function paused_due_keys(paused_key, meta_key)
+  local prefix = string.sub(meta_key, 1, #meta_key - #'meta')
+  local found = {}
+  for _, rule in ipairs(redis.call('SMEMBERS', paused_key)) do
+    found[prefix .. 'due:' .. rule] = true
+  end
+  return found
+end

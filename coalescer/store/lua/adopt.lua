@@ -3,7 +3,8 @@
 -- deploy with mixed rules files), for the one live node chosen to serve each.
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] nodes   KEYS[5] rules
--- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
+-- KEYS[6] paused (the shard's copy of the paused rules' names: each counts as -1)
+-- KEYS[7+2r], KEYS[8+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
 -- ARGV[1] node id   ARGV[2] claim lease ms
 -- ARGV[3+2r], ARGV[4+2r]   the name of rule r and how many of its keys to claim
 --                          at most (0 claims none; -1: paused, as in claim.lua)
@@ -28,7 +29,8 @@ if not holder then return {now, -1, -1, {}, 0, 0} end
 local leader = split(holder, 2)[2]
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[2]),
            node = node, claims = {}, items = {}}
-claim_items_at(c, 3 + (#KEYS - 5))
+claim_items_at(c, 3 + (#KEYS - 6))
+local paused = paused_due_keys(KEYS[6], KEYS[2])
 local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
 local function head(zset)
@@ -36,10 +38,11 @@ local function head(zset)
   return tonumber(h[2])
 end
 
-for r = 0, (#KEYS - 5) / 2 - 1 do
-  local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
+for r = 0, (#KEYS - 6) / 2 - 1 do
+  local due_key, inflight_key = KEYS[7 + 2 * r], KEYS[8 + 2 * r]
   local name, limit = ARGV[3 + 2 * r], tonumber(ARGV[4 + 2 * r])
   if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
+  if paused[due_key] then limit = -1 end
     served = served + 1
     local before = #c.claims
     if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end

@@ -2,12 +2,15 @@
 -- claim.lua: the leader claims due keys of one shard into its in-flight sets.
 --
 -- KEYS[1] leader   KEYS[2] meta   KEYS[3] seq   KEYS[4] next-wake   KEYS[5] nodes
--- KEYS[6+2r], KEYS[7+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
+-- KEYS[6] paused (the shard's copy of the paused rules' names)
+-- KEYS[7+2r], KEYS[8+2r]   due:RULE and inflight:RULE of rule r (r = 0, 1, ...)
 -- ARGV[1] the caller's leader value "EPOCH|NODE-ID"   ARGV[2] claim lease ms
 -- ARGV[3] how far ahead the poller looks again at most, ms
 -- ARGV[4] node id (kept in each claim)
 -- ARGV[5+r] how many keys of rule r to claim at most (0 claims none; -1: the rule is
---          paused: none claimed, and its due keys neither block nor wake the poller)
+--          paused: none claimed, and its due keys neither block nor wake the poller).
+--          A rule named in KEYS[6] counts as -1 whatever the caller sent: a pause holds
+--          against a node that has not heard of it yet.
 -- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
 -- the items max of each rule r (0: none), from ARGV[5+R] (R rules)
 --
@@ -35,7 +38,9 @@ local lease_until = now + tonumber(ARGV[2])
 local live = heartbeat(KEYS[5], ARGV[4], now)
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = lease_until,
            node = ARGV[4], claims = {}, items = {}}
-claim_items_at(c, 5 + (#KEYS - 5) / 2)
+local rules = (#KEYS - 6) / 2
+claim_items_at(c, 5 + rules)
+local paused = paused_due_keys(KEYS[6], KEYS[2])
 local next_due, next_expiry = nil, nil
 
 local function head(zset)
@@ -44,9 +49,9 @@ local function head(zset)
 end
 
 local blocked, held = 0, {}
-for r = 0, (#KEYS - 5) / 2 - 1 do
-  local due_key, inflight_key = KEYS[6 + 2 * r], KEYS[7 + 2 * r]
-  local limit = tonumber(ARGV[5 + r])
+for r = 0, rules - 1 do
+  local due_key, inflight_key = KEYS[7 + 2 * r], KEYS[8 + 2 * r]
+  local limit = paused[due_key] and -1 or tonumber(ARGV[5 + r])
   local before = #c.claims
   if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
   local claimed = #c.claims - before
