@@ -1,0 +1,52 @@
+"""The claim scripts read the shard's own copy of the paused rules: a caller that asks
+for a paused rule's keys (a node that has not heard of the pause) claims none of them;
+once the copy no longer names the rule, they are claimed."""
+
+from __future__ import annotations
+
+from coalescer.store.paused_copies import mark_paused
+from coalescer.store.scripts import NO_ITEM_RULES, AdoptBatch
+from tests.store.test_scripts import Shard, shard  # noqa: F401 (shard: a fixture)
+
+PAUSED, OTHER = "paused-rule", "other-rule"
+
+
+async def test_a_claim_asking_for_a_paused_rule_claims_none_of_its_keys(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await shard.touch("p1", "p2", "p3", rule=PAUSED)
+    await shard.touch("o1", rule=OTHER)
+    await mark_paused(shard.r, [shard.keys], PAUSED, paused=True)
+
+    batch = await shard.claim(limits=[(PAUSED, 100), (OTHER, 100)])
+
+    assert [c.key for c in batch.claims] == ["o1"]
+    assert await shard.r.zcard(shard.keys.due(PAUSED)) == 3
+    assert await shard.r.zcard(shard.keys.inflight(PAUSED)) == 0
+    assert not batch.blocked  # its due keys hold nothing up and do not wake the poller
+    assert batch.next_due_ms is None
+
+    await mark_paused(shard.r, [shard.keys], PAUSED, paused=False)
+    resumed = await shard.claim(limits=[(PAUSED, 100), (OTHER, 100)])
+    assert sorted(c.key for c in resumed.claims) == ["p1", "p2", "p3"]
+
+
+async def test_an_adopting_node_claims_none_of_a_paused_rules_keys(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.r.set(shard.keys.leader, "1|leader")  # a leader that lacks the rule
+    await shard.r.hset(shard.keys.rules, mapping={"leader": f"|{OTHER}=a|",
+                                                   "n2": f"|{PAUSED}=a|"})
+    await shard.touch("p1", "p2", rule=PAUSED)
+    await mark_paused(shard.r, [shard.keys], PAUSED, paused=True)
+
+    async def adopt() -> AdoptBatch:
+        return await shard.scripts.adopt(shard.keys, node_id="n2", claim_lease_ms=60_000,
+                                         limits=[(PAUSED, 100)], item_rules=NO_ITEM_RULES)
+
+    batch = await adopt()
+    assert batch.served == 1 and batch.claims == []
+    assert await shard.r.zcard(shard.keys.due(PAUSED)) == 2
+
+    await mark_paused(shard.r, [shard.keys], PAUSED, paused=False)
+    resumed = await adopt()
+    assert sorted(c.key for c in resumed.claims) == ["p1", "p2"]
