@@ -16,7 +16,13 @@ from coalescer.config.handler_import import HandlerImport, is_async
 from coalescer.config.kafka_source import KafkaSource
 from coalescer.config.model import HttpHandler, Rule
 from coalescer.config.rules import CheckReport, Config
-from coalescer.config.sources import OutboxSource, SourceConfig, StreamSource, source_error
+from coalescer.config.sources import (
+    OutboxSource,
+    SourceConfig,
+    StreamSource,
+    source_error,
+    with_group,
+)
 from coalescer.errors import ConfigError
 
 KAFKA_DRIVER = "reading Kafka needs aiokafka: pip install 'coalescer[kafka]'"
@@ -51,8 +57,8 @@ def describe_sources(config: Config) -> str:
     if not config.sources:
         return ""
     lines = [f"{len(config.sources)} source(s):"]
-    lines += [f"   {source.type} {source.name}  (line {source.line}): {reads(source)}"
-              for source in config.sources]
+    lines += [f"   {source.type} {source.name}  (line {source.line}): "
+              f"{reads(with_group(source, config.namespace))}" for source in config.sources]
     return "\n".join(lines)
 
 
@@ -70,10 +76,14 @@ def reads(source: SourceConfig) -> str:
     return "reads its own kind of events"
 
 
-def source_json(sources: Sequence[SourceConfig]) -> list[dict[str, Any]]:
-    """``check --json``'s sources: type, name, line and what each reads."""
-    return [{"type": s.type, "name": s.name, "line": s.line, "reads": reads(s)}
-            for s in sources]
+def source_json(sources: Sequence[SourceConfig], namespace: str) -> list[dict[str, Any]]:
+    """``check --json``'s sources: type, name, line, what each reads, and the consumer
+    group it reads in (a stream's or Kafka source's; its default derived from
+    ``namespace``)."""
+    shown = [with_group(s, namespace) for s in sources]
+    return [{"type": s.type, "name": s.name, "line": s.line, "reads": reads(s),
+             **({"group": group} if (group := getattr(s, "group", None)) else {})}
+            for s in shown]
 
 
 def handler_lines(config: Config) -> str:

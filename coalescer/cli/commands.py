@@ -530,7 +530,7 @@ def _check_json(path: str, report: Any) -> dict[str, Any]:
             "warnings": [_problem(w) for w in report.warnings],
             "rules": [{"name": r.name, "match": r.pattern.source} for r in config.rules]
             if config is not None else [],
-            "sources": source_json(config.sources) if config is not None else []}
+            "sources": source_json(config.sources, config.namespace) if config is not None else []}
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

@@ -2,11 +2,11 @@
 
 Its fields: ``bootstrap`` (``host:port`` list, comma-separated; ``${NAME}`` stands for
 the environment variable NAME), ``topics`` (a list of topic names), ``group`` (the
-consumer group, ``coalescer`` when not given), ``start`` (``earliest`` or ``latest``:
-where a group with no committed offset begins), ``key`` and optional ``item`` (templates
-filled from the fields of each message's value, a JSON object) and ``batch`` (how many
-messages a node holds read and not yet flushed, at most). Importing this module adds the
-type to the ``sources:`` block's readers.
+consumer group, ``coalescer.NAMESPACE.SOURCE`` when not given), ``start``
+(``earliest`` or ``latest``: where a group with no committed offset begins), ``key``
+and optional ``item`` (templates filled from the fields of each message's value, a JSON
+object) and ``batch`` (how many messages a node holds read and not yet flushed, at
+most). Importing this module adds the type to the ``sources:`` block's readers.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from coalescer.config.sources import (
     SourceItem,
     _item_template,
     _template,
+    read_group,
 )
 from coalescer.config.templates import KeyTemplate
 from coalescer.config.yaml_reader import YamlReader, line_of, shown
@@ -88,9 +89,7 @@ def _kafka(reader: YamlReader, item: SourceItem) -> KafkaSource:
                                                   "the source"), f"{prefix}.bootstrap")
     topics = _topics(reader, reader.require(entries, "topics", node, prefix, "the source"),
                      f"{prefix}.topics")
-    group = DEFAULT_GROUP
-    if "group" in entries:
-        group = reader.string(entries["group"][1], f"{prefix}.group", "group")
+    group = read_group(reader, entries, prefix)
     start = reader.optional(entries, prefix, "start", _start(reader), "latest")
     key = _template(reader, reader.require(entries, "key", node, prefix, "the source"),
                     f"{prefix}.key", item.patterns)

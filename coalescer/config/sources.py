@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from yaml.nodes import Node, SequenceNode
 
@@ -33,7 +33,8 @@ TIME_FIELDS = ("at", "delay")  # every type's: a touch's own time, from the even
 COMMON_FIELDS = ("name", "type", *TIME_FIELDS)
 STREAM_FIELDS = ("stream", "group", "start", "key", "item")
 STARTS = ("new", "all")
-DEFAULT_GROUP = "coalescer"
+DEFAULT_GROUP = ""  # a source's group when none is given: derived from the namespace
+OLD_DEFAULT_GROUP = "coalescer"  # the default group of earlier releases, for every namespace
 DEFAULT_TYPE = "stream"
 OUTBOX_FIELDS = ("url", "table", "batch", "poll")
 DEFAULT_OUTBOX_TABLE = "coalescer_outbox"
@@ -112,6 +113,23 @@ class OutboxSource(SourceConfig):
                 raise KeyError(match.group(1))
             return found
         return _ENV_REF.sub(value, self.url)
+
+
+def default_group(namespace: str, source_name: str) -> str:
+    """The consumer group of a source that names none: ``coalescer.NAMESPACE.SOURCE``, so
+    two namespaces (two deployments, a test and a deployment) never share a group."""
+    return f"coalescer.{namespace}.{source_name}"
+
+
+_Source = TypeVar("_Source", bound=SourceConfig)
+
+
+def with_group(source: _Source, namespace: str) -> _Source:
+    """``source`` with its consumer group filled in (the one derived from ``namespace``
+    when its rules name none); a source without a group (an outbox) as it is."""
+    if getattr(source, "group", None) != DEFAULT_GROUP:
+        return source
+    return replace(source, group=default_group(namespace, source.name))  # type: ignore[call-arg]
 
 
 def outbox_scheme(url: str) -> str | None:
@@ -286,9 +304,7 @@ def _stream(reader: YamlReader, item: SourceItem) -> StreamSource:
     entries, node, prefix = item.entries, item.node, item.prefix
     stream = reader.string(reader.require(entries, "stream", node, prefix, "the source"),
                            f"{prefix}.stream", "stream")
-    group = DEFAULT_GROUP
-    if "group" in entries:
-        group = reader.string(entries["group"][1], f"{prefix}.group", "group")
+    group = read_group(reader, entries, prefix)
     start = "new"
     if "start" in entries:
         start = _start(reader, entries["start"][1], f"{prefix}.start")
@@ -300,6 +316,18 @@ def _stream(reader: YamlReader, item: SourceItem) -> StreamSource:
                                       item.item_patterns)
     return StreamSource(name=item.name, stream=stream, group=group, start=start, key=key,
                         item=touched_item, line=line_of(node))
+
+
+def read_group(reader: YamlReader, entries: Entries, prefix: str) -> str:
+    """A source's ``group:`` as written (refused when empty), or DEFAULT_GROUP."""
+    if "group" not in entries:
+        return DEFAULT_GROUP
+    node, field = entries["group"][1], f"{prefix}.group"
+    group = reader.string(node, field, "group")
+    if not group.strip():
+        raise reader.error("group must name a consumer group; leave it out for the one "
+                           "derived from the namespace", node, field)
+    return group
 
 
 def _item_template(reader: YamlReader, node: Node, field: str, key: KeyTemplate,

@@ -23,7 +23,7 @@ from typing import Any
 
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
-from coalescer.config.sources import SourceConfig
+from coalescer.config.sources import SourceConfig, with_group
 from coalescer.sources.base import SOURCE_TYPES
 from coalescer.store.keys import sources_rejected
 
@@ -48,7 +48,7 @@ async def _shown(redis: Any, source: SourceConfig, config: Config) -> dict[str, 
     source_type = SOURCE_TYPES.get(source.type)
     if source_type is None:
         return {"type": source.type}
-    return await source_type.status(redis, source, config)
+    return await source_type.status(redis, with_group(source, config.namespace), config)
 
 
 def format_sources(status: dict[str, Any]) -> list[str]:

@@ -315,18 +315,20 @@ def test_check_lists_the_sources_and_what_they_read(
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.split("3 source(s):\n")[1].splitlines() == [
-        "   stream orders-stream  (line 7): reads stream 'orders' (group coalescer, start "
-        "new), touches stats:{customer}",
+        f"   stream orders-stream  (line 7): reads stream 'orders' (group "
+        f"coalescer.{namespace}.orders-stream, start new), touches stats:{{customer}}",
         "   outbox orders-outbox  (line 11): reads table coalescer_outbox of "
         "postgresql://app:***@127.0.0.1/app (batch 1000, polled every 1s at most), touches "
         "each row's key",
         "   kafka events  (line 14): reads topic(s) events, more from 127.0.0.1:9092 (group "
-        "coalescer, start latest), touches stats:{customer}"]
+        f"coalescer.{namespace}.events, start latest), touches stats:{{customer}}"]
     assert main(["check", "--json", str(path)]) == 0
     sources = json.loads(capsys.readouterr().out)["sources"]
     assert [(s["type"], s["name"], s["line"]) for s in sources] == [
         ("stream", "orders-stream", 7), ("outbox", "orders-outbox", 11),
         ("kafka", "events", 14)]
+    assert [s.get("group") for s in sources] == [
+        f"coalescer.{namespace}.orders-stream", None, f"coalescer.{namespace}.events"]
     assert "s3cret" not in json.dumps(sources)
 
 

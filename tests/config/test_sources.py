@@ -15,6 +15,7 @@ from coalescer.config.sources import (
     SourceFields,
     SourceItem,
     StreamSource,
+    with_group,
 )
 from coalescer.config.yaml_reader import YamlReader, line_of
 from coalescer.errors import ConfigError
@@ -38,7 +39,23 @@ def test_a_source_of_type_stream_loads_as_one_without_a_type() -> None:
     assert typed.sources == plain.sources
     (source,) = typed.sources
     assert isinstance(source, StreamSource)
-    assert (source.type, source.stream, source.group) == ("stream", "s", "coalescer")
+    assert (source.type, source.stream, source.group) == ("stream", "s", "")
+
+
+def test_a_source_without_a_group_reads_in_one_named_by_its_namespace() -> None:
+    config = load("  - {name: orders, stream: s, key: 'stats:customer:{c}'}\n"
+                  "  - {name: audit, stream: s, group: shared, key: 'stats:customer:{c}'}\n")
+    orders, audit = config.sources
+    assert with_group(orders, "dev").group == "coalescer.dev.orders"
+    assert with_group(orders, "test-1").group == "coalescer.test-1.orders"
+    assert with_group(audit, "dev").group == with_group(audit, "test-1").group == "shared"
+
+
+def test_a_blank_group_is_refused_where_it_is_written() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load("  - {name: a, stream: s, group: '  ', key: 'stats:customer:{c}'}\n")
+    assert (raised.value.line, raised.value.field) == (6, "sources[0].group")
+    assert "leave it out for the one derived from the namespace" in str(raised.value)
 
 
 @pytest.mark.parametrize("value", ["nats", "[stream]", "''", "Stream"])

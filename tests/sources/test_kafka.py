@@ -69,7 +69,7 @@ sources:
 """)
     (source,) = config.sources
     assert (source.type, source.topics, source.group, source.start, source.batch) == (
-        "kafka", ("orders", "refunds"), "coalescer", "latest", 5000)
+        "kafka", ("orders", "refunds"), "", "latest", 5000)  # "": named by the namespace
     assert source.resolved_bootstrap({"KAFKA_BOOTSTRAP": "10.0.0.1:9092"}) == "10.0.0.1:9092"
     assert source.line == 6
 

@@ -55,7 +55,7 @@ sources:
 """)
     (source,) = config.sources
     assert (source.name, source.stream, source.group, source.start) == (
-        "order-events", "app:order-events", "coalescer", "new")
+        "order-events", "app:order-events", "", "new")  # "": derived from the namespace
     assert source.key.fields == ("customer_id",)
     assert source.line == 9
     assert source.key.fill({"customer_id": "42"}) == "stats:customer:42"
@@ -161,7 +161,14 @@ def setup(tmp_path: Path, namespace: str, text: str) -> tuple[Path, Recorder]:
     return recorder_rules(tmp_path, f"rec_{namespace}", text)
 
 
-async def group_info(r: Any, stream: str, group: str = "coalescer") -> dict[str, Any] | None:
+def group_of(stream: str, source: str = "orders") -> str:
+    """The group a source of ``stream`` reads in by default: ``coalescer.NAMESPACE.SOURCE``
+    (these tests' streams are named NAMESPACE-app:...)."""
+    return f"coalescer.{stream.split('-app:', maxsplit=1)[0]}.{source}"
+
+
+async def group_info(r: Any, stream: str, group: str | None = None) -> dict[str, Any] | None:
+    group = group or group_of(stream)
     try:
         groups = await r.xinfo_groups(stream)
     except redis.ResponseError:
@@ -201,9 +208,9 @@ async def test_entries_refresh_each_customer_once_per_burst(
     assert sorted(call.key for call in rec.calls) == [f"stats:customer:{n}" for n in range(3)]
     group = await group_info(redis_client, stream)
     assert group is not None and (group["pending"], group["lag"]) == (0, 0)
-    consumers = await redis_client.xinfo_consumers(stream, "coalescer")
+    consumers = await redis_client.xinfo_consumers(stream, group_of(stream))
     assert [entry["name"] for entry in consumers] == ["node-a"]
-    assert await source_status(c) == {"stream": stream, "group": "coalescer", "lag": 0,
+    assert await source_status(c) == {"stream": stream, "group": group_of(stream), "lag": 0,
                                       "pending": 0, "rejected": 0, "unread": False}
 
 
@@ -255,7 +262,7 @@ async def test_bad_entries_are_acknowledged_counted_and_never_block(
     await wait_until(lambda: entries_counted(c, "rejected") == 7)
     assert entries_counted(c, "accepted") == 1
     assert [call.key for call in rec.calls] == ["stats:customer:7"]
-    assert await source_status(c) == {"stream": stream, "group": "coalescer", "lag": 0,
+    assert await source_status(c) == {"stream": stream, "group": group_of(stream), "lag": 0,
                                       "pending": 0, "rejected": 7, "unread": False}
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for entry_id, why in zip(bad, ["no field 'customer_id'", "no rule matches key",
@@ -271,10 +278,10 @@ async def test_a_dead_consumers_entries_are_claimed_after_claim_lease(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any) -> None:
     path, rec = setup(tmp_path, namespace, rules_text(namespace))
     stream = f"{namespace}-app:orders"
-    await redis_client.xgroup_create(stream, "coalescer", id="$", mkstream=True)
+    await redis_client.xgroup_create(stream, group_of(stream), id="$", mkstream=True)
     entry_id = await redis_client.xadd(stream, {"customer_id": "orphan"})
     # a node that read the entry and died before acknowledging it
-    read = await redis_client.xreadgroup("coalescer", "dead-node", {stream: ">"}, count=10)
+    read = await redis_client.xreadgroup(group_of(stream), "dead-node", {stream: ">"}, count=10)
     assert read[0][1][0][0] == entry_id
     c = await nodes(path, redis_url, node_id="survivor")
     await wait_until(lambda: refreshed(rec, "stats:customer:orphan"), timeout=15)
@@ -290,9 +297,9 @@ async def test_a_restarted_node_reads_its_own_unacknowledged_entries_first(
     settings = "claim_lease: 1h\ndefaults: {window: 100ms, absorb: 10ms}\n"
     path, rec = setup(tmp_path, namespace, rules_text(namespace, settings=settings))
     stream = f"{namespace}-app:orders"
-    await redis_client.xgroup_create(stream, "coalescer", id="$", mkstream=True)
+    await redis_client.xgroup_create(stream, group_of(stream), id="$", mkstream=True)
     await redis_client.xadd(stream, {"customer_id": "mine"})
-    await redis_client.xreadgroup("coalescer", "node-a", {stream: ">"}, count=10)
+    await redis_client.xreadgroup(group_of(stream), "node-a", {stream: ">"}, count=10)
     await nodes(path, redis_url, node_id="node-a")
     await wait_until(lambda: refreshed(rec, "stats:customer:mine"))
     group = await group_info(redis_client, stream)
@@ -304,25 +311,25 @@ async def test_status_shows_lag_pending_and_rejected(
     path, rec = setup(tmp_path, namespace, rules_text(namespace))
     stream = f"{namespace}-app:orders"
     reader = await nodes(path, redis_url, worker=False)  # a write-path process reads none
-    assert await source_status(reader) == {"stream": stream, "group": "coalescer",
+    assert await source_status(reader) == {"stream": stream, "group": group_of(stream),
                                            "lag": None, "pending": None, "rejected": 0,
                                            "unread": True}
-    await redis_client.xgroup_create(stream, "coalescer", id="$", mkstream=True)
+    await redis_client.xgroup_create(stream, group_of(stream), id="$", mkstream=True)
     for customer in ("1", "2", "3"):
         await redis_client.xadd(stream, {"customer_id": customer})
     await redis_client.xadd(stream, {"other": "field"})
-    await redis_client.xreadgroup("coalescer", "dead-node", {stream: ">"}, count=1)
+    await redis_client.xreadgroup(group_of(stream), "dead-node", {stream: ">"}, count=1)
     status = await reader.query.status()
-    assert status["sources"]["orders"] == {"stream": stream, "group": "coalescer", "lag": 3,
+    assert status["sources"]["orders"] == {"stream": stream, "group": group_of(stream), "lag": 3,
                                            "pending": 1, "rejected": 0,
                                            "unread": True}  # no worker runs yet
     text = format_status(status, now_ms=0)
-    assert f"orders{' ' * 18} {3:>8} {1:>8} {0:>9}  {stream} (coalescer)" in text
+    assert f"orders{' ' * 18} {3:>8} {1:>8} {0:>9}  {stream} ({group_of(stream)})" in text
     worker = await nodes(path, redis_url)
     await wait_until(lambda: all(rec.of(f"stats:customer:{n}") for n in "123"), timeout=15)
     await wait_until(lambda: source_status(reader), message="status")
     assert await wait_until(
-        lambda: _equals(source_status(reader), {"stream": stream, "group": "coalescer",
+        lambda: _equals(source_status(reader), {"stream": stream, "group": group_of(stream),
                                                 "lag": 0, "pending": 0, "rejected": 1,
                                                 "unread": False}))
     assert entries_counted(worker, "rejected") == 1
@@ -374,7 +381,7 @@ async def test_a_deleted_stream_or_group_is_created_again(
     await redis_client.delete(stream)
     await redis_client.xadd(stream, {"customer_id": "after-delete"})
     await wait_until(lambda: refreshed(rec, "stats:customer:after-delete"), timeout=15)
-    await redis_client.xgroup_destroy(stream, "coalescer")
+    await redis_client.xgroup_destroy(stream, group_of(stream))
     await redis_client.xadd(stream, {"customer_id": "after-destroy"})
     await wait_until(lambda: refreshed(rec, "stats:customer:after-destroy"), timeout=15)
     group = await group_info(redis_client, stream)
@@ -409,7 +416,7 @@ async def test_on_a_cluster_the_stream_has_its_own_slot(
             await client.xadd(stream, {"customer_id": str(n)})
         await client.xadd(stream, {"customer_id": "no:rule"})
         await wait_until(lambda: len({call.key for call in rec.calls}) == 20, timeout=15)
-        expected = {"orders": {"stream": stream, "group": "coalescer", "lag": 0, "pending": 0,
+        expected = {"orders": {"stream": stream, "group": group_of(stream), "lag": 0, "pending": 0,
                                "rejected": 1}}
         await wait_until(lambda: _equals(sources_of(c), expected))
     finally:

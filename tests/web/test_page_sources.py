@@ -64,7 +64,8 @@ async def test_the_page_lists_each_source_with_its_lag_backlog_and_errors(
                 assert gone[:2] == ["gone", "outbox coalescer_outbox at sqlite:///missing.db"]
                 assert f"{c.node_id}: FileNotFoundError: no SQLite database at" in gone[5]
                 events = await browser.evaluate(cells("events"))
-                assert events[:2] == ["events", f"stream {namespace}-events (group coalescer)"]
+                assert events[:2] == [
+                    "events", f"stream {namespace}-events (group coalescer.{namespace}.events)"]
                 assert await browser.evaluate("document.querySelectorAll('#sources b').length") == 0
         finally:
             await api.close()
