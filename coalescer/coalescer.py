@@ -811,6 +811,7 @@ class Coalescer:
         all or none: what a source's ``at:``/``delay:`` gives (sources/times.py)."""
         if self._state != "running":
             raise self._not_running("touch (from a source)")
+        self._check_quota()
         self._run.absorber.touch_timed(touches)
 
     async def _metrics_loop(self, run: Run) -> None:

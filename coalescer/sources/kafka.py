@@ -44,7 +44,7 @@ from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.kafka_source import KafkaSource, bootstrap_problem
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, source_error
-from coalescer.errors import ConfigError, KeyRefusedError
+from coalescer.errors import ConfigError, KeyRefusedError, QuotaExceededError
 from coalescer.sources.base import (
     NodeContext,
     Reader,
@@ -77,6 +77,13 @@ def _kafka() -> Any:
     import aiokafka  # type: ignore[import-untyped]
 
     return aiokafka
+
+
+def _refused(touches: Touches, why: str) -> Touches:
+    """``touches`` none of which went in (``limits`` refused them): every message
+    rejected with ``why``, to be counted and committed as rejected ones are."""
+    wheres = [*touches.keys_from, *touches.timed_from, *touches.pairs_from]
+    return Touches(rejected=[*touches.rejected, *((*where, why) for where in wheres)])
 
 
 def _listener(loop: KafkaLoop) -> Any:
@@ -343,6 +350,8 @@ class KafkaLoop:
         except KeyRefusedError:
             touches = self._reader.screen(touches)
             self._apply(touches)
+        except QuotaExceededError as exc:  # before any touch went in: all rejected
+            touches = _refused(touches, str(exc))
         if touches.traced and self._context.trace_links is not None:
             self._context.trace_links(touches.traced)
         if touches.keys or touches.pairs or touches.timed:

@@ -44,6 +44,7 @@ class Touches:
     # their rules were checked (``MessageReader.screen``)
     keys_from: list[tuple[str, int, int]] = field(default_factory=list)
     timed_from: list[tuple[str, int, int]] = field(default_factory=list)
+    pairs_from: list[tuple[str, int, int]] = field(default_factory=list)  # kept by screen
     # (key, W3C traceparent) of the messages whose producer sent its trace context in a
     # ``traceparent`` header, for the refresh to link to (read with tracing on only)
     traced: list[tuple[str, str]] = field(default_factory=list)
@@ -113,12 +114,14 @@ class MessageReader:
                 out.keys_from.append(where)
             else:
                 out.pairs.append((key, item))
+                out.pairs_from.append(where)
         return out
 
     def screen(self, touches: Touches) -> Touches:
         """``touches`` without the plain and timed ones whose key no rule takes or Redis
         cannot store: those messages rejected."""
-        out = Touches(pairs=touches.pairs, rejected=list(touches.rejected),
+        out = Touches(pairs=touches.pairs, pairs_from=touches.pairs_from,
+                      rejected=list(touches.rejected),
                       traced=touches.traced)
         for key, where in zip(touches.keys, touches.keys_from, strict=True):
             try:

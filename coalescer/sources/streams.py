@@ -7,7 +7,8 @@ then holds every due time) and only then acknowledged, so a crash loses nothing:
 entries read but not acknowledged stay pending, and any node claims those idle
 longer than ``claim_lease`` (``XAUTOCLAIM``). An entry that cannot become a touch
 (a field missing, not UTF-8, holding ``:`` or longer than a key may be; a key no
-rule matches or Redis cannot store; an entry trimmed away) is acknowledged too,
+rule matches or Redis cannot store; an entry trimmed away; a batch refused because
+the pending keys reached ``limits``) is acknowledged too,
 logged with its id and counted as rejected: it never blocks the stream. A source
 with ``item:`` touches each key with the item its template fills in from the same
 entry; an entry whose item cannot be made (a field missing, too long for an item,
@@ -41,7 +42,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, StreamSource
-from coalescer.errors import UnknownKeyError, shown_key
+from coalescer.errors import QuotaExceededError, UnknownKeyError, shown_key
 from coalescer.sources.base import (
     Flush,
     NodeContext,
@@ -305,14 +306,13 @@ class SourceLoop:
             accepted, timed_accepted = [], accepted  # every touch went in ``timed``
         keys = [key for _, key, item, _ in accepted if item is None]
         pairs = [(key, item) for _, key, item, _ in accepted if item is not None]
-        if timed:
-            assert self._touch_timed is not None
-            self._touch_timed(timed)
-        if keys:
-            self._touch_many(keys)
-        if pairs:
-            assert self._touch_items is not None
-            self._touch_items(pairs)
+        try:
+            self._apply(timed, keys, pairs)
+        except QuotaExceededError as exc:  # nothing of the batch went in: all rejected
+            refused = {entry_id for entry_id, _ in rejected}
+            rejected += [(entry_id, str(exc)) for entry_id, *_ in accepted or timed_accepted
+                         if entry_id not in refused]
+            keys, pairs, timed, accepted, timed_accepted = [], [], [], [], []
         self._link_traces(accepted or timed_accepted)
         if keys or pairs or timed:
             await self._flush()
@@ -325,6 +325,18 @@ class SourceLoop:
         if keys or pairs or timed:
             self._metrics.labels(self.source.name, "accepted").inc(
                 len(keys) + len(pairs) + len(timed))
+
+    def _apply(self, timed: list[Timed], keys: list[str],
+               pairs: list[tuple[str, str]]) -> None:
+        """Buffer the batch's touches; QuotaExceededError (limits) before any goes in."""
+        if timed:
+            assert self._touch_timed is not None
+            self._touch_timed(timed)
+        if keys:
+            self._touch_many(keys)
+        if pairs:
+            assert self._touch_items is not None
+            self._touch_items(pairs)
 
     def _link_traces(self, accepted: list[Accepted]) -> None:
         """With tracing on: the producer's trace context of each entry that carries one
