@@ -10,7 +10,7 @@ every command of one project reaches one server, whatever folder it runs in::
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
         valkey.sock   the server's Unix socket (0700: only its owner can connect)
-        server.json   {"socket", "pid", "run_id"} of the live server
+        server.json   {"socket", "pid", "started", "run_id"} of the live server
         password      the server's password, generated at the first start (0600)
         server.log    the server's log
         server.pid    pidfile written by the daemonized server
@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import stat
 import subprocess
 import time
@@ -65,6 +64,15 @@ from redis.retry import Retry
 
 from coalescer.common.redact import redact
 from coalescer.errors import CoalescerError
+from coalescer.store.embedded_procs import (
+    is_recorded_process,
+    is_valkey,
+    pid_alive,
+    serves,
+    start_time,
+    terminate,
+    wait_exit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +81,6 @@ ROOT_NAME = ".coalescer"
 SOCKET_NAME = "valkey.sock"
 _SOCKET_MAX = 100  # bytes of a Unix socket's path (the kernel's limit is 107)
 _LOG_TAIL_LINES = 20
-_UNIX_LISTENING = "01"  # a listening Unix socket's state in /proc/net/unix
 
 
 # The server's memory cap, at which it refuses writes (noeviction: it never drops a key
@@ -110,109 +117,11 @@ class _Record:
     pid: int
     run_id: str
     password: str
+    started: str = ""  # the process's start time (/proc), "" where unknown
 
     @property
     def url(self) -> str:
         return f"unix://:{quote(self.password, safe='')}@{self.socket}?db=0"
-
-
-# -- processes ---------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name, or None where unavailable."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks ("" where /proc is unavailable)."""
-    fields = _proc_stat(pid)
-    return fields[19] if fields and len(fields) > 19 else ""
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` is a running process (zombies count as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _proc_stat(pid)
-    return not (fields and fields[0] in ("Z", "X"))
-
-
-def _is_valkey(pid: int) -> bool:
-    """Best effort: does ``pid`` look like a valkey-server (Linux only)?"""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"valkey-server" in cmdline or b"redis-server" in cmdline
-
-
-def _socket_inodes(pid: int) -> set[str] | None:
-    """The inodes of the sockets ``pid`` holds open; None where /proc cannot tell."""
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    inodes = set()
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    return inodes
-
-
-def _listening(pid: int, path: Path) -> bool | None:
-    """Whether process ``pid`` listens on the Unix socket ``path`` (None where /proc
-    cannot tell)."""
-    inodes = _socket_inodes(pid)
-    if inodes is None:
-        return None
-    try:
-        rows = Path("/proc/net/unix").read_text().splitlines()[1:]
-    except OSError:
-        return None
-    for row in rows:
-        cols = row.split()  # Num RefCount Protocol Flags Type St Inode Path
-        if (len(cols) > 7 and cols[5] == _UNIX_LISTENING and cols[6] in inodes
-                and cols[7] == str(path)):
-            return True
-    return False
-
-
-def _serves(pid: int, path: Path) -> bool:
-    """True if ``pid`` is alive and, where /proc tells, listens on the socket ``path``:
-    only then may the password be sent there."""
-    return _pid_alive(pid) and _listening(pid, path) is not False
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _terminate(pid: int, timeout: float) -> None:
-    """SIGTERM, then SIGKILL, a server that SHUTDOWN did not stop."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if _wait_exit(pid, timeout):
-            return
-    raise CoalescerError(f"embedded valkey-server pid {pid} does not exit")
 
 
 def sync_client(path: Path, timeout: float = 1.0, password: str | None = None) -> redis.Redis:
@@ -394,7 +303,7 @@ class EmbeddedServer:
         mine = self._record
         if mine is None or self._url is None:
             return False
-        if not _pid_alive(mine.pid):
+        if not pid_alive(mine.pid):
             return True
         now = self._read_record()
         return now is not None and now.pid != mine.pid
@@ -482,7 +391,7 @@ class EmbeddedServer:
     def _register_user(self) -> Path:
         pid = os.getpid()
         path = self.users_dir / f"{pid}.{uuid.uuid4().hex[:12]}"
-        path.write_text(_start_time(pid))
+        path.write_text(start_time(pid))
         return path
 
     def _prune_users(self) -> int:
@@ -503,14 +412,16 @@ class EmbeddedServer:
             raw = json.loads(self.state_file.read_text())
             # the socket is the folder's, whatever the record says: only its pid counts
             return _Record(socket=self.socket, pid=int(raw["pid"]),
-                           run_id=str(raw["run_id"]), password=self._password())
+                           run_id=str(raw["run_id"]), password=self._password(),
+                           started=str(raw.get("started", "")))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _write_record(self, record: _Record) -> None:
         tmp = self.state_file.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"socket": str(record.socket), "pid": record.pid,
-                                   "run_id": record.run_id, "url": redact(record.url)}))
+                                   "started": record.started, "run_id": record.run_id,
+                                   "url": redact(record.url)}))
         tmp.replace(self.state_file)
 
     def _password(self) -> str:
@@ -534,14 +445,15 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return None
-        if (_serves(record.pid, record.socket)
+        if (serves(record.pid, record.socket)
                 and _server_identity(record.socket, record.password) == (record.pid,
                                                                         record.run_id)):
             return record
         logger.warning("embedded server recorded in %s (pid %d) is gone or does not take "
                        "its password; replacing it", self.state_file, record.pid)
-        if _pid_alive(record.pid) and _is_valkey(record.pid):
-            _terminate(record.pid, self.stop_timeout)
+        if is_recorded_process(record.pid, record.started, record.socket) and \
+                is_valkey(record.pid):
+            terminate(record.pid, self.stop_timeout)
         self.state_file.unlink(missing_ok=True)
         return None
 
@@ -592,16 +504,16 @@ class EmbeddedServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             pid = self._pidfile_pid()
-            if pid is not None and not _pid_alive(pid):
+            if pid is not None and not pid_alive(pid):
                 self._fail(f"valkey-server (pid {pid}) exited during startup")
             identity = _server_identity(self.socket, password) if pid is not None else None
             if identity is not None and identity[0] == pid:
                 return _Record(socket=self.socket, pid=pid, run_id=identity[1],
-                               password=password)
+                               password=password, started=start_time(pid))
             time.sleep(0.01)
         pid = self._pidfile_pid()
-        if pid is not None and _pid_alive(pid):
-            _terminate(pid, self.stop_timeout)
+        if pid is not None and pid_alive(pid):
+            terminate(pid, self.stop_timeout)
         self._fail(f"valkey-server did not answer PING on {self.socket} "
                    f"within {self.start_timeout:g}s")
 
@@ -615,7 +527,7 @@ class EmbeddedServer:
         record = self._read_record()
         if record is None:
             return
-        if (_serves(record.pid, record.socket)
+        if (serves(record.pid, record.socket)
                 and _server_identity(record.socket, record.password) == (record.pid,
                                                                         record.run_id)):
             client = sync_client(record.socket, timeout=self.stop_timeout,
@@ -626,9 +538,9 @@ class EmbeddedServer:
                 logger.warning("SHUTDOWN of the embedded server failed: %s", exc)
             finally:
                 client.close()
-            if not _wait_exit(record.pid, self.stop_timeout):
+            if not wait_exit(record.pid, self.stop_timeout):
                 logger.warning("embedded server pid %d ignored SHUTDOWN", record.pid)
-                _terminate(record.pid, self.stop_timeout)
+                terminate(record.pid, self.stop_timeout)
             logger.info("stopped embedded valkey-server on %s", redact(record.url))
         self.state_file.unlink(missing_ok=True)
         self.pid_file.unlink(missing_ok=True)
@@ -655,9 +567,9 @@ def _user_alive(path: Path) -> bool:
         recorded = path.read_text().strip()
     except (ValueError, OSError):
         return False
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
-    return not recorded or recorded == _start_time(pid)
+    return not recorded or recorded == start_time(pid)
 
 
 def resolve_redis_url(explicit: str | None,
