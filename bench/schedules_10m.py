@@ -1,0 +1,322 @@
+"""Schedules at the delayed-task systems' sizes: 10,000,000 keys up to 365 days ahead.
+
+``python -m bench.schedules_10m`` (about 10 minutes at the default size; ``--keys 1000000``
+for a quick look) measures, for coalescer and the baseline design side by side, each on
+a fresh server of its own:
+
+- Redis memory per key with ``--keys`` keys scheduled at random times from 1 hour to
+  365 days ahead (``used_memory`` before and after);
+- the server time of one schedule (a new key), one reschedule (a scheduled key given a
+  new time) and one cancel, with those keys waiting: every command's own execution time
+  as the server's SLOWLOG records it (threshold 0), p50/p99/max over ``OPS`` single-key
+  calls each;
+- the start lag of 10,000 more keys falling due at 1,000 a second meanwhile (one worker);
+- at ``maxmemory`` under ``noeviction`` (the limit set to what the server uses), how
+  many of ``OOM_DUE`` keys already due still run: taking work out must never need
+  memory;
+- coalescer only: a leader node process SIGKILLed while keys fall due at 1,000 a second,
+  the others still waiting: the standby's first refresh after the kill, keys never
+  refreshed (lost) and keys refreshed twice, from the two nodes' logs.
+
+The baseline design: its ZSET of due times (``ZADD``, ``ZREM`` to cancel), polled every
+200 ms for 20 keys under a ``SET NX`` lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import figures as F
+from bench import probe
+from bench.baseline import Baseline
+from bench.probe import REC
+from bench.scheduled import LEAD, SLICE_SECONDS, _schedule, _slice, _wait_for
+from bench.valkey import Server, used_memory
+from coalescer.store.keys import ShardKeys
+
+DAY = 86_400.0
+OPS = 2_000  # single-key calls timed per kind of operation
+OOM_DUE = 2_000  # keys due when the server is put at maxmemory
+SLOWLOG_LEN = 100_000  # every command of a timed phase, whatever else the client sends
+KILL_AFTER = 4.0  # seconds into the failover slice when the leader is killed
+SHARD = ShardKeys(F.NS, 0)
+
+
+def _far_times(n: int, seed: int = 365) -> list[float]:
+    rng = random.Random(seed)
+    now = time.time()
+    return [now + rng.uniform(3600.0, 365 * DAY) for _ in range(n)]
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
+    ordered = sorted(values)
+    return {"p50": statistics.median(ordered), "p99": ordered[int(0.99 * (len(ordered) - 1))],
+            "max": ordered[-1], "n": len(ordered)}
+
+
+class SlowLog:
+    """Every command's server-side execution time, from SLOWLOG at threshold 0."""
+
+    def __init__(self, server: Server) -> None:
+        self._r = server.client(timeout=60)
+        self._r.config_set("slowlog-max-len", SLOWLOG_LEN)
+
+    def start(self) -> None:
+        self._r.config_set("slowlog-log-slower-than", 0)
+        self._r.slowlog_reset()
+
+    def micros(self, *commands: str) -> list[float]:
+        """Execution times (µs) of the named commands since ``start``; stops logging."""
+        self._r.config_set("slowlog-log-slower-than", 10_000)
+        entries = self._r.slowlog_get(SLOWLOG_LEN)
+        wanted = {c.lower() for c in commands}
+        out = []
+        for e in entries:
+            args = e["command"].split() if isinstance(e["command"], bytes | str) else []
+            name = (args[0].decode() if isinstance(args[0], bytes) else args[0]) if args else ""
+            if name.lower() in wanted:
+                out.append(float(e["duration"]))
+        return out
+
+
+async def _coalescer_ops(server: Server, keys: list[str]) -> dict[str, Any]:
+    """One flush (one upsert call) per schedule and reschedule; one cancel call each."""
+    slow = SlowLog(server)
+    rng = random.Random(3)
+    out: dict[str, Any] = {}
+    async with F.coalescer(server, False, window="100ms", max_wait="200ms") as c:
+        new = [F.key(-10 - i) for i in range(OPS)]
+        olds = rng.sample(keys, OPS)
+        for name, batch in (("schedule", new), ("reschedule", olds)):
+            slow.start()
+            for k in batch:
+                c.touch(k, at=time.time() + rng.uniform(3600.0, 365 * DAY))
+                await c.flush()
+            out[name] = _spread(slow.micros("evalsha"))
+        slow.start()
+        for k in olds:
+            await c.cancel(k)
+        out["cancel"] = _spread(slow.micros("evalsha"))
+    return out
+
+
+async def _baseline_ops(server: Server, keys: list[str]) -> dict[str, Any]:
+    slow = SlowLog(server)
+    rng = random.Random(3)
+    out: dict[str, Any] = {}
+    async with Baseline(server.url, probe.refresh, delay=0.0) as b:
+        olds = rng.sample(keys, OPS)
+        for name, batch in (("schedule", [F.key(-10 - i) for i in range(OPS)]),
+                            ("reschedule", olds)):
+            slow.start()
+            for k in batch:
+                await b.redis.zadd(b.zset, {k: time.time() + rng.uniform(3600.0, 365 * DAY)})
+            out[name] = _spread(slow.micros("zadd"))
+        slow.start()
+        for k in olds:
+            await b.redis.zrem(b.zset, k)
+        out["cancel"] = _spread(slow.micros("zrem"))
+    return out
+
+
+async def _load_coalescer(server: Server, keys: list[str]) -> dict[str, Any]:
+    sync = server.client(timeout=60)
+    async with F.coalescer(server, False, window="100ms", max_wait="200ms") as c:
+        c.touch(F.key(-1), delay="1h")  # scripts loaded, shard keys created
+        await c.flush()
+        mem0 = used_memory(sync)
+        t0 = time.perf_counter()
+        await _schedule(c, keys, _far_times(len(keys)))
+        await c.flush()
+        load_s = time.perf_counter() - t0
+    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
+            "load_keys_per_second": len(keys) / load_s}
+
+
+async def _load_baseline(server: Server, keys: list[str]) -> dict[str, Any]:
+    sync = server.client(timeout=60)
+    times = _far_times(len(keys))
+    async with Baseline(server.url, probe.refresh, delay=0.0) as b:
+        await b.redis.zadd(b.zset, {F.key(-1): time.time() + 3600})
+        mem0 = used_memory(sync)
+        t0 = time.perf_counter()
+        for i in range(0, len(keys), 10_000):
+            await b.redis.zadd(b.zset, dict(zip(keys[i:i + 10_000], times[i:i + 10_000],
+                                                strict=True)))
+        load_s = time.perf_counter() - t0
+    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
+            "load_keys_per_second": len(keys) / load_s}
+
+
+async def _lag_coalescer(server: Server, n: int) -> dict[str, Any]:
+    REC.reset(offset_ms=await F.clock_offset_ms(server.url))
+    kw = {"window": "100ms", "max_wait": "200ms", "concurrency": F.LAG_CONCURRENCY}
+    async with F.coalescer(server, True, **kw) as w:
+        await asyncio.sleep(0.3)  # leadership taken
+        slice_keys, slice_times = _slice(n)
+        await _schedule(w, slice_keys, slice_times)
+        await w.flush()
+        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**F.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+
+
+async def _lag_baseline(server: Server, n: int) -> dict[str, Any]:
+    async with Baseline(server.url, probe.refresh, delay=0.0) as b:
+        REC.reset(offset_ms=0.0)
+        b.start_worker()
+        slice_keys, slice_times = _slice(n)
+        await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
+        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**F.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+
+
+def _at_maxmemory(server: Server) -> Any:
+    sync = server.client(timeout=60)
+    sync.config_set("maxmemory-policy", "noeviction")
+    sync.config_set("maxmemory", used_memory(sync))
+    return sync
+
+
+async def _oom_coalescer(server: Server, n: int) -> dict[str, Any]:
+    due = [F.key(n + 100_000 + i) for i in range(OOM_DUE)]
+    async with F.coalescer(server, False, window="100ms", max_wait="200ms") as c:
+        for k in due:
+            c.touch(k, at=time.time() + 1.0)
+        await c.flush()
+    sync = _at_maxmemory(server)
+    REC.reset(offset_ms=0.0)
+    try:
+        async with F.coalescer(server, True, window="100ms", max_wait="200ms",
+                               concurrency=64) as w:
+            await _wait_for(OOM_DUE, 30.0)
+            left = sync.zcard(SHARD.due(F.RULE)) + sync.zcard(SHARD.inflight(F.RULE))
+            w.touch(F.key(n + 99_999))  # refused by the server: stays buffered
+    finally:
+        sync.config_set("maxmemory", 0)
+    return {"due": OOM_DUE, "ran": REC.count, "left_in_redis": left - n}
+
+
+async def _oom_baseline(server: Server, n: int) -> dict[str, Any]:
+    due = {F.key(n + 100_000 + i): time.time() + 1.0 for i in range(OOM_DUE)}
+    async with Baseline(server.url, probe.refresh, delay=0.0) as b:
+        await b.redis.zadd(b.zset, due)
+        sync = _at_maxmemory(server)
+        REC.reset(offset_ms=0.0)
+        try:
+            b.start_worker()
+            await _wait_for(OOM_DUE, 10.0)
+        finally:
+            sync.config_set("maxmemory", 0)
+    return {"due": OOM_DUE, "ran": REC.count}
+
+
+async def _failover_coalescer(server: Server, n: int, tmp: Path) -> dict[str, Any]:
+    """Two node processes; the leader SIGKILLed while a slice falls due at 1,000/s."""
+    folder = tmp / "failover"
+    folder.mkdir(parents=True, exist_ok=True)
+    rules = folder / "rules.yaml"
+    rules.write_text(F.rules_text(window="100ms", max_wait="200ms", handler="bench.probe:logged"))
+    exe = str(Path(sys.executable).parent / "coalescer")
+    logs = {name: folder / f"refresh-{name}.log" for name in "AB"}
+    procs = {}
+    r = server.client(timeout=60)
+    try:
+        for name in "AB":
+            procs[name] = F._spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
+                                    "--http", "off", "--node-id", name, "--grace", "2"],
+                                   logs[name], folder / f"node-{name}.out")
+            if name == "A":
+                await F._wait_for(lambda: r.get(SHARD.leader), 30, "a leader")
+        await F._wait_for(lambda: r.zscore(SHARD.nodes, "B"), 30, "the standby's heartbeat")
+        slice_keys, slice_times = _slice(n)
+        async with F.coalescer(server, False, window="100ms", max_wait="200ms") as c:
+            await _schedule(c, slice_keys, slice_times)
+            await c.flush()
+        await asyncio.sleep(max(0.0, slice_times[0] - time.time() + KILL_AFTER))
+        holder = str(r.get(SHARD.leader)).split("|", 1)[1]
+        standby = "B" if holder == "A" else "A"
+        t_kill, t_first = await F._kill_and_time(procs[holder], logs[standby], "standby")
+        await F._wait_for(lambda: time.time() > slice_times[-1] + 8.0, 60, "the slice's end")
+    finally:
+        for p in procs.values():
+            F._stop(p)
+    runs = Counter(k for name in "AB" for _, k in probe.read_log(logs[name]))
+    return {"killed": holder, "takeover_s": t_first - t_kill, "lease_s": 3.0,
+            "slice": len(slice_keys), "lost": sum(1 for k in slice_keys if runs[k] == 0),
+            "run_twice": sum(1 for k in slice_keys if runs[k] > 1)}
+
+
+async def _design(name: str, n: int, tmp: Path) -> dict[str, Any]:
+    keys = [F.key(i) for i in range(n)]
+    out: dict[str, Any] = {}
+    with Server(tmp, name=name) as server:
+        if name == "coalescer":
+            out["load"] = await _load_coalescer(server, keys)
+            out["ops"] = await _coalescer_ops(server, keys)
+            out["lag"] = await _lag_coalescer(server, n)
+            out["failover"] = await _failover_coalescer(server, n + 20_000, tmp)
+            out["oom"] = await _oom_coalescer(server, n)
+        else:
+            out["load"] = await _load_baseline(server, keys)
+            out["ops"] = await _baseline_ops(server, keys)
+            out["lag"] = await _lag_baseline(server, n)
+            out["oom"] = await _oom_baseline(server, n)
+    return out
+
+
+def _table(n: int, res: dict[str, dict[str, Any]]) -> str:
+    c, b = res["coalescer"], res["baseline"]
+    rows = [("figure", "coalescer", "baseline", "target"),
+            (f"Redis memory per key, {n:,} scheduled up to 365 days ahead",
+             f"{c['load']['bytes_per_key']:.1f} B", f"{b['load']['bytes_per_key']:.1f} B",
+             "<= 150 B")]
+    for op in ("schedule", "reschedule", "cancel"):
+        cs, bs = c["ops"][op], b["ops"][op]
+        rows.append((f"server time of one {op}, p50 / p99 / max",
+                     f"{cs['p50']:.0f} / {cs['p99']:.0f} / {cs['max']:.0f} µs",
+                     f"{bs['p50']:.0f} / {bs['p99']:.0f} / {bs['max']:.0f} µs", "p99 <= 1 ms"))
+    rows.append(("start lag p99, 1,000 due/s meanwhile", f"{c['lag']['p99']:.1f} ms",
+                 f"{b['lag']['p99']:.0f} ms", "<= 10 ms"))
+    rows.append((f"keys already due that run at maxmemory (noeviction), of {OOM_DUE:,}",
+                 f"{c['oom']['ran']:,}", f"{b['oom']['ran']:,}", "all"))
+    f = c["failover"]
+    rows.append(("leader SIGKILLed: standby's first refresh after the kill",
+                 f"{f['takeover_s']:.2f} s (lease {f['lease_s']:.0f} s)", "-",
+                 "<= lease + 0.5 s"))
+    rows.append((f"... of {f['slice']:,} keys falling due: lost / run twice",
+                 f"{f['lost']} / {f['run_twice']}", "-", "0 / 0"))
+    lines = [rows[0], ("---",) * 4, *rows[1:]]
+    return "\n".join("| " + " | ".join(r) + " |" for r in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.schedules_10m", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=10_000_000, help="keys scheduled ahead")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    res: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-10m-") as tmp:
+        for name in ("coalescer", "baseline"):
+            res[name] = asyncio.run(_design(name, args.keys, Path(tmp)))
+            print(f"{name}: {json.dumps(res[name])}", flush=True)
+    print(_table(args.keys, res))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
