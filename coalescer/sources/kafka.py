@@ -54,6 +54,7 @@ from coalescer.sources.base import (
     register,
     start_loops,
 )
+from coalescer.sources.kafka_commit import commit_timeout, log_refused
 from coalescer.sources.kafka_values import MessageReader, Touches
 from coalescer.store.keys import sources_kafka, sources_rejected
 
@@ -387,11 +388,10 @@ class KafkaLoop:
         try:
             await asyncio.wait_for(self._consumer.commit(mine), COMMIT_TIMEOUT)
         except aiokafka.errors.CommitFailedError as exc:
-            why = ("the group moved the partitions (their new owner reads the batch again)"
-                   if self._looping else "the group has members elsewhere, which read these "
-                   "messages again (this drain touched them already)")
-            log.warning("source %s: commit refused, %s: %s", self.source.name, why, exc)
+            log_refused(self.source.name, self.source.group, exc, looping=self._looping)
             return
+        except TimeoutError:
+            raise commit_timeout(self.source.name, self.source.group, COMMIT_TIMEOUT) from None
         self._committed.update(mine)
         self._progress.set()
         log.debug("source %s: committed %d partition(s)", self.source.name, len(mine))
