@@ -87,8 +87,8 @@ async def test_a_leader_killed_while_a_year_of_schedules_waits_loses_nothing(
                 c.touch(f"item:far-{i}", at=now + rng.uniform(3600.0, 365 * DAY))
             await c.flush()
             a = nodes.start(rules, own_server.url, "A", E2E_LOG=str(log))
-            await wait_until(lambda: leader_node(cast("str | None", r.get(shard.leader))) == "A", timeout=20,
-                             message=f"A leading; its log:\n{nodes.log('A')}")
+            await wait_until(lambda: leader_node(cast("str | None", r.get(shard.leader))) == "A",
+                             timeout=20, message=f"A leading; its log:\n{nodes.log('A')}")
             nodes.start(rules, own_server.url, "B", E2E_LOG=str(log))
             await wait_until(lambda: r.zscore(shard.nodes, "B") is not None, timeout=20,
                              message="B standing by")
