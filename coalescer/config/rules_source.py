@@ -3,8 +3,12 @@
 ``Rules(...)`` (or a ``Config``) built in code.
 
 A value that is an existing file is a rules file. Otherwise a value of the form
-``dotted.module:attribute`` (identifiers only) is imported, with the working folder
-first on ``sys.path`` (as uvicorn and gunicorn find ``module:app``). Every command
+``dotted.module:attribute`` (identifiers only) is imported from ``sys.path`` as the
+environment sets it (installed packages, ``$PYTHONPATH``; under Django, the project, as
+``manage.py`` puts it there). Only a module found nowhere there is looked for in the
+working folder, added last (so it never shadows an installed module), and only when no
+other user could have planted it: a folder of this user's (or root's) that neither its
+group nor others may write to. Every command
 loads its rules here: ``load_rules`` for those that use them, ``check_rules`` for
 ``coalescer check``, which reports the same errors and warnings either way.
 """
@@ -13,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
 import re
 import reprlib
+import stat
 import sys
 import sysconfig
 import traceback
@@ -98,20 +104,53 @@ def _code_rules(value: str) -> _Found:
 
 
 def _import(value: str, module_name: str) -> Any:
-    """The module, imported with the working folder first on ``sys.path``."""
-    cwd = os.getcwd()
-    if not sys.path or sys.path[0] not in ("", cwd):
-        sys.path.insert(0, cwd)
+    """The module, imported from ``sys.path``, else from a trusted working folder."""
+    looked = _allow_working_folder(module_name.partition(".")[0])
     try:
         return importlib.import_module(module_name)
     except ConfigError:
         raise  # its Rules(...) failed its checks: the error names the call's file and line
     except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name}: {exc} (looked for in the "
-                          f"working folder, {cwd}, then on sys.path)", file=value) from None
+        raise ConfigError(f"cannot import module {module_name}: {exc} (looked for on "
+                          f"sys.path, then {looked})", file=value) from None
     except Exception as exc:  # the module's own code failed: say what and where
         raise ConfigError(f"importing module {module_name} raised {type(exc).__name__}: "
                           f"{exc}{_where(exc)}", file=value) from None
+
+
+def _allow_working_folder(package: str) -> str:
+    """Put the working folder last on ``sys.path`` when ``package`` is not importable
+    without it and no other user could have put it there; say where it was looked for."""
+    cwd = os.getcwd()
+    if cwd in sys.path or _findable(package):
+        return f"the working folder, {cwd}"
+    distrust = _distrust(cwd)
+    if distrust is not None:
+        return (f"not the working folder, {cwd}: it {distrust} (install the package, or "
+                "name its folder in $PYTHONPATH)")
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return f"the working folder, {cwd}"
+
+
+def _findable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _distrust(folder: str) -> str | None:
+    """Why another user may have put a module in ``folder``, or None."""
+    try:
+        found = os.stat(folder)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if found.st_uid not in (os.geteuid(), 0):
+        return f"belongs to another user (uid {found.st_uid})"
+    if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "may be written by other users"
+    return None
 
 
 def _where(exc: BaseException) -> str:

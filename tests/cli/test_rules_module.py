@@ -97,8 +97,8 @@ def test_check_warns_of_rules_in_code_as_of_a_file(project: Path) -> None:
 
 ERRORS = {
     "module missing": ("app.nowhere:RULES", "app.nowhere:RULES: cannot import module "
-                       "app.nowhere: No module named 'app.nowhere' (looked for in the "
-                       "working folder, {project}, then on sys.path)"),
+                       "app.nowhere: No module named 'app.nowhere' (looked for on "
+                       "sys.path, then the working folder, {project})"),
     "attribute missing": ("app.coalescing:RULEZ", "app.coalescing:RULEZ: module "
                           "app.coalescing ({project}/app/coalescing.py) has no attribute "
                           "RULEZ; its rules: GONE, NEVER, RULES"),
