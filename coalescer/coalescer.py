@@ -154,14 +154,15 @@ def _refuse_sources_that_cannot_run(config: Config) -> None:
         raise ConfigError.combine(problems)
 
 
-def _spec(keys: list[str], at: At | None, delay: Delay | None) -> str | None:
+def _spec(keys: list[str], at: At | None, delay: Delay | None, ahead: float) -> str | None:
     """The wire form of the time of touches of ``keys`` (config/schedule.py), None for
-    plain ones; InvalidScheduleError names the first key (and how many more)."""
+    plain ones; InvalidScheduleError names the first key (and how many more), or the
+    time when it lies more than ``ahead`` seconds ahead."""
     if at is None and delay is None:
         return None
     shown = keys[0] if len(keys) == 1 else (
         f"{keys[0]} (and {len(keys) - 1} more)" if keys else "(no key)")
-    return schedule_spec(shown, at, delay)
+    return schedule_spec(shown, at, delay, ahead=ahead)
 
 
 def _task_ended(task: asyncio.Task[None]) -> None:
@@ -250,8 +251,9 @@ class Coalescer:
         exactly that time instead (Redis server clock; a delay counts from when Redis
         takes the touch), replacing any due time it had; a plain touch after it moves it
         as usual. A time that cannot be read, a naive datetime, a negative delay, both
-        given, or one more than 10 years ahead raises InvalidScheduleError (naming the
-        key and the value) and touches nothing.
+        given, one before 1970 or more than the rules file's
+        ``limits.max_schedule_ahead`` (400 days by default) ahead raises
+        InvalidScheduleError (naming the key, the time and the limit) and touches nothing.
 
         Sync and safe from any thread; it never waits on Redis (a touch of a new key
         pauses 5 ms at most when the background writer fell behind by thousands of
@@ -269,7 +271,7 @@ class Coalescer:
             raise self._not_running(f"touch({key!r})")
         self._check_quota()
         if at is not None or delay is not None:
-            self._absorber.touch_scheduled(key, _spec([key], at, delay) or "", item)
+            self._absorber.touch_scheduled(key, _spec([key], at, delay, self._ahead) or "", item)
         elif item is None:
             self._absorber.touch(key)
         else:
@@ -287,7 +289,7 @@ class Coalescer:
             raise self._not_running("touch_items()")
         self._check_quota()
         pairs, keys = list(pairs), list(keys)
-        spec = _spec([k for k, _ in pairs] + keys, at, delay)
+        spec = _spec([k for k, _ in pairs] + keys, at, delay, self._ahead)
         self._run.absorber.touch_items(pairs, keys, spec)
         self._record_all([*(k for k, _ in pairs), *keys])
 
@@ -300,7 +302,7 @@ class Coalescer:
             raise self._not_running("touch_many()")
         self._check_quota()
         keys = list(keys)
-        self._run.absorber.touch_many(keys, _spec(keys, at, delay))
+        self._run.absorber.touch_many(keys, _spec(keys, at, delay, self._ahead))
         self._record_all(keys)
 
     async def touch_wait(self, key: str, item: str | None = None, *,
@@ -320,8 +322,9 @@ class Coalescer:
             self.touch(key, item, at=at, delay=delay)  # room in the buffer: as cheap as touch
         except BackpressureError:
             keys, pairs = ([key], []) if item is None else ([], [(key, item)])
-            await touch_waiting(self._absorber, Wanted(keys, pairs, _spec([key], at, delay)),
-                                timeout, f"touch_wait({key!r})")
+            spec = _spec([key], at, delay, self._ahead)
+            await touch_waiting(self._absorber, Wanted(keys, pairs, spec), timeout,
+                                f"touch_wait({key!r})")
             self._record_all([key])
 
     async def touch_many_wait(self, keys: Iterable[str], *,
@@ -338,7 +341,7 @@ class Coalescer:
             raise self._not_running("touch_many_wait()")
         self._check_quota()
         keys = list(keys)
-        spec = _spec(keys, at, delay)
+        spec = _spec(keys, at, delay, self._ahead)
         await touch_waiting(self._run.absorber, Wanted(keys, (), spec), timeout,
                             "touch_many_wait()")
         self._record_all(keys)
@@ -353,7 +356,7 @@ class Coalescer:
             raise self._not_running("touch_items_wait()")
         self._check_quota()
         pairs = list(pairs)
-        spec = _spec([k for k, _ in pairs], at, delay)
+        spec = _spec([k for k, _ in pairs], at, delay, self._ahead)
         await touch_waiting(self._run.absorber, Wanted([], pairs, spec), timeout,
                             "touch_items_wait()")
         self._record_all([k for k, _ in pairs])
@@ -376,8 +379,12 @@ class Coalescer:
                                "thread (and the flusher that frees room): await "
                                "touch_wait() or touch_many_wait() instead")
         keys, pairs = list(keys), list(pairs)
-        spec = _spec(keys + [k for k, _ in pairs], at, delay)
+        spec = _spec(keys + [k for k, _ in pairs], at, delay, self._ahead)
         touch_blocking(self._run.absorber, Wanted(keys, pairs, spec), timeout, what)
+
+    @property
+    def _ahead(self) -> float:
+        return self.config.limits.max_schedule_ahead
 
     def _check_quota(self) -> None:
         """QuotaExceededError when the pending keys reached ``limits.pending_keys``."""

@@ -98,11 +98,16 @@ async def test_delay_takes_seconds_and_duration_strings_from_the_server_clock(
     ({"at": True}, "not a time"),
     ({"at": -5}, "finite number >= 0"),
     ({"at": float("nan")}, "finite number >= 0"),
-    ({"at": time.time() + 11 * 365 * 86_400}, "more than 10 years ahead"),
+    ({"at": time.time() + 11 * 365 * 86_400}, "more than limits.max_schedule_ahead (400d) ahead"),
     ({"delay": -1}, "a negative delay"),
     ({"delay": "-5s"}, "a negative delay"),
     ({"delay": "soon"}, "not a delay"),
-    ({"delay": "100000h"}, "more than 10 years ahead"),
+    ({"delay": "100000h"}, "more than limits.max_schedule_ahead (400d) ahead"),
+    ({"delay": "401d"}, "401d is more than limits.max_schedule_ahead (400d) ahead"),
+    ({"at": "2099-01-01T00:00:00Z"}, "2099-01-01T00:00:00+00:00 is more than "
+     "limits.max_schedule_ahead (400d) ahead"),
+    ({"at": "1969-12-31T23:59:59+00:00"}, "before the epoch (1970-01-01T00:00:00Z)"),
+    ({"at": datetime(1960, 1, 1, tzinfo=UTC)}, "1960-01-01T00:00:00+00:00 is before the epoch"),
     ({"at": 1, "delay": 1}, "give at or delay, not both"),
 ])
 async def test_a_bad_time_is_refused_naming_the_key_and_the_value(

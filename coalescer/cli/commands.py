@@ -109,7 +109,7 @@ async def cmd_touch(args: argparse.Namespace) -> int:
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
     pairs = [(key, item) for key in args.keys for item in args.items]
-    if _refuse_items(c, pairs) or _refuse_time(args):
+    if _refuse_items(c, pairs) or _refuse_time(args, c.config.limits.max_schedule_ahead):
         return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
@@ -122,10 +122,10 @@ async def cmd_touch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_time(args: argparse.Namespace) -> bool:
+def _refuse_time(args: argparse.Namespace, ahead: float) -> bool:
     """Print why ``--at``/``--delay`` cannot be used; True if it cannot."""
     try:
-        schedule_spec(args.keys[0], at=args.at, delay=args.delay)
+        schedule_spec(args.keys[0], at=args.at, delay=args.delay, ahead=ahead)
     except InvalidScheduleError as exc:
         flag = "--at" if args.at is not None else "--delay"
         print(f"coalescer touch: {flag} {exc.value!r}: {exc.reason}", file=sys.stderr)

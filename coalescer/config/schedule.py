@@ -6,17 +6,19 @@ The wire form is ``a<epoch ms>`` for an absolute time, ``d<ms>`` for a delay (Re
 its own clock at the write); the absorber appends ``+`` when a plain touch of the key
 followed the scheduled one before both were written (the plain touch then decides the
 due time, see store/lua/upsert.lua). A time is refused (InvalidScheduleError naming the
-key and the value) when it cannot be read, is a naive datetime, a negative delay, or
-lies more than ``HORIZON`` ahead: nothing of the call that carried it is applied.
+key and the value) when it cannot be read, is a naive datetime, a negative delay, lies
+before the epoch (1970-01-01T00:00:00Z), or more than ``ahead`` seconds ahead (the
+rules file's ``limits.max_schedule_ahead``; ``HORIZON`` when no rules file says):
+nothing of the call that carried it is applied.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from coalescer.config.durations import parse_duration
+from coalescer.config.durations import format_duration, parse_duration
 from coalescer.errors import InvalidScheduleError
 
 HORIZON = 10 * 365 * 86_400.0  # seconds: no touch is scheduled further ahead (10 years)
@@ -30,26 +32,47 @@ At = datetime | int | float | str
 Delay = int | float | str
 
 
-def schedule_spec(key: str, at: At | None = None, delay: Delay | None = None) -> str | None:
+def schedule_spec(key: str, at: At | None = None, delay: Delay | None = None, *,
+                  ahead: float = HORIZON) -> str | None:
     """The wire form of a touch's time; None for a plain touch (neither given).
-    InvalidScheduleError when it is refused."""
+    InvalidScheduleError when it is refused (``ahead``: seconds ahead at most)."""
     if at is None and delay is None:
         return None
     if at is not None and delay is not None:
         raise InvalidScheduleError(key, f"at={at!r}, delay={delay!r}",
                                    "give at or delay, not both")
     if at is not None:
-        return f"a{at_ms(key, at)}"
+        return f"a{at_ms(key, at, ahead)}"
     assert delay is not None
-    return f"d{delay_ms(key, delay)}"
+    return f"d{delay_ms(key, delay, ahead)}"
 
 
-def at_ms(key: str, at: object) -> int:
-    """Epoch milliseconds of ``at`` (see AT_FORMS), checked against the horizon."""
+def at_ms(key: str, at: object, ahead: float = HORIZON) -> int:
+    """Epoch milliseconds of ``at`` (see AT_FORMS), checked against the epoch and
+    ``ahead``."""
     seconds = _at_seconds(key, at)
-    if seconds - time.time() > HORIZON:
-        raise InvalidScheduleError(key, at, f"more than {HORIZON_TEXT} ahead")
+    if seconds < 0:
+        raise InvalidScheduleError(key, at, f"{_iso(seconds)} is before the epoch "
+                                   "(1970-01-01T00:00:00Z): a time is at or after it")
+    if seconds - time.time() > ahead:
+        raise InvalidScheduleError(key, at, f"{_iso(seconds)} is {_ahead_text(ahead)}")
     return round(seconds * 1000)
+
+
+def _iso(seconds: float) -> str:
+    """``seconds`` since the epoch as ISO-8601 UTC text (past year 9999: the number)."""
+    try:
+        return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)).isoformat()
+    except OverflowError:
+        return f"{seconds:.0f} epoch seconds"
+
+
+def _ahead_text(ahead: float) -> str:
+    """Why a time is refused for lying too far ahead, naming the limit."""
+    if ahead == HORIZON:
+        return f"more than {HORIZON_TEXT} ahead"
+    return (f"more than limits.max_schedule_ahead ({format_duration(ahead)}) ahead of "
+            "now; set a higher limits.max_schedule_ahead in the rules file to allow it")
 
 
 def _at_seconds(key: str, at: object) -> float:
@@ -90,8 +113,8 @@ def _unreadable(key: str, text: str) -> float:
     raise InvalidScheduleError(key, text, f"not a time: expected {AT_FORMS}")
 
 
-def delay_ms(key: str, delay: object) -> int:
-    """Milliseconds of ``delay`` (see DELAY_FORMS), checked against the horizon."""
+def delay_ms(key: str, delay: object, ahead: float = HORIZON) -> int:
+    """Milliseconds of ``delay`` (see DELAY_FORMS), checked against ``ahead``."""
     if isinstance(delay, str) and delay.strip().startswith("-"):
         raise InvalidScheduleError(key, delay, "a negative delay: a delay is >= 0")
     try:
@@ -100,8 +123,9 @@ def delay_ms(key: str, delay: object) -> int:
         if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
             raise InvalidScheduleError(key, delay, "a negative delay: a delay is >= 0") from None
         raise InvalidScheduleError(key, delay, f"not a delay: expected {DELAY_FORMS}") from None
-    if seconds > HORIZON:
-        raise InvalidScheduleError(key, delay, f"more than {HORIZON_TEXT} ahead")
+    if seconds > ahead:
+        raise InvalidScheduleError(key, delay, f"{format_duration(seconds)} is "
+                                   f"{_ahead_text(ahead)}")
     return round(seconds * 1000)
 
 

@@ -19,7 +19,14 @@ from coalescer.config import kafka_source  # noqa: F401  (registers type: kafka)
 from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
-from coalescer.config.limits import DEFAULT_LIMITS, LIMIT_FIELDS, MAX_COUNT, Limits
+from coalescer.config.limits import (
+    DEFAULT_LIMITS,
+    LIMIT_FIELDS,
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_SCHEDULE_AHEAD,
+    Limits,
+)
 from coalescer.config.lint import RuleMatch, RuleSecret
 from coalescer.config.model import (
     RATE_UNITS,
@@ -34,6 +41,7 @@ from coalescer.config.model import (
     Rule,
 )
 from coalescer.config.patterns import KeyPattern
+from coalescer.config.sizes import format_size, parse_size
 from coalescer.config.sources import SourceConfig, load_sources
 from coalescer.config.yaml_reader import (
     Abandon,
@@ -207,17 +215,43 @@ class RulesSchema(YamlReader):
                 "durability.timeout"))
 
     def limits(self, node: Node, field: str) -> Limits:
-        """``limits: {pending_keys: N, dead_letters: N, dead_letter_ttl: DURATION}``."""
+        """``limits: {pending_keys: N, pending_bytes: SIZE, max_schedule_ahead: DURATION,
+        dead_letters: N, dead_letter_ttl: DURATION}``."""
         entries = self.mapping(node, field, LIMIT_FIELDS, "limits")
         counts = {name: self.optional(entries, field, name, self.limit_count,
                                       getattr(DEFAULT_LIMITS, name))
                   for name in ("pending_keys", "dead_letters")}
         ttl = self.optional(entries, field, "dead_letter_ttl", self.positive_duration,
                             DEFAULT_LIMITS.dead_letter_ttl)
-        return Limits(dead_letter_ttl=ttl, **counts)
+        size = self.optional(entries, field, "pending_bytes", self.limit_bytes,
+                             DEFAULT_LIMITS.pending_bytes)
+        ahead = self.optional(entries, field, "max_schedule_ahead", self.schedule_ahead,
+                              DEFAULT_LIMITS.max_schedule_ahead)
+        return Limits(dead_letter_ttl=ttl, pending_bytes=size, max_schedule_ahead=ahead,
+                      **counts)
 
     def limit_count(self, node: Node, field: str) -> int:
         return self.positive_int(node, field, MAX_COUNT)
+
+    def limit_bytes(self, node: Node, field: str) -> int:
+        """A size (config/sizes.py) from 1 byte to MAX_BYTES."""
+        raw = self.value(node, field)
+        try:
+            size = parse_size(raw)
+        except ValueError as exc:
+            raise self.error(str(exc), node, field) from None
+        if not 1 <= size <= MAX_BYTES:
+            raise self.error(f"must be from 1 byte to {format_size(MAX_BYTES)}, got "
+                             f"{shown(raw)}", node, field)
+        return size
+
+    def schedule_ahead(self, node: Node, field: str) -> float:
+        """A duration > 0 of at most MAX_SCHEDULE_AHEAD (10 years)."""
+        ahead = self.positive_duration(node, field)
+        if ahead > MAX_SCHEDULE_AHEAD:
+            raise self.error(f"must be at most {format_duration(MAX_SCHEDULE_AHEAD)} (10 "
+                             f"years), got {format_duration(ahead)}", node, field)
+        return ahead
 
     def replicas(self, node: Node, field: str) -> int:
         raw = self.value(node, field)

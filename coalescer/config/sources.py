@@ -266,7 +266,7 @@ def _time_templates(reader: YamlReader, entries: Entries,
                            where) from None
     if not template.fields:
         try:
-            schedule_spec("(every event)", **{name: text})
+            schedule_spec("(every event)", *((text, None) if name == "at" else (None, text)))
         except InvalidScheduleError as exc:
             raise reader.error(f"{name} {text!r}: {exc.reason}", node, where) from None
     return {name: template}

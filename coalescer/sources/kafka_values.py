@@ -153,7 +153,8 @@ class MessageReader:
                 problem = f"the rule of key {shown_key(key)} takes no items"
             if problem is not None:
                 raise Rejected(f"item {shown_key(item)} cannot be touched: {problem}")
-        spec, why = time_of(self._source, key, lambda name: _field(fields, name))
+        spec, why = time_of(self._source, key, lambda name: _field(fields, name),
+                            self._config.limits.max_schedule_ahead)
         if why:
             raise Rejected(why)
         return key, item, spec

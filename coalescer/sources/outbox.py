@@ -182,7 +182,8 @@ class OutboxLoop:
         for (key, item), fields in zip(rows, self._outbox.fields, strict=True):
             if self.problem(key, item) is not None:
                 continue  # rejected already
-            spec, why = time_of(self.source, key, fields.get)
+            spec, why = time_of(self.source, key, fields.get,
+                                self._context.config.limits.max_schedule_ahead)
             if spec is None:
                 rejected.append(f"key {shown_key(key)}: {why}")
             else:

@@ -374,7 +374,8 @@ class SourceLoop:
             return []
         timed: list[Timed] = []
         for entry_id, key, item, fields in accepted:
-            spec, why = time_of(self.source, key, _lookup(fields))
+            spec, why = time_of(self.source, key, _lookup(fields),
+                                self._config.limits.max_schedule_ahead)
             if spec is None:
                 rejected.append((entry_id, why))
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coalescer.config.schedule import schedule_spec
+from coalescer.config.schedule import HORIZON, schedule_spec
 from coalescer.config.sources import SourceConfig
 from coalescer.errors import InvalidScheduleError
 
@@ -22,9 +22,12 @@ TouchTimed = Callable[[list[Timed]], None]  # touches with a time each, all or n
 Field = Callable[[str], str | None]  # an event's field by name; None when it has none
 
 
-def time_of(source: SourceConfig, key: str, field: Field) -> tuple[str | None, str]:
+def time_of(source: SourceConfig, key: str, field: Field,
+            ahead: float = HORIZON) -> tuple[str | None, str]:
     """The wire form of the time the event's touch of ``key`` carries (None when the
-    source has no ``at:``/``delay:``), and why the event is rejected ("" when it is not)."""
+    source has no ``at:``/``delay:``), and why the event is rejected ("" when it is not):
+    a time before 1970 or more than ``ahead`` seconds ahead (the rules file's
+    ``limits.max_schedule_ahead``) is."""
     template = source.at or source.delay
     if template is None:
         return None, ""
@@ -37,7 +40,7 @@ def time_of(source: SourceConfig, key: str, field: Field) -> tuple[str | None, s
         values[name] = value
     text = template.fill(values)
     try:
-        spec = schedule_spec(key, **{which: text})
+        spec = schedule_spec(key, **{which: text}, ahead=ahead)
     except InvalidScheduleError as exc:
         return None, str(exc)
     assert spec is not None

@@ -339,7 +339,8 @@ class HttpApi:
 
     async def _touch(self, request: web.Request) -> web.Response:
         keys, pairs, when = parse_touch(await self._read_body(request))
-        refuse_bad_time(when, [*keys, *(key for key, _ in pairs)])
+        refuse_bad_time(when, [*keys, *(key for key, _ in pairs)],
+                        self._c.config.limits.max_schedule_ahead)
         refuse_unstorable(keys)
         refuse_bad_items(self._c.refused_items(pairs))
         unknown = self._c.unknown_keys([*keys, *dict.fromkeys(key for key, _ in pairs)])

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from coalescer.common.plural import noun, plural
-from coalescer.config.schedule import schedule_spec
+from coalescer.config.schedule import HORIZON, schedule_spec
 from coalescer.errors import InvalidScheduleError
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
@@ -149,12 +149,13 @@ def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]], dict[str,
             [_check_pair(i, pair) for i, pair in enumerate(pairs)], when)
 
 
-def refuse_bad_time(when: dict[str, Any], keys: list[str]) -> None:
-    """Refuse (400) a /touch body whose ``at``/``delay`` cannot be used, naming it."""
+def refuse_bad_time(when: dict[str, Any], keys: list[str], ahead: float = HORIZON) -> None:
+    """Refuse (400) a /touch body whose ``at``/``delay`` cannot be used (before 1970,
+    more than ``ahead`` seconds ahead, ...), naming it."""
     if not when:
         return
     try:
-        schedule_spec(keys[0] if keys else "", **when)
+        schedule_spec(keys[0] if keys else "", **when, ahead=ahead)
     except InvalidScheduleError as exc:
         field = "at" if "at" in when and "delay" not in when else (
             "delay" if "at" not in when else "at, delay")

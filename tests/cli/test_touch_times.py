@@ -51,7 +51,11 @@ def test_touch_at_and_delay_make_the_keys_due_then(
     (("--at", "2030-01-01T12:00:00"), "--at '2030-01-01T12:00:00': a naive datetime"),
     (("--at", "next tuesday"), "--at 'next tuesday': not a time"),
     (("--delay=-5m",), "--delay '-5m': a negative delay"),
-    (("--delay", "99999h"), "more than 10 years ahead"),
+    (("--delay", "99999h"), "more than limits.max_schedule_ahead (400d) ahead"),
+    (("--delay", "401d"), "--delay '401d': 401d is more than limits.max_schedule_ahead (400d)"),
+    (("--at", "2099-01-01T00:00:00Z"), "2099-01-01T00:00:00+00:00 is more than "
+     "limits.max_schedule_ahead (400d) ahead"),
+    (("--at", "1969-07-20T20:17:00Z"), "1969-07-20T20:17:00+00:00 is before the epoch"),
 ])
 def test_touch_with_a_bad_time_exits_2_and_touches_nothing(
         tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis,

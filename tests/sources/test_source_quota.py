@@ -63,3 +63,24 @@ async def test_a_delay_source_cannot_push_pending_keys_past_the_limit(
     assert group is not None and group["pending"] == 0  # every entry acknowledged
     assert (await c.query.status())["sources"]["orders"]["rejected"] == 20
     assert "limits.pending_keys (5)" in "\n".join(r.getMessage() for r in caplog.records)
+
+
+async def test_an_entry_scheduled_past_max_schedule_ahead_is_rejected_naming_the_limit(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, nodes: Any, *,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="coalescer.sources.streams")
+    text = RULES.format(ns=namespace).replace("{pending_keys: 5}",
+                                              "{max_schedule_ahead: 1h}")
+    path, _ = setup(tmp_path, namespace, text)
+    stream = f"{namespace}-app:orders"
+    c = await nodes(path, redis_url)
+    await wait_until(lambda: group_info(redis_client, stream, f"g-{namespace}"))
+    far = await redis_client.xadd(stream, {"orderId": "far", "delayTime": "61"})
+    await redis_client.xadd(stream, {"orderId": "near", "delayTime": "59"})
+    await wait_until(lambda: entries_counted(c, "accepted") == 1)
+    await wait_until(lambda: entries_counted(c, "rejected") == 1)
+    due = KeySpace(namespace, 1).shard(0).due("order")
+    assert await redis_client.zrange(due, 0, -1) == ["order:unpaid:near"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"entry {far} of stream" in logged
+    assert "61m is more than limits.max_schedule_ahead (1h) ahead" in logged

@@ -45,7 +45,12 @@ async def test_touch_with_at_or_delay_schedules_the_keys(make_node: NodeFactory)
     ({"delay": "-5s"}, "delay", "a negative delay"),
     ({"delay": "soon"}, "delay", "not a delay"),
     ({"delay": [5]}, "delay", "not a delay"),
-    ({"delay": 1e12}, "delay", "more than 10 years ahead"),
+    ({"delay": 1e12}, "delay", "more than limits.max_schedule_ahead (400d) ahead"),
+    ({"delay": "401d"}, "delay", "401d is more than limits.max_schedule_ahead (400d)"),
+    ({"at": "2099-01-01T00:00:00Z"}, "at",
+     "2099-01-01T00:00:00+00:00 is more than limits.max_schedule_ahead (400d)"),
+    ({"at": "1969-12-31T23:59:59+00:00"}, "at", "is before the epoch (1970-01-01T00:00:00Z)"),
+    ({"at": "1960-01-01T00:00:00+05:00"}, "at", "1959-12-31T19:00:00+00:00 is before the epoch"),
     ({"at": 1, "delay": 1}, "at, delay", "give at or delay, not both"),
 ])
 async def test_a_bad_time_is_400_naming_it_and_applies_nothing(
