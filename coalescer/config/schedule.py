@@ -18,7 +18,7 @@ import math
 import time
 from datetime import UTC, datetime, timedelta
 
-from coalescer.config.durations import format_duration, parse_duration
+from coalescer.config.durations import MAX_TEXT, format_duration, parse_duration
 from coalescer.errors import InvalidScheduleError
 
 HORIZON = 10 * 365 * 86_400.0  # seconds: no touch is scheduled further ahead (10 years)
@@ -91,7 +91,11 @@ def _at_seconds(key: str, at: object) -> float:
 
 
 def _text_seconds(key: str, text: str) -> float:
-    """Epoch seconds of ``text``: a number of epoch seconds, or ISO-8601 with an offset."""
+    """Epoch seconds of ``text``: a number of epoch seconds, or ISO-8601 with an offset.
+    A text longer than MAX_TEXT characters is refused by its length, unread."""
+    if len(text) > MAX_TEXT:
+        raise InvalidScheduleError(key, text, f"longer than {MAX_TEXT} characters: "
+                                   f"expected {AT_FORMS}")
     stripped = text.strip()
     try:
         number = float(stripped)
@@ -115,6 +119,9 @@ def _unreadable(key: str, text: str) -> float:
 
 def delay_ms(key: str, delay: object, ahead: float = HORIZON) -> int:
     """Milliseconds of ``delay`` (see DELAY_FORMS), checked against ``ahead``."""
+    if isinstance(delay, str) and len(delay) > MAX_TEXT:
+        raise InvalidScheduleError(key, delay, f"longer than {MAX_TEXT} characters: "
+                                   f"expected {DELAY_FORMS}")
     if isinstance(delay, str) and delay.strip().startswith("-"):
         raise InvalidScheduleError(key, delay, "a negative delay: a delay is >= 0")
     try:

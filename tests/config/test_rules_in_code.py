@@ -299,7 +299,7 @@ def test_each_error_names_the_file_of_its_own_call(tmp_path: Path,
     assert sorted(str(error) for error in caught.value.errors) == sorted([
         f"{tmp_path / 'far_rules.py'}:6: rules[0].window: bad duration '1 fortnight': "
         "expected a number of seconds >= 0 (e.g. 2 or 0.25), or a string with a unit: "
-        '"50ms", "2s", "1.5s", "5m", "2h"',
+        '"50ms", "2s", "1.5s", "5m", "2h", "1d"',
         f"{__file__}:{line}: defaults.absorb: absorb (3s) must be shorter than window (2s); "
         "lengthen window or shorten absorb",
     ])
