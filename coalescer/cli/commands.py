@@ -27,6 +27,7 @@ from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
 from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
 from coalescer.coalescer import Coalescer
+from coalescer.common.audit_log import keys_target, local_user, operator_action
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
@@ -201,6 +202,8 @@ async def cmd_retry(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.query.retry_dead(None if args.all else args.keys)
+    operator_action("retry", keys_target(None if args.all else args.keys), outcome.done,
+                    local_user())
     _say_done(args, "requeued", outcome.done, outcome.not_dead)
     return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
 
@@ -223,6 +226,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.cancel_many(args.keys)
+    operator_action("cancel", keys_target(args.keys), outcome.done, local_user())
     if args.json:
         print(json.dumps(outcome.to_json()))
     else:
@@ -253,6 +257,7 @@ async def _set_paused(args: argparse.Namespace, *, paused: bool) -> int:
         except KeyError:  # not paused, and not in these rules
             _unknown_rule(args.command, args, c)
             return EXIT_ERROR
+    operator_action(args.command, f"rule {printable(args.rule)}", int(changed), local_user())
     if args.json:
         print(json.dumps({"rule": args.rule, "paused": paused, "changed": changed}))
     elif paused:
@@ -282,6 +287,7 @@ async def cmd_run_now(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.query.run_now(args.keys)
+        operator_action("run-now", keys_target(args.keys), len(outcome.run), local_user())
         paused = set(await c.query.paused())
     if args.json:
         print(json.dumps(outcome.to_json()))
@@ -390,9 +396,11 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
     keys = args.keys or None
     if args.action == "retry":
         outcome = await c.query.retry_dead(keys, rule=args.rule)
+        operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user())
         _say_done(args, "requeued", outcome.done, outcome.not_dead)
         return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
     outcome = await c.query.purge_dead(keys, rule=args.rule)
+    operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user())
     _say_done(args, "purged", outcome.done, outcome.not_dead)
     return _report_not_dead(what, outcome.not_dead, "nothing to purge")
 

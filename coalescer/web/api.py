@@ -30,6 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
+from coalescer.common.audit_log import http_caller, keys_target, operator_action
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
 from coalescer.common.printable import printable
@@ -251,7 +252,7 @@ class HttpApi:
         return f"http://{host}:{self.port}"
 
     def make_app(self) -> web.Application:
-        page = PageRoutes(self._c, self._read_body)
+        page = PageRoutes(self._c, self._read_body, self._who)
         middlewares = [security_headers(page_csp(page.html)), _error_middleware]
         if self._token is None:
             middlewares.append(host_guard(self._host))  # with a token, the token guards
@@ -453,6 +454,7 @@ class HttpApi:
             raise Refusal(503, f"the node is not running: {exc}") from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot cancel key {key!r} in Redis: {exc!r}") from None
+        operator_action("cancel", keys_target([key]), outcome.done, self._who(request))
         state = outcome.states[key]
         if outcome.not_pending:
             raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
@@ -479,6 +481,8 @@ class HttpApi:
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot {'pause' if paused else 'resume'} rule {rule!r} in "
                                f"Redis: {exc!r}") from None
+        operator_action("pause" if paused else "resume", f"rule {printable(rule)}",
+                        int(changed), self._who(request))
         return web.json_response({"rule": rule, "paused": paused, "changed": changed})
 
     async def _run_now(self, request: web.Request) -> web.Response:
@@ -496,12 +500,17 @@ class HttpApi:
                 {"key": exc.key, "error": exc.reason}]) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot run key {key!r} in Redis: {exc!r}") from None
+        operator_action("run-now", keys_target([key]), len(outcome.run), self._who(request))
         state = outcome.states[key]
         if outcome.not_pending:
             raise Refusal(404 if state == "idle" else 409,
                           f"key {key!r} is not pending ({state}); nothing was run",
                           key=key, run=False, state=state)
         return web.json_response({"run": True, "key": key, "state": state})
+
+    def _who(self, request: web.Request) -> str:
+        """Who sent ``request``, for the operator actions' log lines."""
+        return http_caller(token=self._token is not None, peer=request.remote)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()

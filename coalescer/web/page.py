@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from coalescer.common.audit_log import keys_target, operator_action
 from coalescer.common.plural import noun, plural
 from coalescer.config.rules import Config
 from coalescer.errors import ClosedError
@@ -120,8 +121,10 @@ class PageRoutes:
     """The handlers of GET /, /history, /due and POST /dead/retry."""
 
     def __init__(self, node: PageNode,
-                 read_body: Callable[[web.Request], Awaitable[bytes]]) -> None:
+                 read_body: Callable[[web.Request], Awaitable[bytes]],
+                 who: Callable[[web.Request], str]) -> None:
         self._node = node
+        self._who = who  # who sent a request, for the operator actions' log lines
         self._rules = [r.name for r in node.config.rules]
         self._read_body = read_body
         self.html = page_html()
@@ -163,4 +166,5 @@ class PageRoutes:
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):
             outcome = await self._node.query.retry_dead(keys)
+        operator_action("retry", keys_target(keys), outcome.done, self._who(request))
         return web.json_response({"retried": outcome.done, "not_dead": outcome.not_dead})
