@@ -174,16 +174,27 @@ def format_duration_ms(ms: int) -> str:
     return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
-def _row(r: Refresh) -> str:
+# The table's columns: header, minimum width, right-aligned; KEY, last, is not padded.
+_COLUMNS = (("STARTED", 23, False), ("DURATION", 9, True), ("OUTCOME", 9, False),
+            ("RULE", 16, False), ("TRY", 3, True), ("TOKEN", 8, True), ("NODE", 20, False),
+            ("KEY", 0, False))
+_GAPS = ("  ", "  ", " ", " ", " ", "  ", " ")  # between one column and the next
+
+
+def _cells(r: Refresh) -> list[str]:
     attempt = str(r.attempt) if r.attempt is not None else "-"
     cancelled = r.outcome == CANCELLED  # no refresh ran: no duration, no token
     took = "-" if cancelled else format_duration_ms(r.duration_ms)
     token = "-" if cancelled else str(r.token)
-    line = (f"{clock(r.start_ms):<23}  {took:>9}  "
-            f"{r.outcome:<9} {r.rule:<16} {attempt:>3} {token:>8}  {r.node:<20} {r.key}")
-    if r.batch:
-        line += f"  (batch of {r.batch})"
-    return f"{line}\n{'':<25}error: {r.error}" if r.error else line
+    return [clock(r.start_ms), took, r.outcome, r.rule, attempt, token, r.node, r.key]
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    """One row: each cell padded to its column's width, the last one as it is."""
+    padded = [cell.rjust(width) if right else cell.ljust(width)
+              for cell, width, (_, _, right) in zip(cells[:-1], widths, _COLUMNS, strict=False)]
+    line = "".join(cell + gap for cell, gap in zip(padded, _GAPS, strict=True))
+    return line + cells[-1]
 
 
 def _shown(r: Refresh) -> Refresh:
@@ -193,10 +204,17 @@ def _shown(r: Refresh) -> Refresh:
 
 
 def format_history(refreshes: Iterable[Refresh]) -> str:
-    """A readable table, newest first; each error on its own line below its refresh."""
-    rows = [_row(_shown(r)) for r in refreshes]
-    if not rows:
+    """A readable table, newest first; each error on its own line below its refresh.
+    Each column is as wide as its widest cell (a long token, rule or node name shifts
+    the columns after it, never out of line)."""
+    shown = [_shown(r) for r in refreshes]
+    if not shown:
         return "no refreshes recorded (yet) that match"
-    head = (f"{'STARTED':<23}  {'DURATION':>9}  {'OUTCOME':<9} {'RULE':<16} {'TRY':>3} "
-            f"{'TOKEN':>8}  {'NODE':<20} KEY")
-    return "\n".join([head, *rows])
+    cells = [_cells(r) for r in shown]
+    widths = [max(minimum, len(head), *(len(row[i]) for row in cells))
+              for i, (head, minimum, _) in enumerate(_COLUMNS[:-1])]
+    lines = [_line([head for head, _, _ in _COLUMNS], widths)]
+    for r, row in zip(shown, cells, strict=True):
+        line = _line(row, widths) + (f"  (batch of {r.batch})" if r.batch else "")
+        lines.append(f"{line}\n{'':<25}error: {r.error}" if r.error else line)
+    return "\n".join(lines)
