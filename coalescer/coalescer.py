@@ -154,7 +154,8 @@ def _refuse_sources_that_cannot_run(config: Config) -> None:
         raise ConfigError.combine(problems)
 
 
-def _spec(keys: list[str], at: At | None, delay: Delay | None, ahead: float) -> str | None:
+def _spec(keys: list[str], at: At | None, delay: Delay | None, ahead: float,
+          keep: bool = False) -> str | None:
     """The wire form of the time of touches of ``keys`` (config/schedule.py), None for
     plain ones; InvalidScheduleError names the first key (and how many more), or the
     time when it lies more than ``ahead`` seconds ahead."""
@@ -162,7 +163,7 @@ def _spec(keys: list[str], at: At | None, delay: Delay | None, ahead: float) -> 
         return None
     shown = keys[0] if len(keys) == 1 else (
         f"{keys[0]} (and {len(keys) - 1} more)" if keys else "(no key)")
-    return schedule_spec(shown, at, delay, ahead=ahead)
+    return schedule_spec(shown, at, delay, ahead=ahead, keep_items=keep)
 
 
 def _task_ended(task: asyncio.Task[None]) -> None:
@@ -243,7 +244,7 @@ class Coalescer:
     # -- the write path --------------------------------------------------------------
 
     def touch(self, key: str, item: str | None = None, *, at: At | None = None,
-              delay: Delay | None = None) -> None:
+              delay: Delay | None = None, keep_items: bool = False) -> None:
         """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
 
         With ``at`` (an aware datetime, epoch seconds, or ISO-8601 text with an offset)
@@ -254,6 +255,8 @@ class Coalescer:
         given, one before 1970 or more than the rules file's
         ``limits.max_schedule_ahead`` (400 days by default) ahead raises
         InvalidScheduleError (naming the key, the time and the limit) and touches nothing.
+        A schedule replaces the key's burst, and the items it had with it (the refresh
+        gets only the items touched with or after it); ``keep_items=True`` keeps them.
 
         Sync and safe from any thread; it never waits on Redis (a touch of a new key
         pauses 5 ms at most when the background writer fell behind by thousands of
@@ -271,7 +274,8 @@ class Coalescer:
             raise self._not_running(f"touch({key!r})")
         self._check_quota()
         if at is not None or delay is not None:
-            self._absorber.touch_scheduled(key, _spec([key], at, delay, self._ahead) or "", item)
+            spec = _spec([key], at, delay, self._ahead, keep_items)
+            self._absorber.touch_scheduled(key, spec or "", item)
         elif item is None:
             self._absorber.touch(key)
         else:
@@ -280,29 +284,30 @@ class Coalescer:
             self._record(key)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = (),
-                    at: At | None = None, delay: Delay | None = None) -> None:
+                    at: At | None = None, delay: Delay | None = None,
+                    keep_items: bool = False) -> None:
         """Touch each key of the ``(key, item)`` pairs with its item, and each of ``keys``
         plainly: every one or none (UnknownKeyError, InvalidKeyError, InvalidItemError,
-        InvalidScheduleError, BackpressureError, ClosedError). ``at``/``delay``: the
-        time of every one of them (see ``touch``)."""
+        InvalidScheduleError, BackpressureError, ClosedError). ``at``/``delay``,
+        ``keep_items``: the time of every one of them (see ``touch``)."""
         if self._state != "running":
             raise self._not_running("touch_items()")
         self._check_quota()
         pairs, keys = list(pairs), list(keys)
-        spec = _spec([k for k, _ in pairs] + keys, at, delay, self._ahead)
+        spec = _spec([k for k, _ in pairs] + keys, at, delay, self._ahead, keep_items)
         self._run.absorber.touch_items(pairs, keys, spec)
         self._record_all([*(k for k, _ in pairs), *keys])
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
-                   delay: Delay | None = None) -> None:
+                   delay: Delay | None = None, keep_items: bool = False) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, InvalidScheduleError,
-        BackpressureError, ClosedError). ``at``/``delay``: the time of every one of them
-        (see ``touch``); it is checked, with every key, before any key is buffered."""
+        BackpressureError, ClosedError). ``at``/``delay``, ``keep_items``: the time of
+        every one of them (see ``touch``); checked, with every key, before any is buffered."""
         if self._state != "running":
             raise self._not_running("touch_many()")
         self._check_quota()
         keys = list(keys)
-        self._run.absorber.touch_many(keys, _spec(keys, at, delay, self._ahead))
+        self._run.absorber.touch_many(keys, _spec(keys, at, delay, self._ahead, keep_items))
         self._record_all(keys)
 
     async def touch_wait(self, key: str, item: str | None = None, *,

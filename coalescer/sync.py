@@ -131,26 +131,26 @@ class SyncCoalescer:
             log.debug("close() at exit failed", exc_info=True)
 
     def touch(self, key: str, item: str | None = None, *, at: At | None = None,
-              delay: Delay | None = None) -> None:
+              delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer one touch (with ``item`` and a time ``at``/``delay``, if given); see
         ``Coalescer.touch``."""
         if self._loop is None and self._revive(f"touch({key!r})") is None:
             raise self._not_started(f"touch({key!r})")
-        self.coalescer.touch(key, item, at=at, delay=delay)
+        self.coalescer.touch(key, item, at=at, delay=delay, keep_items=keep_items)
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
-                   delay: Delay | None = None) -> None:
+                   delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer every touch or none; see ``Coalescer.touch_many``."""
         if self._loop is None and self._revive("touch_many()") is None:
             raise self._not_started("touch_many()")
-        self.coalescer.touch_many(keys, at=at, delay=delay)
+        self.coalescer.touch_many(keys, at=at, delay=delay, keep_items=keep_items)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, at: At | None = None,
-                    delay: Delay | None = None) -> None:
+                    delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer every (key, item) touch or none; see ``Coalescer.touch_items``."""
         if self._loop is None and self._revive("touch_items()") is None:
             raise self._not_started("touch_items()")
-        self.coalescer.touch_items(pairs, at=at, delay=delay)
+        self.coalescer.touch_items(pairs, at=at, delay=delay, keep_items=keep_items)
 
     def touch_wait(self, key: str, item: str | None = None, *,
                    timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,

@@ -5,8 +5,10 @@ form an upsert call carries.
 The wire form is ``a<epoch ms>`` for an absolute time, ``d<ms>`` for a delay (Redis adds
 its own clock at the write); the absorber appends ``+`` when a plain touch of the key
 followed the scheduled one before both were written (the plain touch then decides the
-due time, see store/lua/upsert.lua). A time is refused (InvalidScheduleError naming the
-key and the value) when it cannot be read, is a naive datetime, a negative delay, lies
+due time, see store/lua/upsert.lua). A schedule replaces the key's burst, and the
+items it had with it, unless ``keep_items`` puts a ``k`` before that ``+``. A time is
+refused (InvalidScheduleError naming the key and the value) when it cannot be read, is
+a naive datetime, a negative delay, lies
 before the epoch (1970-01-01T00:00:00Z), or more than ``ahead`` seconds ahead (the
 rules file's ``limits.max_schedule_ahead``; ``HORIZON`` when no rules file says):
 nothing of the call that carried it is applied.
@@ -24,6 +26,7 @@ from coalescer.errors import InvalidScheduleError
 HORIZON = 10 * 365 * 86_400.0  # seconds: no touch is scheduled further ahead (10 years)
 HORIZON_TEXT = "10 years"
 THEN_PLAIN = "+"  # a plain touch of the key followed its scheduled one
+KEEP_ITEMS = "k"  # the key keeps the items it had (a schedule replaces them otherwise)
 AT_FORMS = ("an aware datetime, epoch seconds (int or float), or ISO-8601 text with an "
             "offset (2026-12-05T12:00:00+00:00)")
 DELAY_FORMS = 'seconds >= 0 (int or float) or a duration string ("30m", "1.5s", "2h")'
@@ -33,9 +36,15 @@ Delay = int | float | str
 
 
 def schedule_spec(key: str, at: At | None = None, delay: Delay | None = None, *,
-                  ahead: float = HORIZON) -> str | None:
+                  ahead: float = HORIZON, keep_items: bool = False) -> str | None:
     """The wire form of a touch's time; None for a plain touch (neither given).
-    InvalidScheduleError when it is refused (``ahead``: seconds ahead at most)."""
+    InvalidScheduleError when it is refused (``ahead``: seconds ahead at most).
+    ``keep_items``: the key keeps the items it had (a schedule drops them otherwise)."""
+    spec = _spec(key, at, delay, ahead)
+    return spec + KEEP_ITEMS if spec is not None and keep_items else spec
+
+
+def _spec(key: str, at: At | None, delay: Delay | None, ahead: float) -> str | None:
     if at is None and delay is None:
         return None
     if at is not None and delay is not None:

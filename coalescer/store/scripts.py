@@ -414,7 +414,7 @@ class Scripts:
             args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
                      1 if g.held else 0, _upsert_times(g)]
         items = _upsert_items(groups)
-        if items:
+        if items or any(g.schedules for g in groups):  # a schedule drops the old items
             args += [shard.items_prefix, *items]
         result = await self._run("upsert", keys, args)
         if int(result[0]) == 0:

@@ -16,8 +16,10 @@
 --           writes them to their new shard), else 0, and TIMES: "" for plain
 --           touches, else KEY, TIME, KEY, TIME, ... joined by NUL for the keys of the
 --           group touched with a time of their own: "a" and epoch ms, or "d" and a
---           delay in ms from now, then "+" when a plain touch followed it
--- then, only when some key was touched with items (an empty section for plain touches):
+--           delay in ms from now, then "k" to keep the items the key already had,
+--           then "+" when a plain touch followed it
+-- then, only when some key was touched with items or a time of its own (an empty
+-- section for plain touches):
 --   ITEMS-PREFIX, then per rule with items: ITEMS_MAX and one argument of fields
 --   joined by NUL: KEY, N, N items, KEY, N, N items, ... (an item "" says that more
 --   items than ITEMS_MAX were touched in process: an overflow); each KEY is also
@@ -28,7 +30,9 @@
 -- backoff), and counts one touch more. A running key records the touch for a re-arm when it finishes. A
 -- dead-lettered key starts a new burst with fresh attempts.
 -- A touch with a time of its own makes the key due at exactly that time (a past one:
--- now), whatever it was due at, and marks the state (an "S" in front, _lib.lua); a
+-- now), whatever it was due at, and marks the state (an "S" in front, _lib.lua); it
+-- replaces the burst the key had, its pending items too (those touched while it ran,
+-- for a running key; its claim keeps its own), unless its time says "k"; a
 -- plain touch of a key so marked starts a new burst (due at t + W, first = t) instead
 -- of keeping the later due time. A running key keeps such a time for its re-arm.
 -- A group's states are read with one HMGET and written with one HSET (and one
@@ -101,6 +105,8 @@ local function spec_due(spec)
   return math.max(due, now), string.sub(spec, -1) == '+'
 end
 
+local replaced = {}  -- keys whose burst a time of their own replaced: their items go
+
 -- A touch of `v` (false: no state) with its own time `spec`: the new state, its due
 -- time (its due set learns it) and whether it was dead (see retouch).
 local function timed(v, spec, window, max_wait)
@@ -153,6 +159,9 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times)
         state, due, dead_before = touch_key(v, spec, window, max_wait)
       end
       if ok and dead_before then p.revived[#p.revived + 1] = key end
+      if ok and spec and v and not string.find(spec, 'k', 2, true) then
+        replaced[#replaced + 1] = key
+      end
       if ok and spec and due then p.soonest = min(p.soonest, due) end
     end
     if ok then
@@ -242,7 +251,10 @@ for g = 0, (#KEYS - 5) / 2 - 1 do
   pos = pos + 6
 end
 for i = 1, #asked do failed[#failed + 1], failed[#failed + 2] = asked[i], '' end
-if ARGV[pos] then add_touched_items(pos, failed) end
+if ARGV[pos] then
+  for _, key in ipairs(replaced) do redis.call('DEL', ARGV[pos] .. key) end
+  add_touched_items(pos, failed)
+end
 for i = 1, #asked * 2 do failed[#failed] = nil end
 local seq, transit = 0, {}
 if #asked > 0 then
