@@ -5,6 +5,11 @@ but braces, not empty). ``could_match`` decides, at load time, whether some
 filling of a template could match a rule's key pattern at all: both are turned
 into sequences of atoms (one character of a set, or any number of them) and the
 two automata are walked in step.
+
+Filling a template is linear and bounded: the length of the text it would make is summed
+first, and a text longer than ``MAX_FILLED`` characters (the longest key Redis may store;
+an item or a time is shorter still) is refused (``TemplateOverflow``, naming the longest
+field) before it is built.
 """
 
 from __future__ import annotations
@@ -12,16 +17,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from coalescer.common.key_limits import MAX_KEY_BYTES
 from coalescer.config.patterns import KeyPattern
 
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|[{}]|[^{}]+")
 _PATTERN_TOKEN_RE = re.compile(r"\{[^{}]*\}|\*+|[^{}*]+")
+MAX_FILLED = MAX_KEY_BYTES  # characters a filled template may have at most
 ALLOWED = "a key template is literal text with {field} placeholders, each naming a field"
 
 # A character set is a literal character, or one of these classes (NUL never matches:
 # no key may hold one).
 _ANY = "any"  # any character but NUL
 _SEGMENT = "segment"  # any character but NUL and ':'
+
+
+class TemplateOverflow(ValueError):
+    """A template whose fields would fill it past ``MAX_FILLED`` characters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +83,13 @@ class KeyTemplate:
         return cls(source=source, parts=tuple(parts), fields=fields)
 
     def fill(self, values: dict[str, str]) -> str:
-        """The key with every placeholder replaced; KeyError names a missing field."""
+        """The key with every placeholder replaced; KeyError names a missing field,
+        TemplateOverflow a text that would be longer than MAX_FILLED (checked first)."""
+        size = sum(len(values[text]) if is_field else len(text) for text, is_field in self.parts)
+        if size > MAX_FILLED:
+            raise TemplateOverflow(f"template {shown(self.source)} would make {size} "
+                                   f"characters, over the limit of {MAX_FILLED}"
+                                   f"{_longest(self.fields, values)}")
         return "".join(values[text] if is_field else text for text, is_field in self.parts)
 
     def could_match(self, pattern: KeyPattern) -> bool:
@@ -90,6 +107,19 @@ class KeyTemplate:
 
     def __str__(self) -> str:
         return self.source
+
+
+def _longest(fields: tuple[str, ...], values: dict[str, str]) -> str:
+    """Which field holds the most characters, said for an error (none: "")."""
+    if not fields:
+        return ""
+    name = max(fields, key=lambda field: len(values[field]))
+    return f" (field {shown(name)} holds {len(values[name])})"
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut short for a long one."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
 
 
 def _pattern_atoms(source: str) -> list[_Atom]:

@@ -2,28 +2,38 @@
 
 A message's value must be a JSON object; a template's ``{field}`` takes the field of that
 name, a string or a number (a whole number is written without a fraction). A message is
-rejected when its value is not JSON, not an object, lacks a field, holds one of another
-kind (null, true, a list, an object), one that would fill more than one segment of a key
-(``:``), or when the key it makes cannot be stored or matches no rule (or, with
-``item:``, its item cannot go with the key; with ``at:``/``delay:``, its time cannot be
-made: see sources/times.py).
+rejected when its value is longer than 1 MiB, not JSON, nested deeper than 32 levels
+(no field is read from a nested value, and JSON that deep costs a deep stack to decode),
+not an object, lacks a field, holds one of another kind (null, true, a list, an object),
+one that would fill more than one segment of a key (``:``), one that would fill its
+template past the longest key (``TemplateOverflow``), or when the key it makes cannot
+be stored or matches no rule (or, with ``item:``, its item cannot go with the key; with
+``at:``/``delay:``, its time cannot be made: see sources/times.py). A message whose
+reading raises anything else is rejected too (a poison message), and logged once a
+minute per kind of error: no message is read twice for failing.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from coalescer.common.json_depth import TooDeep, loads_bounded
+from coalescer.common.log_once import LogOnce
+from coalescer.common.traceparent import read_traceparent
 from coalescer.config.kafka_source import KafkaSource
 from coalescer.config.rules import Config
-from coalescer.config.templates import KeyTemplate
+from coalescer.config.templates import KeyTemplate, TemplateOverflow
 from coalescer.errors import UnknownKeyError, shown_key
 from coalescer.sources.times import Timed, time_of
 from coalescer.store.keycheck import item_problem, key_problem
 
+MAX_VALUE_BYTES = 1 << 20  # a longer message value is rejected unread
 Where = tuple[str, int, int, str]  # a rejected message: topic, partition, offset, why
+log = logging.getLogger(__name__)
+_POISON = LogOnce(log)  # messages whose reading raised: a line per kind a minute
 
 
 class Rejected(ValueError):
@@ -73,14 +83,19 @@ def _fill(template: KeyTemplate, fields: dict[str, Any], *, segment: bool) -> st
         if name not in fields:
             raise Rejected(f"its value has no field {name!r}")
         values[name] = _text(name, fields[name], segment=segment)
-    return template.fill(values)
+    try:
+        return template.fill(values)
+    except TemplateOverflow as exc:
+        raise Rejected(str(exc)) from None
 
 
 def _trace_of(message: Any, key: str, out: list[tuple[str, str]]) -> None:
     """Add (key, traceparent) when ``message`` has a ``traceparent`` header."""
     for name, value in message.headers or ():
         if name == "traceparent" and isinstance(value, bytes):
-            out.append((key, value.decode("ascii", "replace")))
+            text = read_traceparent(value)  # None: too long to be one, left out
+            if text is not None:
+                out.append((key, text))
             return
 
 
@@ -104,6 +119,9 @@ class MessageReader:
             except Rejected as exc:
                 out.rejected.append((*where, str(exc)))
                 continue
+            except Exception as exc:  # a poison message: rejected, never read again
+                out.rejected.append((*where, self._poison(exc, where)))
+                continue
             if traced:
                 _trace_of(message, key, out.traced)
             if spec is not None:
@@ -116,6 +134,15 @@ class MessageReader:
                 out.pairs.append((key, item))
                 out.pairs_from.append(where)
         return out
+
+    def _poison(self, exc: Exception, where: tuple[str, int, int]) -> str:
+        """Why a message whose reading raised ``exc`` is rejected; logged once a minute
+        per kind of error (the message is rejected and committed like any other)."""
+        why = f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})"
+        _POISON.warning(f"{self._source.name}:{type(exc).__name__}",
+                        "source %s: message %s/%d@%d raised %s while being read: %s",
+                        self._source.name, *where, type(exc).__name__, str(exc)[:200])
+        return why
 
     def screen(self, touches: Touches) -> Touches:
         """``touches`` without the plain and timed ones whose key no rule takes or Redis
@@ -187,8 +214,13 @@ def _field(fields: dict[str, Any], name: str) -> str | None:
 def _object(value: bytes | None) -> dict[str, Any]:
     if value is None:
         raise Rejected("it has no value (a tombstone)")
+    if len(value) > MAX_VALUE_BYTES:
+        raise Rejected(f"its value is {len(value)} bytes long, over the limit of "
+                       f"{MAX_VALUE_BYTES}")
     try:
-        fields = json.loads(value)
+        fields = loads_bounded(value)
+    except TooDeep as exc:
+        raise Rejected(f"its value is JSON nested too deeply, {exc}") from None
     except (UnicodeDecodeError, ValueError):
         raise Rejected("its value is not JSON") from None
     if not isinstance(fields, dict):

@@ -38,8 +38,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from coalescer.common.log_once import LogOnce
 from coalescer.common.metrics import Metrics
 from coalescer.common.retrying import Backoff, keep_running
+from coalescer.common.traceparent import read_traceparent
 from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import QuotaExceededError, UnknownKeyError, shown_key
@@ -62,6 +64,7 @@ from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem
 from coalescer.store.keys import sources_rejected
 
 log = logging.getLogger(__name__)
+_POISON = LogOnce(log)  # entries whose reading raised: a line per kind a minute
 
 BATCH = 500  # entries read (or claimed) at a time
 BLOCK_MAX = 10.0  # seconds a read blocks at most when the stream is idle
@@ -343,8 +346,9 @@ class SourceLoop:
         (a ``traceparent`` field), for the refresh of its key to link to."""
         if self._trace_links is None:
             return
-        pairs = [(key, fields[TRACEPARENT].decode("ascii", "replace"))
+        found = [(key, read_traceparent(fields[TRACEPARENT]))
                  for _, key, _, fields in accepted if fields and TRACEPARENT in fields]
+        pairs = [(key, text) for key, text in found if text is not None]  # None: too long
         if pairs:
             self._trace_links(pairs)
 
@@ -355,11 +359,14 @@ class SourceLoop:
         accepted: list[Accepted] = []
         rejected: list[tuple[bytes, str]] = []
         for entry_id, fields in entries:
-            key, why = self.key_of(fields)
             item: str | None = None
-            if key is not None and self._item_fields is not None:
-                item, why = self.item_of(fields, key)
-                key = key if item is not None else None
+            try:
+                key, why = self.key_of(fields)
+                if key is not None and self._item_fields is not None:
+                    item, why = self.item_of(fields, key)
+                    key = key if item is not None else None
+            except Exception as exc:  # a poison entry: rejected, never read again
+                key, why = None, self._poison(exc, entry_id)
             if key is None:
                 rejected.append((entry_id, why))
             else:
@@ -374,13 +381,26 @@ class SourceLoop:
             return []
         timed: list[Timed] = []
         for entry_id, key, item, fields in accepted:
-            spec, why = time_of(self.source, key, _lookup(fields),
-                                self._config.limits.max_schedule_ahead)
+            try:
+                spec, why = time_of(self.source, key, _lookup(fields),
+                                    self._config.limits.max_schedule_ahead)
+            except Exception as exc:  # a poison entry: rejected, never read again
+                spec, why = None, self._poison(exc, entry_id)
             if spec is None:
                 rejected.append((entry_id, why))
             else:
                 timed.append((key, item, spec))
         return timed
+
+    def _poison(self, exc: Exception, entry_id: bytes) -> str:
+        """Why an entry whose reading raised ``exc`` is rejected; logged once a minute
+        per kind of error (the entry is acknowledged and counted like any rejected one)."""
+        text = str(exc)[:200]
+        _POISON.warning(f"{self.source.name}:{type(exc).__name__}",
+                        "source %s: entry %s of stream %r raised %s while being read: %s",
+                        self.source.name, entry_id.decode(), self.source.stream,
+                        type(exc).__name__, text)
+        return f"it could not be read ({type(exc).__name__}: {text})"
 
     def item_of(self, fields: dict[bytes, bytes] | None, key: str) -> tuple[str | None, str]:
         """The item an entry's touch of ``key`` carries, or None and why it is rejected."""

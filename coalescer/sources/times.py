@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from coalescer.config.schedule import HORIZON, schedule_spec
 from coalescer.config.sources import SourceConfig
+from coalescer.config.templates import TemplateOverflow
 from coalescer.errors import InvalidScheduleError
 
 Timed = tuple[str, str | None, str]  # key, item (None: none), the time's wire form
@@ -38,10 +39,11 @@ def time_of(source: SourceConfig, key: str, field: Field,
         if value is None:
             return None, f"it has no field {name!r} (for its {which})"
         values[name] = value
-    text = template.fill(values)
     try:
-        spec = schedule_spec(key, **{which: text}, ahead=ahead)
-    except InvalidScheduleError as exc:
+        text = template.fill(values)
+        spec = (schedule_spec(key, at=text, ahead=ahead) if which == "at"
+                else schedule_spec(key, delay=text, ahead=ahead))
+    except (InvalidScheduleError, TemplateOverflow) as exc:
         return None, str(exc)
     assert spec is not None
     return spec, ""

@@ -14,6 +14,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, TraceFlags
 from opentelemetry.trace import propagation as otel_propagation
 
+from coalescer.common.traceparent import MAX_TRACEPARENT
+
 # The current span, read straight from the context variable OpenTelemetry keeps the
 # current context in (an eighth of trace.get_current_span()'s cost, which the touch path
 # would pay on every call); the public calls where this API version differs.
@@ -24,7 +26,10 @@ _current_context: Callable[[], Any] = (_VAR.get if isinstance(_VAR, ContextVar)
 
 
 def span_context(text: str) -> SpanContext | None:
-    """The span context of a W3C traceparent string; None when it does not read."""
+    """The span context of a W3C traceparent string; None when it does not read (one
+    longer than MAX_TRACEPARENT characters is not read at all)."""
+    if len(text) > MAX_TRACEPARENT:
+        return None
     parts = text.strip().split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None

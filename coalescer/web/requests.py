@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from coalescer.common.json_depth import TooDeep, loads_bounded
 from coalescer.common.plural import noun, plural
 from coalescer.config.schedule import HORIZON, schedule_spec
-from coalescer.errors import InvalidScheduleError
+from coalescer.errors import InvalidScheduleError, shown_key
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
@@ -70,8 +71,10 @@ def _decode(raw: bytes) -> Any:
     if not text.strip():
         raise Refusal(400, f"empty body; {_SHAPE}")
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_int=_int,
-                          object_pairs_hook=_object)
+        return loads_bounded(text, parse_constant=_no_constant, parse_int=_int,
+                             object_pairs_hook=_object)
+    except TooDeep as exc:
+        raise Refusal(400, f"malformed JSON: nested too deeply, {exc}") from None
     except json.JSONDecodeError as exc:
         raise Refusal(400, f"malformed JSON: {exc.msg} at line {exc.lineno} "
                            f"column {exc.colno}") from None
@@ -159,7 +162,7 @@ def refuse_bad_time(when: dict[str, Any], keys: list[str], ahead: float = HORIZO
     except InvalidScheduleError as exc:
         field = "at" if "at" in when and "delay" not in when else (
             "delay" if "at" not in when else "at, delay")
-        raise Refusal(400, f"{field} {exc.value!r} cannot be used: {exc.reason}; nothing "
+        raise Refusal(400, f"{field} {shown_key(exc.value)} cannot be used: {exc.reason}; nothing "
                            "was touched", field=field) from None
 
 
