@@ -113,3 +113,37 @@ def test_readme_stays_the_front_door() -> None:
     assert ("python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
             ".venv/bin/coalescer demo") in readme
     assert ".venv/bin/pytest -q" in readme
+
+
+FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+
+
+def unclosed_fence(text: str) -> int | None:
+    """The line number of a code fence that is never closed, or None. As Markdown reads
+    them: a fence closes with the same character, at least as many times, and nothing
+    after it (so "``` Metrics:" opens a block instead of closing one)."""
+    opened: tuple[int, str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        m = FENCE_LINE.match(line)
+        if m is None:
+            continue
+        fence, rest = m.groups()
+        if opened is None:
+            opened = (number, fence)
+        elif fence[0] == opened[1][0] and len(fence) >= len(opened[1]) and not rest.strip():
+            opened = None
+    return opened[0] if opened else None
+
+
+def test_the_fence_check_finds_a_fence_left_open() -> None:
+    assert unclosed_fence("```sh\nls\n```\n") is None
+    assert unclosed_fence("```sh\nls\n``` Then:\nmore\n") == 1
+    assert unclosed_fence("  ```yaml\n  a: 1\n  ```\n````\n```\n````\n") is None
+
+
+@pytest.mark.parametrize("page", [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))],
+                         ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_code_fence_is_closed(page: Path) -> None:
+    line = unclosed_fence(page.read_text(encoding="utf-8"))
+    assert line is None, (f"{page.relative_to(REPO)}:{line}: this code fence is never "
+                          "closed (a closing ``` stands alone on its line)")
