@@ -10,6 +10,7 @@ valkey-server and a real Kafka-protocol broker (Tansu, the suite's ``kafka`` fix
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -203,3 +204,24 @@ async def test_a_drain_in_another_namespace_leaves_a_deployment_its_messages(
 async def _offsets_are(broker: TansuBroker, topic: str, group: str,
                        expected: list[int]) -> bool:
     return await group_offsets(broker, topic, group, len(expected)) == expected
+
+
+async def test_a_stream_whose_old_default_group_holds_entries_is_warned_of(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, deploy: Any, *,
+        caplog: pytest.LogCaptureFixture) -> None:
+    stream = f"{namespace}-app:orders"
+    await redis_client.xgroup_create(stream, "coalescer", id="$", mkstream=True)
+    for n in range(3):
+        await redis_client.xadd(stream, {"orderId": str(n)})
+    await redis_client.xreadgroup("coalescer", "old-node", {stream: ">"}, count=1)
+    path, _ = recorder_rules(tmp_path, f"ns_old_{namespace}", STREAM_RULES.format(
+        stream=stream))
+    with caplog.at_level(logging.WARNING, logger="coalescer.sources.streams"):
+        await deploy(path, namespace, redis_url=redis_url)
+        await wait_until(lambda: _groups(redis_client, stream,
+                                         {f"coalescer.{namespace}.orders"}))
+        await wait_until(lambda: "still holds" in caplog.text, timeout=5)
+    assert (f"source orders: the group 'coalescer' of stream '{stream}' (the default group "
+            "before namespaces named groups) still holds 1 pending and 2 unread entries, "
+            f"which this source's group 'coalescer.{namespace}.orders' does not read; to "
+            "read them, set group: coalescer in the source") in caplog.text
