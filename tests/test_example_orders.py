@@ -1,9 +1,10 @@
 """The orders example end to end: orders published to a real Kafka-protocol broker
-(Tansu) with their own delay, a `coalescer run` node on a real valkey-server, the shop's
-SQLite database. The rules are the example's with the delay read in seconds."""
+(Tansu) with their own deadline, a `coalescer run` node on a real valkey-server, the
+shop's SQLite database. The rules are the example's, as they are."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 from pathlib import Path
@@ -32,21 +33,26 @@ async def test_an_unpaid_order_is_cancelled_at_its_own_time_and_a_paid_one_is_no
     rules = tmp_path / "rules.yaml"
     rules.write_text(shop.RULES.read_text()
                      .replace("namespace: orders", f"namespace: {namespace}")
-                     .replace("group: orders-unpaid", f"group: {namespace}")
-                     .replace('delay: "{delayTime}m"', 'delay: "{delayTime}s"'))
+                     .replace("group: orders-unpaid", f"group: {namespace}"))
     env = {"KAFKA_BOOTSTRAP": kafka.bootstrap, "ORDERS_DB": str(tmp_path / "orders.db")}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # the node runs in tmp_path: the handler's module is found through PYTHONPATH
     node = procs.start(rules, redis_url, "node-a", PYTHONPATH=str(REPO), **env)
     assert node.poll() is None
-    await shop.place("b", 1.5)
-    await shop.place("a", 1.5)
-    await shop.place("late", 3600)
+    deadline = await shop.place("late", 3600)
     async with Coalescer.from_yaml(rules, redis_url=redis_url, worker=False) as c:
         async def scheduled(key: str) -> bool:
             return (await c.query.explain(key)).get("state") == "pending"
 
+        await wait_until(lambda: scheduled("order:unpaid:late"), timeout=30,
+                         message="order late's check scheduled (the node reads the topic)")
+        # due at the deadline the message carries, not counted from when it was read
+        late = await c.query.explain("order:unpaid:late")
+        assert late["due_ms"] == round(
+            datetime.datetime.fromisoformat(deadline).timestamp() * 1000)
+        await shop.place("b", 5 / 60)  # 5 seconds to pay
+        await shop.place("a", 5 / 60)
         await wait_until(lambda: scheduled("order:unpaid:b"), timeout=30,
                          message="order b's check scheduled")
         assert await shop.pay("b", rules, redis_url=redis_url) == "paid; check dropped"

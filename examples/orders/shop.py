@@ -1,9 +1,11 @@
-"""A tiny shop: orders in SQLite, published to Kafka with the minutes they may stay unpaid.
+"""A tiny shop: orders in SQLite, published to Kafka with the time they must be paid by.
 
-``place`` writes the order (unpaid) and publishes ``{"orderId", "delayTime"}`` to the
-``orders`` topic; coalescer's Kafka source schedules ``order:unpaid:<id>`` that many
-minutes ahead, and ``cancel_if_unpaid`` (the rule's handler) cancels the order then if
-it is still unpaid. ``pay`` marks the order paid and cancels the pending check.
+``place`` writes the order (unpaid) and publishes ``{"orderId", "payBy"}`` to the
+``orders`` topic, ``payBy`` being the placing time plus the minutes it may stay unpaid
+(ISO 8601, UTC); coalescer's Kafka source schedules ``order:unpaid:<id>`` at that time
+(``at:``), however late the message is read, and ``cancel_if_unpaid`` (the rule's
+handler) cancels the order then if it is still unpaid. ``pay`` marks the order paid and
+cancels the pending check.
 
     python -m examples.orders.shop place ORDER_ID MINUTES
     python -m examples.orders.shop pay ORDER_ID
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import os
 import sqlite3
@@ -44,8 +47,14 @@ def cancel_if_unpaid(claim: Claim) -> None:
                      "'unpaid'", (order_id,))
 
 
-async def place(order_id: str, minutes: float) -> None:
-    """Write the order, then publish it with the minutes it may stay unpaid."""
+def pay_by(minutes: float) -> str:
+    """The time an order placed now must be paid by: ISO 8601 text, UTC."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (now + datetime.timedelta(minutes=minutes)).isoformat(timespec="milliseconds")
+
+
+async def place(order_id: str, minutes: float) -> str:
+    """Write the order, then publish it with the time it must be paid by (returned)."""
     from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
     with connect() as conn:
@@ -53,10 +62,12 @@ async def place(order_id: str, minutes: float) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=os.environ["KAFKA_BOOTSTRAP"])
     await producer.start()
     try:
-        value = json.dumps({"orderId": order_id, "delayTime": minutes}).encode()
+        deadline = pay_by(minutes)
+        value = json.dumps({"orderId": order_id, "payBy": deadline}).encode()
         await producer.send_and_wait(TOPIC, value, key=order_id.encode())
     finally:
         await producer.stop()
+    return deadline
 
 
 async def pay(order_id: str, rules: Path = RULES, **options: Any) -> str:
