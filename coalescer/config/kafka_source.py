@@ -5,8 +5,10 @@ the environment variable NAME), ``topics`` (a list of topic names), ``group`` (t
 consumer group, ``coalescer.NAMESPACE.SOURCE`` when not given), ``start``
 (``earliest`` or ``latest``: where a group with no committed offset begins), ``key``
 and optional ``item`` (templates filled from the fields of each message's value, a JSON
-object) and ``batch`` (how many messages a node holds read and not yet flushed, at
-most). Importing this module adds the type to the ``sources:`` block's readers.
+object), ``batch`` (how many messages a node holds read and not yet flushed, at
+most) and ``stalled_after`` (how long the group may give no node a partition, or a node
+read nothing while messages wait, before /healthz fails). Importing this module adds
+the type to the ``sources:`` block's readers.
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ from coalescer.config.sources import (
 from coalescer.config.templates import KeyTemplate
 from coalescer.config.yaml_reader import YamlReader, line_of, shown
 
-KAFKA_FIELDS = ("bootstrap", "topics", "group", "start", "key", "item", "batch")
+KAFKA_FIELDS = ("bootstrap", "topics", "group", "start", "key", "item", "batch",
+                "stalled_after")
 KAFKA_STARTS = ("earliest", "latest")
 DEFAULT_KAFKA_BATCH = 5000  # messages read and not yet flushed, at most, per source and node
 MAX_KAFKA_BATCH = 100_000
+# seconds a source may go without a partition on any node (or without reading while
+# messages wait) before /healthz fails
+DEFAULT_STALLED_AFTER = 60.0
 _ENV_REF = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ADDRESS = re.compile(r"[^\s,:]+:[0-9]{1,5}")
@@ -56,6 +62,7 @@ class KafkaSource(SourceConfig):
     key: KeyTemplate
     item: KeyTemplate | None = None
     batch: int = DEFAULT_KAFKA_BATCH
+    stalled_after: float = DEFAULT_STALLED_AFTER
 
     @property
     def env_names(self) -> list[str]:
@@ -100,9 +107,11 @@ def _kafka(reader: YamlReader, item: SourceItem) -> KafkaSource:
     batch = reader.optional(entries, prefix, "batch",
                             lambda n, f: reader.positive_int(n, f, MAX_KAFKA_BATCH),
                             DEFAULT_KAFKA_BATCH)
+    stalled_after = reader.optional(entries, prefix, "stalled_after",
+                                    reader.positive_duration, DEFAULT_STALLED_AFTER)
     return KafkaSource(name=item.name, bootstrap=bootstrap, topics=topics, group=group,
                        start=start, key=key, item=touched_item, batch=batch,
-                       line=line_of(node))
+                       stalled_after=stalled_after, line=line_of(node))
 
 
 def _bootstrap(reader: YamlReader, node: Node, field: str) -> str:

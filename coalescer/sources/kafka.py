@@ -56,6 +56,7 @@ from coalescer.sources.base import (
 )
 from coalescer.sources.kafka_commit import commit_timeout, log_refused
 from coalescer.sources.kafka_values import MessageReader, Touches
+from coalescer.sources.kafka_watch import StallWatch
 from coalescer.store.keys import sources_kafka, sources_rejected
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class KafkaLoop:
         self._reported_at = 0.0
         self._reported: Any = None
         self.error: str | None = None
+        self.watch = StallWatch(source)  # /healthz's reason when no partition, no reads
         self.unflushed = 0  # messages read and not yet flushed and committed
         self.peak_unflushed = 0
         self.accepted = 0
@@ -143,6 +145,7 @@ class KafkaLoop:
         name = type(exc).__name__
         self.error = redact(text if text.startswith(name) else f"{name}: {text}".strip())
         self._context.metrics.kafka_errors.labels(self.source.name).inc()
+        self.watch.restart()
         self._seek_back()
 
     async def _pause(self, delay: float) -> None:
@@ -166,6 +169,8 @@ class KafkaLoop:
             log.info("source %s: Kafka reachable again", self.source.name)
             self.error = None
         await self._learn_committed()
+        await self.watch.look(self._redis, sources_kafka(self._context.config.namespace),
+                              bool(self._consumer.assignment()), self.lags())
         await self._report()
         return sum(len(messages) for messages in batch.values())
 
@@ -476,14 +481,15 @@ class KafkaLoop:
         """Keep what this node sees in Redis: at most every REPORT_EVERY while it
         changes, every REPORT_IDLE when not, at once after an error."""
         lags = self.lags()
-        shown = (sorted((str(tp), v) for tp, v in lags.items()), self.error)
+        error = self.error or self.watch.problem
+        shown = (sorted((str(tp), v) for tp, v in lags.items()), error)
         age = time.monotonic() - self._reported_at
         if not force and (age < REPORT_EVERY or (shown == self._reported
                                                  and age < REPORT_IDLE)):
             return
         now_ms = round(time.time() * 1000)
         fields = {f"{self.source.name}|node|{self._context.node_id}":
-                  json.dumps({"error": self.error, "at_ms": now_ms})}
+                  json.dumps({"error": error, "at_ms": now_ms})}
         for tp, (committed, end, lag) in lags.items():
             fields[f"{self.source.name}|{tp.topic}|{tp.partition}"] = json.dumps(
                 {"node": self._context.node_id, "committed": committed, "end": end,
@@ -548,7 +554,9 @@ class KafkaSources(Source):
         """What /healthz reports of these sources: each one that cannot read (its error
         is in ``coalescer status``: /healthz is served without a token)."""
         return [f"Kafka source {loop.source.name!r} cannot read (see coalescer status)"
-                for loop in self.loops if loop.error is not None]
+                if loop.error is not None else f"Kafka source {loop.source.name!r}: "
+                f"{loop.watch.problem}" for loop in self.loops
+                if loop.error is not None or loop.watch.problem is not None]
 
 
 def _kafka_sources(sources: Sequence[SourceConfig]) -> list[KafkaSource]:
