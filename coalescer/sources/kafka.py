@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coalescer.common.log_once import LogOnce
 from coalescer.common.redact import redact
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.kafka_source import KafkaSource, bootstrap_problem
@@ -71,7 +72,7 @@ CAUGHT_UP_CHECK = 0.25  # seconds between two looks of a worker's drain at its l
 REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
 REPORT_IDLE = 30.0  # seconds between two reports of an unchanged source
 REPORT_STALE = 3 * REPORT_IDLE  # a report older than this is a gone node's
-REJECTS_LOGGED = 20
+REJECTS_LOGGED = 20  # rejected messages logged one by one a minute; the rest counted
 
 
 def _kafka() -> Any:
@@ -108,6 +109,7 @@ class KafkaLoop:
         self._context = context
         self._bootstrap = bootstrap
         self._reader = MessageReader(source, context.config)
+        self._rejects = LogOnce(log, lines=REJECTS_LOGGED)  # the lines of rejected messages
         self._redis = context.conn.client
         self._consumer: Any = None
         self._batch_lock = asyncio.Lock()  # a batch and a rebalance never overlap
@@ -455,12 +457,10 @@ class KafkaLoop:
             return
         self.rejected += len(rejected)
         counter.labels(self.source.name, "rejected").inc(len(rejected))
-        for topic, partition, offset, why in rejected[:REJECTS_LOGGED]:
-            log.warning("source %s: message %s/%d@%d rejected (committed, not touched): %s",
-                        self.source.name, topic, partition, offset, why)
-        if len(rejected) > REJECTS_LOGGED:
-            log.warning("source %s: %d more messages rejected", self.source.name,
-                        len(rejected) - REJECTS_LOGGED)
+        for topic, partition, offset, why in rejected:  # REJECTS_LOGGED lines a minute
+            self._rejects.warning("rejected", "source %s: message %s/%d@%d rejected "
+                                  "(committed, not touched): %s", self.source.name, topic,
+                                  partition, offset, why)
         await self._redis.hincrby(sources_rejected(self._context.config.namespace),
                                   self.source.name, len(rejected))
 

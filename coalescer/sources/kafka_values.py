@@ -33,7 +33,6 @@ from coalescer.store.keycheck import item_problem, key_problem
 MAX_VALUE_BYTES = 1 << 20  # a longer message value is rejected unread
 Where = tuple[str, int, int, str]  # a rejected message: topic, partition, offset, why
 log = logging.getLogger(__name__)
-_POISON = LogOnce(log)  # messages whose reading raised: a line per kind a minute
 
 
 class Rejected(ValueError):
@@ -106,6 +105,7 @@ class MessageReader:
         self._source = source
         self._config = config
         self._known: dict[str, bool] = {}  # key -> its rule takes items (keys seen lately)
+        self._poisons = LogOnce(log)  # messages whose reading raised: a line a minute a kind
 
     def touches(self, messages: Iterable[Any], *, traced: bool = False) -> Touches:
         """The touches of ``messages`` (aiokafka ``ConsumerRecord``s), in order. A plain
@@ -139,9 +139,9 @@ class MessageReader:
         """Why a message whose reading raised ``exc`` is rejected; logged once a minute
         per kind of error (the message is rejected and committed like any other)."""
         why = f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})"
-        _POISON.warning(f"{self._source.name}:{type(exc).__name__}",
-                        "source %s: message %s/%d@%d raised %s while being read: %s",
-                        self._source.name, *where, type(exc).__name__, str(exc)[:200])
+        self._poisons.warning(type(exc).__name__,
+                              "source %s: message %s/%d@%d raised %s while being read: %s",
+                              self._source.name, *where, type(exc).__name__, str(exc)[:200])
         return why
 
     def screen(self, touches: Touches) -> Touches:

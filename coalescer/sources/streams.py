@@ -65,11 +65,10 @@ from coalescer.store.keycheck import MAX_ITEM_BYTES, MAX_KEY_BYTES, item_problem
 from coalescer.store.keys import sources_rejected
 
 log = logging.getLogger(__name__)
-_POISON = LogOnce(log)  # entries whose reading raised: a line per kind a minute
 
 BATCH = 500  # entries read (or claimed) at a time
 BLOCK_MAX = 10.0  # seconds a read blocks at most when the stream is idle
-REJECTS_LOGGED = 20  # rejected entries logged one by one per batch; the rest summed up
+REJECTS_LOGGED = 20  # rejected entries logged one by one a minute; the rest counted
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  # id, fields (None: no longer in the stream)
 Accepted = tuple[bytes, str, str | None, dict[bytes, bytes] | None]  # id, key, item, fields
@@ -191,6 +190,8 @@ class SourceLoop:
         self._own_first = True  # re-read this consumer's own pending entries first
         self._metrics = metrics.source_entries
         self._lock = asyncio.Lock()  # one batch handled at a time: the loop's or a drain's
+        self._rejects = LogOnce(log, lines=REJECTS_LOGGED)  # the lines of rejected entries
+        self._poisons = LogOnce(log)  # entries whose reading raised: a line a minute a kind
         self._drained: set[bytes] = set()  # pending entries a drain handled (and acked)
 
     @property
@@ -399,10 +400,10 @@ class SourceLoop:
         """Why an entry whose reading raised ``exc`` is rejected; logged once a minute
         per kind of error (the entry is acknowledged and counted like any rejected one)."""
         text = str(exc)[:200]
-        _POISON.warning(f"{self.source.name}:{type(exc).__name__}",
-                        "source %s: entry %s of stream %r raised %s while being read: %s",
-                        self.source.name, entry_id.decode(), self.source.stream,
-                        type(exc).__name__, text)
+        self._poisons.warning(type(exc).__name__,
+                              "source %s: entry %s of stream %r raised %s while being read: "
+                              "%s", self.source.name, entry_id.decode(), self.source.stream,
+                              type(exc).__name__, text)
         return f"it could not be read ({type(exc).__name__}: {text})"
 
     def item_of(self, fields: dict[bytes, bytes] | None, key: str) -> tuple[str | None, str]:
@@ -449,14 +450,10 @@ class SourceLoop:
         return key, ""
 
     def _log_rejected(self, rejected: list[tuple[bytes, str]]) -> None:
-        for entry_id, why in rejected[:REJECTS_LOGGED]:
-            log.warning("source %s: entry %s of stream %r rejected (acknowledged, not "
-                        "touched): %s", self.source.name, entry_id.decode(),
-                        self.source.stream, why)
-        if len(rejected) > REJECTS_LOGGED:
-            log.warning("source %s: %d more entries of stream %r rejected, up to %s",
-                        self.source.name, len(rejected) - REJECTS_LOGGED, self.source.stream,
-                        rejected[-1][0].decode())
+        for entry_id, why in rejected:  # REJECTS_LOGGED lines a minute, the rest counted
+            self._rejects.warning("rejected", "source %s: entry %s of stream %r rejected "
+                                  "(acknowledged, not touched): %s", self.source.name,
+                                  entry_id.decode(), self.source.stream, why)
 
 
 class Sources(Source):

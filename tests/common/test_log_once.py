@@ -43,4 +43,15 @@ def test_the_kinds_remembered_are_bounded(caplog: pytest.LogCaptureFixture) -> N
     for n in range(KINDS * 3):
         clock.now += 0.001
         assert once.warning(f"kind-{n}", "x")
-    assert len(once._last) == KINDS
+    assert len(once._window) == KINDS
+
+
+def test_a_kind_may_have_a_few_lines_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    once = LogOnce(logging.getLogger("t.log_once"), lines=3, clock=clock)
+    caplog.set_level(logging.WARNING, logger="t.log_once")
+    assert [once.warning("a", "n=%d", n) for n in range(10)] == [True] * 3 + [False] * 7
+    clock.now += 60
+    assert once.warning("a", "n=%d", 10)
+    assert lines(caplog) == ["n=0", "n=1", "n=2",
+                             "n=10 (and 7 more like it, not logged, since the last such line)"]

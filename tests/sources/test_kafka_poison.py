@@ -14,7 +14,6 @@ from aiokafka.structs import ConsumerRecord
 
 from bench.kafka_broker import TansuBroker
 from coalescer.common.json_depth import MAX_DEPTH
-from coalescer.common.log_once import LogOnce
 from coalescer.sources import kafka_values
 from coalescer.sources.kafka_values import MAX_VALUE_BYTES, MessageReader, Rejected
 from tests.helpers.servers import wait_until
@@ -124,7 +123,6 @@ async def test_a_message_whose_reading_raises_is_rejected_logged_once_and_commit
         return real(self, value)
 
     monkeypatch.setattr(MessageReader, "touch_of", touch_of)
-    monkeypatch.setattr(kafka_values, "_POISON", LogOnce(kafka_values.log))  # a fresh minute
     topic = await new_topic(kafka)
     path, rec = setup(tmp_path, namespace, kafka, topic)
     caplog.set_level(logging.WARNING, logger=kafka_values.__name__)

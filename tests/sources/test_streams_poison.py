@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from coalescer.common.log_once import LogOnce
 from coalescer.sources import streams
 from coalescer.sources.streams import SourceLoop
 from tests.helpers.servers import wait_until
@@ -36,7 +35,6 @@ async def test_an_entry_whose_reading_raises_is_rejected_logged_once_and_acknowl
         return real(self, fields)
 
     monkeypatch.setattr(SourceLoop, "key_of", key_of)
-    monkeypatch.setattr(streams, "_POISON", LogOnce(streams.log))  # a fresh minute
     path, rec = setup(tmp_path, namespace, rules_text(namespace))
     stream = f"{namespace}-app:orders"
     c = await nodes(path, redis_url)
@@ -82,3 +80,22 @@ async def test_an_entry_with_a_hostile_delay_is_rejected_and_the_next_read(
     assert f"entry {bad} of stream {stream!r} rejected" in logged
     assert says in logged
     assert max(len(r.getMessage()) for r in caplog.records) < 1000
+
+
+async def test_a_flood_of_bad_entries_logs_at_most_twenty_lines_a_minute(
+        *, tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        nodes: Any, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    path, rec = setup(tmp_path, namespace, rules_text(namespace))
+    stream = f"{namespace}-app:orders"
+    c = await nodes(path, redis_url)
+    await wait_until(lambda: group_info(redis_client, stream))
+    caplog.set_level(logging.WARNING, logger=streams.__name__)
+    for n in range(3):  # three batches of bad entries, each followed by a good one
+        for _ in range(15):
+            await redis_client.xadd(stream, {"order": "no customer"})
+        await redis_client.xadd(stream, {"customer_id": str(n)})
+        await wait_until(lambda n=n: refreshed(rec, f"stats:customer:{n}"), timeout=15)
+    await wait_until(lambda: entries_counted(c, "rejected") == 45)
+    rejected = [r for r in caplog.records if "rejected (acknowledged" in r.getMessage()]
+    assert len(rejected) == streams.REJECTS_LOGGED == 20
+    assert (await source_status(c))["rejected"] == 45
