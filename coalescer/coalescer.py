@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from coalescer.claim import Claim
 from coalescer.common import forksafe
+from coalescer.common.audit_log import local_user
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
@@ -73,6 +74,7 @@ from coalescer.worker.resharding import begin_reshard
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber
 from coalescer.write.cancel import CancelOutcome, cancel_keys
+from coalescer.write.cancel_scheduled import bulk_cancel, cancel_rule_scheduled
 from coalescer.write.flusher import Flusher
 from coalescer.write.quota import Quota
 from coalescer.write.room import DEFAULT_TIMEOUT, Wanted, touch_blocking, touch_waiting
@@ -446,6 +448,19 @@ class Coalescer:
         log.info("cancel: %d of %s dropped (%d not pending)", outcome.done,
                  plural(len(keys), "key"), len(outcome.not_pending))
         return outcome
+
+    async def cancel_scheduled(self, rule: str, *, after: At, dry_run: bool = False,
+                               who: str | None = None) -> int:
+        """Cancel every pending key of ``rule`` whose own time (``at``/``delay``) is
+        after ``after``, a page at a time (write/cancel_scheduled.py); how many (only
+        counted with ``dry_run``). Logged at INFO with ``who`` (default: the local
+        user). KeyError for an unknown rule, InvalidScheduleError for a bad time."""
+        if self._state != "running":
+            raise self._not_running("cancel_scheduled()")
+        assert self._run.scripts is not None
+        bulk = bulk_cancel(self.config, rule, after, self.node_id, dry_run)
+        return await cancel_rule_scheduled(self._run.scripts.client, self.keyspace, bulk,
+                                           who or local_user())
 
     def refused_items(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
         """The (key, item) touches of ``pairs`` that would be refused for their item or

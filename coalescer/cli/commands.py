@@ -217,6 +217,11 @@ NOT_PENDING = {
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
+    if not args.keys or args.rule is not None or args.scheduled_after is not None:
+        from coalescer.cli.scheduled_cmds import cancel_scheduled, refuse_arguments
+        if refuse_arguments(args):
+            return EXIT_UNKNOWN_KEY
+        return await cancel_scheduled(args, _client(args, worker=False), _say_using)
     if _refuse_unstorable(args.keys, "cancel", "cancelled"):
         return EXIT_UNKNOWN_KEY
     c = _client(args, worker=False)
@@ -541,6 +546,12 @@ def _check_json(path: str, report: Any) -> dict[str, Any]:
             "sources": source_json(config.sources, config.namespace) if config is not None else []}
 
 
+async def cmd_scheduled(args: argparse.Namespace) -> int:
+    from coalescer.cli.scheduled_cmds import list_scheduled
+    c = _client(args, worker=False, refuse_evicting_policy=False)
+    return await list_scheduled(args, c, _say_using)
+
+
 async def cmd_demo(args: argparse.Namespace) -> int:
     from coalescer.cli.demo import run_demo
     return await run_demo(args.rules, args.redis)
@@ -550,4 +561,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "touch": cmd_touch, "status": cmd_status, "retry": cmd_retry, "run": cmd_run,
     "demo": cmd_demo, "explain": cmd_explain, "history": cmd_history, "dead": cmd_dead,
     "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "run-now": cmd_run_now,
+    "scheduled": cmd_scheduled,
 }

@@ -112,16 +112,35 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     retry.add_argument("keys", nargs="*", metavar="KEY")
     retry.add_argument("--all", action="store_true", help="re-queue every dead key")
     _json_flag(retry)
-    cancel = sub.add_parser("cancel", help="drop keys' pending refreshes")
-    _common(cancel)
-    cancel.add_argument("keys", nargs="+", metavar="KEY")
-    _json_flag(cancel)
+    _add_scheduled(sub)
     _add_controls(sub)
     demo = sub.add_parser("demo", help="a self-contained showcase on the embedded server")
     _common(demo, rules_default=None,
             rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
     return p
+
+
+def _add_scheduled(sub: Any) -> None:
+    """cancel (by key, or a rule's keys scheduled after a time) and scheduled."""
+    cancel = sub.add_parser("cancel", help="drop keys' pending refreshes (by key, or the "
+                                           "keys of a rule scheduled after a time)")
+    _common(cancel)
+    cancel.add_argument("keys", nargs="*", metavar="KEY")
+    cancel.add_argument("--rule", metavar="RULE", help="with --scheduled-after: the rule "
+                        "whose scheduled keys are cancelled")
+    cancel.add_argument("--scheduled-after", metavar="TIME", help="cancel every key of "
+                        "--rule scheduled (at/delay) after TIME: ISO-8601 with an offset, or "
+                        "epoch seconds; read a page at a time, never blocking Redis")
+    cancel.add_argument("--dry-run", action="store_true",
+                        help="with --scheduled-after: count them, cancel nothing")
+    _json_flag(cancel)
+    scheduled = sub.add_parser("scheduled", help="keys scheduled by at/delay, soonest first")
+    _common(scheduled)
+    scheduled.add_argument("--rule", metavar="RULE", help="only this rule's keys")
+    scheduled.add_argument("-n", "--limit", type=_shown_count, default=20, metavar="N",
+                           help="how many keys to list (1 to 10000, default 20)")
+    _json_flag(scheduled)
 
 
 def _add_controls(sub: Any) -> None:
@@ -199,6 +218,14 @@ def _count(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more, not {value!r}")
     return int(value)
+
+
+def _shown_count(value: str) -> int:
+    """An argparse type: a whole number from 1 to 10000 (keys listed)."""
+    count = _count(value)
+    if count > 10_000:
+        raise argparse.ArgumentTypeError(f"must be at most 10000, not {value!r}")
+    return count
 
 
 def _grace(value: str) -> float:

@@ -26,6 +26,7 @@ from coalescer.query.dead_letters import (
 from coalescer.query.due import DEFAULT_SHOWN, next_due
 from coalescer.query.explain import gather_explain
 from coalescer.query.history import HistoryQuery, Refresh, read_history
+from coalescer.query.scheduled_keys import scheduled_keys
 from coalescer.query.status import gather_status
 from coalescer.store.scripts import Scripts
 
@@ -90,6 +91,12 @@ class Query:
         """The earliest ``per_rule`` pending keys of each rule, with the server clock:
         ``{"now_ms", "rules": {RULE: [{"key", "due_ms", "shard"}, ...]}}``."""
         return await next_due(self._redis, self._config(), per_rule)
+
+    @_explained
+    async def scheduled_keys(self, rule: str | None = None, limit: int = 20) -> dict[str, Any]:
+        """The ``limit`` soonest keys scheduled by a touch's own time (``at``/``delay``),
+        of ``rule`` or of every rule, with their times (query/scheduled_keys.py)."""
+        return await scheduled_keys(self._redis, self._config(), rule, limit)
 
     @_explained
     async def dead_letters(self, keys: Sequence[str] | None = None, *, rule: str | None = None,
