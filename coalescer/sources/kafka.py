@@ -55,7 +55,7 @@ from coalescer.sources.base import (
     register,
     start_loops,
 )
-from coalescer.sources.kafka_commit import commit_timeout, log_refused
+from coalescer.sources.kafka_commit import commit_timeout, flush_timeout, log_refused
 from coalescer.sources.kafka_values import MessageReader, Touches
 from coalescer.sources.kafka_watch import StallWatch
 from coalescer.store.keys import sources_kafka, sources_rejected
@@ -363,7 +363,10 @@ class KafkaLoop:
         if touches.traced and self._context.trace_links is not None:
             self._context.trace_links(touches.traced)
         if touches.keys or touches.pairs or touches.timed:
-            await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
+            try:
+                await asyncio.wait_for(self._context.flush(), FLUSH_TIMEOUT)
+            except TimeoutError:
+                raise flush_timeout(self.source.name, FLUSH_TIMEOUT) from None
         return touches
 
     def _apply(self, touches: Touches) -> None:

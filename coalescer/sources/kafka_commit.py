@@ -1,4 +1,5 @@
-"""What a Kafka source says when its group refuses, or does not answer, a commit.
+"""What a Kafka source says when its group refuses, or does not answer, a commit, and
+when Redis does not take a batch's touches in time.
 
 A refused commit (aiokafka's ``CommitFailedError``) is named by its cause, as the
 group coordinator gave it: a rebalance in progress, a member the group does not know
@@ -66,3 +67,15 @@ def commit_timeout(source: str, group: str, seconds: float) -> CommitTimeoutErro
     return CommitTimeoutError(
         f"source {source}: group {group!r} did not answer a commit within {seconds:g}s "
         "(the broker answers; its group coordinator may be loading or rebalancing)")
+
+
+class FlushTimeoutError(Exception):
+    """Redis did not take a batch's touches in time: the batch is not committed."""
+
+
+def flush_timeout(source: str, seconds: float) -> FlushTimeoutError:
+    """The error of a batch whose flush to Redis did not end in time (the Kafka loop
+    logs it as one line, and reads the batch again)."""
+    return FlushTimeoutError(
+        f"source {source}: Redis did not take the batch's touches within {seconds:g}s; "
+        "the batch is not committed and is read again")

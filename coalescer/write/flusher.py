@@ -252,6 +252,8 @@ class Flusher:
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._writes.pop(task, None)
+        if not task.cancelled():  # its error is retrieved (the flush that waited for it
+            task.exception()  # may be gone, cut short by its caller's timeout)
         self._event.set()  # keys held while it was in flight may be ready; room for a write
 
     async def _sleep(self) -> None:
