@@ -696,6 +696,7 @@ class Coalescer:
         await self._check_policy(run, conn)
         leases = await conn.leases() if self.worker else None
         run.scripts = scripts = Scripts(conn.client, self.config.durability, leases=leases)
+        scripts.replication.listen(run.metrics.durability_unmet.set)
         if self.worker:
             await scripts.preload()
         run.layouts = Layouts(scripts, self.config.namespace, self.config.shards)
@@ -783,11 +784,13 @@ class Coalescer:
     def health_problems(self) -> list[str]:
         """What makes /healthz answer 503 apart from reachability and the age of the
         oldest unwritten touch: Redis refusing writes (with its reply), a
-        maxmemory-policy that may evict coalescer's keys, and a source that cannot read
-        (a Kafka broker down)."""
+        maxmemory-policy that may evict coalescer's keys, ``durability`` unmet (too few
+        replicas acknowledge writes) and a source that cannot read (a Kafka broker
+        down)."""
         run = self._run
         found = [run.absorber.refused_by,
-                 run.policy.reason if run.policy is not None else None]
+                 run.policy.reason if run.policy is not None else None,
+                 run.scripts.replication.reason if run.scripts is not None else None]
         found += [problem for source in run.sources for problem in source.problems()]
         return [problem for problem in found if problem]
 

@@ -194,6 +194,10 @@ class Metrics:
             "coalescer_redis_evicting_policy",
             "1 while a Redis server's maxmemory-policy may evict coalescer's keys "
             "(allkeys-*), as last checked", registry=r)
+        self.durability_unmet = Gauge(
+            "coalescer_durability_unmet",
+            "1 while fewer replicas than durability.replicas acknowledge this process's "
+            "writes (nothing is written or claimed meanwhile), else 0", registry=r)
         self.cancels = Counter(
             "coalescer_cancels_total",
             "keys whose pending refresh (or re-arm) a cancel dropped, by rule", ["rule"],

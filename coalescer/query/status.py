@@ -21,6 +21,7 @@ from coalescer.store.eviction import policy_lines, policy_status
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import ShardKeys
 from coalescer.store.layout import LayoutInfo
+from coalescer.store.replicas import durability_lines, durability_status
 
 SHOWN_RANGES = 8  # unled shard ranges the summary lists before "and N more"
 SHOWN_LEADERS = 6  # nodes the summary names before "N more nodes lead M"
@@ -94,6 +95,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     mark_unread(status)
     await add_rates(redis, config, status)
     status["memory"] = await policy_status(redis)
+    status["durability"] = await durability_status(redis, config.durability)
     return status
 
 
@@ -165,7 +167,8 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     Keys, names and errors are shown with their control characters escaped."""
     status = printable_values(status)
     lines = [f"namespace {status['namespace']}", *layout_lines(status.get("layout"), now_ms),
-             shard_summary(status["shards"]), *policy_lines(status)]
+             shard_summary(status["shards"]), *policy_lines(status),
+             *durability_lines(status)]
     if every_shard:
         lines += ["", "SHARD  LEADER"]
         lines += [f"{s['shard']:<6} {_leader_text(s)}" for s in status["shards"]]

@@ -23,6 +23,7 @@ from coalescer.config.model import RateLimit
 from coalescer.errors import LayoutMovedError, NotLeaderError, ReplicationError, ScriptError
 from coalescer.store.batching import ScriptBatcher
 from coalescer.store.keys import ShardKeys
+from coalescer.store.replicas import ReplicationWatch
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,9 @@ class Scripts:
         # calls travel in pipelines, never one per shard; DURABLE ones end with WAIT
         self._batcher = ScriptBatcher(redis, durability)
         self._acks_unreplicated = False  # an ack's WAIT fell short (logged once a run)
+        # whether the durable calls are confirmed now, and why not (store/replicas.py)
+        self.replication = ReplicationWatch(redis, durability)
+        self._confirming = durability.replicas > 0
 
     async def preload(self) -> None:
         """Load the lease calls' scripts now: a first call would otherwise cost two more
@@ -370,8 +374,16 @@ class Scripts:
         return self._redis
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._batcher.call(self._scripts[name], list(keys), list(args),
-                                        durable=name in DURABLE)
+        durable = name in DURABLE
+        try:
+            result = await self._batcher.call(self._scripts[name], list(keys), list(args),
+                                              durable=durable)
+        except ReplicationError as exc:
+            self.replication.fell_short(exc.acknowledged)
+            raise
+        if durable and self._confirming:
+            self.replication.confirmed()
+        return result
 
     async def _run_now(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One call sent at once, not queued behind the batcher's (on a Redis Cluster, a

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from coalescer.errors import ReplicationError
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import (
     MAX_CLAIM,
@@ -97,7 +98,11 @@ class Poller:
                 self._wake.clear()
                 self._waiting = []
                 self._freed_at_claim = [self._runner.freed(r) for r in self._rules]
-                batch, limited = await self._claim(leader_value)
+                try:
+                    batch, limited = await self._claim(leader_value)
+                except ReplicationError as exc:
+                    await self._unconfirmed(exc)
+                    continue
                 if not keep_leading():
                     return
                 if await self._recover_expired(batch):
@@ -107,6 +112,17 @@ class Poller:
         finally:
             self._waiting = []
             self._gate.close()
+
+    async def _unconfirmed(self, exc: ReplicationError) -> None:
+        """Too few replicas confirmed a claim call (given back, see Scripts.claim): keep
+        the shard and try again after ``sleep_cap``. The leadership does not depend on
+        replicas (the node's lease is no durable write), so a node left without them
+        keeps its shards and says why nothing runs (store/replicas.py), rather than
+        handing them to a node that can do no better."""
+        log.debug("shard %d: claim not confirmed by the replicas: %s", self._shard.shard,
+                  exc)
+        self._wake.clear()
+        await self._sleep(self.sleep_cap)
 
     async def _claim(self, leader_value: str) -> tuple[ClaimBatch, list[int]]:
         """One claim call; returns it and the limits of the rules that took that many keys."""

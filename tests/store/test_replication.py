@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,13 +170,14 @@ async def test_a_node_does_not_run_a_claim_the_replica_did_not_confirm_and_gives
         start: Start, caplog: pytest.LogCaptureFixture) -> None:
     primary, replica = pair
     path, rec = rules(tmp_path, namespace, "durability: {replicas: 1, timeout: 100ms}")
+    caplog.set_level(logging.DEBUG, logger="coalescer.worker.poller")
     freeze(replica)
     node = await start(path, redis_url=primary.url, node_id="n1")
     node.touch("item:1")
     with pytest.raises(ReplicationError):
         await node.flush()  # on the primary, not confirmed: kept (and written again)
-    await wait_until(lambda: "leadership rounds of 1 shard failed, will retry: "
-                     "ReplicationError" in caplog.text, message="a claim refused for its WAIT")
+    await wait_until(lambda: "claim not confirmed by the replicas" in caplog.text,
+                     message="a claim refused for its WAIT")
     assert rec.calls == []  # the claim was made on the primary, and not run
     assert in_flight(primary, namespace) == 0  # given back, not left to its lease
 
