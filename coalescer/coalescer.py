@@ -849,6 +849,8 @@ class Coalescer:
             await asyncio.sleep(1.0)
             self.sync_metrics()
             run.metrics.buffered.set(len(run.absorber))
+            if self._traces is not None:
+                self._traces.sweep()
             if run.node is not None:
                 run.node.tick()
 

@@ -146,10 +146,9 @@ class MessageReader:
 
     def screen(self, touches: Touches) -> Touches:
         """``touches`` without the plain and timed ones whose key no rule takes or Redis
-        cannot store: those messages rejected."""
+        cannot store: those messages rejected (and their trace contexts left out)."""
         out = Touches(pairs=touches.pairs, pairs_from=touches.pairs_from,
-                      rejected=list(touches.rejected),
-                      traced=touches.traced)
+                      rejected=list(touches.rejected))
         for key, where in zip(touches.keys, touches.keys_from, strict=True):
             try:
                 self._rule_of(key)
@@ -164,6 +163,8 @@ class MessageReader:
                 out.rejected.append((*where, str(exc)))
                 continue
             out.timed.append(timed)
+        kept = {*out.keys, *(key for key, _, _ in out.timed), *(key for key, _ in out.pairs)}
+        out.traced = [(key, tp) for key, tp in touches.traced if key in kept]
         return out
 
     def touch_of(self, value: bytes | None) -> tuple[str, str | None, str | None]:

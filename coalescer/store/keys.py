@@ -27,8 +27,10 @@ Per shard::
     NS:{NS:N}:claimed:KEY     SET     the items of KEY's current claim, kept until a
                                       success is acked (a retry gets them again)
     NS:{NS:N}:traces:KEY      STRING  trace contexts of KEY's touches (and of its failed
-                                      try), with tracing on: taken by its next refresh,
-                                      else gone after a day (store/lua/traces_put.lua)
+                                      try), with tracing on, kept only while KEY has a
+                                      state: taken by its next refresh, deleted with the
+                                      state, else gone soon after KEY's due time
+                                      (store/lua/traces_put.lua)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
     NS:{NS:N}:layout          STRING  the newest layout generation a writer or a mover
                                       used here (absent: 1); an older writer is sent to
@@ -147,6 +149,11 @@ class ShardKeys:
         return f"{self.prefix}:claimed:"
 
     @property
+    def traces_prefix(self) -> str:
+        """``traces(key)`` is this followed by the key (scripts build it so)."""
+        return f"{self.prefix}:traces:"
+
+    @property
     def layout(self) -> str:
         return f"{self.prefix}:layout"
 
@@ -174,8 +181,9 @@ class ShardKeys:
         return self.claimed_prefix + key
 
     def traces(self, key: str) -> str:
-        """The trace contexts kept for ``key``'s next refresh (tracing on only)."""
-        return f"{self.prefix}:traces:{key}"
+        """The trace contexts kept for ``key``'s next refresh (tracing on only). Whatever
+        drops a key's state (cancel, purge, the dead-letter trim, an ack) deletes it."""
+        return self.traces_prefix + key
 
     def acked(self, node: str) -> str:
         """The receipt of ``node``'s last ack call on this shard (see lua/ack.lua)."""

@@ -357,6 +357,7 @@ class Scripts:
         # calls travel in pipelines, never one per shard; DURABLE ones end with WAIT
         self._batcher = ScriptBatcher(redis, durability)
         self._acks_unreplicated = False  # an ack's WAIT fell short (logged once a run)
+        self.traced = False  # acks delete the done keys' trace contexts (tracing on here)
         # whether the durable calls are confirmed now, and why not (store/replicas.py)
         self.replication = ReplicationWatch(redis, durability)
         self._confirming = durability.replicas > 0
@@ -391,12 +392,18 @@ class Scripts:
         return await self._scripts[name](keys=list(keys), args=list(args))
 
     async def traces_put(self, shard: ShardKeys, values: Mapping[str, str], keep: int,
-                         ttl_ms: int) -> None:
+                         grace_ms: int) -> int:
         """Keep trace contexts beside their keys (``values``: key -> the form
-        traces_put.lua merges), at most ``keep`` at each end of a burst."""
-        if values:
-            await self._run("traces_put", [shard.traces(k) for k in values],
-                            [keep, ttl_ms, *values.values()])
+        traces_put.lua merges), at most ``keep`` at each end of a burst, only for keys
+        that have a state; they expire ``grace_ms`` after the key's due time. Returns how
+        many keys got theirs."""
+        if not values:
+            return 0
+        args: list[Any] = [keep, grace_ms]
+        for key, value in values.items():
+            args += [key, value]
+        return int(await self._run("traces_put",
+                                   [shard.meta, *(shard.traces(k) for k in values)], args))
 
     async def traces_take(self, shard: ShardKeys, keys: Sequence[str]) -> list[str | None]:
         """The trace contexts kept for ``keys`` (None where none), deleted."""
@@ -444,7 +451,7 @@ class Scripts:
         ``dead_ttl_ms``, then its oldest past ``keep_dead`` (at most ``budget``)."""
         keys = [shard.meta, *(shard.due(r) for r in rules), *(shard.dead(r) for r in rules)]
         args = [len(rules), shard.items_prefix, shard.claimed_prefix, keep_dead, dead_ttl_ms,
-                budget]
+                budget, shard.traces_prefix]
         found = await self._run("limits", keys, args)
         return LimitsAnswer(*(int(n) for n in found))
 
@@ -526,6 +533,7 @@ class Scripts:
         """``ack``, also saying how many keys of each group were touched while they ran
         (each runs again)."""
         keys, args = history.args(shard)
+        args.append(shard.traces_prefix if self.traced else "")
         for rule, items, *batched in groups:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, len(items), KEY_SEPARATOR.join([
@@ -638,7 +646,8 @@ class Scripts:
                     dead_keys: Sequence[str]) -> tuple[int, list[str]]:
         """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
         result = await self._run("purge", [shard.meta, shard.dead(rule)],
-                                 [shard.items_prefix, shard.claimed_prefix, *dead_keys])
+                                 [shard.items_prefix, shard.claimed_prefix,
+                                  shard.traces_prefix, *dead_keys])
         return int(result[0]), [str(k) for k in result[1:]]
 
     async def cancel(self, shard: ShardKeys, groups: Sequence[CancelGroup],
@@ -647,7 +656,7 @@ class Scripts:
         each key with the state it was found in, and the keys in transit."""
         keys = [shard.meta, shard.history, shard.moving, shard.seq]
         args: list[Any] = [history.node_id, history.length, shard.items_prefix,
-                           shard.claimed_prefix]
+                           shard.claimed_prefix, shard.traces_prefix]
         for g in groups:
             keys.append(shard.due(g.rule))
             args += [g.rule, len(g.keys), KEY_SEPARATOR.join(g.keys)]

@@ -41,8 +41,10 @@ def touch_traces() -> TouchTraces | None:
 
 
 def refresh_tracer(scripts: Scripts, keyspace: KeySpace) -> RefreshTracer | None:
-    """What traces a node's refreshes, or None with tracing off."""
+    """What traces a node's refreshes, or None with tracing off. With it on, the node's
+    acks delete the trace contexts of the keys they finish."""
     if not enabled():
         return None
     from coalescer.tracing.refreshes import RefreshTracer
+    scripts.traced = True
     return RefreshTracer(scripts, keyspace)

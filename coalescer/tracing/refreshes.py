@@ -16,7 +16,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
-from coalescer.tracing.bounds import KEEP, TTL_MS
+from coalescer.tracing.bounds import GRACE_MS, KEEP
 from coalescer.tracing.touches import span_context, traceparent
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class RefreshTracer:
         self._scripts = scripts
         self._keyspace = keyspace
         self._tracer = trace.get_tracer("coalescer")
-        self._writes: set[asyncio.Task[None]] = set()
+        self._writes: set[asyncio.Task[int]] = set()
 
     async def _kept(self, where: Sequence[tuple[int, str]]) -> list[Kept]:
         """What Redis kept for each (shard, key), taken from there."""
@@ -160,11 +160,11 @@ class RefreshTracer:
         loop = asyncio.get_running_loop()
         for shard, key in where:
             task = loop.create_task(self._scripts.traces_put(
-                self._keyspace.shard(shard), {key: tried}, KEEP, TTL_MS))
+                self._keyspace.shard(shard), {key: tried}, KEEP, GRACE_MS))
             self._writes.add(task)
             task.add_done_callback(self._written)
 
-    def _written(self, task: asyncio.Task[None]) -> None:
+    def _written(self, task: asyncio.Task[int]) -> None:
         self._writes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.debug("keeping a failed try's trace context failed: %r", task.exception())

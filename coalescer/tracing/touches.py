@@ -1,8 +1,14 @@
 """The span contexts of touches made in this process and not yet written to Redis:
-per key, the first and last few of its burst, and how many were left out between."""
+per key, the first and last few of its burst, and how many were left out between.
+
+Bounded: at most ``MAX_KEYS`` keys (the contexts of further keys are counted in
+``refused``, not kept), and a key's contexts not taken by a write within ``STALE``
+seconds are dropped (``sweep``): the key was refused, or its write keeps failing.
+A touch refused (quota, back-pressure, a key no rule takes) leaves nothing here."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -15,6 +21,9 @@ from opentelemetry.trace import Span, SpanContext, TraceFlags
 from opentelemetry.trace import propagation as otel_propagation
 
 from coalescer.common.traceparent import MAX_TRACEPARENT
+from coalescer.tracing.bounds import MAX_KEYS
+
+STALE = 60.0  # seconds a key's contexts wait here at most for its write
 
 # The current span, read straight from the context variable OpenTelemetry keeps the
 # current context in (an eighth of trace.get_current_span()'s cost, which the touch path
@@ -51,6 +60,7 @@ class _Burst:
     span: Span  # the span of the last touch recorded
     first: list[SpanContext]
     last: deque[SpanContext]
+    since: float  # time.monotonic() when the first was recorded
     dropped: int = 0  # touches counted, not linked (past the kept ones)
 
     def encoded(self) -> str:
@@ -63,9 +73,12 @@ class TouchTraces:
     """Records the caller's span context with each touched key (none outside a span).
     A key touched again within the same span is recorded once."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, *, max_keys: int = MAX_KEYS, stale: float = STALE) -> None:
         self._keep = keep
-        self._keys: dict[str, _Burst] = {}
+        self._max_keys = max_keys
+        self._stale = stale
+        self._keys: dict[str, _Burst] = {}  # in the order of their first context
+        self.refused = 0  # contexts not kept: ``max_keys`` keys had some already
         self.record: Callable[[str], None] = self._recorder()
         """Record the current span's context with ``key`` (the touch path: a closure
         over what it reads, cheaper than a method)."""
@@ -100,7 +113,10 @@ class TouchTraces:
         if not ctx.is_valid:
             return
         if burst is None:
-            self._keys[key] = _Burst(span, [ctx], deque(maxlen=self._keep))
+            if len(self._keys) >= self._max_keys:
+                self.refused += 1
+                return
+            self._keys[key] = _Burst(span, [ctx], deque(maxlen=self._keep), time.monotonic())
             return
         burst.span = span
         if len(burst.first) < self._keep:
@@ -119,3 +135,31 @@ class TouchTraces:
             if burst is not None:
                 out[key] = burst.encoded()
         return out
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop the recorded contexts of ``keys`` (refused, dropped or cancelled)."""
+        pop = self._keys.pop
+        for key in keys:
+            pop(key, None)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop the contexts recorded more than ``stale`` seconds ago and not taken by a
+        write (their key was refused, or its write keeps failing); returns how many keys'.
+        The oldest come first, so this looks only at those it drops and one more."""
+        cutoff = (time.monotonic() if now is None else now) - self._stale
+        keys, swept = self._keys, 0
+        while keys:
+            try:
+                key = next(iter(keys))
+            except (StopIteration, RuntimeError):  # emptied or changed by another thread
+                break
+            burst = keys.get(key)
+            if burst is not None and burst.since > cutoff:
+                break
+            keys.pop(key, None)
+            swept += 1
+        return swept
+
+    def __len__(self) -> int:
+        """Keys whose contexts are held here."""
+        return len(self._keys)

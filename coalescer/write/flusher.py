@@ -35,7 +35,7 @@ from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.layout import Layouts, carry
 from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
-from coalescer.tracing.bounds import KEEP, TTL_MS
+from coalescer.tracing.bounds import GRACE_MS, KEEP
 from coalescer.write.absorber import (
     NO_ITEMS,
     NO_SCHEDULES,
@@ -307,6 +307,8 @@ class Flusher:
             if not writes:
                 break
             await asyncio.wait(writes)
+        if self.traces is not None:
+            self.traces.forget(keys)
         return dropped
 
     async def _write(self, batch: Batch) -> None:
@@ -356,7 +358,6 @@ class Flusher:
                        batch: Batch) -> None:
         """Write one call's keys; on a permanent error, split it to find the bad keys."""
         keyspace = hop.keyspace
-        await self._write_traces(keyspace.shard(shard), groups)
         try:
             result = await self._scripts.upsert_keys(keyspace.shard(shard), groups,
                                                      keyspace.gen, hop.min_seq)
@@ -377,21 +378,23 @@ class Flusher:
                 keys.pop(key, None)
             items = {k: its for k, its in items.items() if k in keys} if items else items
         self._written(result.failed, keys, items, batch)
+        await self._write_traces(keyspace.shard(shard), keys)
         if result.asked:  # their old shard no longer holds them: to their new shard
             asked = route_asked(keyspace, groups, set(result.asked))
             if result.transit:
                 await self._carry(keyspace, result, asked, batch)
             await self._deliver_all(hop._replace(min_seq=result.seq), asked, batch)
 
-    async def _write_traces(self, shard: ShardKeys, groups: list[UpsertGroup]) -> None:
-        """Keep the span contexts of the groups' touches beside their keys, before the
-        touches themselves (a claim then finds them); lost if that fails (a touch never
-        waits for its trace). Nothing with tracing off."""
+    async def _write_traces(self, shard: ShardKeys, keys: Iterable[str]) -> None:
+        """Keep the span contexts of the touches of ``keys`` (just written) beside them,
+        where Redis holds their state; lost if that fails (a touch never waits for its
+        trace), or if a claim took the key meanwhile (its next refresh links to them).
+        Nothing with tracing off."""
         if self.traces is None:
             return
-        values = self.traces.take(key for group in groups for key in group.keys)
+        values = self.traces.take(keys)
         try:
-            await self._scripts.traces_put(shard, values, KEEP, TTL_MS)
+            await self._scripts.traces_put(shard, values, KEEP, GRACE_MS)
         except Exception as exc:
             log.debug("keeping the trace contexts of %d keys failed: %r", len(values), exc)
 
@@ -425,6 +428,8 @@ class Flusher:
                  batch: Batch) -> None:
         """Account for a call's keys: the ``failed`` ones dropped, the rest written."""
         if failed:
+            if self.traces is not None:
+                self.traces.forget(failed)
             bad = {key: keys.pop(key) for key in failed if key in keys}
             for key, error in failed.items():
                 self._drop(key, REASON_REDIS, error)
@@ -438,6 +443,8 @@ class Flusher:
         if total == 1:
             key = groups[0].keys[0]
             self._drop(key, drop_reason(exc), repr(exc))
+            if self.traces is not None:
+                self.traces.forget([key])
             self._absorber.discard({key: batch[key]}, batch.since, _items_of(groups))
             return
         first, second = _halves(groups, total // 2)

@@ -258,7 +258,8 @@ async def test_an_ack_whose_claims_do_not_parse_is_refused_whole(shard: Shard) -
             shard.keys.due(RULE), shard.keys.inflight(RULE)]
     one = f"{claims[0].token}|0|0|{claims[0].key}"
     with pytest.raises(redis.exceptions.ResponseError, match="2 claims announced, 1 given"):
-        await ack(keys=keys, args=[shard.keys.wake_channel, "n1", 0, RULE, 2, one])
+        await ack(keys=keys, args=[shard.keys.wake_channel, "n1", 0, shard.keys.traces_prefix,
+                                   RULE, 2, one])
     assert await shard.r.zcard(shard.keys.inflight(RULE)) == 2
     assert await shard.scripts.ack(shard.keys, [(RULE, [(c.key, c.token) for c in claims])]) == []
 

@@ -4,12 +4,14 @@
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] history
 -- KEYS[4+2g], KEYS[5+2g]   due:RULE and inflight:RULE of group g (g = 0, 1, ...)
 -- ARGV[1] wake channel   ARGV[2] node id   ARGV[3] history length (0: none)
+-- ARGV[4] TRACES-PREFIX (a key's trace contexts: the prefix and the key), or "" when
+--         this node traces nothing (no key's contexts are deleted then)
 -- then per group g: RULE, N, its N claims in one argument: "TOKEN|START|MS|KEY"
 -- each (start and duration of the refresh in ms), joined by NUL characters (one
 -- argument is far cheaper for the client to encode than four a claim), and BATCH:
 -- the number of keys of the batch handler call whose claims the group holds, or ""
 -- then, only when some group's rule has items: CLAIMED-PREFIX, and per group g "1" if
--- its rule has items (else "0"), from ARGV[4+4G] (G groups)
+-- its rule has items (else "0"), from ARGV[5+4G] (G groups)
 -- then, only when the call has a receipt: its key last in KEYS (acked:NODE) and its
 -- call id last in ARGV
 --
@@ -18,7 +20,8 @@
 -- refused and reported, so a paused holder can never ack over a newer claim.
 -- A success of a rule with items deletes the key's claimed items (_lib.lua): they
 -- were delivered; a stale ack leaves them to the claim that holds them now.
--- A key touched while it ran goes back to pending with its re-armed due time.
+-- A key touched while it ran goes back to pending with its re-armed due time; a key
+-- that is done (its state deleted) has its trace contexts deleted too.
 -- Each refresh is appended to the history: outcome "success", or "lost" for a
 -- refused (stale) ack.
 -- A call with a receipt leaves its id and answer there for RECEIPT_MS: the same call
@@ -32,7 +35,8 @@
 
 local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
-local acked, rearmed, stale, earliest, pos = 0, {}, {}, nil, 4
+local acked, rearmed, stale, earliest, pos = 0, {}, {}, nil, 5
+local traces_prefix = ARGV[4]
 local RECEIPT_MS = 60000
 local receipt, call_id = false, nil
 if (#KEYS - 3) % 2 == 1 then receipt, call_id = KEYS[#KEYS], ARGV[#ARGV] end
@@ -91,7 +95,7 @@ local function record_batch(rule, done, n, start, ms)
 end
 
 local groups = math.floor((#KEYS - 3) / 2)
-local claimed_prefix, item_flags = ARGV[4 + 4 * groups], 5 + 4 * groups
+local claimed_prefix, item_flags = ARGV[5 + 4 * groups], 6 + 4 * groups
 local seen = {}  -- a key given twice in one call is acked once; the second is stale
 for g = 0, groups - 1 do
   local due_key, inflight_key = KEYS[4 + 2 * g], KEYS[5 + 2 * g]
@@ -136,6 +140,13 @@ for g = 0, groups - 1 do
   if batched and n > 0 then record_batch(rule, done, size, starts[1], took[1]) end
   each_chunk('ZREM', inflight_key, finished)
   each_chunk('HDEL', meta, forgotten)
+  local traced = {}  -- the done keys' trace contexts
+  if traces_prefix ~= '' then
+    for i = 1, #forgotten do traced[i] = traces_prefix .. forgotten[i] end
+  end
+  for i = 1, #traced, CHUNK do
+    redis.call('DEL', unpack(traced, i, math.min(i + CHUNK - 1, #traced)))
+  end
   if delivered then
     for i = 1, #delivered, CHUNK do
       redis.call('DEL', unpack(delivered, i, math.min(i + CHUNK - 1, #delivered)))

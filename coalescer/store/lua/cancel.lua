@@ -6,14 +6,16 @@
 -- KEYS[5+g]      due:RULE of group g (g = 0, 1, ...)
 -- ARGV[1] node id (who cancels, for the history)   ARGV[2] history length (0: none)
 -- ARGV[3] ITEMS-PREFIX   ARGV[4] CLAIMED-PREFIX (a key's item sets: the prefix and the key)
+-- ARGV[5] TRACES-PREFIX (a key's trace contexts: the prefix and the key)
 -- then per group g: RULE, N, and its N keys joined by NUL characters in one argument
 --
 -- Per key, by the state it is found in:
 --   pending (backoff included)  its state and its due:RULE entry are deleted, attempts
---                               and all, and its items (pending, and a failed try's
---                               kept for its retry): "pending"
+--                               and all, its items (pending, and a failed try's
+--                               kept for its retry) and its trace contexts: "pending"
 --   running, touched while it ran  the touch kept to re-arm it (the R* part) is
---                               cleared with the items touched while it ran; the
+--                               cleared with the items and the trace contexts
+--                               of the touches made while it ran; the
 --                               refresh itself goes on (with its claim's items), and its
 --                               ack, fail or recovery works as usual with nothing to
 --                               re-arm: "rearm"
@@ -30,7 +32,7 @@
 
 local meta, history = KEYS[1], KEYS[2]
 local node, maxlen = ARGV[1], tonumber(ARGV[2])
-local items_prefix, claimed_prefix = ARGV[3], ARGV[4]
+local items_prefix, claimed_prefix, traces_prefix = ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
 
 -- Drop one key's pending refresh, or the re-arm of its running one; returns the state
@@ -45,18 +47,19 @@ local function cancel_one(due_key, key)
     local due = s.rdue
     s.rdue, s.rfirst, s.rlast = nil, nil, nil
     redis.call('HSET', meta, key, running(s))
-    redis.call('DEL', items_prefix .. key)  -- touched while it ran; its claim keeps its own
+    redis.call('DEL', items_prefix .. key, traces_prefix .. key)  -- touched while it ran;
+    -- its claim keeps its own items, and its refresh took its own contexts
     return 'rearm', due
   end
   -- pending, or a pending value that does not read (see _lib.lua): gone either way
   redis.call('ZREM', due_key, key)
   redis.call('HDEL', meta, key)
-  redis.call('DEL', items_prefix .. key, claimed_prefix .. key)  -- a retry's too
+  redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key)
   return 'pending', s and s.due or nil
 end
 
-local found, pos, idle = {}, 5, {}
-for g = 0, #KEYS - 5 do
+local found, pos, idle = {}, 6, {}
+for g = 0, #KEYS - 5 do  -- KEYS[5 + g], from ARGV[6]
   local due_key, rule = KEYS[5 + g], ARGV[pos]
   for _, key in ipairs(split_keys(ARGV[pos + 2], tonumber(ARGV[pos + 1]))) do
     local state, due = cancel_one(due_key, key)

@@ -8,15 +8,17 @@
 -- ARGV[4] the most dead letters this shard keeps (all its rules together)
 -- ARGV[5] how long a dead letter is kept, in ms
 -- ARGV[6] the most dead letters dropped in this call (the rest go at the next call)
+-- ARGV[7] TRACES-PREFIX (a key's trace contexts: the prefix and the key)
 --
 -- A dead letter older than ARGV[5] is dropped, then the oldest ones (of any rule) while
 -- the shard holds more than ARGV[4]. Dropping one is what purge.lua does: its state,
--- its entry and its items go, only if it is still dead.
+-- its entry, its items and its trace contexts go, only if it is still dead.
 -- Returns {keys in the due sets (pending, retries in backoff included),
 --          dead letters dropped by age, dropped by count, dead letters kept}.
 
 local meta, rules, items_prefix, claimed_prefix = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local keep, ttl, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local traces_prefix = ARGV[7]
 local now = now_ms()
 
 local function drop(dead_key, key)
@@ -24,7 +26,7 @@ local function drop(dead_key, key)
   local s = decode(redis.call('HGET', meta, key))
   if s and s.kind == 'D' then
     redis.call('HDEL', meta, key)
-    redis.call('DEL', items_prefix .. key, claimed_prefix .. key)
+    redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key)
   end
   budget = budget - 1
 end

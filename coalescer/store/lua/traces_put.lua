@@ -1,18 +1,25 @@
 -- traces_put.lua: keep the trace contexts of touches (or of a failed try) beside their
 -- keys, for the refresh that will run for them to link to (one shard).
 --
--- KEYS[i]   the traces key of a touched key (keys.py ShardKeys.traces)
+-- KEYS[1]   meta hash
+-- KEYS[1+i] the traces key of key i (keys.py ShardKeys.traces)
 -- ARGV[1]   K: how many contexts to keep at each end of a burst
--- ARGV[2]   how long a traces key lives, ms (a key whose state is dropped leaves none)
--- ARGV[2+i] what to add for KEYS[i]: "DROPPED|FIRST|LAST|TRIED", FIRST and LAST
---           comma-joined W3C traceparent strings, DROPPED how many contexts between
---           them were left out, TRIED the traceparent of a failed try (or "")
+-- ARGV[2]   GRACE: how long, ms, a traces key outlives its key's due time (or now, for a
+--           key running or dead-lettered)
+-- ARGV[1+2i] key i   ARGV[2+2i] what to add for it: "DROPPED|FIRST|LAST|TRIED", FIRST
+--           and LAST comma-joined W3C traceparent strings, DROPPED how many contexts
+--           between them were left out, TRIED the traceparent of a failed try (or "")
 --
+-- Only a key that has a state here (pending, scheduled, running, dead-lettered) gets
+-- its contexts: one that was never accepted, or was already dropped (cancelled, acked,
+-- purged, trimmed), gets none; every step that drops a state deletes its traces key.
 -- A key's value has the same form. The contexts kept, old then new, in order, keep their
 -- first K and last K; the others are counted in DROPPED. TRIED is the newest given.
+-- The traces key expires GRACE after the key's due time (a later touch moves it).
 -- Returns the number of keys written.
 
-local keep, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local meta, keep, grace = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = now_ms()
 
 local function parts(v)
   local dropped, first, last, tried = string.match(v or '0|||', '^(%d*)|([^|]*)|([^|]*)|?(.*)$')
@@ -37,8 +44,19 @@ local function merged(old, new)
     .. tried
 end
 
-for i = 1, #KEYS do
-  local old = redis.call('GET', KEYS[i])
-  redis.call('SET', KEYS[i], merged(old, ARGV[2 + i]), 'PX', ttl)
+-- When the traces key of a key in state `s` expires, server ms.
+local function expiry(s)
+  local due = s and (s.kind == 'P' and s.due or s.kind == 'R' and s.rdue) or now
+  return math.max(due, now) + grace
 end
-return #KEYS
+
+local written = 0
+for i = 2, #KEYS do
+  local v = redis.call('HGET', meta, ARGV[2 * i - 1])
+  if v then
+    local old = redis.call('GET', KEYS[i])
+    redis.call('SET', KEYS[i], merged(old, ARGV[2 * i]), 'PXAT', int(expiry(decode(v))))
+    written = written + 1
+  end
+end
+return written
