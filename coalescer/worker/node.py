@@ -207,6 +207,10 @@ class Node:
         self._spawn = spawn
         spawn("node lease", self.node_lease.run())
         spawn("wakeups", self.wakeups.run())
+        # the paused rules are read now, not only once the subscription is confirmed (a
+        # new connection's round trips, which a slow link makes seconds): nothing is
+        # claimed until a first read; the confirmation reads them again
+        self.paused.announced(SUBSCRIBED)
         spawn("results", self.runner.results_loop())
         spawn("renew", self.runner.renew_loop())
         for ls_ in self.leaderships:

@@ -24,8 +24,10 @@ lease call has a deadline of its own (``CALL_SHARE`` of the lease), and this nod
 claiming when its own lease could have lapsed on a timer of its own (``_arm``), never
 waiting on a reply that may not come. When recent round trips are long (a slow link), a
 renewal goes out early enough for its reply to come back before the lease ends
-(``_schedule``): a round trip of a third of the lease keeps it. A call that
-finds this node's lease dropped (another node judged it lapsed) stops claiming too
+(``_schedule``): a round trip of a third of the lease keeps it. Nothing else holds a
+renewal back: a look gives way to the renewal once it is due, and the start's
+announcement goes out apart (a new connection costs a slow link several round trips).
+A call that finds this node's lease dropped (another node judged it lapsed) stops claiming too
 (``on_lapse``). The live node with the lowest id, when it judges another node's lease
 lapsed, drops that node from every shard's node set and rules registry (one
 pipeline), then from the leases, while its lease end is still the one read.
@@ -67,6 +69,7 @@ class NodeLease:
         self._key = node_leases(ctx.keyspace.namespace)
         self.channel = nodes_channel(ctx.keyspace.namespace)
         self._announced = False
+        self._announcing: asyncio.Future[None] | None = None
         self._layouts = ctx.layouts
         self._keyspace = ctx.keyspace
         self._node_id = ctx.node_id
@@ -114,24 +117,39 @@ class NodeLease:
                                stop=lambda: self._leaving)
         finally:
             self._disarm()
+            if self._announcing is not None:
+                self._announcing.cancel()
 
     async def renew(self) -> None:
         """One call: renew our lease (a look at the others' when the renewal is not due
         and our lease lives), act on what changed."""
-        if self._look_suffices() and await self._look():
-            return
+        if self._look_suffices():
+            try:
+                if await self._look():
+                    return
+            except TimeoutError:  # the renewal is due: it goes out now, the look given up
+                log.debug("node %s: a look at the leases outlasted the time to the renewal",
+                          self._node_id)
         await self._renew()
 
     def _look_suffices(self) -> bool:
+        """Whether a look does instead of a renewal: our lease lives, and the renewal is
+        not due before a recent round trip could bring the look's answer back."""
         return (self.holding.is_set() and not self._leaving
-                and asyncio.get_running_loop().time() < self._next - EARLY)
+                and asyncio.get_running_loop().time()
+                < self._next - max(EARLY, self._round_trip))
 
-    async def _call(self, call: Awaitable[NodeLeases]) -> tuple[NodeLeases, float, float]:
-        """Make a lease call with a deadline of its own; observe the server's clock."""
+    async def _call(self, call: Awaitable[NodeLeases], until: float | None = None
+                    ) -> tuple[NodeLeases, float, float]:
+        """Make a lease call with a deadline of its own (``until``, loop clock, when
+        sooner); observe the server's clock."""
         loop = asyncio.get_running_loop()
         self._wake.clear()  # a watch from now on asks for another call
         sent = loop.time()
-        state = await asyncio.wait_for(call, self._lease * CALL_SHARE)
+        limit = self._lease * CALL_SHARE
+        if until is not None:
+            limit = min(limit, until - sent)
+        state = await asyncio.wait_for(call, limit)
         got = loop.time()
         self.clock.observe(sent, got, state.now_ms)
         self._round_trip = max(got - sent, self._round_trip * 0.9)
@@ -140,14 +158,16 @@ class NodeLease:
     async def _look(self) -> bool:
         """Read every lease, renewing nothing; False (renew instead) when our own lease
         is not in the set. One plain command; when it shows a lease that lapsed, it is
-        read again with the server's clock (a script), and judged from that read only."""
+        read again with the server's clock (a script), and judged from that read only.
+        A look never holds the renewal back: TimeoutError once the renewal is due."""
         loop = asyncio.get_running_loop()
         self._wake.clear()
         sent = loop.time()
         ends = await asyncio.wait_for(self._scripts.lease_ends(self._key),
-                                      self._lease * CALL_SHARE)
+                                      min(self._lease * CALL_SHARE, self._next - sent))
         if self._node_id in ends and self._judge(ends, loop.time(), remember=False)[1]:
-            state, sent, _ = await self._call(self._scripts.lease_look(self._key))
+            state, sent, _ = await self._call(self._scripts.lease_look(self._key),
+                                              self._next)
             ends = state.ends
         if self._node_id not in ends:
             return False
@@ -171,8 +191,18 @@ class NodeLease:
         self.holding.set()
         await self._read(state.ends, sent)
         if not self._announced:  # the others learn of us now, not at their next look
-            await self._scripts.client.publish(self.channel, self._node_id)
             self._announced = True
+            self._announcing = asyncio.ensure_future(self._announce())
+
+    async def _announce(self) -> None:
+        """Say on the nodes' channel that this node started: apart from the renewals (on
+        a slow link a new connection's round trips would hold the next renewal back);
+        should it fail, the next renewal tries again."""
+        try:  # no deadline of a lease call's: a new connection may take several round trips
+            await self._scripts.client.publish(self.channel, self._node_id)
+        except Exception as exc:  # the others will see us at their next look meanwhile
+            log.debug("node %s: announcing its start failed: %r", self._node_id, exc)
+            self._announced = False
 
     async def _read(self, ends: dict[str, int], sent: float) -> None:
         """Judge which leases lapsed, by this node's clock; forget the lapsed nodes (one
