@@ -225,3 +225,29 @@ async def test_a_stream_whose_old_default_group_holds_entries_is_warned_of(
             "before namespaces named groups) still holds 1 pending and 2 unread entries, "
             f"which this source's group 'coalescer.{namespace}.orders' does not read; to "
             "read them, set group: coalescer in the source") in caplog.text
+
+
+async def test_a_stream_drain_in_another_namespace_leaves_a_deployment_its_entries(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        deploy: Any) -> None:
+    stream = f"{namespace}-app:orders"
+    path, rec = recorder_rules(tmp_path, f"ns_sdrain_{namespace}", STREAM_RULES.format(
+        stream=stream).replace("    stream:", "    start: all\n    stream:"))
+    dev_group = f"coalescer.{namespace}-dev.orders"
+    dev = await deploy(path, f"{namespace}-dev", redis_url=redis_url)
+    await wait_until(lambda: _groups(redis_client, stream, {dev_group}))
+    await dev.close()  # the deployment is down; entries written meanwhile wait for it
+    for n in range(20):
+        await redis_client.xadd(stream, {"orderId": str(n)})
+
+    test = await deploy(path, f"{namespace}-test", redis_url=redis_url, worker=False)
+    assert len(await test.drain(timeout=30)) == 20  # start: all, in the test's own group
+
+    (dev_info,) = [g for g in await redis_client.xinfo_groups(stream)
+                   if g["name"] == dev_group]
+    assert (dev_info["lag"], dev_info["pending"]) == (20, 0)  # dev's, untouched
+    dev_again = await deploy(path, f"{namespace}-dev", redis_url=redis_url)
+    await wait_until(lambda: accepted(dev_again) == 20, timeout=20,
+                     message="the deployment handled every entry it had not read")
+    await wait_until(lambda: len(rec.calls) == 40, timeout=20,
+                     message="each order refreshed once in each namespace")
