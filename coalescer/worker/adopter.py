@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
+from coalescer.errors import ReplicationError
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import (
     MAX_CLAIM,
@@ -80,7 +81,13 @@ class Adopter:
                     return
                 self._wake.clear()
                 freed = [self._runner.freed(r) for r in rules]
-                batch, full = await self._claim(rules, gate)
+                try:
+                    batch, full = await self._claim(rules, gate)
+                except ReplicationError as exc:  # given back; try again, as the poller does
+                    log.debug("shard %d: adopted claim not confirmed by the replicas: %s",
+                              self._shard.shard, exc)
+                    await self._sleep(min(left, self._sleep_cap))
+                    continue
                 if batch.served == 0:
                     self._note(())
                     return

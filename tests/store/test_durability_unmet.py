@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from coalescer.query.status import format_status
 from coalescer.web.api import HttpApi
 from tests.helpers.servers import ValkeyProcess, replica_of, wait_until
 from tests.store.test_replication import rules
+from tests.worker.test_rolling import ITEM, ONLY_A, Node, RulesFactory, text
 
 REASON = ("waiting for 1 replica: the primary has 0 connected replicas; add a replica or "
           "lower durability.replicas")
@@ -104,3 +106,42 @@ async def test_a_primary_left_without_its_replica_is_reported_everywhere_until_o
         assert (await c.query.status())["durability"]["problem"] is None
         assert len(said(caplog, "durability met again")) == 1
         assert len(said(caplog, "durability unmet")) == 1
+
+
+@pytest.mark.slow
+async def test_a_node_adopting_a_rule_keeps_serving_it_through_claims_left_unconfirmed(
+        tmp_path: Path, namespace: str, servers: list[ValkeyProcess],
+        rules_file: RulesFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """B leads and lacks ``only-a``; A adopts it (a rolling deploy). With the replica
+    gone, A's adopted claims are given back and tried again; A never fails its rounds."""
+    caplog.set_level(logging.DEBUG, logger="coalescer.worker.adopter")
+    primary = servers[0]
+    servers.append(await asyncio.to_thread(replica_of, primary, tmp_path / "replica"))
+    durable = "leader_lease: 1s\ndurability: {replicas: 1, timeout: 200ms}"
+    node_b = Node(rules_file, text(namespace, 1, ITEM).replace("leader_lease: 1s", durable))
+    node_a = Node(rules_file, text(namespace, 1, ITEM, ONLY_A).replace("leader_lease: 1s",
+                                                                          durable))
+    async with AsyncExitStack() as stack:
+        b = await stack.enter_async_context(
+            Coalescer(node_b.config, redis_url=primary.url, node_id="B"))
+        await wait_until(lambda: b.leads() == [0], message="B leads")
+        a = await stack.enter_async_context(
+            Coalescer(node_a.config, redis_url=primary.url, node_id="A"))
+        a.touch("a:1")
+        await a.flush()
+        await wait_until(lambda: node_a.rec.of("a:1"), message="A adopts only-a")
+
+        await asyncio.to_thread(servers[1].stop)
+        a.touch("a:2")
+        with pytest.raises(ReplicationError):
+            await a.flush()
+        waits = wait_calls(primary)
+        await wait_until(lambda: wait_calls(primary) >= waits + 8,
+                         message="a few more writes and claims refused for their WAIT")
+        assert said(caplog, "adopted claim not confirmed by the replicas")
+        assert said(caplog, "leadership rounds") == []
+        assert node_a.rec.of("a:2") == []
+
+        servers.append(await asyncio.to_thread(replica_of, primary, tmp_path / "replica-2"))
+        await wait_until(lambda: node_a.rec.of("a:2"), timeout=20,
+                         message="a:2 refreshed by A once a replica is back")
