@@ -141,9 +141,10 @@ class BackpressureError(CoalescerError):
 
 
 class QuotaExceededError(BackpressureError):
-    """The keys waiting for their refresh reached the rules file's ``limits.pending_keys``:
-    the touch was not accepted (every touch already accepted stays). ``limit`` names the
-    limit, ``retry_after`` is when to try again (seconds)."""
+    """The keys waiting for their refresh reached the rules file's ``limits.pending_keys``
+    (or the bytes they hold ``limits.pending_bytes``): the touch was not accepted (every
+    touch already accepted stays). ``limit`` names the limit, ``retry_after`` is when to
+    try again (seconds)."""
 
     def __init__(self, message: str, *, limit: str, value: int, retry_after: float) -> None:
         super().__init__(message)

@@ -31,6 +31,10 @@ Per shard::
                                       state: taken by its next refresh, deleted with the
                                       state, else gone soon after KEY's due time
                                       (store/lua/traces_put.lua)
+    NS:{NS:N}:bytes           HASH    the bytes the shard holds for its keys
+                                      (limits.pending_bytes): total, partial and cursor
+                                      of the count read a page at a time, added (by
+                                      writes since it ended; store/lua/pending_bytes.lua)
     NS:{NS:N}:wake            channel a nearer due time, or a released lease
     NS:{NS:N}:layout          STRING  the newest layout generation a writer or a mover
                                       used here (absent: 1); an older writer is sent to
@@ -137,6 +141,11 @@ class ShardKeys:
     @property
     def history(self) -> str:
         return f"{self.prefix}:history"
+
+    @property
+    def bytes(self) -> str:
+        """The count of bytes the shard holds for its keys (pending_bytes.lua)."""
+        return f"{self.prefix}:bytes"
 
     @property
     def items_prefix(self) -> str:

@@ -447,7 +447,8 @@ class Scripts:
         Redis failed on are skipped and returned. ``min_seq``: the tokens granted by
         the old shard that asked these keys away. LayoutMovedError: the shard follows
         a newer layout, and nothing was written."""
-        keys = [shard.meta, shard.next_wake, shard.layout, shard.seq, shard.moving]
+        keys = [shard.meta, shard.next_wake, shard.layout, shard.seq, shard.moving,
+                shard.bytes]
         args: list[Any] = [shard.wake_channel, gen, min_seq]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]

@@ -1,5 +1,5 @@
-"""The rules file's ``limits:`` at work: touches refused past ``pending_keys``, and dead
-letters dropped past their count or age.
+"""The rules file's ``limits:`` at work: touches refused past ``pending_keys`` or
+``pending_bytes``, and dead letters dropped past their count or age.
 
 Every ``EVERY`` seconds (every shard count / ``SHARDS_PER_SECOND`` seconds with many
 shards) while this node takes touches (and a few seconds after, and while it refuses
@@ -8,10 +8,14 @@ node runs limits.lua on every shard: it counts the shard's pending keys (its due
 and drops the shard's dead letters older than ``dead_letter_ttl``, then its oldest past
 its share of ``dead_letters`` (``dead_letters`` divided by the shard count, rounded up).
 Once the pending keys of all shards reach ``pending_keys``, this node refuses touches
-(QuotaExceededError) until a count finds fewer. The upsert script never refuses a key,
-so nothing already accepted is lost; the price is precision: the count is up to one
-period old, so the keys written by every node within one period (and those buffered in
-them) may go past the limit.
+(QuotaExceededError) until a count finds fewer. With each count it also runs
+pending_bytes.lua on every shard (store/byte_count.py): the bytes the shard holds for its
+keys, read a page of its meta hash per call (a big shard takes several counts to be read
+through), plus what the writes since its last full reading added; once the bytes of all
+shards reach ``pending_bytes``, touches are refused the same way. The upsert script
+never refuses a key, so nothing already accepted is lost; the price is precision: the
+count is up to one period old, so the keys written by every node within one period (and
+those buffered in them) may go past the limit.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from coalescer.common.plural import plural
 from coalescer.common.retrying import keep_running
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config
+from coalescer.config.sizes import format_size
 from coalescer.errors import QuotaExceededError
+from coalescer.store.byte_count import ByteCount
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import LimitsAnswer, Scripts
 
@@ -56,17 +62,41 @@ class Quota:
         self._more = 0  # counts still to make after the last touch (its write lands)
         self._idle_for = 0.0  # seconds since the last count, while idle
         self.pending: int | None = None  # None: not counted yet
+        self.bytes: int | None = None  # None: not counted yet
+        self._bytes = ByteCount(scripts.client,
+                                items=any(rule.items is not None for rule in config.rules))
 
     def check(self) -> None:
-        """QuotaExceededError when the last count reached ``pending_keys``."""
+        """QuotaExceededError when the last count reached ``pending_keys`` or
+        ``pending_bytes``."""
         limit = self._limits.pending_keys
         if self.pending is None or self.pending < limit:
+            self._check_bytes()
             return
         self._metrics.quota_refusals.inc()
         raise QuotaExceededError(
             f"touch refused: {self.pending} keys are waiting for their refresh, at or over "
             f"limits.pending_keys ({limit}); nothing was touched, try again in "
             f"{self._every:g} s", limit="pending_keys", value=limit, retry_after=self._every)
+
+    def _refusing(self) -> bool:
+        """Whether the last count reached a limit (touches are refused until one does
+        not)."""
+        limits = self._limits
+        return ((self.pending is not None and self.pending >= limits.pending_keys)
+                or (self.bytes is not None and self.bytes >= limits.pending_bytes))
+
+    def _check_bytes(self) -> None:
+        size = self._limits.pending_bytes
+        if self.bytes is None or self.bytes < size:
+            return
+        self._metrics.quota_refusals.inc()
+        raise QuotaExceededError(
+            f"touch refused: the keys waiting for their refresh hold {format_size(self.bytes)}"
+            f" of Redis ({self.bytes} bytes: names, items, schedules, trace contexts), at or "
+            f"over limits.pending_bytes ({format_size(size)}); nothing was touched, try "
+            f"again in {self._every:g} s", limit="pending_bytes", value=size,
+            retry_after=self._every)
 
     async def run(self) -> None:
         await keep_running("limits: counting pending keys, dropping old dead letters",
@@ -81,7 +111,7 @@ class Quota:
         activity = self._activity()
         if activity != self._seen:
             self._seen, self._more = activity, AFTER_TOUCHES
-        refusing = self.pending is not None and self.pending >= self._limits.pending_keys
+        refusing = self._refusing()
         if not (self._more or refusing or self._idle_for >= IDLE_EVERY):
             self._idle_for += self._every
             return
@@ -99,6 +129,9 @@ class Quota:
                                  budget=DROP_BUDGET)
             for shard in space.all_shards()))
         self.pending = sum(a.pending for a in answers)
+        counted = await asyncio.gather(*(self._bytes.count(shard)
+                                         for shard in space.all_shards()))
+        self.bytes = sum(held for held, _ in counted)
         self._report(answers, keep)
 
     def _report(self, answers: list[LimitsAnswer], keep: int) -> None:

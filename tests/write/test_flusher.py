@@ -108,7 +108,9 @@ async def test_flush_returns_once_redis_holds_the_due_times(
 
 # What one upsert call of new plain keys runs inside Redis, as before items existed
 # (one GET reads the shard's layout marker, one the poller's next wake-up).
-PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 2}
+# one call per shard: its new keys' bytes added to the shard's count with one HINCRBY
+PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 2,
+                "hincrby": 1}
 
 
 async def test_plain_touches_cost_what_they_did_before_items_existed(

@@ -4,7 +4,9 @@
 -- KEYS[4]   seq (fencing tokens granted so far)
 -- KEYS[5]   moving (the bundles of keys taken out of this shard by a reshard's mover
 --           and not yet deleted, see reshard_take.lua)
--- KEYS[6+2g], KEYS[7+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
+-- KEYS[6]   bytes (the shard's count of bytes held for its keys: this write adds to
+--           its "added" field what its new keys and items take, see pending_bytes.lua)
+-- KEYS[7+2g], KEYS[8+2g]       due:RULE and dead:RULE of group g (g = 0, 1, ...)
 -- ARGV[1]   wake channel       ARGV[2]  the writer's layout generation
 -- ARGV[3]   the fencing tokens an old shard had granted when it asked these keys away
 --           (0 for other writes): this shard's are raised to it first, so that a key's
@@ -106,6 +108,8 @@ local function spec_due(spec)
 end
 
 local replaced = {}  -- keys whose burst a time of their own replaced: their items go
+local KEY_OVERHEAD, ITEM_OVERHEAD = 80, 16  -- bytes of Redis's own (pending_bytes.lua)
+local added = 0  -- bytes of the new keys and items of this write
 
 -- A touch of `v` (false: no state) with its own time `spec`: the new state, its due
 -- time (its due set learns it) and whether it was dead (see retouch).
@@ -165,6 +169,7 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times)
       if ok and spec and due then p.soonest = min(p.soonest, due) end
     end
     if ok then
+      if not v then added = added + 2 * #key + #state + KEY_OVERHEAD end
       states[ns + 1], states[ns + 2] = key, state
       ns = ns + 2
       if due then
@@ -203,7 +208,10 @@ local function add_touched_items(at, failed)
       local key, n = f[i], tonumber(f[i + 1])
       if not bad[key] then
         local items = {}
-        for j = 1, n do items[j] = f[i + 1 + j] end
+        for j = 1, n do
+          items[j] = f[i + 1 + j]
+          added = added + #items[j] + ITEM_OVERHEAD
+        end
         add_items(prefix .. key, items, max)
       end
       i = i + 2 + n
@@ -233,8 +241,8 @@ local function held_only(keys, vals, asked)
 end
 
 local earliest, scheduled, pos, failed, asked = nil, 0, 4, {}, {}
-for g = 0, (#KEYS - 5) / 2 - 1 do
-  local due_key, dead_key = KEYS[6 + 2 * g], KEYS[7 + 2 * g]
+for g = 0, (#KEYS - 6) / 2 - 1 do
+  local due_key, dead_key = KEYS[7 + 2 * g], KEYS[8 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
@@ -256,6 +264,7 @@ if ARGV[pos] then
   add_touched_items(pos, failed)
 end
 for i = 1, #asked * 2 do failed[#failed] = nil end
+if added > 0 then redis.call('HINCRBY', KEYS[6], 'added', added) end
 local seq, transit = 0, {}
 if #asked > 0 then
   seq = tonumber(redis.call('GET', KEYS[4]) or 0)

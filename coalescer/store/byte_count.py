@@ -1,0 +1,31 @@
+"""pending_bytes.lua, registered once on a client and wrapped by a typed function: a
+shard's count of the bytes it holds for its keys (``limits.pending_bytes``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coalescer.store.keys import ShardKeys
+from coalescer.store.scripts import script_source
+
+PAGE = 500  # meta entries a call reads at most (a count of a big shard takes many calls)
+
+
+class ByteCount:
+    """Counts a shard's bytes a page at a time (see pending_bytes.lua)."""
+
+    def __init__(self, redis: Any, *, items: bool, traces: bool = True) -> None:
+        """``items``: some rule has items (their sets are measured); ``traces``: trace
+        contexts are measured."""
+        self._script = redis.register_script(script_source("pending_bytes"))
+        self._items = items
+        self._traces = traces
+
+    async def count(self, shard: ShardKeys, page: int = PAGE) -> tuple[int, bool]:
+        """The shard's bytes (its last full count plus what writes added since), and
+        whether a full count ended in this call."""
+        args = [shard.items_prefix if self._items else "",
+                shard.claimed_prefix if self._items else "",
+                shard.traces("") if self._traces else "", page]
+        held, ended = await self._script(keys=[shard.meta, shard.bytes], args=args)
+        return int(held), bool(int(ended))
