@@ -71,6 +71,7 @@ from coalescer.web.requests import (
     refuse_unstorable,
     unreadable,
 )
+from coalescer.web.scheduled_api import cancel_scheduled
 from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,9 @@ class Node(PageNode, Protocol):
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
 
     async def cancel(self, key: str) -> CancelOutcome: ...
+
+    async def cancel_scheduled(self, rule: str, *, after: Any, dry_run: bool = False,
+                               who: str | None = None) -> int: ...
 
     async def ping(self) -> bool: ...
 
@@ -269,6 +273,7 @@ class HttpApi:
         app.router.add_post("/keys/{key:.+}/run", self._run_now)
         app.router.add_post("/rules/{rule}/pause", self._pause)
         app.router.add_post("/rules/{rule}/resume", self._resume)
+        app.router.add_delete("/rules/{rule}/scheduled", self._cancel_scheduled)
         page.register(app)
         return app
 
@@ -460,6 +465,12 @@ class HttpApi:
             raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
                           key=key, cancelled=False, state=state)
         return web.json_response({"cancelled": True, "key": key, "state": state})
+
+    async def _cancel_scheduled(self, request: web.Request) -> web.Response:
+        """DELETE /rules/{rule}/scheduled?after=T (web/scheduled_api.py)."""
+        return await cancel_scheduled(request, self._c.cancel_scheduled,
+                                      [r.name for r in self._c.config.rules],
+                                      self._who(request))
 
     async def _pause(self, request: web.Request) -> web.Response:
         """POST /rules/{rule}/pause (`coalescer pause RULE`); 404 for no such rule."""

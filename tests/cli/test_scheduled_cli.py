@@ -6,6 +6,7 @@ filled ``limits.pending_keys`` for good); real processes on a real server."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,7 +51,7 @@ async def _touch(http: aiohttp.ClientSession, api: HttpApi, keys: list[str]) -> 
 
 async def test_a_bulk_cancel_of_far_schedules_lets_touches_in_again(
         rules_file: RulesFactory, start: Start, redis_url: str, namespace: str,
-        redis_client: Any, tmp_path: Path) -> None:
+        redis_client: Any, *, tmp_path: Path) -> None:
     path = rules_file(RULES.format(ns=namespace))
     c = await start(path, redis_url=redis_url, worker=False)
     far = time.time() + 10 * 365 * 86_400 - 86_400
@@ -142,3 +143,42 @@ async def test_scheduled_lists_the_scheduled_keys_soonest_first(
     assert done.returncode == 1 and "no rule named 'nope'" in done.stderr
     page = await c.query.scheduled_keys("other")
     assert [k["key"] for k in page["keys"]] == ["other:x"]
+
+
+async def test_delete_rule_scheduled_cancels_in_bulk_over_http(
+        rules_file: RulesFactory, start: Start, redis_url: str, namespace: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="coalescer.common.audit_log")
+    c = await start(rules_file(RULES.format(ns=namespace)), redis_url=redis_url,
+                    worker=False)
+    far = time.time() + 300 * 86_400
+    c.touch_many([f"remind:{n}" for n in range(50)], at=far)
+    c.touch("remind:soon", delay="1h")
+    await c.flush()
+    api = HttpApi(c, port=0)
+    await api.start()
+    base = f"http://127.0.0.1:{api.port}/rules"
+    after = str(int(time.time()) + 86_400)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.delete(f"{base}/remind/scheduled",
+                                   params={"after": after, "dry_run": "1"}) as r:
+                assert (r.status, await r.json()) == (200, {
+                    "rule": "remind", "after": after, "dry_run": True, "cancelled": 50})
+            async with http.delete(f"{base}/remind/scheduled", params={"after": after}) as r:
+                assert (r.status, (await r.json())["cancelled"]) == (200, 50)
+            async with http.delete(f"{base}/remind/scheduled",
+                                   params={"after": "1969-01-01T00:00:00Z"}) as r:
+                body = await r.json()
+                assert (r.status, body["field"]) == (400, "after")
+                assert "before the epoch" in body["error"]
+            async with http.delete(f"{base}/remind/scheduled") as r:
+                assert (r.status, (await r.json())["field"]) == (400, "after")
+            async with http.delete(f"{base}/nope/scheduled", params={"after": after}) as r:
+                assert r.status == 404
+    finally:
+        await api.close()
+    page = await c.query.scheduled_keys("remind")
+    assert [k["key"] for k in page["keys"]] == ["remind:soon"]
+    lines = [r.getMessage() for r in caplog.records if "operator action" in r.getMessage()]
+    assert len(lines) == 1 and "50 changed, by anonymous from 127.0.0.1" in lines[0]

@@ -31,7 +31,7 @@ def counted(c: Coalescer) -> int | None:
 
 async def test_a_delay_topic_cannot_push_pending_keys_past_the_limit(
         tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
-        redis_client: Any, nodes: Any) -> None:
+        redis_client: Any, *, nodes: Any) -> None:
     topic = await new_topic(kafka)
     path, _ = setup(tmp_path, namespace, kafka, topic, extra='    delay: "{delayTime}m"\n')
     path.write_text(path.read_text()
