@@ -118,4 +118,4 @@ def test_an_unknown_field_lists_the_fields_of_every_type() -> None:
         load("  - {name: a, stream: s, key: 'stats:customer:{c}', shard: 1}\n")
     assert info.value.message.endswith(
         "allowed: name, stream, group, start, key, item, url, table, batch, poll, bootstrap, "
-        "topics, keys, at, delay, type")
+        "topics, stalled_after, keys, at, delay, type")

@@ -161,10 +161,11 @@ def setup(tmp_path: Path, namespace: str, text: str) -> tuple[Path, Recorder]:
     return recorder_rules(tmp_path, f"rec_{namespace}", text)
 
 
-def group_of(stream: str, source: str = "orders") -> str:
+def group_of(stream: str, source: str | None = None) -> str:
     """The group a source of ``stream`` reads in by default: ``coalescer.NAMESPACE.SOURCE``
-    (these tests' streams are named NAMESPACE-app:...)."""
-    return f"coalescer.{stream.split('-app:', maxsplit=1)[0]}.{source}"
+    (these tests' streams are named NAMESPACE-app:SOURCE)."""
+    namespace, _, name = stream.partition("-app:")
+    return f"coalescer.{namespace}.{source or name}"
 
 
 async def group_info(r: Any, stream: str, group: str | None = None) -> dict[str, Any] | None:
