@@ -144,6 +144,24 @@ async def test_two_namespaces_of_one_rules_file_each_read_every_stream_entry(
     assert status["sources"]["orders"]["group"] == f"coalescer.{namespace}-blue.orders"
 
 
+def test_status_json_shows_the_group_derived_from_the_namespace(
+        tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("""\
+rules:
+  - {name: order, match: "order:{id}", handler: builtins:repr}
+sources:
+  - {name: orders, stream: "app:orders", key: "order:{orderId}"}
+""")
+    monkeypatch.setenv(ENV_NAMESPACE, "staging")
+    assert main(["status", "--json", "--rules", str(path), "--redis", redis_url]) == 0
+    shown = json.loads(capsys.readouterr().out)["sources"]["orders"]
+    assert shown["group"] == "coalescer.staging.orders"
+    assert main(["status", "--rules", str(path), "--redis", redis_url]) == 0
+    assert "app:orders (coalescer.staging.orders)" in capsys.readouterr().out
+
+
 async def _groups(redis: Any, stream: str, names: set[str]) -> bool:
     if not await redis.exists(stream):
         return False
