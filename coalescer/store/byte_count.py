@@ -3,12 +3,15 @@ shard's count of the bytes it holds for its keys (``limits.pending_bytes``)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from coalescer.store.keys import ShardKeys
 from coalescer.store.scripts import script_source
 
 PAGE = 500  # meta entries a call reads at most (a count of a big shard takes many calls)
+AT_ONCE = 8  # calls in flight at most: each holds a connection of the client's pool
 
 
 class ByteCount:
@@ -29,3 +32,14 @@ class ByteCount:
                 shard.traces("") if self._traces else "", page]
         held, ended = await self._script(keys=[shard.meta, shard.bytes], args=args)
         return int(held), bool(int(ended))
+
+    async def count_all(self, shards: Sequence[ShardKeys]) -> int:
+        """The bytes of every one of ``shards`` (see ``count``), ``AT_ONCE`` calls at a
+        time."""
+        gate = asyncio.Semaphore(AT_ONCE)
+
+        async def one(shard: ShardKeys) -> int:
+            async with gate:
+                return (await self.count(shard))[0]
+
+        return sum(await asyncio.gather(*(one(shard) for shard in shards)))

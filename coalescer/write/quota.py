@@ -115,11 +115,13 @@ class Quota:
         if not (self._more or refusing or self._idle_for >= IDLE_EVERY):
             self._idle_for += self._every
             return
+        count_bytes = bool(self._more) or refusing  # an idle node's look costs no more
         self._more, self._idle_for = max(0, self._more - 1), 0.0
-        await self.step()
+        await self.step(count_bytes=count_bytes)
 
-    async def step(self) -> None:
-        """Count every shard's pending keys, trim its dead letters; log what was dropped."""
+    async def step(self, *, count_bytes: bool = True) -> None:
+        """Count every shard's pending keys (and, with ``count_bytes``, read on through
+        its bytes), trim its dead letters; log what was dropped."""
         space, limits = self._keyspace(), self._limits
         self._every = max(EVERY, space.span / SHARDS_PER_SECOND)
         keep = limits.dead_letters_per_shard(space.shards)
@@ -129,9 +131,8 @@ class Quota:
                                  budget=DROP_BUDGET)
             for shard in space.all_shards()))
         self.pending = sum(a.pending for a in answers)
-        counted = await asyncio.gather(*(self._bytes.count(shard)
-                                         for shard in space.all_shards()))
-        self.bytes = sum(held for held, _ in counted)
+        if count_bytes:
+            self.bytes = await self._bytes.count_all(space.all_shards())
         self._report(answers, keep)
 
     def _report(self, answers: list[LimitsAnswer], keep: int) -> None:
