@@ -56,6 +56,7 @@ from coalescer.sources.base import (
     start_loops,
 )
 from coalescer.sources.kafka_commit import commit_timeout, flush_timeout, log_refused
+from coalescer.sources.kafka_status import REPORT_IDLE, kafka_status
 from coalescer.sources.kafka_values import MessageReader, Touches
 from coalescer.sources.kafka_watch import StallWatch
 from coalescer.store.keys import sources_kafka, sources_rejected
@@ -70,8 +71,6 @@ POLL_MS = 1000  # how long a read waits for messages
 DRAIN_POLL_MS = 100  # how long a writer's drain's read waits for messages
 CAUGHT_UP_CHECK = 0.25  # seconds between two looks of a worker's drain at its loop, at most
 REPORT_EVERY = 1.0  # seconds between two reports of a changing lag, at least
-REPORT_IDLE = 30.0  # seconds between two reports of an unchanged source
-REPORT_STALE = 3 * REPORT_IDLE  # a report older than this is a gone node's
 REJECTS_LOGGED = 20  # rejected messages logged one by one a minute; the rest counted
 
 
@@ -595,36 +594,6 @@ def check_kafka(source: SourceConfig, index: int, config: Config,
                              "reading Kafka needs aiokafka: pip install 'coalescer[kafka]'",
                              "type")]
     return []
-
-
-async def kafka_status(redis: Any, source: SourceConfig, config: Config) -> dict[str, Any]:
-    """What the live nodes last saw of ``source``: each partition's committed offset,
-    end offset and lag (and the node reading it), their total lag, and every node's
-    error while failing."""
-    assert isinstance(source, KafkaSource)
-    found = await redis.hgetall(sources_kafka(config.namespace))
-    now_ms = time.time() * 1000
-    partitions: dict[str, dict[str, Any]] = {}
-    errors: dict[str, str] = {}
-    prefix = f"{source.name}|"
-    for name, raw in found.items():
-        if not name.startswith(prefix):
-            continue
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            entry = json.loads(raw)
-            if now_ms - entry["at_ms"] > REPORT_STALE * 1000:
-                continue
-            kind, _, rest = name[len(prefix):].partition("|")
-            if kind == "node":
-                if entry["error"]:
-                    errors[rest] = entry["error"]
-            else:
-                partitions[f"{kind}/{rest}"] = {k: entry[k] for k in
-                                                ("node", "committed", "end", "lag")}
-    lags = [p["lag"] for p in partitions.values()]
-    return {"type": "kafka", "topics": list(source.topics), "group": source.group,
-            "lag": None if not lags or None in lags else sum(lags),
-            "partitions": dict(sorted(partitions.items())), "errors": errors}
 
 
 register(SourceType(name=KafkaSource.type, open=open_kafka, status=kafka_status,

@@ -18,11 +18,11 @@ from typing import Any
 
 from coalescer.config.durations import format_duration
 from coalescer.config.kafka_source import KafkaSource
+from coalescer.sources.kafka_status import REPORT_STALE
 
 log = logging.getLogger("coalescer.sources.kafka")
 
 LOOK_EVERY = 1.0  # seconds between two reads of the other nodes' reports, at most
-FRESH_MS = 90_000  # a partition's report older than this is a gone node's
 
 # partition -> (committed, end offset, lag), as KafkaLoop.lags() gives them
 Lags = Mapping[Any, tuple[int, int | None, int | None]]
@@ -90,7 +90,7 @@ class StallWatch:
             if not name.startswith(prefix) or name[len(prefix):].startswith(b"node|"):
                 continue
             try:
-                if now_ms - json.loads(raw)["at_ms"] <= FRESH_MS:
+                if now_ms - json.loads(raw)["at_ms"] <= REPORT_STALE * 1000:
                     return True
             except (ValueError, KeyError, TypeError):
                 continue
