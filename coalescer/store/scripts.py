@@ -354,9 +354,11 @@ def _by_client(scripts: Iterable[Any]) -> dict[Any, list[Any]]:
 
 async def _load(client: Any, sources: list[str]) -> None:
     """SCRIPT LOAD each of ``sources`` on ``client``: one round trip on a single server
-    (a pipeline), each to every master at once on a Redis Cluster."""
+    (a pipeline); on a Redis Cluster one after the other, each to every master at once
+    (all at once would take more connections than a client's bound)."""
     if isinstance(client, RedisCluster):
-        await asyncio.gather(*(client.script_load(source) for source in sources))
+        for source in sources:
+            await client.script_load(source)
         return
     async with client.pipeline(transaction=False) as pipe:
         for source in sources:
