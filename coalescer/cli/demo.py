@@ -83,7 +83,7 @@ def demo_keys(config: Config) -> list[str]:
     for sk in KeySpace(config.namespace, config.shards).all_shards():
         found += [sk.leader, sk.epoch, sk.seq, sk.next_wake, sk.nodes, sk.rules,
                   sk.rule_names, sk.meta, sk.history, sk.layout, sk.moving, sk.arrived,
-                  sk.acked(DEMO_NODE)]
+                  sk.acked(DEMO_NODE), sk.bytes]
         for rule in config.rules:
             found += [sk.due(rule.name), sk.inflight(rule.name), sk.dead(rule.name)]
     return found
