@@ -547,7 +547,7 @@ class Coalescer:
                 return await self._drainer(run.node.runner, read).run(timeout)
             if run.handlers is None:
                 self.config = self.config.with_handlers()  # a writer's drain imports them
-                run.handlers = Handlers(self.config)
+                run.handlers = Handlers(self.config, processes=False)  # in this process
             async with local_runner(self._context(), invokers=run.handlers.invokers) as runner:
                 return await self._drainer(runner, read).run(timeout)
 

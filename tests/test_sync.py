@@ -270,7 +270,8 @@ async def test_worker_coalescer_in_a_forked_child(
     sys.path.insert(0, str(tmp_path))
     rules = tmp_path / "rules.yaml"
     rules.write_text(f"namespace: {namespace}\nrules:\n  - name: job\n    match: 'job:{{id}}'\n"
-                     f"    window: 100ms\n    handler: w_{namespace}:refresh\n")
+                     f"    window: 100ms\n    handler: w_{namespace}:refresh\n"
+                     "    isolation: thread\n")  # the handler's pid: the forked node's
     c = Coalescer.from_yaml(rules, redis_url=redis_url, worker=True)
     if started_in_parent:
         await c.start()

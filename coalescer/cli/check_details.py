@@ -102,7 +102,7 @@ def _handler(rule: Rule) -> str:
     elif rule.isolation is not None:
         kind = "def: runs in a child process (isolation: process)"
     else:
-        kind = "def: runs on a worker thread"
+        kind = "def: runs on a worker thread (isolation: thread)"
     return f"{kind}, defined in {_where(handler)}"
 
 

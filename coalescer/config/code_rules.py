@@ -11,6 +11,7 @@ path imported (like a rules file's) only by a process that runs handlers.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -20,7 +21,7 @@ from typing import Any
 from yaml.error import Mark
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from coalescer.config.handler_import import signature_problem
+from coalescer.config.handler_import import is_async, signature_problem
 from coalescer.config.model import Handler
 from coalescer.config.model import Rule as RuleModel
 from coalescer.config.namespace_env import namespace_override
@@ -28,6 +29,8 @@ from coalescer.config.rules import Config, _config
 from coalescer.config.schema import DEFAULT_NAMESPACE, RulesSchema, Settings, _Setting
 from coalescer.config.yaml_reader import Entries, kind, shown
 from coalescer.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Rule", "Rules"]
 
@@ -226,7 +229,7 @@ class CodeSchema(RulesSchema):
         try:
             rule = super().rule(node, index, defaults, seen)
             if rule.isolation is not None and callable(rule.handler):
-                self.importable(rule)
+                return self.importable(rule)
             return rule
         finally:
             self.file = self.top_file
@@ -258,12 +261,21 @@ class CodeSchema(RulesSchema):
             raise self.error(f"handler {ref} {problem}", found[1], field)
         return raw, ref
 
-    def importable(self, rule: RuleModel) -> None:
+    def importable(self, rule: RuleModel) -> RuleModel:
         """A child process of ``isolation: process`` imports the handler by its path: the
-        function must be found again by ``module:function``."""
+        function must be found again by ``module:function``. Without an isolation field,
+        a plain function that cannot be runs on threads (a warning says so)."""
         isolation = rule.isolation
         if isolation is None or found_by_ref(rule.handler, rule.handler_ref):
-            return
+            return rule
+        if not isolation.explicit:
+            if callable(rule.handler) and not is_async(rule.handler):
+                log.warning("rule %s: handler %s cannot be imported by name in a child "
+                            "process (a lambda, a nested function, or one of __main__): it "
+                            "runs on the node's threads, where a run cannot be stopped; "
+                            "define it at the top level of a module, or say isolation: "
+                            "thread", rule.name, rule.handler_ref)
+            return replace(rule, isolation=None)
         raise ConfigError(
             f"isolation: process imports the handler by name in each child process, and "
             f"{rule.handler_ref} cannot be imported by name (a lambda, a nested function, "

@@ -109,17 +109,22 @@ class HttpHandler:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProcessIsolation:
-    """A rule's ``isolation: process``: its plain-function handler runs in child
-    processes, killed at the timeout, when the claim is lost and at the end of the
-    shutdown grace. Only for a Python handler that is not ``async def``."""
+    """A rule's ``isolation: process`` (the default for a plain function): its handler
+    runs in the node's child processes, killed at the timeout, when the claim is lost
+    and at the end of the shutdown grace. Said explicitly, only for a Python handler
+    that is not ``async def``; by default, it applies to plain functions only."""
 
     base_dir: Path | None  # the folder a child imports the handler from (the rules file's)
-    file: str  # where the rules file says so
+    file: str  # where the rules file says so (by default: the rule's own line)
     line: int
     field: str
+    explicit: bool = True  # False: the rule has no isolation field
 
     def problem(self, handler: object) -> str | None:
-        """Why ``handler`` cannot run in a child process, or None when it can."""
+        """Why ``handler`` cannot run in a child process, or None when it can (or when
+        the rule did not ask: the default leaves other handlers as they are)."""
+        if not self.explicit:
+            return None
         if isinstance(handler, HttpHandler):
             return ("isolation: process runs a Python handler in a child process; an http "
                     "handler has nothing to isolate: remove isolation (or use thread)")
@@ -155,6 +160,13 @@ class Rule:
     items: ItemsPolicy | None = None  # None: touches of its keys carry no item
     isolation: ProcessIsolation | None = None  # None: a plain handler runs on threads
 
+    @property
+    def in_child_process(self) -> bool:
+        """Whether the handler (imported, a plain function) runs in a child process."""
+        handler = self.handler
+        return (self.isolation is not None and callable(handler)
+                and not is_async(handler))
+
     def params(self, key: str) -> dict[str, str] | None:
         """The captured segments when ``key`` matches this rule, else None."""
         return self.pattern.match(key)
@@ -182,9 +194,9 @@ class Rule:
         if self.items is not None:
             lines.append(f"  items: max {self.items.max} (claim.items; past it, "
                          "claim.items_overflowed)")
-        if self.isolation is not None:
-            lines.append("  isolation: process (a child process each run, killed at the "
-                         "timeout)")
+        if self.isolation is not None and (self.isolation.explicit or self.in_child_process):
+            lines.append("  isolation: process (in the node's child processes, killed at "
+                         "the timeout and when its claim is lost)")
         if isinstance(self.handler, HttpHandler):
             lines.append("  http: " + _describe_http(self.handler, self.timeout))
         return "\n".join(lines)

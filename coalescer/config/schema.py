@@ -339,7 +339,8 @@ class RulesSchema(YamlReader):
         items = self.optional(entries, prefix, "items", self.items, None)
         if batch is not None and handler is not None:
             self.attempt(self.batch_handler, handler[0], entries, prefix)
-        isolation = self.optional(entries, prefix, "isolation", self.isolation, None)
+        isolation = (self.optional(entries, prefix, "isolation", self.isolation, None)
+                     if "isolation" in entries else self.default_isolation(node, prefix))
         if isolation is not None and handler is not None:
             self.attempt(self.isolated_handler, handler[0], isolation)
         self.settle(before)
@@ -377,9 +378,15 @@ class RulesSchema(YamlReader):
                              "claims' params in the body", entries["batch"][0],
                              join(prefix, "batch"))
 
+    def default_isolation(self, node: Node, prefix: str) -> ProcessIsolation:
+        """A rule without ``isolation``: a plain function runs in child processes."""
+        return ProcessIsolation(base_dir=self.base_dir, file=self.file, line=line_of(node),
+                                field=join(prefix, "isolation"), explicit=False)
+
     def isolation(self, node: Node, field: str) -> ProcessIsolation | None:
-        """``thread`` (the default: a plain handler runs on the node's threads) or
-        ``process`` (in child processes the node kills at the timeout)."""
+        """``process`` (the default: a plain handler runs in child processes the node
+        kills at the timeout and when its claim is lost) or ``thread`` (on the node's
+        own threads)."""
         raw = self.value(node, field)
         if raw not in ISOLATIONS:
             raise self.error(f"isolation must be thread or process, got {shown(raw)}", node,

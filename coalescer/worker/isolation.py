@@ -1,8 +1,12 @@
-"""``isolation: process``: a rule's sync handler runs in child processes of the node.
+"""The node's process pool: sync handlers (the default, ``isolation: process``) run in
+child processes of the node.
 
-Each such rule has a pool of at most ``concurrency`` children (forked by
-multiprocessing's fork server, each importing the handler once, see
-``worker.child``), reused from one run to the next. A run whose task is cancelled
+One pool per node, shared by its rules: at most the sum of their ``concurrency``
+children, started when a run finds none idle and reused by any rule's next run (a
+child runs one handler at a time, see ``worker.child``). Children are forked by
+multiprocessing's fork server, which imported the rules' handlers first
+(``worker.fork_preload``) so that they share those pages; each dies with the node
+(``worker.node_death``). A run whose task is cancelled
 (its timeout, its claim lost, the end of the shutdown grace) kills its child:
 SIGTERM, then SIGKILL ``STOP_WAIT`` seconds later if it is still there, and the
 invoker's cancellation carries the stop, so the runner keeps the run's slot until the
@@ -15,24 +19,67 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
+import os
 import pickle
-from collections.abc import Awaitable
+import threading
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from coalescer.worker import fork_preload
 from coalescer.worker.child import Packed, serve
-from coalescer.worker.invoke import RunCancelled
+from coalescer.worker.invoke import Invoke, RunCancelled
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 0.5  # seconds from SIGTERM to SIGKILL
 REAP_WAIT = 2.0  # seconds for a killed child to be gone
 CONTEXT = "forkserver"
+HandlerRef = tuple[str, "str | None"]  # (module:function, the folder it imports from)
+
+
+def start_fork_server(handlers: Sequence[HandlerRef], first: Sequence[str] = ()) -> None:
+    """Start the fork server now, having ``first`` then the ``handlers`` imported,
+    unless it runs. Started from the main thread, it dies with this process (the
+    kernel's parent-death signal follows the thread that started it: from another
+    thread, it is not armed, and the server ends once its children have)."""
+    context = multiprocessing.get_context(CONTEXT)
+    context.set_forkserver_preload([*first, serve.__module__, fork_preload.__name__])
+    node = os.getpid() if threading.current_thread() is threading.main_thread() else None
+    plan = json.dumps({"node": node, "handlers": [list(h) for h in handlers]})
+    before = os.environ.get(fork_preload.ENV)
+    os.environ[fork_preload.ENV] = plan
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ[fork_preload.ENV]
+        else:
+            os.environ[fork_preload.ENV] = before
+
+
+def _forget_fork_server() -> None:
+    """In a process forked (``os.fork``) from one that had started the fork server: that
+    server is its parent's, not this process's child; the next pool starts its own.
+    (multiprocessing keeps the server's pid, address and alive pipe in a module-level
+    object that a fork copies as it is.)"""
+    server: Any = vars(multiprocessing.forkserver)["_forkserver"]
+    alive = server._forkserver_alive_fd
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)  # the parent keeps its own
+    server._lock = threading.Lock()  # held by another thread of the parent, maybe
+
+
+os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 class ChildError(Exception):
@@ -67,27 +114,30 @@ def unpack(packed: Packed) -> Exception:
 
 
 class ChildPool:
-    """The child processes of one rule: at most ``size`` of them, started when needed."""
+    """The node's child processes: at most ``size`` of them, started when needed."""
 
-    def __init__(self, rule: str, ref: str, base_dir: Path | None, size: int) -> None:
-        self._rule = rule
-        self._ref = ref
-        self._base_dir = str(base_dir) if base_dir is not None else None
+    def __init__(self, size: int) -> None:
         self._size = size
         self._idle: list[Child] = []
         self._children: set[Child] = set()
         self._context = multiprocessing.get_context(CONTEXT)
-        # Forked from a server that imported this once (if it is not running yet).
-        self._context.set_forkserver_preload([serve.__module__])
 
-    async def call(self, arg: Any) -> object:
+    def invoker(self, ref: str, base_dir: Path | None) -> Invoke:
+        """What runs the handler ``ref`` (imported from ``base_dir``) in a child."""
+        where = str(base_dir) if base_dir is not None else None
+
+        async def call(arg: Any) -> object:
+            return await self.call(ref, where, arg)
+        return call
+
+    async def call(self, ref: str, base_dir: str | None, arg: Any) -> object:
         """``handler(arg)`` in a child; RunCancelled (its stop in ``ends``) if cancelled."""
         child = self._idle.pop() if self._idle else self._launch()
         started = False
         try:
             if not child.ready:
                 await self._ready(child)
-            child.conn.send(arg)
+            child.conn.send((ref, base_dir, arg))
             started = True
             kind, payload = await self._receive(child)
         except asyncio.CancelledError:
@@ -103,12 +153,10 @@ class ChildPool:
 
     def _launch(self) -> Child:
         if len(self._children) >= self._size:  # only past a bug in the slot counts
-            log.warning("rule %s: more than %d handler child processes at once", self._rule,
-                        self._size)
+            log.warning("more than %d handler child processes at once", self._size)
         ours, theirs = self._context.Pipe()
         process = self._context.Process(  # type: ignore[attr-defined]
-            target=serve, args=(theirs, self._ref, self._base_dir), daemon=True,
-            name=f"coalescer-{self._rule}")
+            target=serve, args=(theirs,), daemon=True, name="coalescer-handler")
         child = Child(process, ours)
         self._children.add(child)
         # Forking (and, the first time, the fork server's start) waits on a socket.
@@ -129,7 +177,7 @@ class ChildPool:
         if kind != "ready":
             raise unpack(payload)
         child.ready = True
-        log.debug("rule %s: handler child process %d ready", self._rule, child.process.pid)
+        log.debug("handler child process %d ready", child.process.pid)
 
     async def _receive(self, child: Child) -> tuple[str, Any]:
         conn = child.conn
@@ -151,8 +199,7 @@ class ChildPool:
         try:
             await self._end(child)
         except Exception as exc:  # the child is killed below all the same
-            log.warning("rule %s: stopping a handler child process failed: %r", self._rule,
-                        exc)
+            log.warning("stopping a handler child process failed: %r", exc)
         finally:
             _kill(child)
             self._children.discard(child)
@@ -169,8 +216,8 @@ class ChildPool:
         if not await _exited(process, STOP_WAIT):
             process.kill()
             await _exited(process, REAP_WAIT)
-        log.info("rule %s: killed handler child process %d (exit code %s)", self._rule,
-                 process.pid, process.exitcode)
+        log.info("killed handler child process %d (exit code %s)", process.pid,
+                 process.exitcode)
 
     def close(self) -> None:
         """Kill every child now (SIGKILL: the grace is over) and reap it. Idempotent."""

@@ -45,7 +45,7 @@ class LoopLag:
         if took >= self.threshold and rule not in self.warned:
             self.warned.add(rule)
             log.warning("rule %r: its async handler %s blocked the event loop for %.1fs: "
-                        "use `def` (runs in a thread) or await non-blocking calls (the "
+                        "use `def` (runs in a child process) or await non-blocking calls (the "
                         "node's leases and touches wait while it blocks)", rule, handler,
                         took)
 

@@ -340,13 +340,16 @@ def test_check_v_says_how_each_handler_runs_and_where_it_is_defined(
     path.write_text(f"namespace: {namespace}\nrules:\n"
                     f"  - {{name: a, match: 'a:*', handler: h_{namespace}:refresh}}\n"
                     f"  - {{name: b, match: 'b:*', handler: h_{namespace}:plain}}\n"
-                    "  - {name: c, match: 'c:*', handler: {http: {url: 'http://127.0.0.1:9/c'}}}\n")
+                    "  - {name: c, match: 'c:*', handler: {http: {url: 'http://127.0.0.1:9/c'}}}\n"
+                    f"  - {{name: d, match: 'd:*', handler: h_{namespace}:plain, "
+                    "isolation: thread}\n")
     assert main(["check", "-v", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.split("handlers:\n")[1].splitlines() == [
         f"   a: async def: runs on the node's event loop, defined in {module}:1",
-        f"   b: def: runs on a worker thread, defined in {module}:5",
-        "   c: webhook POST http://127.0.0.1:9/c"]
+        f"   b: def: runs in a child process (isolation: process), defined in {module}:5",
+        "   c: webhook POST http://127.0.0.1:9/c",
+        f"   d: def: runs on a worker thread (isolation: thread), defined in {module}:5"]
     assert main(["check", str(path)]) == 0
     assert "handlers:" not in capsys.readouterr().out  # only with -v
     assert main(["check", "-v", "--no-import", str(path)]) == 0

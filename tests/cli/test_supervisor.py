@@ -31,7 +31,9 @@ rules:
     match: "item:{{id}}"
     window: 100ms
     handler: handlers:refresh
+    isolation: thread
 """  # every other setting at its default: concurrency 16, leases 3 s / 5 s, retries 5
+# (on threads: the handler's pid is the node process's)
 
 HANDLERS = """\
 import os

@@ -260,7 +260,6 @@ rules:
   - name: item
     match: "item:{{id}}"
     handler: handlers:refresh
-    isolation: process
 """
 
 CHILD_HANDLERS = """\
@@ -271,7 +270,7 @@ HERE = pathlib.Path(__file__).parent
 
 
 def refresh(claim):
-    # a plain function in a child process: it says it is alive every 20 ms until released
+    # a plain function (by default in a child process): alive every 20 ms until released
     with open(HERE / "runs.log", "a") as log:
         while not (HERE / "release").exists():
             log.write(f"{claim.key} {claim.token} {time.monotonic()}\\n")
@@ -294,7 +293,7 @@ def child_runs(folder: Path) -> dict[tuple[str, int], tuple[float, float]]:
     return runs
 
 
-async def test_a_black_holed_leader_kills_its_process_isolated_runs_before_the_standby_runs_them(
+async def test_a_black_holed_leader_kills_its_sync_runs_by_default_before_the_standby_runs_them(
         nodes: Nodes, redis_url: str, redis_client: Any, proxy: FaultProxy) -> None:
     keys = KEYS[:6]
     rules = nodes.rules_file(CHILD_RULES.format(ns=nodes.namespace), CHILD_HANDLERS)

@@ -1,7 +1,7 @@
-"""A plain (sync) handler that never returns costs its own slot: other rules' handlers
-still run, its key never runs twice at once on the node, a claim that never got to run
-is not reported as timed out, and a node with such a handler still exits after SIGTERM
-and its grace."""
+"""A plain (sync) handler on threads (``isolation: thread``) that never returns costs its
+own slot: other rules' handlers still run, its key never runs twice at once on the node,
+a claim that never got to run is not reported as timed out, and a node with such a
+handler still exits after SIGTERM and its grace."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ rules:
     concurrency: 2
     retry: {{attempts: {attempts}, backoff: 50ms, max_backoff: 50ms}}
     handler: handlers:hang
+    isolation: thread
   - name: healthy
     match: "ok:{{id}}"
     window: 100ms
@@ -72,6 +73,7 @@ rules:
     concurrency: 2
     retry: {{attempts: 2, backoff: 50ms, max_backoff: 50ms}}
     handler: handlers:healthy
+    isolation: thread
 """
 
 
@@ -147,6 +149,7 @@ rules:
     batch: {{max: 2}}
     retry: {{attempts: 20, backoff: 50ms, max_backoff: 50ms}}
     handler: handlers:hang_batch
+    isolation: thread
 """
 
 
@@ -197,6 +200,7 @@ rules:
     window: 100ms
     timeout: 300ms
     handler: stuck:hang
+    isolation: thread
 """
 
 STUCK = """\

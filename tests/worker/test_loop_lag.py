@@ -33,8 +33,8 @@ async def blocking(claim):
 async def polite(claim):
     await asyncio.sleep(0.7)
 """
-ADVICE = ("use `def` (runs in a thread) or await non-blocking calls (the node's leases "
-          "and touches wait while it blocks)")
+ADVICE = ("use `def` (runs in a child process) or await non-blocking calls (the node's "
+          "leases and touches wait while it blocks)")
 
 
 async def test_a_blocking_async_handler_is_named_once_and_an_awaiting_one_never(

@@ -22,6 +22,7 @@ async def refresh_user(claim: Claim) -> None:
 
 
 def refresh_org(claim: Claim) -> None:
-    """A plain (sync) handler: runs in coalescer's thread pool."""
+    """A plain (sync) handler: on threads of the node (``isolation: thread``), as it
+    records in the node's memory; by default it would run in a child process."""
     REFRESHED.append((claim, time.time()))
     time.sleep(0.02)

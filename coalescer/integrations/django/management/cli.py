@@ -5,8 +5,6 @@ the default rules file (``--rules PATH`` still wins)."""
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,7 +18,7 @@ from coalescer.cli.parser import IN_CODE, build_parser
 from coalescer.config.rules_source import is_module_ref, load_rules
 from coalescer.errors import ConfigError
 from coalescer.integrations.django.conf import DEFAULT_RULES, RULES_SETTING, rules_setting
-from coalescer.worker import child
+from coalescer.worker.isolation import start_fork_server
 
 # Django's own options, applied by manage.py before the command runs
 DJANGO_OPTIONS = ("--settings", "--pythonpath")
@@ -47,18 +45,23 @@ def run(argv: Sequence[str], *, prog: str, script: str) -> int:
 
 
 def set_up_handler_children(rules: str) -> None:
-    """With a rule of ``isolation: process`` in ``rules``: start the fork server its
-    handler processes are forked from, with Django set up in it (they import the
-    handler module, and so its models). A rules file that does not load is left to
-    the command, which reports it."""
+    """With a rule that may run in child processes in ``rules`` (a plain function runs
+    there by default): start the fork server its handler processes are forked from,
+    with Django set up in it, then the handler modules imported (and so their
+    models). A rules file that does not load is left to the command, which reports it."""
     try:
         config = load_rules(rules, import_handlers=False)  # a file, or module:attribute
     except ConfigError:
         return
-    if any(rule.isolation is not None for rule in config.rules):
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([FORKSERVER_SETUP, child.__name__])
-        multiprocessing.forkserver.ensure_running()
+    isolated = [rule for rule in config.rules if rule.isolation is not None]
+    if isolated:
+        start_fork_server([(rule.handler_ref, _folder(rule.isolation.base_dir))
+                           for rule in isolated if rule.isolation is not None],
+                          first=[FORKSERVER_SETUP])
+
+
+def _folder(base_dir: Path | None) -> str | None:
+    return str(base_dir) if base_dir is not None else None
 
 
 def without_django_options(argv: Sequence[str]) -> list[str]:

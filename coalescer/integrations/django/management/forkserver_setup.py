@@ -1,6 +1,7 @@
-"""Imported first by the fork server that starts the child processes of rules with
-``isolation: process`` (``manage.py coalescer run`` has it preloaded there): it sets
-Django up in that server, so every child forked from it can import models.
+"""Imported first by the fork server that starts the child processes of plain-function
+handlers (``isolation: process``, the default; ``manage.py coalescer run`` has it
+preloaded there): it sets Django up in that server, so every child forked from it can
+import models.
 
 A set-up that fails here is left to fail again, with its cause, where the child
 imports the handler (the node reports it on the rule's runs).
