@@ -123,7 +123,12 @@ def failure(url: str | None, exc: RedisError, origin: str = "") -> str:
     """One line: which server failed (``url``, None for the embedded server) and how,
     its password hidden; ``origin`` (e.g. "--redis") says where the URL came from."""
     line = _failure(url, original(exc), origin)
-    return redact_with(line, url) if url else line
+    if url is None or line.endswith(PASSWORD_HINT):  # nothing of the server's: no password
+        return line
+    return redact_with(line, url)
+
+
+PASSWORD_HINT = "redis://:PASSWORD@HOST:PORT/0"  # the form of a URL with a password
 
 
 def _failure(url: str | None, exc: RedisError, origin: str) -> str:
@@ -131,8 +136,7 @@ def _failure(url: str | None, exc: RedisError, origin: str) -> str:
     if isinstance(exc, AuthenticationError):
         reason = redact(str(exc))
         if url is None or shown_url == url:
-            reason = ("the server requires a password; give it in the URL: "
-                      "redis://:PASSWORD@HOST:PORT/0")
+            reason = f"the server requires a password; give it in the URL: {PASSWORD_HINT}"
         else:
             reason = f"the server refused the password ({reason})"
         return " ".join(f"{shown_url}: {reason}".split())
