@@ -131,9 +131,9 @@ class Quota:
                                  budget=DROP_BUDGET)
             for shard in space.all_shards()))
         self.pending = sum(a.pending for a in answers)
+        self._report(answers, keep)  # what was dropped, as soon as Redis did it
         if count_bytes:
             self.bytes = await self._bytes.count_all(space.all_shards())
-        self._report(answers, keep)
 
     def _report(self, answers: list[LimitsAnswer], keep: int) -> None:
         by_age = sum(a.dropped_by_age for a in answers)
