@@ -43,12 +43,12 @@ Per shard::
                                       a reshard and not yet put into its new shard
     NS:{NS:N}:arrived         HASH    key -> the id of the last such state put into this
                                       shard (a state is put once; deleted when it ends)
-    NS:{NS:N}:acked:NODE      STRING  the last ack call of NODE here and what it answered,
-                                      for 60 s (PX): a call replayed after a connection
     NS:{NS:N}:paused          SET     the rules an operator paused, a copy of the namespace's
                                       paused set kept in every shard's slot: the claim
                                       scripts read it, so a node that has not yet heard
                                       of a pause still claims none of those keys
+    NS:{NS:N}:acked:NODE      STRING  the last ack call of NODE here and what it answered,
+                                      for 60 s (PX): a call replayed after a connection
                                       reset gets that answer again (see lua/ack.lua)
 
 Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number)::
@@ -167,18 +167,18 @@ class ShardKeys:
         return f"{self.prefix}:layout"
 
     @property
+    def paused(self) -> str:
+        """The rules paused, as the claim scripts read them in this shard's slot
+        (written by query/controls.py to every shard before a pause returns)."""
+        return f"{self.prefix}:paused"
+
+    @property
     def moving(self) -> str:
         return f"{self.prefix}:moving"
 
     @property
     def arrived(self) -> str:
         return f"{self.prefix}:arrived"
-    @property
-    def paused(self) -> str:
-        """The rules paused, as the claim scripts read them in this shard's slot
-        (written by query/controls.py to every shard before a pause returns)."""
-        return f"{self.prefix}:paused"
-
 
     def items(self, key: str) -> str:
         """The items touched with ``key`` since its last claim. Whatever drops a key's

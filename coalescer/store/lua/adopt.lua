@@ -41,8 +41,8 @@ end
 for r = 0, (#KEYS - 6) / 2 - 1 do
   local due_key, inflight_key = KEYS[7 + 2 * r], KEYS[8 + 2 * r]
   local name, limit = ARGV[3 + 2 * r], tonumber(ARGV[4 + 2 * r])
-  if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
   if paused[due_key] then limit = -1 end
+  if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
     served = served + 1
     local before = #c.claims
     if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
