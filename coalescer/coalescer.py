@@ -568,7 +568,7 @@ class Coalescer:
             yield lambda deadline: read_sources(running, deadline)
             return
         _refuse_sources_that_cannot_run(self.config)
-        opened = open_sources(self._source_context(run))
+        opened = open_sources(self._source_context(run), for_drain=True)
         try:
             yield lambda deadline: read_sources(opened, deadline)
         finally:

@@ -132,6 +132,15 @@ def with_group(source: _Source, namespace: str) -> _Source:
     return replace(source, group=default_group(namespace, source.name))  # type: ignore[call-arg]
 
 
+def with_own_group(source: _Source, namespace: str) -> _Source:
+    """``source`` as a drain reads it: in the group derived from ``namespace`` even when
+    its rules name one, so that a drain (a test's, in a namespace of its own) never reads
+    with, nor commits for, a deployment's group; a source without a group as it is."""
+    if getattr(source, "group", None) is None:
+        return source
+    return replace(source, group=default_group(namespace, source.name))  # type: ignore[call-arg]
+
+
 def outbox_scheme(url: str) -> str | None:
     """``postgresql`` or ``sqlite`` for a URL of either (any ``+driver``), else None."""
     scheme, sep, _ = url.partition("://")

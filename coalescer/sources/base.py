@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
-from coalescer.config.sources import SourceConfig, with_group
+from coalescer.config.sources import SourceConfig, with_group, with_own_group
 from coalescer.errors import ConfigError, SourceReadError
 from coalescer.sources.times import TouchTimed
 from coalescer.store.connection import Connection
@@ -149,12 +149,14 @@ def check_sources(config: Config, environ: Mapping[str, str]) -> list[ConfigErro
     return problems
 
 
-def open_sources(context: NodeContext) -> list[Source]:
-    """Open (not start) the sources of ``context.config``, one ``Source`` per type."""
+def open_sources(context: NodeContext, *, for_drain: bool = False) -> list[Source]:
+    """Open (not start) the sources of ``context.config``, one ``Source`` per type, each
+    in its group (derived from the namespace when its rules name none; ``for_drain``:
+    derived from the namespace whatever its rules name)."""
+    grouped = with_own_group if for_drain else with_group
     by_type: dict[str, list[SourceConfig]] = {}
-    for source in context.config.sources:  # each in its group (derived from the namespace)
-        by_type.setdefault(source.type, []).append(
-            with_group(source, context.config.namespace))
+    for source in context.config.sources:
+        by_type.setdefault(source.type, []).append(grouped(source, context.config.namespace))
     # each type the rules file allows registers
     return [SOURCE_TYPES[name].open(sources, context) for name, sources in by_type.items()]
 

@@ -269,3 +269,26 @@ async def test_a_stream_drain_in_another_namespace_leaves_a_deployment_its_entri
                      message="the deployment handled every entry it had not read")
     await wait_until(lambda: len(rec.calls) == 40, timeout=20,
                      message="each order refreshed once in each namespace")
+
+
+async def test_a_stream_drain_never_reads_in_the_group_the_rules_name(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        deploy: Any) -> None:
+    stream = f"{namespace}-app:shared"
+    path, _ = recorder_rules(tmp_path, f"ns_named_{namespace}", STREAM_RULES.format(
+        stream=stream).replace("    stream:", "    start: all\n    group: shared\n    stream:"))
+    dev = await deploy(path, f"{namespace}-dev", redis_url=redis_url)
+    await wait_until(lambda: _groups(redis_client, stream, {"shared"}))
+    await dev.close()
+    for n in range(10):
+        await redis_client.xadd(stream, {"orderId": str(n)})
+
+    test = await deploy(path, f"{namespace}-test", redis_url=redis_url, worker=False)
+    assert len(await test.drain(timeout=30)) == 10  # in coalescer.NS-test.orders
+
+    groups = {g["name"]: g for g in await redis_client.xinfo_groups(stream)}
+    assert set(groups) == {"shared", f"coalescer.{namespace}-test.orders"}
+    assert (groups["shared"]["lag"], groups["shared"]["pending"]) == (10, 0)  # untouched
+    dev_again = await deploy(path, f"{namespace}-dev", redis_url=redis_url)
+    await wait_until(lambda: accepted(dev_again) == 10, timeout=20,
+                     message="the deployment still read every entry in its group")
