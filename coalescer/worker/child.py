@@ -1,16 +1,19 @@
 """What a handler's child process runs (the node's process pool): it arms its death
-with the node's (``node_death``), says it is ready, then for each call it receives,
-``(ref, base_dir, claim or list of claims)``, imports the handler ``ref`` once
-(``module:function``, with the rules file's folder first on ``sys.path``, as the node
-does; usually already imported by the fork server) and sends back ``("ok", answer)``
-or ``("error", packed exception)``. One child serves any rule's handler, one run at a
-time.
+with the node's (``node_death``), says it is ready, then runs the calls it receives,
+up to ``runs`` at once on threads of its own. The node sends lists of
+``(id, ref, base_dir, claim or list of claims)``; for each, the child imports the
+handler ``ref`` once (``module:function``, with the rules file's folder first on
+``sys.path``, as the node does; usually already imported by the fork server) and
+sends back ``(id, "ok", answer)`` or ``(id, "error", packed exception)``, several
+replies to a message when they finish together. One child serves any rule's
+handler.
 
-The node kills the process at the run's timeout, when its claim is lost and at the
-end of the shutdown grace; the child itself never decides to stop but at the end of
-its pipe (the node closed it) or at its node's death. It ignores SIGINT: a Ctrl-C in
-the terminal reaches the whole process group, and it is the node's to handle (its
-first one lets running refreshes finish).
+The node kills the process at a run's timeout, when a run's claim is lost and at the
+end of the shutdown grace (the child's other runs end with it: the node fails them,
+and they are retried); the child itself never decides to stop but at the end of its
+pipe (the node closed it) or at its node's death. It ignores SIGINT: a Ctrl-C in the
+terminal reaches the whole process group, and it is the node's to handle (its first
+one lets running refreshes finish).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from coalescer.config.handler_import import HandlerImport, resolve
 from coalescer.worker.node_death import die_with_parent, exit_at_eof
@@ -31,6 +37,9 @@ from coalescer.worker.node_death import die_with_parent, exit_at_eof
 # An exception as the child sends it: the pickled exception (None when it does not
 # pickle), its type's name, its message and its formatted traceback.
 Packed = tuple[bytes | None, str, str, str]
+Request = tuple[int, str, "str | None", Any]  # (id, module:function, base_dir, arg)
+Reply = tuple[int, str, Any]  # (id, "ok" | "error" | "ready", answer or Packed or pid)
+Handler = Callable[[object], object]
 
 
 def pack(exc: BaseException) -> Packed:
@@ -43,45 +52,119 @@ def pack(exc: BaseException) -> Packed:
     return blob, type(exc).__name__, str(exc), trace
 
 
-def serve(conn: Connection) -> None:
-    """The child's main function: arm its death, say ready, run calls until the pipe
-    ends."""
+class _Replies:
+    """Sends replies from any thread: one sender at a time, taking every reply that
+    came meanwhile into its message."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._waiting: list[Reply] = []
+        self._sending = False
+
+    def send(self, reply: Reply) -> None:
+        with self._lock:
+            self._waiting.append(reply)
+            if self._sending:
+                return
+            self._sending = True
+        while True:
+            with self._lock:
+                batch, self._waiting = self._waiting, []
+                if not batch:
+                    self._sending = False
+                    return
+            try:
+                self._conn.send(batch)
+            except OSError:  # the node closed the pipe: it is stopping this process
+                os._exit(1)
+
+
+class _Runs:
+    """Up to ``size`` threads, started as calls come and kept for the next ones."""
+
+    def __init__(self, size: int, replies: _Replies) -> None:
+        self._size = size
+        self._replies = replies
+        self._calls: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._handlers: dict[tuple[str, str | None], Handler] = {}
+
+    def submit(self, request: Request) -> None:
+        with self._lock:
+            self._calls.put(request)
+            if self._idle:
+                self._idle -= 1
+                return
+            if self._threads >= self._size:  # only past a bug in the node's counts
+                return
+            self._threads += 1
+        threading.Thread(target=self._work, daemon=True, name="coalescer-run").start()
+
+    def _work(self) -> None:
+        while True:
+            run_id, ref, base_dir, arg = self._calls.get()
+            try:
+                handler = self._handler(ref, base_dir)
+            except BaseException as exc:  # sent to the node, which reports it
+                self._replies.send((run_id, "error", pack(exc)))
+            else:
+                self._replies.send((run_id, *_call(handler, arg)))
+            del arg
+            with self._lock:
+                self._idle += 1
+
+    def _handler(self, ref: str, base_dir: str | None) -> Handler:
+        found = self._handlers.get((ref, base_dir))
+        if found is None:
+            with self._lock:  # one import at a time (sys.modules and sys.path)
+                found = self._handlers.get((ref, base_dir))
+                if found is None:
+                    found = self._handlers[(ref, base_dir)] = _resolve(ref, base_dir)
+        return found
+
+
+def serve(conn: Connection, runs: int = 1) -> None:
+    """The child's main function: arm its death, say ready, run calls (up to ``runs``
+    at once) until the pipe ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(os.getppid())  # the fork server (a node's own fork, if any other)
     node = multiprocessing.parent_process()
     if node is not None:
         exit_at_eof(node.sentinel)
-    conn.send(("ready", os.getpid()))
-    handlers: dict[tuple[str, str | None], Callable[[object], object]] = {}
+    replies = _Replies(conn)
+    replies.send((0, "ready", os.getpid()))
+    pool = _Runs(runs, replies)
     while True:
         try:
-            ref, base_dir, arg = conn.recv()
+            requests: list[Request] = conn.recv()
         except (EOFError, OSError):
-            return
-        try:
-            handler = _handler(handlers, ref, base_dir)
-        except BaseException as exc:  # sent to the node, which reports it
-            conn.send(("error", pack(exc)))
-            continue
-        conn.send(_call(handler, arg))
+            break
+        for request in requests:
+            pool.submit(request)
+    for stream in (sys.stdout, sys.stderr):  # what the handlers printed
+        if stream is not None:
+            stream.flush()
+    os._exit(0)  # runs still going (threads) end with it: the node is done with them
 
 
-def _handler(handlers: dict[tuple[str, str | None], Callable[[object], object]], ref: str,
-             base_dir: str | None) -> Callable[[object], object]:
-    found = handlers.get((ref, base_dir))
-    if found is None:
-        _forget_foreign(ref.partition(":")[0].partition(".")[0], base_dir)
-        spec = HandlerImport(ref=ref, file="<rules>", line=0, field="handler",
-                             base_dir=Path(base_dir) if base_dir is not None else None)
-        found = handlers[(ref, base_dir)] = resolve(spec)
-    return found
+def _resolve(ref: str, base_dir: str | None) -> Handler:
+    _forget_foreign(ref.partition(":")[0].partition(".")[0], base_dir)
+    spec = HandlerImport(ref=ref, file="<rules>", line=0, field="handler",
+                         base_dir=Path(base_dir) if base_dir is not None else None)
+    handler: Handler = resolve(spec)
+    return handler
 
 
-def _call(handler: object, arg: object) -> tuple[str, object]:
+def _call(handler: Handler, arg: object) -> tuple[str, object]:
     try:
-        answer = handler(arg)  # type: ignore[operator]
+        answer = handler(arg)
     except BaseException as exc:  # the handler's failure is data
         return "error", pack(exc)
+    if answer is None:
+        return "ok", None
     try:
         pickle.dumps(answer)
     except Exception as exc:
@@ -89,8 +172,6 @@ def _call(handler: object, arg: object) -> tuple[str, object]:
                             f"from its child process: {exc}")
         return "error", pack(problem)
     return "ok", answer
-
-
 def _forget_foreign(top: str, base_dir: str | None) -> None:
     """Drop the module ``top`` (and its submodules) the fork server imported from
     another folder than ``base_dir`` when ``base_dir`` has one of that name: the rules

@@ -1,24 +1,29 @@
 """The node's process pool: sync handlers (the default, ``isolation: process``) run in
 child processes of the node.
 
-One pool per node, shared by its rules: at most the sum of their ``concurrency``
-children, started when a run finds none idle and reused by any rule's next run (a
-child runs one handler at a time, see ``worker.child``). Children are forked by
-multiprocessing's fork server, which imported the rules' handlers first
-(``worker.fork_preload``) so that they share those pages; each dies with the node
-(``worker.node_death``). A run whose task is cancelled
-(its timeout, its claim lost, the end of the shutdown grace) kills its child:
-SIGTERM, then SIGKILL ``STOP_WAIT`` seconds later if it is still there, and the
-invoker's cancellation carries the stop, so the runner keeps the run's slot until the
-child is gone. A killed (or crashed) child is replaced by a new one at a later run.
-An exception raised in the child is raised again in the node, with the child's
-traceback as a note.
+One pool per node, shared by its rules: the sum of their ``concurrency`` runs at once
+in at most that sum divided by ``RUNS_PER_CHILD`` (10) children, each running up to 10
+runs on threads of its own (``worker.child``). A run goes to an idle child, else to a
+new one while there may be more, else to the least loaded one. Requests and replies
+cross one pipe per child, tagged with the run's id, several to a message when they
+come together. Children are forked by multiprocessing's fork server, which imported
+the rules' handlers first (``worker.fork_preload``) so that they share those pages;
+each dies with the node (``worker.node_death``). A run whose task is cancelled (its
+timeout, its claim lost, the end of the shutdown grace) kills its child: SIGTERM, then
+SIGKILL ``STOP_WAIT`` seconds later if it is still there, and the invoker's
+cancellation carries the stop, so the runner keeps the run's slot until the child is
+gone. The child's other runs fail then, once it is gone, with ChildDied (retried as
+any failure): a run that must be stopped takes the runs sharing its child with it,
+the price of 10 runs sharing one interpreter's memory. A killed (or crashed) child is
+replaced by a new one at a later run. An exception raised in the child is raised
+again in the node, with the child's traceback as a note.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import multiprocessing
@@ -34,13 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from coalescer.worker import fork_preload
-from coalescer.worker.child import Packed, serve
+from coalescer.worker.child import Packed, Request, serve
 from coalescer.worker.invoke import Invoke, RunCancelled
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 0.5  # seconds from SIGTERM to SIGKILL
 REAP_WAIT = 2.0  # seconds for a killed child to be gone
+RUNS_PER_CHILD = 10  # runs a child runs at once (on its threads), at most
 CONTEXT = "forkserver"
 HandlerRef = tuple[str, "str | None"]  # (module:function, the folder it imports from)
 
@@ -87,17 +93,22 @@ class ChildError(Exception):
 
 
 class ChildDied(Exception):
-    """The child process ended during a run (it exited, or was killed from outside)."""
+    """The child process ended during a run (it exited, was killed from outside, or was
+    stopped for another of its runs)."""
 
 
 @dataclass(eq=False, slots=True)
 class Child:
-    """One child process and the node's end of its pipe."""
+    """One child process, the node's end of its pipe and the runs it was sent."""
 
     process: BaseProcess
     conn: Connection
-    ready: bool = False
-    launched: asyncio.Future[None] | None = field(default=None)
+    ready: asyncio.Future[None]
+    load: int = 0  # runs given to it (sent, or waiting for it to be ready)
+    pending: dict[int, asyncio.Future[tuple[str, Any]]] = field(default_factory=dict)
+    outbox: list[Request] = field(default_factory=list)  # sent at the loop's next turn
+    stopping: asyncio.Future[None] | None = None  # done once it is gone
+    death: str = ""  # why its runs failed, once it is stopping
 
 
 def unpack(packed: Packed) -> Exception:
@@ -114,13 +125,21 @@ def unpack(packed: Packed) -> Exception:
 
 
 class ChildPool:
-    """The node's child processes: at most ``size`` of them, started when needed."""
+    """The node's child processes: at most ``ceil(size / per_child)`` of them, started
+    when needed, each running up to ``per_child`` runs at once."""
 
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._idle: list[Child] = []
-        self._children: set[Child] = set()
+    def __init__(self, size: int, per_child: int = RUNS_PER_CHILD) -> None:
+        self._per_child = max(1, min(per_child, size))
+        self._most = -(-size // self._per_child)
+        self._live: list[Child] = []  # not stopping
+        self._children: set[Child] = set()  # every one not yet reaped
+        self._ids = itertools.count(1)
         self._context = multiprocessing.get_context(CONTEXT)
+
+    @property
+    def per_child(self) -> int:
+        """How many runs a child runs at once, at most."""
+        return self._per_child
 
     def invoker(self, ref: str, base_dir: Path | None) -> Invoke:
         """What runs the handler ``ref`` (imported from ``base_dir``) in a child."""
@@ -131,36 +150,84 @@ class ChildPool:
         return call
 
     async def call(self, ref: str, base_dir: str | None, arg: Any) -> object:
-        """``handler(arg)`` in a child; RunCancelled (its stop in ``ends``) if cancelled."""
-        child = self._idle.pop() if self._idle else self._launch()
-        started = False
+        """``handler(arg)`` in a child; RunCancelled (its stop in ``ends``) if cancelled:
+        the child is killed, and its other runs fail with ChildDied."""
+        child = self._pick()
+        child.load += 1
+        run_id = next(self._ids)
+        request: Request = (run_id, ref, base_dir, arg)
         try:
-            if not child.ready:
-                await self._ready(child)
-            child.conn.send((ref, base_dir, arg))
-            started = True
-            kind, payload = await self._receive(child)
+            if not child.ready.done():
+                await asyncio.shield(child.ready)
+            child.ready.result()
+            reply = child.pending[run_id] = asyncio.get_running_loop().create_future()
+            self._send(child, request)
+            kind, payload = await reply
         except asyncio.CancelledError:
-            why = "" if started else "its child process was not ready"
-            raise RunCancelled(started=started, ends=self._stopping(child), why=why) from None
-        except BaseException:
-            self._stopping(child)
-            raise
-        self._idle.append(child)
+            raise self._cancelled(child, request) from None
+        finally:
+            child.load -= 1
+            child.pending.pop(run_id, None)
         if kind == "error":
             raise unpack(payload)
         return payload
 
+    def _cancelled(self, child: Child, request: Request) -> RunCancelled:
+        """The run of ``request`` was cancelled: unless it never reached the child, the
+        child is killed."""
+        if not child.ready.done() or child.ready.exception() is not None:
+            if child.load <= 1 and not child.ready.done():  # no other run waits on it
+                self._stopping(child, "was stopped before it was ready")
+            return RunCancelled(started=False, ends=None,
+                                why="its child process was not ready")
+        if request in child.outbox:  # not sent yet
+            child.outbox.remove(request)
+            return RunCancelled(started=False, ends=None, why="it was not sent to its child")
+        key = getattr(request[3], "key", None)
+        run = f"the run of {key}" if isinstance(key, str) else "a batch"
+        return RunCancelled(started=True, ends=self._stopping(
+            child, f"was stopped with {run} (its timeout or its claim lost)"))
+
+    def _pick(self) -> Child:
+        """An idle child, else a new one while there may be more, else the least
+        loaded one with room."""
+        idle = [c for c in self._live if c.load == 0]
+        if idle:
+            return max(idle, key=lambda c: c.ready.done())
+        if len(self._live) < self._most:
+            return self._launch()
+        best = min(self._live, key=lambda c: c.load)
+        if best.load >= self._per_child:  # only past a bug in the slot counts
+            log.warning("more than %d runs at once in handler child processes",
+                        self._most * self._per_child)
+        return best
+
+    def _send(self, child: Child, request: Request) -> None:
+        child.outbox.append(request)
+        if len(child.outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush, child)
+
+    def _flush(self, child: Child) -> None:
+        batch, child.outbox = child.outbox, []
+        if not batch or child.stopping is not None:
+            return
+        try:
+            child.conn.send(batch)
+        except (OSError, ValueError):  # it died: its EOF is read next
+            self._stopping(child, "")
+
     def _launch(self) -> Child:
-        if len(self._children) >= self._size:  # only past a bug in the slot counts
-            log.warning("more than %d handler child processes at once", self._size)
         ours, theirs = self._context.Pipe()
         process = self._context.Process(  # type: ignore[attr-defined]
-            target=serve, args=(theirs,), daemon=True, name="coalescer-handler")
-        child = Child(process, ours)
+            target=serve, args=(theirs, self._per_child), daemon=True,
+            name="coalescer-handler")
+        child = Child(process, ours, asyncio.get_running_loop().create_future())
+        child.ready.add_done_callback(_retrieved)
         self._children.add(child)
+        self._live.append(child)
         # Forking (and, the first time, the fork server's start) waits on a socket.
-        child.launched = asyncio.ensure_future(asyncio.to_thread(self._start, child, theirs))
+        launched = asyncio.ensure_future(asyncio.to_thread(self._start, child, theirs))
+        launched.add_done_callback(lambda done: self._launched(child, done))
         return child
 
     @staticmethod
@@ -170,30 +237,45 @@ class ChildPool:
         finally:
             theirs.close()  # the child holds its own copy
 
-    async def _ready(self, child: Child) -> None:
-        assert child.launched is not None
-        await asyncio.shield(child.launched)
-        kind, payload = await self._receive(child)
-        if kind != "ready":
-            raise unpack(payload)
-        child.ready = True
-        log.debug("handler child process %d ready", child.process.pid)
+    def _launched(self, child: Child, done: asyncio.Future[None]) -> None:
+        if child.stopping is not None:
+            return
+        error = None if done.cancelled() else done.exception()
+        if error is not None or done.cancelled():
+            self._stopping(child, "")
+            return
+        asyncio.get_running_loop().add_reader(child.conn.fileno(), self._readable, child)
 
-    async def _receive(self, child: Child) -> tuple[str, Any]:
-        conn = child.conn
-        if not conn.poll():
-            await _readable(conn.fileno())
+    def _readable(self, child: Child) -> None:
+        """Replies (or the end of the pipe) from ``child``: each settles its run."""
         try:
-            reply: tuple[str, Any] = conn.recv()
-        except EOFError:
-            child.process.join(REAP_WAIT)
-            raise ChildDied(f"the handler's child process {child.process.pid} ended "
-                            f"(exit code {child.process.exitcode})") from None
-        return reply
+            while child.conn.poll():
+                for run_id, kind, payload in child.conn.recv():
+                    self._settle(child, run_id, kind, payload)
+        except (EOFError, OSError):
+            self._stopping(child, "")
 
-    def _stopping(self, child: Child) -> asyncio.Future[None]:
-        """Stop ``child`` in the background; the future is done once it is gone."""
-        return asyncio.ensure_future(self._stop(child))
+    def _settle(self, child: Child, run_id: int, kind: str, payload: Any) -> None:
+        if kind == "ready":
+            if not child.ready.done():
+                child.ready.set_result(None)
+                log.debug("handler child process %d ready", payload)
+            return
+        reply = child.pending.get(run_id)
+        if reply is not None and not reply.done():
+            reply.set_result((kind, payload))
+
+    def _stopping(self, child: Child, death: str) -> asyncio.Future[None]:
+        """Stop ``child`` in the background (once); the future is done once it is gone,
+        and its runs fail then (``death`` says why; by default, that it ended)."""
+        if child.stopping is None:
+            child.death = death
+            with contextlib.suppress(ValueError):
+                self._live.remove(child)
+            with contextlib.suppress(OSError, ValueError):
+                asyncio.get_running_loop().remove_reader(child.conn.fileno())
+            child.stopping = asyncio.ensure_future(self._stop(child))
+        return child.stopping
 
     async def _stop(self, child: Child) -> None:
         try:
@@ -203,14 +285,14 @@ class ChildPool:
         finally:
             _kill(child)
             self._children.discard(child)
+            _fail(child)
 
     async def _end(self, child: Child) -> None:
         """SIGTERM, then SIGKILL if ``child`` is still there ``STOP_WAIT`` seconds later."""
         process = child.process
-        if child.launched is not None:
-            with contextlib.suppress(Exception):  # its failure was the run's
-                await asyncio.shield(child.launched)
         if process.pid is None or process.exitcode is not None:
+            return
+        if not child.death and await _exited(process, REAP_WAIT):  # it ended by itself
             return
         process.terminate()
         if not await _exited(process, STOP_WAIT):
@@ -221,9 +303,34 @@ class ChildPool:
 
     def close(self) -> None:
         """Kill every child now (SIGKILL: the grace is over) and reap it. Idempotent."""
-        children, self._children, self._idle = self._children, set(), []
+        children, self._children, self._live = self._children, set(), []
         for child in children:
+            if child.stopping is None:
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_reader(child.conn.fileno())
+            child.death = child.death or "the node stopped"
             _kill(child)
+            _fail(child)
+
+
+def _fail(child: Child) -> None:
+    """The runs still waiting on ``child``, which is gone, fail with ChildDied."""
+    process = child.process
+    text = (f"the handler's child process {process.pid} {child.death}" if child.death else
+            f"the handler's child process {process.pid} ended "
+            f"(exit code {process.exitcode})")
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+        if not child.ready.done():
+            child.ready.set_exception(ChildDied(text))
+        for reply in child.pending.values():
+            if not reply.done():
+                reply.set_exception(ChildDied(text))
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Marks the exception of a child's readiness seen (its runs report it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _kill(child: Child) -> None:

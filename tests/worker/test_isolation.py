@@ -13,6 +13,7 @@ from tests.conftest import RulesFactory, Start
 from tests.helpers.servers import wait_until
 
 HANDLERS = """\
+import ctypes
 import os
 import pathlib
 import signal
@@ -28,7 +29,9 @@ def warm(claim):
 def spin(claim):
     if warm(claim):
         return
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it
+    # only SIGKILL ends it (libc's signal(): a handler runs on a thread of its child,
+    # where Python's signal.signal is refused)
+    ctypes.CDLL(None).signal(signal.SIGTERM, ctypes.c_void_p(1))  # SIG_IGN
     while True:
         time.sleep(0.02)
 
@@ -39,6 +42,17 @@ def fail(claim):
 def die(claim):
     if not warm(claim) and claim.attempt == 1:
         os._exit(3)
+
+def hang(claim):
+    warm(claim)
+    while True:
+        time.sleep(0.02)
+
+def hold(claim):
+    # its first attempt waits (until its child is killed); a retry returns
+    warm(claim)
+    while claim.attempt == 1:
+        time.sleep(0.02)
 """
 
 RULES = """\
@@ -144,3 +158,45 @@ async def test_the_child_of_a_run_past_the_grace_is_killed_at_shutdown(
     await c.close()
     await wait_until(lambda: _gone(running), message="the child killed at the end of the grace")
     await wait_until(lambda: _gone(idle), message="the idle child stopped at close")
+
+
+SHARED = """\
+namespace: {ns}
+defaults:
+  window: 100ms
+  concurrency: 1
+rules:
+  - name: hangs
+    match: "hang:{{id}}"
+    timeout: 3s
+    retry: {{attempts: 1}}
+    handler: handlers:hang
+  - name: holds
+    match: "hold:{{id}}"
+    timeout: 60s
+    retry: {{attempts: 2, backoff: 50ms, max_backoff: 50ms}}
+    handler: handlers:hold
+"""
+
+
+async def test_a_run_sharing_the_child_of_a_run_killed_at_its_timeout_is_retried(
+        start: Start, rules_file: RulesFactory, tmp_path: Path, namespace: str,
+        redis_url: str) -> None:
+    # two rules of concurrency 1: a pool of 2 runs at once, in one child
+    c = await start(rules_file(SHARED.format(ns=namespace), HANDLERS), redis_url=redis_url)
+    c.touch("hang:1")
+    child = await _pid(tmp_path, "hang:1", 1)
+    c.touch("hold:1")
+    assert await _pid(tmp_path, "hold:1", 1) == child  # both runs in the one child
+
+    async def refreshed() -> list[Refresh]:
+        return [r for r in await c.query.history(HistoryQuery(key="hold:1"))
+                if r.outcome == "success"]
+    await wait_until(refreshed, message="hold:1 refreshed on its second attempt")
+    assert _gone(child)
+    failure, = [r for r in await c.query.history(HistoryQuery(key="hold:1")) if r.failed]
+    assert failure.error == (f"ChildDied: the handler's child process {child} was stopped "
+                             "with the run of hang:1 (its timeout or its claim lost)")
+    assert await _pid(tmp_path, "hold:1", 2) != child  # its retry ran in a new child
+    hung, = await _failures(c, "hang:1", 1)
+    assert hung.error == "TimeoutError: handler ran past its timeout of 3s"

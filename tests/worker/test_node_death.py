@@ -119,7 +119,8 @@ async def test_a_sigkilled_node_takes_its_running_sync_handlers_with_it(
         a_lines = [line for line in runs(tmp_path) if line[0] == "A"]
         children = {line[1] for line in a_lines}
         fork_servers = {line[2] for line in a_lines}
-        assert len(children) == len(KEYS)  # one child process a run
+        # the runs share child processes, up to 8 runs each: 2 for concurrency 16
+        assert len(children) == 2
         assert a.pid not in children | fork_servers
 
         a.send_signal(signal.SIGKILL)
