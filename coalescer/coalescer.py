@@ -66,10 +66,11 @@ from coalescer.store.layout import Layouts
 from coalescer.store.redis_failures import check_url, explained
 from coalescer.store.scripts import History, Scripts
 from coalescer.tracing import touch_traces
+from coalescer.worker.context import NodeContext
 from coalescer.worker.drain import Drainer, ReadSources, local_runner
 from coalescer.worker.handlers import Handlers
 from coalescer.worker.lease_clock import ServerClock
-from coalescer.worker.node import Node, NodeContext
+from coalescer.worker.node import Node
 from coalescer.worker.resharding import begin_reshard
 from coalescer.worker.runner import Runner
 from coalescer.write.absorber import Absorber

@@ -35,7 +35,7 @@ from coalescer.worker.runner import Runner
 from coalescer.worker.throttle import RateGate
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

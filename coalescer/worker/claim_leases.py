@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 from coalescer.common.printable import printable
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

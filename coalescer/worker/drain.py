@@ -34,7 +34,7 @@ from coalescer.worker.runner import Runner
 ReadSources = Callable[[float], Awaitable[int]]
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from coalescer.store.scripts import Benched
 from coalescer.worker.failure_window import FailureWindow, Verdict
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
     from coalescer.worker.node_lease import NodeLease
 
 log = logging.getLogger(__name__)

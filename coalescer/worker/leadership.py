@@ -38,7 +38,7 @@ from coalescer.worker.registry import encode
 from coalescer.worker.wakeups import SUBSCRIBED
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.layout import LayoutInfo, Taken
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

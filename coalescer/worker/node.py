@@ -1,9 +1,9 @@
 """A worker node's wiring: one shared context, the parts built from it, started and
 stopped together.
 
-``NodeContext`` holds what every part of a node shares (its scripts, key space,
-metrics, id and rules); ``worker.handlers`` holds what runs the handlers; ``Node``
-builds the runner,
+``worker.context.NodeContext`` holds what every part of a node shares (its scripts,
+key space, metrics, id and rules); ``worker.handlers`` holds what runs the handlers;
+``Node`` builds the runner,
 the rules registry watch, the node lease, one poller, adopter and leadership per shard,
 the wake listener, the lead log and the node's health (a node whose refreshes fail as
 a whole gives its shards up: ``worker.health``), starts their loops and stops them in
@@ -16,23 +16,18 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from coalescer.common.metrics import Metrics
-from coalescer.config.rules import Config, Rule
-from coalescer.store.hints import CommandHints
-from coalescer.store.keys import KeySpace
-from coalescer.store.layout import LayoutInfo, Layouts
-from coalescer.store.scripts import Scripts
+from coalescer.store.layout import LayoutInfo
 from coalescer.worker.adopter import Adopter
+from coalescer.worker.context import NodeContext
 from coalescer.worker.health import Health
 from coalescer.worker.invoke import Invoke
 from coalescer.worker.lead_log import LeadLog
 from coalescer.worker.leadership import Leadership, Standing
-from coalescer.worker.lease_clock import ServerClock
 from coalescer.worker.mover import Mover
 from coalescer.worker.node_lease import NodeLease
 from coalescer.worker.paused import PausedRules
@@ -48,36 +43,6 @@ RECORD_TIMEOUT = 5.0  # seconds for the results of the last refreshes at close
 
 # Starts a named background loop; the caller owns (and at close cancels) its task.
 Spawn = Callable[[str, Coroutine[Any, Any, None]], None]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NodeContext:
-    """What the parts of one node share."""
-
-    scripts: Scripts
-    keyspace: KeySpace
-    metrics: Metrics
-    node_id: str
-    config: Config
-    hints: CommandHints = field(default_factory=CommandHints)  # for commands the log suggests
-    layouts: Layouts | None = None  # the namespace's layout (a node's is always given)
-    # the server's clock against this node's, shared by its parts (None on a Cluster:
-    # each master has a clock of its own, observed per shard)
-    clock: ServerClock | None = None
-    # the rules an operator paused (a node's: read from Redis; None: none is)
-    paused: PausedRules | None = None
-
-    @property
-    def rules(self) -> tuple[Rule, ...]:
-        return tuple(self.config.rules)
-
-    @property
-    def leader_lease(self) -> float:
-        return self.config.leader_lease
-
-    @property
-    def claim_lease(self) -> float:
-        return self.config.claim_lease
 
 
 class Node:

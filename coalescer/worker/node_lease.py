@@ -47,7 +47,7 @@ from coalescer.store.scripts import NodeLeases
 from coalescer.worker.lease_clock import ServerClock, Sightings
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

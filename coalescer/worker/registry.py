@@ -26,7 +26,7 @@ from coalescer.config.rules import Rule
 from coalescer.store.scripts import Peer
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

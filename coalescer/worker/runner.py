@@ -55,7 +55,7 @@ from coalescer.worker.failure_log import FailureLog
 from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from coalescer.store.keys import rate_bucket
 from coalescer.store.scripts import AdoptBatch, ClaimBatch, RateGrant, Scripts
 
 if TYPE_CHECKING:
-    from coalescer.worker.node import NodeContext
+    from coalescer.worker.context import NodeContext
 
 Limits = list[tuple[str, int]]
 
