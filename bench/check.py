@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from coalescer.config.lint import ConfigWarning, RuleMatch, unreachable
 from coalescer.config.patterns import KeyPattern, covers
@@ -37,15 +36,14 @@ def pairwise(file: str, matches: Sequence[RuleMatch]) -> list[ConfigWarning]:
     return found
 
 
+_SHAPES = ["t{n}:orders:{{id}}", "t{n}:user:{{id}}:daily", "t{n}:stats:*", "t{n}:{{x}}"]
+
+
 def rules(count: int) -> list[RuleMatch]:
     """Rules as a large file has them: one per tenant and kind, a few wildcards."""
-    shapes = ["t{n}:orders:{{id}}", "t{n}:user:{{id}}:daily", "t{n}:stats:*", "t{n}:{{x}}"]
     return [RuleMatch(index=i, name=f"r{i}", line=3 * i + 3,
-                      pattern=KeyPattern.compile(shapes[i % 4].format(n=i // 4)))
+                      pattern=KeyPattern.compile(_SHAPES[i % 4].format(n=i // 4)))
             for i in range(count)]
-
-
-_SHAPES = ["t{n}:orders:{{id}}", "t{n}:user:{{id}}:daily", "t{n}:stats:*", "t{n}:{{x}}"]
 
 
 def rules_file(count: int, folder: Path) -> Path:
@@ -79,15 +77,6 @@ def seconds(lint: Lint, count: int, repeats: int = 3) -> float:
         lint("rules.yaml", matches)
         runs.append(time.perf_counter() - t0)
     return statistics.median(runs)
-
-
-async def check_indexed(server: Any, sizes: Any, count: int) -> dict[str, Any]:
-    """A bench/run.py measurement (the server is not used)."""
-    return {"rules": count, "seconds": seconds(unreachable, count, 1)}
-
-
-async def check_pairwise(server: Any, sizes: Any, count: int) -> dict[str, Any]:
-    return {"rules": count, "seconds": seconds(pairwise, count, 1)}
 
 
 def main() -> None:

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from . import batches as B
-from . import check as CK
 from . import figures as F
 from . import fleet as FL
 from . import idle_shards as S
@@ -98,8 +97,6 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "items": [("coalescer_items", I.items_coalescer, ()),
               ("coalescer_hot_key", F.hot_key_coalescer, ()),
               ("coalescer_distinct", F.distinct_coalescer, ())],
-    "check": [("coalescer", CK.check_indexed, (10_000,)),
-              ("baseline", CK.check_pairwise, (300,))],
     "fleet": [("coalescer", FL.fleet_coalescer, ("TMP",))],
     "outbox": [("coalescer_throughput", O.outbox_throughput, ()),
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
