@@ -32,7 +32,8 @@ from redis.asyncio import Redis
 from coalescer import BackpressureError, Coalescer, Config
 from coalescer.store.connection import connect
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.script_types import UpsertGroup
+from coalescer.store.scripts import Scripts
 
 from . import probe
 from .baseline import Baseline

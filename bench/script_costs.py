@@ -19,7 +19,8 @@ from typing import Any
 import redis.asyncio
 
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.scripts import ClaimedKey, History, Scripts, UpsertGroup
+from coalescer.store.script_types import ClaimedKey, History, UpsertGroup
+from coalescer.store.scripts import Scripts
 
 from .valkey import Server
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coalescer.store.scripts import ClaimedKey
+    from coalescer.store.script_types import ClaimedKey
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from coalescer.claim import Claim, granted
-from coalescer.store.scripts import ClaimedKey
+from coalescer.store.script_types import ClaimedKey
 
 
 def test_a_claim_the_runner_builds_equals_the_keyword_one_and_is_frozen() -> None:

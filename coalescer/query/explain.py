@@ -31,7 +31,7 @@ from coalescer.query.workers import add_workers, explain_worker_lines
 from coalescer.store import key_states as states
 from coalescer.store import keys as key_names
 from coalescer.store.hints import CommandHints
-from coalescer.store.scripts import OVERFLOW
+from coalescer.store.script_types import OVERFLOW
 
 LAST_REFRESHES = 5
 EVERY_ENTRY = 3 * MAX_HISTORY  # all of a key's entries: its streams are 3 at most

@@ -21,7 +21,7 @@ from typing import Any
 from coalescer.config.rules import Config
 from coalescer.query.rule_counts import new_entry, queue_rule, read_rule
 from coalescer.store.keys import KeySpace, ShardKeys, node_leases
-from coalescer.store.scripts import Peer
+from coalescer.store.script_types import Peer
 from coalescer.worker.registry import compare, decode
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import script_source
+from coalescer.store.script_calls import script_source
 
 PAGE = 500  # meta entries a call reads at most (a count of a big shard takes many calls)
 AT_ONCE = 8  # calls in flight at most: each holds a connection of the client's pool

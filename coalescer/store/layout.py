@@ -41,7 +41,8 @@ from typing import Any
 from coalescer.store import keys as key_names
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.paused_copies import copy_paused
-from coalescer.store.scripts import KEY_SEPARATOR, Scripts
+from coalescer.store.script_calls import KEY_SEPARATOR
+from coalescer.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

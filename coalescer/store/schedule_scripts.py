@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import script_source
+from coalescer.store.script_calls import script_source
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

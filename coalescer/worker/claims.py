@@ -50,13 +50,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
 from coalescer.config.rules import Rule
-from coalescer.store.scripts import (
-    AckItem,
-    AdoptBatch,
-    ClaimBatch,
-    ClaimedKey,
-    Failure,
-)
+from coalescer.store.script_types import AckItem, AdoptBatch, ClaimBatch, ClaimedKey, Failure
 from coalescer.worker.lease_clock import ServerClock
 
 __all__ = ["MAX_CLAIM", "RECOVER_BATCH", "AckItem", "AdoptBatch", "ClaimBatch", "ClaimedKey",

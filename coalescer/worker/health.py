@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 
 from coalescer.common.plural import plural
 from coalescer.store.keys import benched, node_leases, nodes_channel
-from coalescer.store.scripts import Benched
+from coalescer.store.script_types import Benched
 from coalescer.worker.failure_window import FailureWindow, Verdict
 
 if TYPE_CHECKING:

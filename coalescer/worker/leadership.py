@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.errors import NotLeaderError
-from coalescer.store.scripts import LeaseState
+from coalescer.store.script_types import LeaseState
 from coalescer.worker.adopter import Adopter
 from coalescer.worker.health import Health
 from coalescer.worker.lead_log import LeadLog

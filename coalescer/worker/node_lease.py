@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.store.keys import node_leases, nodes_channel
-from coalescer.store.scripts import NodeLeases
+from coalescer.store.script_types import NodeLeases
 from coalescer.worker.lease_clock import ServerClock, Sightings
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from coalescer.common.retrying import Backoff, keep_running
 from coalescer.config.rules import Rule
-from coalescer.store.scripts import Peer
+from coalescer.store.script_types import Peer
 
 if TYPE_CHECKING:
     from coalescer.worker.context import NodeContext

@@ -41,7 +41,8 @@ from coalescer.common.metrics import Metrics
 from coalescer.config.model import RateLimit
 from coalescer.config.rules import Rule
 from coalescer.store.keys import rate_bucket
-from coalescer.store.scripts import AdoptBatch, ClaimBatch, RateGrant, Scripts
+from coalescer.store.script_types import AdoptBatch, ClaimBatch, RateGrant
+from coalescer.store.scripts import Scripts
 
 if TYPE_CHECKING:
     from coalescer.worker.context import NodeContext

@@ -77,7 +77,7 @@ from coalescer.config.rules import Rule
 from coalescer.config.schedule import then_plain
 from coalescer.errors import BackpressureError, ClosedError
 from coalescer.store.keycheck import check_item, check_key
-from coalescer.store.scripts import OVERFLOW
+from coalescer.store.script_types import OVERFLOW
 from coalescer.write.recent_writes import RecentWrites
 
 Matcher = Callable[[str], Rule]  # key -> its Rule; raises UnknownKeyError

@@ -18,7 +18,8 @@ from typing import Any
 
 from coalescer.store.keys import KeySpace
 from coalescer.store.layout import carry
-from coalescer.store.scripts import CancelGroup, History, Scripts
+from coalescer.store.script_types import CancelGroup, History
+from coalescer.store.scripts import Scripts
 
 BATCH = 500  # keys per script call: a few ms of Redis time at most
 

@@ -34,7 +34,8 @@ from coalescer.config.rules import Rule
 from coalescer.errors import LayoutMovedError, shown_key
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.layout import Layouts, carry
-from coalescer.store.scripts import Scripts, UpsertGroup, UpsertResult
+from coalescer.store.script_types import UpsertGroup, UpsertResult
+from coalescer.store.scripts import Scripts
 from coalescer.tracing.bounds import GRACE_MS, KEEP
 from coalescer.write.absorber import (
     NO_ITEMS,

@@ -33,7 +33,8 @@ from coalescer.config.sizes import format_size
 from coalescer.errors import QuotaExceededError
 from coalescer.store.byte_count import ByteCount
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import LimitsAnswer, Scripts
+from coalescer.store.script_types import LimitsAnswer
+from coalescer.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

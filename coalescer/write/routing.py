@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import UpsertGroup
+from coalescer.store.script_types import UpsertGroup
 
 Routed = list[tuple[int, list[UpsertGroup]]]
 

@@ -14,7 +14,8 @@ from coalescer.cli.main import main
 from coalescer.query.dead_letters import format_dead_page
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.script_types import UpsertGroup
+from coalescer.store.scripts import Scripts
 from tests.helpers.inspection import dead_count, fast_rules, node, write
 from tests.helpers.servers import wait_until
 

@@ -15,7 +15,8 @@ from coalescer.config.rules import Config
 from coalescer.errors import ConfigError
 from coalescer.query.history import HistoryQuery, format_history
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.scripts import Failure, History, Scripts, UpsertGroup
+from coalescer.store.script_types import Failure, History, UpsertGroup
+from coalescer.store.scripts import Scripts
 from tests.helpers.e2e import server_ms
 from tests.helpers.inspection import DEFAULTS, fast_rules, node, write
 from tests.helpers.servers import wait_until

@@ -16,7 +16,8 @@ from redis.exceptions import ClusterError, ResponseError
 from coalescer.store.batching import ScriptBatcher
 from coalescer.store.connection import Connection, connect
 from coalescer.store.keys import ShardKeys
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.script_types import UpsertGroup
+from coalescer.store.scripts import Scripts
 from tests.helpers.servers import Cluster
 
 RULE = "r"

@@ -6,7 +6,8 @@ from redis.asyncio import Redis
 
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.script_types import UpsertGroup
+from coalescer.store.scripts import Scripts
 
 
 def test_a_key_touched_once_reads_first_touch_and_due_time() -> None:

@@ -6,9 +6,10 @@ writes the copy of every shard, each in its own shard's slot."""
 from __future__ import annotations
 
 from coalescer import Coalescer
+from coalescer.store.claim_scripts import NO_ITEM_RULES
 from coalescer.store.keys import KeySpace
 from coalescer.store.paused_copies import mark_paused
-from coalescer.store.scripts import NO_ITEM_RULES, AdoptBatch
+from coalescer.store.script_types import AdoptBatch
 from tests.conftest import RulesFactory
 from tests.helpers.servers import Cluster
 from tests.store.test_scripts import Shard, shard  # noqa: F401 (shard: a fixture)

@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio
 
 from coalescer.store import key_states as states
-from coalescer.store.scripts import CancelGroup, History, UpsertGroup
+from coalescer.store.script_types import CancelGroup, History, UpsertGroup
 from tests.store.test_scripts import LONG, RULE, Shard
 
 Redis = redis.asyncio.Redis

@@ -16,16 +16,16 @@ from coalescer.errors import NotLeaderError, ScriptError
 from coalescer.store import key_states as states
 from coalescer.store.connection import connect
 from coalescer.store.keys import ShardKeys, node_leases
-from coalescer.store.scripts import (
+from coalescer.store.script_calls import script_source
+from coalescer.store.script_types import (
     CancelGroup,
     ClaimBatch,
     ClaimedKey,
     Failure,
     History,
-    Scripts,
     UpsertGroup,
-    script_source,
 )
+from coalescer.store.scripts import Scripts
 from tests.helpers.servers import ValkeyProcess, wait_until
 
 RULE = "r"

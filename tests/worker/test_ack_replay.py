@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coalescer import Coalescer
-from coalescer.store.scripts import script_source
+from coalescer.store.script_calls import script_source
 from tests.helpers.servers import HOST, ValkeyProcess, wait_until
 
 RULES = """\
@@ -144,7 +144,7 @@ async def test_a_stale_ack_is_still_reported(
         await c.flush()
         scripts = c._run.scripts
         assert scripts is not None
-        from coalescer.store.scripts import History
+        from coalescer.store.script_types import History
 
         history = History("n1", 100)
         stale = await scripts.ack(shard, [("stats", [("stats:1", 999, 0, 0)])], history)

@@ -183,7 +183,7 @@ async def test_hasten_makes_pending_keys_due_now_and_leaves_running_ones(
     try:
         scripts = Scripts(client)
         sk = KeySpace(namespace, 1).shard(0)
-        from coalescer.store.scripts import UpsertGroup
+        from coalescer.store.script_types import UpsertGroup
         hour = 3_600_000
         await scripts.upsert(sk, [UpsertGroup("org", hour, 2 * hour, ["a", "b", "c"])])
         await redis_client.hset(sk.meta, "c", "R|9|1|1|1|1||||n")  # running: left alone

@@ -21,7 +21,8 @@ from coalescer.errors import ConfigError, RedisUnreachableError
 from coalescer.query.explain import format_explain
 from coalescer.store.keycheck import MAX_ITEM_BYTES
 from coalescer.store.keys import KeySpace
-from coalescer.store.scripts import Scripts, UpsertGroup
+from coalescer.store.script_types import UpsertGroup
+from coalescer.store.scripts import Scripts
 from coalescer.worker.registry import fingerprint
 from tests.helpers.servers import wait_until
 from tests.worker.test_webhooks import Receiver, receiver  # noqa: F401 (a fixture)

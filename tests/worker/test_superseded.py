@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coalescer import Coalescer
-from coalescer.store.scripts import ClaimedKey
+from coalescer.store.script_types import ClaimedKey
 from tests.helpers.e2e import recorder_rules
 from tests.helpers.servers import wait_until
 

@@ -22,7 +22,7 @@ from coalescer import BackpressureError, ClosedError, Coalescer, UnknownKeyError
 from coalescer.errors import RedisUnreachableError
 from coalescer.store import key_states as states
 from coalescer.store.keys import layout
-from coalescer.store.scripts import SCRIPT_NAMES, script_source
+from coalescer.store.script_calls import SCRIPT_NAMES, script_source
 from tests.helpers.servers import ValkeyProcess, wait_until
 
 RULES = """\

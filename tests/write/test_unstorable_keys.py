@@ -216,7 +216,8 @@ async def test_upsert_raises_script_error_naming_a_failed_key(
     c = await make(redis_url)
     sk = KeySpace(namespace, 1).shard(0)
     await redis_client.hset(sk.meta, "stats:corrupt", "P|x")
-    from coalescer.store.scripts import Scripts, UpsertGroup
+    from coalescer.store.script_types import UpsertGroup
+    from coalescer.store.scripts import Scripts
     scripts = Scripts(redis_client)
     with pytest.raises(ScriptError, match="stats:corrupt"):
         await scripts.upsert(sk, [UpsertGroup("stats", 100, 1000, ["stats:a", "stats:corrupt"])])

@@ -1,4 +1,4 @@
--- _lib.lua: helpers prepended to every script by scripts.py.
+-- _lib.lua: helpers prepended to every script by script_calls.py.
 --
 -- A key's state lives in the shard's meta hash, one field per touched key:
 --   pending  "FIRST|DUE|LAST|ATTEMPTS"  (the key is in due:RULE) with FIRST in

@@ -1,0 +1,53 @@
+"""An operator's script wrappers: dead letters brought back or purged, pending keys
+made due now (all of a rule's, or one key)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coalescer.store.keys import ShardKeys
+from coalescer.store.script_calls import ScriptCalls
+from coalescer.store.script_types import Hastened
+
+# What run_now.lua found a key in: the first two run next (see run_now.lua).
+RUN_NOW_STATES = ("hastened", "due", "running", "dead", "idle")
+
+
+class OperatorScripts(ScriptCalls):
+    """What an operator asks of a shard's keys."""
+
+    async def requeue(self, shard: ShardKeys, rule: str, dead_keys: Sequence[str]) -> int:
+        """Bring dead-lettered keys of ``rule`` back; returns how many."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        return int(result[0])
+
+    async def requeue_each(self, shard: ShardKeys, rule: str,
+                           dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Bring dead-lettered keys of ``rule`` back: (how many, the keys that were not dead)."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        return int(result[0]), [str(k) for k in result[1:]]
+
+    async def purge(self, shard: ShardKeys, rule: str,
+                    dead_keys: Sequence[str]) -> tuple[int, list[str]]:
+        """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
+        result = await self._run("purge", [shard.meta, shard.dead(rule)],
+                                 [shard.items_prefix, shard.claimed_prefix,
+                                  shard.traces_prefix, *dead_keys])
+        return int(result[0]), [str(k) for k in result[1:]]
+
+    async def hasten(self, shard: ShardKeys, rules: Sequence[str], limit: int) -> Hastened:
+        """Make up to ``limit`` pending keys of each rule due now; counts what is left."""
+        keys = [shard.meta]
+        for rule in rules:
+            keys += [shard.due(rule), shard.inflight(rule)]
+        now, hastened, pending, in_flight = await self._run("hasten", keys, [limit])
+        return Hastened(int(now), int(hastened), int(pending), int(in_flight))
+
+    async def run_now(self, shard: ShardKeys, rule: str, key: str) -> str:
+        """Make pending ``key`` due now and wake the shard's poller; what it found: one
+        of RUN_NOW_STATES ("hastened" or "due": it runs next)."""
+        _now, state = await self._run("run_now", [shard.meta, shard.due(rule), shard.next_wake],
+                                      [key, shard.wake_channel])
+        return str(state)
