@@ -37,14 +37,8 @@ from coalescer.store.layout import Layouts, carry
 from coalescer.store.script_types import UpsertGroup, UpsertResult
 from coalescer.store.scripts import Scripts
 from coalescer.tracing.bounds import GRACE_MS, KEEP
-from coalescer.write.absorber import (
-    NO_ITEMS,
-    NO_SCHEDULES,
-    Absorber,
-    Batch,
-    ItemSets,
-    Schedules,
-)
+from coalescer.write.absorber import Absorber
+from coalescer.write.buffer import NO_ITEMS, NO_SCHEDULES, Batch, ItemSets, Schedules
 from coalescer.write.failures import (
     KEY,
     REASON_REDIS,

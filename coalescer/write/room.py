@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 from coalescer.common.plural import plural
 from coalescer.errors import BackpressureError
-from coalescer.write.absorber import Absorber, Entry
+from coalescer.write.absorber import Absorber
+from coalescer.write.buffer import Entry
 
 DEFAULT_TIMEOUT = 30.0  # seconds a waiting touch waits for room, by default
 

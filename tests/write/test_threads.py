@@ -13,7 +13,8 @@ from typing import Any
 
 from coalescer import BackpressureError, Coalescer, SyncCoalescer
 from coalescer.store.keys import KeySpace
-from coalescer.write.absorber import GATE_BACKLOG, Absorber
+from coalescer.write.absorber import Absorber
+from coalescer.write.backpressure import GATE_BACKLOG
 from tests.conftest import RulesFactory
 from tests.helpers.servers import ValkeyProcess, poll_until
 
