@@ -51,11 +51,12 @@ from typing import Any
 import pytest
 
 from coalescer.claim import Claim
-from coalescer.coalescer import Coalescer, default_node_id
+from coalescer.coalescer import Coalescer
 from coalescer.config.code_rules import Rules, rules_config
 from coalescer.config.namespace_env import ENV_NAMESPACE
 from coalescer.config.rules import NAME_RE, Config
 from coalescer.errors import ConfigError
+from coalescer.facade.core import default_node_id
 from coalescer.store.embedded import ENV_REDIS_URL, ROOT_NAME, EmbeddedServer
 
 Factory = Callable[..., AbstractAsyncContextManager[Coalescer]]
