@@ -17,7 +17,7 @@ from coalescer.common import forksafe
 from coalescer.config.code_rules import Rules
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay
-from coalescer.errors import BackpressureError, ClosedError, UnwrittenTouchesError
+from coalescer.errors import ClosedError, UnwrittenTouchesError
 from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
 
@@ -95,6 +95,11 @@ class SyncCoalescer:
                 self.start()
             return self._loop
 
+    def _ready(self, what: str) -> None:
+        """ClosedError unless started (started again first in a forked child)."""
+        if self._loop is None and self._revive(what) is None:
+            raise self._not_started(what)
+
     def _not_started(self, what: str) -> ClosedError:
         if self._started:
             return ClosedError(f"{what}: the SyncCoalescer is closed")
@@ -134,22 +139,19 @@ class SyncCoalescer:
               delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer one touch (with ``item`` and a time ``at``/``delay``, if given); see
         ``Coalescer.touch``."""
-        if self._loop is None and self._revive(f"touch({key!r})") is None:
-            raise self._not_started(f"touch({key!r})")
+        self._ready(f"touch({key!r})")
         self.coalescer.touch(key, item, at=at, delay=delay, keep_items=keep_items)
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
                    delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer every touch or none; see ``Coalescer.touch_many``."""
-        if self._loop is None and self._revive("touch_many()") is None:
-            raise self._not_started("touch_many()")
+        self._ready("touch_many()")
         self.coalescer.touch_many(keys, at=at, delay=delay, keep_items=keep_items)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, at: At | None = None,
                     delay: Delay | None = None, keep_items: bool = False) -> None:
         """Buffer every (key, item) touch or none; see ``Coalescer.touch_items``."""
-        if self._loop is None and self._revive("touch_items()") is None:
-            raise self._not_started("touch_items()")
+        self._ready("touch_items()")
         self.coalescer.touch_items(pairs, at=at, delay=delay, keep_items=keep_items)
 
     def touch_wait(self, key: str, item: str | None = None, *,
@@ -162,14 +164,8 @@ class SyncCoalescer:
         ``timeout`` seconds (None: no bound), then raises BackpressureError. Request
         paths that must never block call ``touch``, which refuses at once.
         """
-        if self._loop is None and self._revive(f"touch_wait({key!r})") is None:
-            raise self._not_started(f"touch_wait({key!r})")
-        try:
-            self.coalescer.touch(key, item, at=at, delay=delay)  # as cheap as touch
-        except BackpressureError:
-            keys, pairs = ([key], []) if item is None else ([], [(key, item)])
-            self.coalescer.touch_blocking(keys, timeout=timeout, what=f"touch_wait({key!r})",
-                                          pairs=pairs, at=at, delay=delay)
+        self._ready(f"touch_wait({key!r})")
+        self.coalescer.touch_or_block(key, item, timeout=timeout, at=at, delay=delay)
 
     def touch_many_wait(self, keys: Iterable[str], *,
                         timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
@@ -177,8 +173,7 @@ class SyncCoalescer:
         """Touch every key, blocking while the buffer is full; see
         ``Coalescer.touch_many_wait`` for what is checked first and what a timeout keeps."""
         what = "touch_many_wait()"
-        if self._loop is None and self._revive(what) is None:
-            raise self._not_started(what)
+        self._ready(what)
         self.coalescer.touch_blocking(keys, timeout=timeout, what=what, at=at, delay=delay)
 
     def cancel(self, key: str, *, timeout: float | None = 30.0) -> CancelOutcome:
@@ -199,8 +194,7 @@ class SyncCoalescer:
         """Touch every (key, item) pair, blocking while the buffer is full; see
         ``Coalescer.touch_items_wait``."""
         what = "touch_items_wait()"
-        if self._loop is None and self._revive(what) is None:
-            raise self._not_started(what)
+        self._ready(what)
         self.coalescer.touch_blocking([], timeout=timeout, what=what, pairs=pairs, at=at,
                                       delay=delay)
 
