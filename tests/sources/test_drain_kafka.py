@@ -51,7 +51,9 @@ async def test_drain_reads_the_messages_up_to_the_end_offsets_and_commits_them(
 
     assert sorted(claim.key for claim in claims) == ["order:1", "order:2", "order:3"]
     assert len(rec.calls) == 3
-    assert await committed(kafka, topic, partitions=2) == [2, 3]  # the poison one too
+    own = f"coalescer.{namespace}.orders"  # a drain's group, whatever the rules name
+    assert await committed(kafka, topic, partitions=2, group=own) == [2, 3]  # poison too
+    assert await committed(kafka, topic, partitions=2) == [None, None]  # the named one's
     assert await c.drain(timeout=30) == []  # committed: never read twice
 
 

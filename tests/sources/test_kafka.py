@@ -187,11 +187,12 @@ async def produce(broker: TansuBroker, topic: str, values: list[Any],
         await producer.stop()
 
 
-async def committed(broker: TansuBroker, topic: str, partitions: int = 1) -> list[int | None]:
-    """The committed offset of each partition of ``topic`` of its source's group (each
-    test's own), read from the broker."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=f"g-{topic}",
-                                enable_auto_commit=False)
+async def committed(broker: TansuBroker, topic: str, partitions: int = 1,
+                    group: str | None = None) -> list[int | None]:
+    """The committed offset of each partition of ``topic`` in ``group`` (default: its
+    source's group as the rules name it, each test's own), read from the broker."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap,
+                                group_id=group or f"g-{topic}", enable_auto_commit=False)
     await consumer.start()
     try:
         return [await consumer.committed(TopicPartition(topic, p)) for p in range(partitions)]
