@@ -54,7 +54,8 @@ async def test_a_writers_drain_beside_a_member_of_the_group_leaves_it_the_offset
     namespace = "n" + topic.removeprefix("t-")  # the topic's name is new each time
     path, _ = recorder_rules(tmp_path, f"drain_kafka_member_{namespace}", RULES.format(
         ns=namespace, bootstrap=kafka.bootstrap, topic=topic))
-    member = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id=f"g-{topic}",
+    group = f"coalescer.{namespace}.orders"  # the group a drain of this namespace reads in
+    member = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id=group,
                               enable_auto_commit=False, heartbeat_interval_ms=1000)
     await member.start()
     try:
@@ -67,10 +68,10 @@ async def test_a_writers_drain_beside_a_member_of_the_group_leaves_it_the_offset
         assert [claim.key for claim in claims] == ["order:1"]  # touched all the same
         # one line, naming the refusal and its cause, however often it is refused
         (line,) = [r.getMessage() for r in caplog.records if "ommit" in r.getMessage()]
-        assert line.startswith(f"source orders: commit refused by group 'g-{topic}': ")
+        assert line.startswith(f"source orders: commit refused by group '{group}': ")
         assert any(cause in line for cause in CAUSES.values())
         assert "the group's members read them again" in line
         assert "max_poll_interval" not in line and "\n" not in line
-        assert await committed(kafka, topic) == [None]  # the member's to commit
+        assert await committed(kafka, topic, group=group) == [None]  # the member's to commit
     finally:
         await member.stop()
