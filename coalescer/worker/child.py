@@ -5,7 +5,7 @@ up to ``runs`` at once on threads of its own. The node sends lists of
 handler ``ref`` once (``module:function``, with the rules file's folder first on
 ``sys.path``, as the node does; usually already imported by the fork server) and
 sends back ``(id, "ok", answer)`` or ``(id, "error", packed exception)``, several
-replies to a message when they finish together. One child serves any rule's
+replies to a message (``frame``) when they finish together. One child serves any rule's
 handler.
 
 The node kills the process at a run's timeout, when a run's claim is lost and at the
@@ -23,6 +23,8 @@ import os
 import pickle
 import queue
 import signal
+import socket
+import struct
 import sys
 import threading
 import traceback
@@ -40,6 +42,7 @@ Packed = tuple[bytes | None, str, str, str]
 Request = tuple[int, str, "str | None", Any]  # (id, module:function, base_dir, arg)
 Reply = tuple[int, str, Any]  # (id, "ok" | "error" | "ready", answer or Packed or pid)
 Handler = Callable[[object], object]
+FRAME = struct.Struct("!Q")
 
 
 def pack(exc: BaseException) -> Packed:
@@ -52,12 +55,20 @@ def pack(exc: BaseException) -> Packed:
     return blob, type(exc).__name__, str(exc), trace
 
 
+def frame(message: object) -> bytes:
+    """A reply message as it crosses the pipe: its pickle's length (8 bytes, big-endian),
+    then the pickle (the node reads every frame that has come at once, see
+    ``worker.isolation``)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(payload)) + payload
+
+
 class _Replies:
     """Sends replies from any thread: one sender at a time, taking every reply that
     came meanwhile into its message."""
 
     def __init__(self, conn: Connection) -> None:
-        self._conn = conn
+        self._socket = socket.socket(fileno=os.dup(conn.fileno()))
         self._lock = threading.Lock()
         self._waiting: list[Reply] = []
         self._sending = False
@@ -75,7 +86,7 @@ class _Replies:
                     self._sending = False
                     return
             try:
-                self._conn.send(batch)
+                self._socket.sendall(frame(batch))
             except OSError:  # the node closed the pipe: it is stopping this process
                 os._exit(1)
 

@@ -30,6 +30,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import pickle
+import socket
 import threading
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -39,13 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from coalescer.worker import fork_preload
-from coalescer.worker.child import Packed, Request, serve
+from coalescer.worker.child import FRAME, Packed, Request, serve
 from coalescer.worker.invoke import Invoke, RunCancelled
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 0.5  # seconds from SIGTERM to SIGKILL
 REAP_WAIT = 2.0  # seconds for a killed child to be gone
+READ_SIZE = 1 << 18  # bytes read from a child's pipe at a time, at most
 RUNS_PER_CHILD = 10  # runs a child runs at once (on its threads), at most
 CONTEXT = "forkserver"
 HandlerRef = tuple[str, "str | None"]  # (module:function, the folder it imports from)
@@ -104,11 +106,44 @@ class Child:
     process: BaseProcess
     conn: Connection
     ready: asyncio.Future[None]
+    replies: Frames
     load: int = 0  # runs given to it (sent, or waiting for it to be ready)
     pending: dict[int, asyncio.Future[tuple[str, Any]]] = field(default_factory=dict)
     outbox: list[Request] = field(default_factory=list)  # sent at the loop's next turn
     stopping: asyncio.Future[None] | None = None  # done once it is gone
     death: str = ""  # why its runs failed, once it is stopping
+
+
+class Frames:
+    """Reads a child's reply messages (``child.frame``) off the node's end of its pipe
+    without blocking: every one that has come, in one read."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._socket = socket.socket(fileno=os.dup(conn.fileno()))
+        self._buffer = bytearray()
+
+    def read(self) -> list[Any]:
+        """The messages complete so far (none yet: []); EOFError at the pipe's end."""
+        try:
+            data = self._socket.recv(READ_SIZE, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return []
+        if not data:
+            raise EOFError
+        buffer = self._buffer
+        buffer += data
+        messages, start = [], 0
+        while len(buffer) - start >= FRAME.size:
+            end = start + FRAME.size + FRAME.unpack_from(buffer, start)[0]
+            if len(buffer) < end:
+                break
+            messages.append(pickle.loads(buffer[start + FRAME.size:end]))  # our child's
+            start = end
+        del buffer[:start]
+        return messages
+
+    def close(self) -> None:
+        self._socket.close()
 
 
 def unpack(packed: Packed) -> Exception:
@@ -221,7 +256,8 @@ class ChildPool:
         process = self._context.Process(  # type: ignore[attr-defined]
             target=serve, args=(theirs, self._per_child), daemon=True,
             name="coalescer-handler")
-        child = Child(process, ours, asyncio.get_running_loop().create_future())
+        child = Child(process, ours, asyncio.get_running_loop().create_future(),
+                      Frames(ours))
         child.ready.add_done_callback(_retrieved)
         self._children.add(child)
         self._live.append(child)
@@ -249,8 +285,8 @@ class ChildPool:
     def _readable(self, child: Child) -> None:
         """Replies (or the end of the pipe) from ``child``: each settles its run."""
         try:
-            while child.conn.poll():
-                for run_id, kind, payload in child.conn.recv():
+            for message in child.replies.read():
+                for run_id, kind, payload in message:
                     self._settle(child, run_id, kind, payload)
         except (EOFError, OSError):
             self._stopping(child, "")
@@ -335,6 +371,7 @@ def _retrieved(future: asyncio.Future[None]) -> None:
 
 def _kill(child: Child) -> None:
     child.conn.close()
+    child.replies.close()
     process = child.process
     if process.pid is None:
         return
