@@ -24,6 +24,7 @@ from typing import Any
 from coalescer import Claim, Coalescer, Config
 from examples.stats_app import customer_stats as stats_db
 
+from . import common as C
 from . import figures as F
 from .valkey import Server
 
@@ -57,16 +58,16 @@ async def refresh_batch(claims: list[Claim]) -> None:
 
 
 def batch_config(size: int, **kw: Any) -> Config:
-    text = F.rules_text(handler="bench.batches:refresh_batch", **kw)
+    text = C.rules_text(handler="bench.batches:refresh_batch", **kw)
     return Config.from_string(text + f"    batch: {{max: {size}}}\n", source="<bench>")
 
 
-async def drain_batch(server: Server, sizes: F.Sizes, size: int = BATCH) -> dict[str, Any]:
+async def drain_batch(server: Server, sizes: C.Sizes, size: int = BATCH) -> dict[str, Any]:
     n = sizes.drain_keys
-    keys = [F.key(i) for i in range(n)]
+    keys = [C.key(i) for i in range(n)]
     kw = {"window": "100ms", "max_wait": "1s", "concurrency": F.DEFAULT_CONCURRENCY}
-    async with F.coalescer(server, False, **kw) as w:
-        await F._touch_distinct(w, keys)
+    async with C.coalescer(server, False, **kw) as w:
+        await C.touch_distinct(w, keys)
         await w.flush()
     await asyncio.sleep(0.3)  # every key is due
     SEEN.reset()
@@ -76,10 +77,10 @@ async def drain_batch(server: Server, sizes: F.Sizes, size: int = BATCH) -> dict
         deadline = time.monotonic() + 120
         while SEEN.claims == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
-        cpu, counted, t_cpu = F.CpuMeter(server), SEEN.claims, time.time()
+        cpu, counted, t_cpu = C.CpuMeter(server), SEEN.claims, time.time()
         # Polled every millisecond: the whole drain takes a few hundred (the per-key
         # drain's 20 ms polls would be a tenth of it).
-        settled = F.coalescer_settled(c)
+        settled = C.coalescer_settled(c)
         while not await settled() and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
         t_acked = time.time()
@@ -98,14 +99,14 @@ STATS_CUSTOMERS = 10_000
 
 
 def stats_config(kind: str) -> Config:
-    text = F.rules_text(handler=STATS_HANDLERS[kind], window="100ms", max_wait="1s",
+    text = C.rules_text(handler=STATS_HANDLERS[kind], window="100ms", max_wait="1s",
                         concurrency=F.DEFAULT_CONCURRENCY).replace("{user_id}", "{customer_id}")
     if kind == "batch":
         text += f"    batch: {{max: {BATCH}}}\n"
     return Config.from_string(text, source="<bench>")
 
 
-async def stats_app(server: Server, sizes: F.Sizes, tmp: Path, kind: str) -> dict[str, Any]:
+async def stats_app(server: Server, sizes: C.Sizes, tmp: Path, kind: str) -> dict[str, Any]:
     """Refresh every customer of a fresh stats database after a bulk import."""
     n = STATS_CUSTOMERS if sizes.drain_keys >= 50_000 else STATS_CUSTOMERS // 5
     db = tmp / f"stats-{kind}-{time.monotonic_ns()}.db"
@@ -114,9 +115,9 @@ async def stats_app(server: Server, sizes: F.Sizes, tmp: Path, kind: str) -> dic
     conn = stats_db.connect(db)
     try:
         stats_db.add_orders(conn, [(i % n, 100 + i % 997) for i in range(n * 5)])
-        keys = [F.key(i) for i in range(n)]
-        async with F.coalescer(server, False, window="100ms", max_wait="1s") as w:
-            await F._touch_distinct(w, keys)
+        keys = [C.key(i) for i in range(n)]
+        async with C.coalescer(server, False, window="100ms", max_wait="1s") as w:
+            await C.touch_distinct(w, keys)
             await w.flush()
         await asyncio.sleep(0.3)  # every key is due
         node = Coalescer(stats_config(kind), redis_url=server.url, worker=True,

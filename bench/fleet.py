@@ -57,7 +57,7 @@ from coalescer.query.status import gather_status
 from coalescer.store.keys import KeySpace, layout
 from coalescer.worker.node_lease import RENEW_SHARE
 
-from .figures import NS, Sizes, _flushall, _spawn, _stop, key, rules_text
+from .common import NS, Sizes, flushall, key, rules_text, spawn, stop_process
 from .fleet_probe import read_records
 from .valkey import Cluster, Server, calls_delta, commandstats, start_cluster
 
@@ -116,14 +116,14 @@ class Fleet:
 
     def start(self, name: str) -> None:
         exe = str(Path(sys.executable).parent / "coalescer")
-        self.procs[name] = _spawn([exe, "run", "--rules", str(self.rules), "--redis",
+        self.procs[name] = spawn([exe, "run", "--rules", str(self.rules), "--redis",
                                    self.cluster.url, "--http", "off", "--node-id", name,
                                    "--grace", "2"],
                                   self.log(name), self.folder / f"node-{name}.out")
 
     def stop(self, name: str) -> None:
         """SIGTERM one node and wait for it (it releases its shards)."""
-        _stop(self.procs.pop(name))
+        stop_process(self.procs.pop(name))
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -135,7 +135,7 @@ class Fleet:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            _stop(proc)
+            stop_process(proc)
         self.procs.clear()
 
     def records(self, names: list[str]) -> dict[str, list[tuple[float, int, str]]]:
@@ -419,7 +419,7 @@ async def run(tmp: Path, plan: Plan, *, nodes: int = NODES, shards: int = SHARDS
             out["failover"] = await failover(fleet, r)
             show("failover", out)
             fleet.stop_all()
-            await asyncio.to_thread(_flushall, cluster.nodes)
+            await asyncio.to_thread(flushall, cluster.nodes)
             grow_fleet = Fleet(cluster, tmp / "grow", shards)
             try:
                 async with _writer(grow_fleet) as writer:
@@ -427,7 +427,7 @@ async def run(tmp: Path, plan: Plan, *, nodes: int = NODES, shards: int = SHARDS
                     show("grow", out)
             finally:
                 grow_fleet.stop_all()
-            await asyncio.to_thread(_flushall, cluster.nodes)
+            await asyncio.to_thread(flushall, cluster.nodes)
             out["reshard"] = await reshard_under_load(cluster, r, tmp, plan, nodes=nodes,
                                                       rate=rate)
             show("reshard", out)

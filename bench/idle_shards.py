@@ -35,16 +35,16 @@ from redis.asyncio import Redis
 
 from coalescer.store.keys import KeySpace
 
-from .figures import (
+from .common import (
     NS,
     Sizes,
-    _spawn,
-    _stop,
-    _touch_distinct,
     coalescer,
     key,
     process_tree_cpu,
     rules_text,
+    spawn,
+    stop_process,
+    touch_distinct,
 )
 from .valkey import MonitorCounter, Server, calls_delta, commandstats
 
@@ -57,7 +57,7 @@ WRITE_COUNTS = (1, 16, 256, 4096)
 
 def _node(folder: Path, server: Server, rules: Path, name: str) -> subprocess.Popen[bytes]:
     exe = str(Path(sys.executable).parent / "coalescer")
-    return _spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
+    return spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
                    "--node-id", name, "--grace", "1"],
                   folder / f"refresh-{name}.log", folder / f"node-{name}.out")
 
@@ -101,7 +101,7 @@ async def idle(server: Server, sizes: Sizes, tmp: Path, shards: int,
         await asyncio.sleep(SETTLE)
         return {"shards": shards, **await _window(server, proc, seconds)}
     finally:
-        _stop(proc)
+        stop_process(proc)
         await r.aclose()
 
 
@@ -162,7 +162,7 @@ async def failover(server: Server, sizes: Sizes, tmp: Path, shards: int) -> dict
         took = time.monotonic() - t_kill
     finally:
         for p in procs.values():
-            _stop(p)
+            stop_process(p)
         await r.aclose()
     return {"shards": shards, "takeover_s": took, "moved": len(theirs), "lease_s": LEASE}
 
@@ -201,7 +201,7 @@ async def busy_start(server: Server, sizes: Sizes, tmp: Path, shards: int,
         await asyncio.sleep(AFTER_LOAD)
         res = await _window(server, proc, seconds)
     finally:
-        _stop(proc)
+        stop_process(proc)
     return {"shards": shards, **res, "busy_lapses": lapses, "busy_window_s": BUSY_WINDOW,
             "after_load_s": AFTER_LOAD}
 
@@ -215,7 +215,7 @@ async def write_path(server: Server, sizes: Sizes, shards: int,
         async with coalescer(server, False, window="1h", max_wait="2h", shards=shards) as c:
             before = commandstats(client, "usec")
             t0 = time.perf_counter()
-            await _touch_distinct(c, keys)
+            await touch_distinct(c, keys)
             await c.flush()
             dt = time.perf_counter() - t0
             after = commandstats(client, "usec")

@@ -19,14 +19,14 @@ from typing import Any
 
 from coalescer import BackpressureError, Coalescer, Config
 
-from . import figures as F
+from . import common as C
 from .valkey import Server
 
 ITEMS_MAX = 1000
 
 
 def items_config(**kw: Any) -> Config:
-    text = F.rules_text(**kw).replace(
+    text = C.rules_text(**kw).replace(
         "    handler: bench.probe:refresh\n",
         f"    handler: bench.probe:refresh\n    items: {{max: {ITEMS_MAX}}}\n")
     return Config.from_string(text, source="<bench>")
@@ -53,14 +53,14 @@ async def _touch_items(c: Coalescer, keys: list[str], per_key: int) -> int:
     return refused
 
 
-async def items_coalescer(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def items_coalescer(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     """Items/s into Redis from one process."""
-    keys = [F.key(i) for i in range(sizes.items_keys)]
+    keys = [C.key(i) for i in range(sizes.items_keys)]
     total = len(keys) * sizes.items_per_key
     c = Coalescer(items_config(window="1h", max_wait="2h"), redis_url=server.url,
                   worker=False, node_id="bench-node")
     async with c:
-        cpu = F.CpuMeter(server)
+        cpu = C.CpuMeter(server)
         t0 = time.perf_counter()
         refused = await _touch_items(c, keys, sizes.items_per_key)
         touched = time.perf_counter() - t0
@@ -76,5 +76,5 @@ async def items_coalescer(server: Server, sizes: F.Sizes) -> dict[str, Any]:
 async def _items_held(c: Coalescer, keys: list[str]) -> int:
     pipe = c.redis.pipeline(transaction=False)
     for k in keys:
-        pipe.scard(F.SHARD.items(k))
+        pipe.scard(C.SHARD.items(k))
     return sum(int(n) for n in await pipe.execute())

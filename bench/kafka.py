@@ -28,7 +28,7 @@ from typing import Any
 
 from coalescer import Coalescer, Config
 
-from . import figures as F
+from . import common as C
 from .kafka_broker import TansuBroker, find_tansu
 from .valkey import Server
 
@@ -38,7 +38,7 @@ BURST_BATCH = 5000
 
 
 def rules_text(bootstrap: str, batch: int = BURST_BATCH) -> str:
-    text = F.rules_text(window="1h", max_wait="1h", handler="builtins:repr")
+    text = C.rules_text(window="1h", max_wait="1h", handler="builtins:repr")
     return text + textwrap.dedent(f"""\
         sources:
           - name: events
@@ -90,7 +90,7 @@ def _accepted(c: Coalescer) -> int:
     return int(value or 0)
 
 
-async def kafka_throughput(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def kafka_throughput(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     n = 200_000 if sizes.drain_keys >= 50_000 else 50_000
     broker = _broker(tmp)
     try:
@@ -111,7 +111,7 @@ async def kafka_throughput(server: Server, sizes: F.Sizes, tmp: Path) -> dict[st
             "per_second": (done - first) / (t2 - t1)}
 
 
-async def kafka_baseline(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def kafka_baseline(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     """The seed's consumer: ZADD each message's due time (a pipeline a batch), commit."""
     import redis.asyncio
     from aiokafka import AIOKafkaConsumer
@@ -172,7 +172,7 @@ async def _committed(broker: TansuBroker, group: str) -> int:
     return sum(offset or 0 for offset in offsets)
 
 
-async def kafka_burst(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def kafka_burst(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     """A `coalescer run` node reads a burst of ``sizes.million`` messages: its peak RSS."""
     n = sizes.million
     broker = _broker(tmp)
@@ -199,7 +199,7 @@ async def kafka_burst(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, An
     return {"messages": n, "committed": committed, "seconds": seconds, "peak_rss_mb": peak}
 
 
-async def kafka_burst_baseline(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def kafka_burst_baseline(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     """The seed's in-process delay queue: every message parked in a heap until its time."""
     n = sizes.million
     broker = _broker(tmp)

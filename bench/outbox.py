@@ -42,7 +42,7 @@ from coalescer import Coalescer, Config
 from coalescer.integrations.sqlalchemy import outbox_table, touch_in_transaction
 from coalescer.store.keys import KeySpace
 
-from . import figures as F
+from . import common as C
 from .postgres import PostgresServer
 from .valkey import Server
 
@@ -53,7 +53,7 @@ LAG_RATE = 1000  # commits/s
 
 
 def rules(url: str, poll: str = "1s") -> Config:
-    text_ = F.rules_text(window="1h", max_wait="1h", handler="builtins:repr")
+    text_ = C.rules_text(window="1h", max_wait="1h", handler="builtins:repr")
     text_ += f"sources:\n  - {{name: outbox, type: outbox, url: '{url}', poll: {poll}}}\n"
     return Config.from_string(text_, source="<bench>")
 
@@ -75,7 +75,7 @@ def accepted(c: Coalescer) -> float:
     return value or 0.0
 
 
-async def outbox_throughput(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def outbox_throughput(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     n = 200_000 if sizes.drain_keys >= 50_000 else 50_000
     pg = PostgresServer(durable=True).start()
     try:
@@ -105,12 +105,12 @@ async def _pending(server: Server, n: int) -> int:
 
     client = redis.asyncio.Redis.from_url(server.url)
     try:
-        return int(await client.zcard(KeySpace(F.NS, 1).shard(0).due(F.RULE)))
+        return int(await client.zcard(KeySpace(C.NS, 1).shard(0).due(C.RULE)))
     finally:
         await client.aclose()
 
 
-async def outbox_lag(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def outbox_lag(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     seconds = sizes.lag_seconds
     n = int(LAG_RATE * seconds)
     pg = PostgresServer(durable=False).start()
@@ -142,7 +142,7 @@ async def _lags(server: Server, written: dict[str, Any]) -> list[float]:
 
     client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
     try:
-        due = dict(await client.zrange(KeySpace(F.NS, 1).shard(0).due(F.RULE), 0, -1,
+        due = dict(await client.zrange(KeySpace(C.NS, 1).shard(0).due(C.RULE), 0, -1,
                                        withscores=True))
     finally:
         await client.aclose()
@@ -169,7 +169,7 @@ def write(url: str, n: int, rate: int, out: str) -> None:
     Path(out).write_text(json.dumps({"commits": commits, "seconds": seconds}))
 
 
-async def outbox_cost(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def outbox_cost(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     n = 3000 if sizes.drain_keys >= 50_000 else 1000
     pg = PostgresServer(durable=True).start()
     try:
@@ -209,7 +209,7 @@ def _cost(url: str, n: int) -> dict[str, Any]:
 KILLED_WRITERS = 30
 
 
-async def outbox_kills(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def outbox_kills(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     """30 writer processes commit a row and are SIGKILLed the moment their commit
     returns, with the outbox (PostgreSQL) and with ``touch_after_commit`` (SQLite, a
     ``SyncCoalescer``); touches lost = writers - keys Redis holds once a node has read
@@ -232,7 +232,7 @@ async def outbox_kills(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, A
         conn.execute(text("CREATE TABLE orders (customer TEXT)"))
     engine.dispose()
     config_path = tmp / f"after-commit-{time.monotonic_ns()}.yaml"
-    config_path.write_text(F.rules_text(window="1h", max_wait="1h", handler="builtins:repr"))
+    config_path.write_text(C.rules_text(window="1h", max_wait="1h", handler="builtins:repr"))
     _killed(lambda n: _commit_after(db, config_path, server.url, n))
     after_held = await _pending(server, KILLED_WRITERS) - outbox_held
     return {"writers": KILLED_WRITERS, "outbox_killed": outbox,

@@ -19,15 +19,18 @@ Every function returns what the coalescer one of the same workload returns, or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import shutil
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from . import common as C
 from . import figures as F
 from .probe import REC
 from .valkey import MonitorCounter, Server
@@ -49,13 +52,7 @@ def _arq() -> Any:
 
 
 async def _arq_refresh(ctx: dict[str, Any], key: str) -> None:
-    REC.started(key, float(ctx["score"]))  # score: the job's due time, epoch ms
-    if REC.work > 0:
-        REC.running += 1
-        try:
-            await asyncio.sleep(random.uniform(0, REC.work))
-        finally:
-            REC.running -= 1
+    await REC.refresh(key, float(ctx["score"]))  # score: the job's due time, epoch ms
 
 
 class Arq:
@@ -114,7 +111,7 @@ def _arq_missing() -> dict[str, Any] | None:
     return None if _arq() else {"skipped": "arq is not installed (pip install -e '.[dev,bench]')"}
 
 
-async def _arq_touches(server: Server, sizes: F.Sizes, *, n: int, seconds: float,
+async def _arq_touches(server: Server, sizes: C.Sizes, *, n: int, seconds: float,
                        window: float, work: float, pick: Any) -> dict[str, Any]:
     REC.reset(offset_ms=0.0, work=work)
     touches: dict[str, list[float]] = defaultdict(list)
@@ -125,46 +122,46 @@ async def _arq_touches(server: Server, sizes: F.Sizes, *, n: int, seconds: float
             k = pick(i)
             await a.touch(k)
             touches[k].append(time.time())
-        await F.paced(n, seconds, one)
-        await F.settle(a.settled, timeout=window + 8)
-        out = F.lost_updates(touches, REC.starts, await a.scheduled())
+        await C.paced(n, seconds, one)
+        await C.settle(a.settled, timeout=window + 8)
+        out = C.lost_updates(touches, REC.starts, await a.scheduled())
         out["refused_enqueues"] = a.refused
     return out
 
 
-async def burst_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def burst_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     return _arq_missing() or await _arq_touches(
         server, sizes, n=F.BURST_TOUCHES, seconds=F.BURST_SECONDS, window=F.BURST_WINDOW,
-        work=F.BURST_WORK, pick=lambda _i: F.HOT_KEY)
+        work=F.BURST_WORK, pick=lambda _i: C.HOT_KEY)
 
 
-async def churn_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def churn_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
     rng = random.Random(7)
     return await _arq_touches(
         server, sizes, n=int(F.CHURN_RATE * sizes.churn_seconds), seconds=sizes.churn_seconds,
         window=F.CHURN_WINDOW, work=F.CHURN_WORK,
-        pick=lambda _i: F.key(rng.randrange(F.CHURN_KEYS)))
+        pick=lambda _i: C.key(rng.randrange(F.CHURN_KEYS)))
 
 
-async def hot_key_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def hot_key_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
     async with Arq(server, 3600) as a:
         t0 = time.perf_counter()
         for _ in range(sizes.peer_hot_touches):
-            await a.touch(F.HOT_KEY)
+            await a.touch(C.HOT_KEY)
         dt = time.perf_counter() - t0
     n = sizes.peer_hot_touches
     return {"calls": n, "seconds": dt, "per_second": n / dt}
 
 
-async def distinct_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def distinct_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
     from arq.constants import default_queue_name
-    keys = [F.key(i) for i in range(sizes.distinct_baseline)]
+    keys = [C.key(i) for i in range(sizes.distinct_baseline)]
     async with Arq(server, 3600) as a:
         t0 = time.perf_counter()
         for k in keys:
@@ -175,7 +172,7 @@ async def distinct_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
             "redis_holds": held}
 
 
-async def lag_arq(server: Server, sizes: F.Sizes, rate: int) -> dict[str, Any]:
+async def lag_arq(server: Server, sizes: C.Sizes, rate: int) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
     from arq.constants import default_queue_name
@@ -186,26 +183,26 @@ async def lag_arq(server: Server, sizes: F.Sizes, rate: int) -> dict[str, Any]:
         a.start_worker()
 
         async def one(i: int) -> None:
-            k = F.key(i)
+            k = C.key(i)
             await a.touch(k)
             touches[k] = [time.time()]
-        await F.paced(n, sizes.lag_seconds, one)
-        await F.settle(a.settled, timeout=sizes.lag_settle)
+        await C.paced(n, sizes.lag_seconds, one)
+        await C.settle(a.settled, timeout=sizes.lag_settle)
         scheduled = await a.scheduled()
         now = time.time() * 1000
         scores = await a.pool.zrange(default_queue_name, 0, -1, withscores=True)
         censored = [now - float(s) for _, s in scores if now > float(s)]
-        g1 = F.lost_updates(touches, REC.starts, scheduled)
-    out = F.percentiles(REC.lags_ms, censored)
+        g1 = C.lost_updates(touches, REC.starts, scheduled)
+    out = C.percentiles(REC.lags_ms, censored)
     out.update(rate=rate, keys=n, g1=g1, window=F.LAG_WINDOW, concurrency=PEER_CONCURRENCY)
     return out
 
 
-async def drain_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def drain_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
     n = sizes.drain_baseline_keys
-    keys = [F.key(i) for i in range(n)]
+    keys = [C.key(i) for i in range(n)]
     REC.reset(offset_ms=0.0)
     async with Arq(server, 0.1) as a:
         for k in keys:
@@ -216,31 +213,26 @@ async def drain_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while REC.count < n and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        await F.settle(a.settled, timeout=10, stable=0.0)
+        await C.settle(a.settled, timeout=10, stable=0.0)
         t_done = time.time()
         scheduled = await a.scheduled()
     first = REC.first or t_done
     return {"keys": n, "refreshed": REC.count, "concurrency": PEER_CONCURRENCY,
             "per_second": REC.count / max(1e-9, t_done - first), "drain_seconds": t_done - first,
-            "g1": F.lost_updates({k: [t_loaded] for k in keys}, REC.starts, scheduled)}
+            "g1": C.lost_updates({k: [t_loaded] for k in keys}, REC.starts, scheduled)}
 
 
-async def idle_arq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def _arq_worker(server: Server) -> AsyncIterator[Arq]:
+    async with Arq(server, 1.0) as a:
+        a.start_worker()
+        yield a
+
+
+async def idle_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
-    mon = MonitorCounter(server.port)
-    try:
-        async with Arq(server, 1.0) as a:
-            a.start_worker()
-            await asyncio.sleep(1.5)
-            t0 = time.time()
-            await asyncio.sleep(sizes.idle_seconds)
-            t1 = time.time()
-        counted = mon.count(t0, t1)
-    finally:
-        mon.close()
-    return {"seconds": t1 - t0, "commands": counted["top"],
-            "per_second": counted["top"] / (t1 - t0), "by_command": counted["by_command"]}
+    return await C.idle_commands(server, lambda: _arq_worker(server), 1.5, sizes.idle_seconds)
 
 
 # -- BullMQ ------------------------------------------------------------------------------
@@ -298,19 +290,19 @@ async def _node(server: Server, workload: str, **params: Any) -> dict[str, Any]:
 
 
 def _g1(raw: dict[str, Any]) -> dict[str, Any]:
-    return F.lost_updates(raw["touches"], raw["starts"], raw["scheduled"], raw["per_key"])
+    return C.lost_updates(raw["touches"], raw["starts"], raw["scheduled"], raw["per_key"])
 
 
-async def burst_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def burst_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
-    raw = await _node(server, "burst", key=F.HOT_KEY, touches=F.BURST_TOUCHES,
+    raw = await _node(server, "burst", key=C.HOT_KEY, touches=F.BURST_TOUCHES,
                       seconds=F.BURST_SECONDS, window_ms=F.BURST_WINDOW * 1000,
                       work_ms=F.BURST_WORK * 1000)
     return {**_g1(raw), "bullmq": raw["bullmq"]}
 
 
-async def churn_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def churn_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
     raw = await _node(server, "churn", keys=F.CHURN_KEYS,
@@ -320,31 +312,31 @@ async def churn_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
     return {**_g1(raw), "bullmq": raw["bullmq"]}
 
 
-async def hot_key_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def hot_key_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
-    return await _node(server, "hot_key", key=F.HOT_KEY, calls=sizes.peer_hot_touches,
+    return await _node(server, "hot_key", key=C.HOT_KEY, calls=sizes.peer_hot_touches,
                        window_ms=3_600_000)
 
 
-async def distinct_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def distinct_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
     return await _node(server, "distinct", keys=sizes.distinct_baseline, window_ms=3_600_000)
 
 
-async def lag_bullmq(server: Server, sizes: F.Sizes, rate: int) -> dict[str, Any]:
+async def lag_bullmq(server: Server, sizes: C.Sizes, rate: int) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
     raw = await _node(server, "lag", rate=rate, seconds=sizes.lag_seconds,
                       window_ms=F.LAG_WINDOW * 1000, settle_s=sizes.lag_settle)
-    out = F.percentiles(raw["lags_ms"], raw["censored_ms"])
+    out = C.percentiles(raw["lags_ms"], raw["censored_ms"])
     out.update(rate=rate, keys=len(raw["touches"]), g1=_g1(raw), window=F.LAG_WINDOW,
                concurrency=PEER_CONCURRENCY, bullmq=raw["bullmq"])
     return out
 
 
-async def drain_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def drain_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
     raw = await _node(server, "drain", keys=sizes.drain_baseline_keys, max_seconds=60)
@@ -354,7 +346,7 @@ async def drain_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
     return {**raw, "g1": g1}
 
 
-async def idle_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
+async def idle_bullmq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (why := bullmq_unavailable()) is not None:
         return {"skipped": why}
     mon = MonitorCounter(server.port)
@@ -363,7 +355,4 @@ async def idle_bullmq(server: Server, sizes: F.Sizes) -> dict[str, Any]:
         counted = mon.count(raw["t0"], raw["t1"])
     finally:
         mon.close()
-    seconds = raw["t1"] - raw["t0"]
-    return {"seconds": seconds, "commands": counted["top"],
-            "per_second": counted["top"] / seconds, "by_command": counted["by_command"],
-            "bullmq": raw["bullmq"]}
+    return {**C.idle_figures(counted, raw["t0"], raw["t1"]), "bullmq": raw["bullmq"]}

@@ -48,19 +48,23 @@ class Recorder:
         self.last = now
         return now
 
+    async def refresh(self, key: str, due_ms: float) -> None:
+        """Record the start, then do up to ``work`` seconds of pretend work."""
+        self.started(key, due_ms)
+        if self.work > 0:
+            self.running += 1
+            try:
+                await asyncio.sleep(random.uniform(0, self.work))
+            finally:
+                self.running -= 1
+
 
 REC = Recorder()
 
 
 async def refresh(claim: Any) -> None:
     """A refresh handler: record the start, then do ``REC.work`` of pretend work."""
-    REC.started(claim.key, claim.due_ms)
-    if REC.work > 0:
-        REC.running += 1
-        try:
-            await asyncio.sleep(random.uniform(0, REC.work))
-        finally:
-            REC.running -= 1
+    await REC.refresh(claim.key, claim.due_ms)
 
 
 async def noop(claim: Any) -> None:

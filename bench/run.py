@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from . import batches as B
+from . import common as C
 from . import figures as F
 from . import fleet as FL
 from . import idle_shards as S
 from . import items as I
 from . import kafka as K
+from . import node_processes as N
 from . import outbox as O
 from . import peers as P
 from . import scheduled as SC
@@ -75,7 +77,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                 ("coalescer_default", F.drain_coalescer, (F.DEFAULT_CONCURRENCY,))],
     "stats_app": [("coalescer_batch", B.stats_app, ("TMP", "batch")),
                   ("coalescer_per_key", B.stats_app, ("TMP", "per_key"))],
-    "processes": [("coalescer", F.drain_processes, ("TMP",))],
+    "processes": [("coalescer", N.drain_processes, ("TMP",))],
     "idle": [("coalescer", F.idle_coalescer, ()), ("baseline", F.idle_baseline, ()),
              ("arq", P.idle_arq, ()), ("bullmq", P.idle_bullmq, ())],
     "idle_shards": [*((f"coalescer_{n}", S.idle, ("TMP", n)) for n in S.SHARD_COUNTS),
@@ -87,9 +89,9 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                 ("baseline_small", F.pending_baseline, ("SMALL",))],
     "scheduled": [("coalescer", SC.scheduled_coalescer, ("N",)),
                   ("baseline", SC.scheduled_baseline, ("N",))],
-    "failover": [("coalescer", F.failover_coalescer, ("TMP",)),
-                 ("baseline", F.failover_baseline, ("TMP",))],
-    "cluster": [("coalescer", F.cluster_coalescer, ("TMP",))],
+    "failover": [("coalescer", N.failover_coalescer, ("TMP",)),
+                 ("baseline", N.failover_baseline, ("TMP",))],
+    "cluster": [("coalescer", N.cluster_coalescer, ("TMP",))],
     "throttle": [("coalescer", T.throttle_coalescer, ("TMP",))],
     "bulk": [("coalescer_touch", T.bulk_touch, ()), ("coalescer_wait", T.bulk_touch_wait, ()),
              ("coalescer_touch_small", T.bulk_touch, (T.SMALL_BUFFER,)),
@@ -115,7 +117,7 @@ MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when al
 GROUP_TIMEOUTS = {"fleet": 600.0}  # groups whose one measurement runs many steps
 
 
-async def run_group(name: str, sizes: F.Sizes, tmp: Path, results: dict[str, Any],
+async def run_group(name: str, sizes: C.Sizes, tmp: Path, results: dict[str, Any],
                     repeats: int) -> None:
     out = results.setdefault(name, {})
     for system, measure, extra in GROUPS[name]:
@@ -236,7 +238,7 @@ def _ratio(c: Spread | None, b: Spread | None) -> str:
 class Rows:
     """The table being built: one row per figure."""
 
-    def __init__(self, res: dict[str, Any], sizes: F.Sizes) -> None:
+    def __init__(self, res: dict[str, Any], sizes: C.Sizes) -> None:
         self.res = res
         self.sizes = sizes
         self.out: list[dict[str, Any]] = []
@@ -429,7 +431,7 @@ def _items_rows(t: Rows) -> None:
 
 
 def _processes_rows(t: Rows) -> None:
-    shards = f"{F.PROCESS_SHARDS} shards, concurrency {t.sizes.drain_concurrency}"
+    shards = f"{N.PROCESS_SHARDS} shards, concurrency {t.sizes.drain_concurrency}"
     for n in (1, 2):
         t.figure(f"drain, no-op handler, run --processes {n} ({shards}), refreshes/s",
                  t.spread("processes.coalescer", f"processes_{n}.per_second"), None,
@@ -439,12 +441,15 @@ def _processes_rows(t: Rows) -> None:
              target=">= 1.6x", ok=lambda c: c >= 1.6)
 
 
+def _bytes_per_key_row(t: Rows, label: str, group: str) -> None:
+    t.figure(label, t.spread(f"{group}.coalescer", "bytes_per_key"),
+             t.spread(f"{group}.baseline", "bytes_per_key"), fmt=lambda v: _fmt(v, " B"),
+             target="<= 150 B", ok=lambda c: c <= 150)
+
+
 def _pending_rows(t: Rows) -> None:
     n = f"{t.sizes.million:,}"
-    t.figure(f"Redis memory per pending key at {n} pending",
-             t.spread("million.coalescer", "bytes_per_key"),
-             t.spread("million.baseline", "bytes_per_key"), fmt=lambda v: _fmt(v, " B"),
-             target="<= 150 B", ok=lambda c: c <= 150)
+    _bytes_per_key_row(t, f"Redis memory per pending key at {n} pending", "million")
     for what, label in (("touch", "touch of new keys"), ("retouch", "touch of pending keys"),
                         ("claim", "claim")):
         spreads = {}
@@ -461,10 +466,8 @@ def _pending_rows(t: Rows) -> None:
 
 def _scheduled_rows(t: Rows) -> None:
     n = f"{t.sizes.million:,}"
-    t.figure(f"Redis memory per key scheduled up to 30 days ahead, {n} scheduled",
-             t.spread("scheduled.coalescer", "bytes_per_key"),
-             t.spread("scheduled.baseline", "bytes_per_key"), fmt=lambda v: _fmt(v, " B"),
-             target="<= 150 B", ok=lambda c: c <= 150)
+    _bytes_per_key_row(t, f"Redis memory per key scheduled up to 30 days ahead, {n} scheduled",
+                       "scheduled")
     t.figure(f"start lag p99 of scheduled keys falling due at {SC.SLICE_RATE:,}/s "
              f"({n} more waiting)", t.spread("scheduled.coalescer", "p99"),
              t.spread("scheduled.baseline", "p99"), fmt=lambda v: _fmt(v, " ms", 1),
@@ -595,7 +598,7 @@ def _fleet_rows(t: Rows) -> None:
              fmt=lambda v: _fmt(v, " s", 1))
 
 
-def rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
+def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     """One row per figure: the two values, their ratio, the target and whether it is met."""
     t = Rows(res, sizes)
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
@@ -620,9 +623,9 @@ class CpuFigure:
     masters: int = 1  # valkey-server processes
 
 
-def _cpu_figures(sizes: F.Sizes) -> list[CpuFigure]:
+def _cpu_figures(sizes: C.Sizes) -> list[CpuFigure]:
     tuned, default = sizes.drain_concurrency, F.DEFAULT_CONCURRENCY
-    cl = f"{F.CLUSTER_MASTERS}-master cluster, {F.CLUSTER_SHARDS} shards"
+    cl = f"{N.CLUSTER_MASTERS}-master cluster, {N.CLUSTER_SHARDS} shards"
     return [
         CpuFigure("hot-key touch() call", "hot_key.coalescer", ""),
         CpuFigure("distinct touch, one process", "distinct.coalescer", ""),
@@ -636,13 +639,13 @@ def _cpu_figures(sizes: F.Sizes) -> list[CpuFigure]:
         CpuFigure(f"refresh, run --processes 2, concurrency {tuned}", "processes.coalescer",
                   "processes_2", processes=2),
         CpuFigure(f"distinct touch, one process, {cl}", "cluster.coalescer", "distinct",
-                  masters=F.CLUSTER_MASTERS),
+                  masters=N.CLUSTER_MASTERS),
         CpuFigure(f"refresh, run --processes 2, concurrency {default}, {cl}",
-                  "cluster.coalescer", "drain_default", processes=F.CLUSTER_PROCESSES,
-                  masters=F.CLUSTER_MASTERS),
+                  "cluster.coalescer", "drain_default", processes=N.CLUSTER_PROCESSES,
+                  masters=N.CLUSTER_MASTERS),
         CpuFigure(f"refresh, run --processes 2, concurrency {tuned}, {cl}",
-                  "cluster.coalescer", "drain", processes=F.CLUSTER_PROCESSES,
-                  masters=F.CLUSTER_MASTERS),
+                  "cluster.coalescer", "drain", processes=N.CLUSTER_PROCESSES,
+                  masters=N.CLUSTER_MASTERS),
     ]
 
 
@@ -684,7 +687,7 @@ def _caps(t: Rows, f: CpuFigure) -> str:
     return " / ".join(caps)
 
 
-def cpu_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
+def cpu_rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     """Per figure: the rate, CPU per item on each side, how busy each side was, the ceiling."""
     t = Rows(res, sizes)
     out = []
@@ -718,22 +721,22 @@ CPU_COLUMNS = ["figure", "items/s", "Python µs", "Redis CPU µs", "Redis cmd µ
 # -- a 3-master Redis Cluster ---------------------------------------------------------------
 
 
-def cluster_rows(res: dict[str, Any], sizes: F.Sizes) -> list[dict[str, Any]]:
+def cluster_rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     """The cluster figures, beside the one-server figures of the same run (if measured)."""
     t = Rows(res, sizes)
     where = "cluster.coalescer"
-    procs = f"run --processes {F.CLUSTER_PROCESSES}"
+    procs = f"run --processes {N.CLUSTER_PROCESSES}"
     specs = [  # the one-server figure beside it: the closest the other groups measure
         ("distinct keys/s into the cluster, one writer process", "distinct.per_second",
          "distinct.coalescer", "per_second"),
         (f"drain, no-op handler, {procs}, default concurrency {F.DEFAULT_CONCURRENCY}, "
-         f"refreshes/s (one server: the same, {F.CLUSTER_SHARDS} shards)",
+         f"refreshes/s (one server: the same, {N.CLUSTER_SHARDS} shards)",
          "drain_default.per_second", where, "drain_default_one_server.per_second"),
         (f"drain, no-op handler, {procs}, default concurrency {F.DEFAULT_CONCURRENCY}, "
          "refreshes/s (one server: one node in process)", "drain_default.per_second",
          "drain.coalescer_default", "per_second"),
         (f"drain, no-op handler, {procs}, concurrency {sizes.drain_concurrency}, refreshes/s "
-         f"(one server: {procs}, {F.PROCESS_SHARDS} shards)", "drain.per_second",
+         f"(one server: {procs}, {N.PROCESS_SHARDS} shards)", "drain.per_second",
          "processes.coalescer", "processes_2.per_second"),
     ]
     out = []
@@ -791,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, not {args.repeats}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    sizes = F.Sizes.quick() if args.quick else F.Sizes()
+    sizes = C.Sizes.quick() if args.quick else C.Sizes()
     names = [n for n in args.only.split(",") if n] or list(GROUPS)
     unknown = [n for n in names if n not in GROUPS]
     if unknown:
@@ -823,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_sections(results: dict[str, Any], sizes: F.Sizes) -> dict[str, Any]:
+def _print_sections(results: dict[str, Any], sizes: C.Sizes) -> dict[str, Any]:
     """The CPU-per-item and cluster sections, printed where their figures were measured."""
     cpu, cluster = cpu_rows(results, sizes), cluster_rows(results, sizes)
     if cpu:
@@ -834,8 +837,8 @@ def _print_sections(results: dict[str, Any], sizes: F.Sizes) -> dict[str, Any]:
               " rate each side's CPU allows)")
         print(table(cpu, CPU_COLUMNS))
     if "cluster" in results:
-        print(f"\nRedis Cluster: {F.CLUSTER_MASTERS} masters (local valkey-server processes), "
-              f"{F.CLUSTER_SHARDS} shards, {F.CLUSTER_PROCESSES} node processes")
+        print(f"\nRedis Cluster: {N.CLUSTER_MASTERS} masters (local valkey-server processes), "
+              f"{N.CLUSTER_SHARDS} shards, {N.CLUSTER_PROCESSES} node processes")
         print(table(cluster, CLUSTER_COLUMNS))
     return {"cpu_table": cpu, "cluster_table": cluster if "cluster" in results else []}
 

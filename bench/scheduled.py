@@ -17,12 +17,14 @@ import random
 import time
 from typing import Any
 
+from bench import common as C
 from bench import figures as F
 from bench import probe
 from bench.baseline import Baseline
 from bench.probe import REC
 from bench.valkey import Server, used_memory
 from coalescer import BackpressureError, Coalescer
+from coalescer.errors import QuotaExceededError
 
 SLICE_RATE = 1000  # slice keys falling due per second
 SLICE_SECONDS = 10.0
@@ -30,72 +32,81 @@ LEAD = 3.0  # seconds from the end of the slice's scheduling to its first due ti
 DAY = 86_400.0
 
 
-def _far_times(n: int) -> list[float]:
-    """Epoch seconds from 1 hour to 30 days ahead, seeded."""
-    rng = random.Random(27)
+def far_times(n: int, days: int = 30, seed: int = 27) -> list[float]:
+    """Epoch seconds from 1 hour to ``days`` days ahead, seeded."""
+    rng = random.Random(seed)
     now = time.time()
-    return [now + rng.uniform(3600.0, 30 * DAY) for _ in range(n)]
+    return [now + rng.uniform(3600.0, days * DAY) for _ in range(n)]
 
 
-async def _schedule(c: Coalescer, keys: list[str], times: list[float]) -> None:
-    """``touch(key, at=...)`` each key, yielding every 1000 so the flusher writes."""
+async def schedule(c: Coalescer, keys: list[str], times: list[float]) -> None:
+    """``touch(key, at=...)`` each key, yielding every 1000 so the flusher writes, and
+    waiting while the writer catches up; a quota refusal stops the run (a bench must not
+    crawl on retries), and so does a buffer still full after 60 s."""
     touch = c.touch
     for i, (k, at) in enumerate(zip(keys, times, strict=True)):
-        for _ in range(10_000):  # bounded: back-pressure only while Redis catches up
+        for _ in range(60_000):  # bounded: back-pressure only while Redis catches up
             try:
                 touch(k, at=at)
                 break
+            except QuotaExceededError:
+                raise
             except BackpressureError:
                 await asyncio.sleep(0.001)
+        else:
+            raise TimeoutError(f"the touch buffer stayed full for 60 s at key {i} of {len(keys)}")
         if i % 1000 == 999:
             await asyncio.sleep(0)
 
 
-def _slice(n: int) -> tuple[list[str], list[float]]:
-    keys = [F.key(n + i) for i in range(int(SLICE_RATE * SLICE_SECONDS))]
+def slice_due(n: int) -> tuple[list[str], list[float]]:
+    """``SLICE_RATE`` keys a second for ``SLICE_SECONDS`` (after key ``n``), the first due
+    ``LEAD`` seconds from now: the keys and their due times."""
+    keys = [C.key(n + i) for i in range(int(SLICE_RATE * SLICE_SECONDS))]
     first = time.time() + LEAD
     return keys, [first + i / SLICE_RATE for i in range(len(keys))]
 
 
-async def _wait_for(count: int, timeout: float) -> None:
+async def wait_for_starts(count: int, timeout: float) -> None:
+    """Until the probe has recorded ``count`` refresh starts, or ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while REC.count < count and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
 
 
-async def scheduled_coalescer(server: Server, sizes: F.Sizes, n: int) -> dict[str, Any]:
-    keys = [F.key(i) for i in range(n)]
+async def scheduled_coalescer(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
+    keys = [C.key(i) for i in range(n)]
     sync = server.client(timeout=60)
     kw = {"window": "100ms", "max_wait": "200ms", "concurrency": F.LAG_CONCURRENCY}
-    async with F.coalescer(server, False, **kw) as c:
-        c.touch(F.key(-1), delay="1h")  # scripts loaded, shard keys created
+    async with C.coalescer(server, False, **kw) as c:
+        c.touch(C.key(-1), delay="1h")  # scripts loaded, shard keys created
         await c.flush()
         mem0 = used_memory(sync)
         t0 = time.perf_counter()
-        await _schedule(c, keys, _far_times(n))
+        await schedule(c, keys, far_times(n))
         await c.flush()
         load_s = time.perf_counter() - t0
         mem1 = used_memory(sync)
     sync.close()
-    REC.reset(offset_ms=await F.clock_offset_ms(server.url))
-    async with F.coalescer(server, True, **kw) as w:
+    REC.reset(offset_ms=await C.clock_offset_ms(server.url))
+    async with C.coalescer(server, True, **kw) as w:
         await asyncio.sleep(0.3)  # leadership taken
-        slice_keys, slice_times = _slice(n)
-        await _schedule(w, slice_keys, slice_times)
+        slice_keys, slice_times = slice_due(n)
+        await schedule(w, slice_keys, slice_times)
         await w.flush()
-        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
-    out = F.percentiles(REC.lags_ms)
+        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    out = C.percentiles(REC.lags_ms)
     out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
                slice=len(slice_keys), started=REC.count)
     return out
 
 
-async def scheduled_baseline(server: Server, sizes: F.Sizes, n: int) -> dict[str, Any]:
-    keys = [F.key(i) for i in range(n)]
-    times = _far_times(n)
+async def scheduled_baseline(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
+    keys = [C.key(i) for i in range(n)]
+    times = far_times(n)
     sync = server.client(timeout=60)
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
-        await b.redis.zadd(b.zset, {F.key(-1): time.time() + 3600})
+        await b.redis.zadd(b.zset, {C.key(-1): time.time() + 3600})
         mem0 = used_memory(sync)
         t0 = time.perf_counter()
         for i in range(0, n, 10_000):
@@ -105,11 +116,11 @@ async def scheduled_baseline(server: Server, sizes: F.Sizes, n: int) -> dict[str
         mem1 = used_memory(sync)
         REC.reset(offset_ms=0.0)
         b.start_worker()
-        slice_keys, slice_times = _slice(n)
+        slice_keys, slice_times = slice_due(n)
         await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
-        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
     sync.close()
-    out = F.percentiles(REC.lags_ms)
+    out = C.percentiles(REC.lags_ms)
     out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
                slice=len(slice_keys), started=REC.count)
     return out

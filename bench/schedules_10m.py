@@ -36,57 +36,41 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench import common as C
 from bench import figures as F
 from bench import probe
 from bench.baseline import Baseline
 from bench.probe import REC
-from bench.scheduled import LEAD, SLICE_SECONDS, _slice, _wait_for
+from bench.scheduled import (
+    DAY,
+    LEAD,
+    SLICE_SECONDS,
+    far_times,
+    schedule,
+    slice_due,
+    wait_for_starts,
+)
 from bench.valkey import Server, used_memory
-from coalescer import BackpressureError, Coalescer
+from coalescer import Coalescer
 from coalescer.config.rules import Config
-from coalescer.errors import QuotaExceededError
 from coalescer.store.keys import ShardKeys
 
-DAY = 86_400.0
 OPS = 2_000  # single-key calls timed per kind of operation
 OOM_DUE = 2_000  # keys due when the server is put at maxmemory
 SLOWLOG_LEN = 100_000  # every command of a timed phase, whatever else the client sends
 KILL_AFTER = 4.0  # seconds into the failover slice when the leader is killed
-SHARD = ShardKeys(F.NS, 0)
+SHARD = ShardKeys(C.NS, 0)
 # room for every key: the default quotas (1,000,000 pending keys, 1 GiB) refuse past them
 LIMITS = "limits: {pending_keys: 50000000, pending_bytes: 17179869184}\n"
 
 
 def _rules(**kw: Any) -> str:
-    return F.rules_text(**kw) + LIMITS
+    return C.rules_text(**kw) + LIMITS
 
 
 def _coalescer(server: Server, worker: bool, **kw: Any) -> Coalescer:
     config = Config.from_string(_rules(**kw), source="<bench>")
     return Coalescer(config, redis_url=server.url, worker=worker, node_id="bench-node")
-
-
-async def _schedule(c: Coalescer, keys: list[str], times: list[float]) -> None:
-    """``touch(key, at=...)`` each key, waiting while the writer catches up; a quota
-    refusal stops the run (a bench must not crawl on retries)."""
-    touch = c.touch
-    for i, (k, at) in enumerate(zip(keys, times, strict=True)):
-        while True:
-            try:
-                touch(k, at=at)
-                break
-            except QuotaExceededError:
-                raise
-            except BackpressureError:
-                await asyncio.sleep(0.001)
-        if i % 1000 == 999:
-            await asyncio.sleep(0)
-
-
-def _far_times(n: int, seed: int = 365) -> list[float]:
-    rng = random.Random(seed)
-    now = time.time()
-    return [now + rng.uniform(3600.0, 365 * DAY) for _ in range(n)]
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -128,7 +112,7 @@ async def _coalescer_ops(server: Server, keys: list[str]) -> dict[str, Any]:
     rng = random.Random(3)
     out: dict[str, Any] = {}
     async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
-        new = [F.key(-10 - i) for i in range(OPS)]
+        new = [C.key(-10 - i) for i in range(OPS)]
         olds = rng.sample(keys, OPS)
         for name, batch in (("schedule", new), ("reschedule", olds)):
             slow.start()
@@ -149,7 +133,7 @@ async def _baseline_ops(server: Server, keys: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
         olds = rng.sample(keys, OPS)
-        for name, batch in (("schedule", [F.key(-10 - i) for i in range(OPS)]),
+        for name, batch in (("schedule", [C.key(-10 - i) for i in range(OPS)]),
                             ("reschedule", olds)):
             slow.start()
             for k in batch:
@@ -165,11 +149,11 @@ async def _baseline_ops(server: Server, keys: list[str]) -> dict[str, Any]:
 async def _load_coalescer(server: Server, keys: list[str]) -> dict[str, Any]:
     sync = server.client(timeout=60)
     async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
-        c.touch(F.key(-1), delay="1h")  # scripts loaded, shard keys created
+        c.touch(C.key(-1), delay="1h")  # scripts loaded, shard keys created
         await c.flush()
         mem0 = used_memory(sync)
         t0 = time.perf_counter()
-        await _schedule(c, keys, _far_times(len(keys)))
+        await schedule(c, keys, far_times(len(keys), days=365, seed=365))
         await c.flush()
         load_s = time.perf_counter() - t0
     return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
@@ -178,9 +162,9 @@ async def _load_coalescer(server: Server, keys: list[str]) -> dict[str, Any]:
 
 async def _load_baseline(server: Server, keys: list[str]) -> dict[str, Any]:
     sync = server.client(timeout=60)
-    times = _far_times(len(keys))
+    times = far_times(len(keys), days=365, seed=365)
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
-        await b.redis.zadd(b.zset, {F.key(-1): time.time() + 3600})
+        await b.redis.zadd(b.zset, {C.key(-1): time.time() + 3600})
         mem0 = used_memory(sync)
         t0 = time.perf_counter()
         for i in range(0, len(keys), 10_000):
@@ -192,25 +176,25 @@ async def _load_baseline(server: Server, keys: list[str]) -> dict[str, Any]:
 
 
 async def _lag_coalescer(server: Server, n: int) -> dict[str, Any]:
-    REC.reset(offset_ms=await F.clock_offset_ms(server.url))
+    REC.reset(offset_ms=await C.clock_offset_ms(server.url))
     kw = {"window": "100ms", "max_wait": "200ms", "concurrency": F.LAG_CONCURRENCY}
     async with _coalescer(server, True, **kw) as w:
         await asyncio.sleep(0.3)  # leadership taken
-        slice_keys, slice_times = _slice(n)
-        await _schedule(w, slice_keys, slice_times)
+        slice_keys, slice_times = slice_due(n)
+        await schedule(w, slice_keys, slice_times)
         await w.flush()
-        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
-    return {**F.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**C.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
 
 
 async def _lag_baseline(server: Server, n: int) -> dict[str, Any]:
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
         REC.reset(offset_ms=0.0)
         b.start_worker()
-        slice_keys, slice_times = _slice(n)
+        slice_keys, slice_times = slice_due(n)
         await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
-        await _wait_for(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
-    return {**F.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**C.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
 
 
 def _at_maxmemory(server: Server) -> Any:
@@ -221,7 +205,7 @@ def _at_maxmemory(server: Server) -> Any:
 
 
 async def _oom_coalescer(server: Server, n: int) -> dict[str, Any]:
-    due = [F.key(n + 100_000 + i) for i in range(OOM_DUE)]
+    due = [C.key(n + 100_000 + i) for i in range(OOM_DUE)]
     async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
         for k in due:
             c.touch(k, at=time.time() + 1.0)
@@ -231,23 +215,23 @@ async def _oom_coalescer(server: Server, n: int) -> dict[str, Any]:
     try:
         async with _coalescer(server, True, window="100ms", max_wait="200ms",
                                concurrency=64) as w:
-            await _wait_for(OOM_DUE, 30.0)
-            left = sync.zcard(SHARD.due(F.RULE)) + sync.zcard(SHARD.inflight(F.RULE))
-            w.touch(F.key(n + 99_999))  # refused by the server: stays buffered
+            await wait_for_starts(OOM_DUE, 30.0)
+            left = sync.zcard(SHARD.due(C.RULE)) + sync.zcard(SHARD.inflight(C.RULE))
+            w.touch(C.key(n + 99_999))  # refused by the server: stays buffered
     finally:
         sync.config_set("maxmemory", 0)
     return {"due": OOM_DUE, "ran": REC.count, "left_in_redis": left - n}
 
 
 async def _oom_baseline(server: Server, n: int) -> dict[str, Any]:
-    due = {F.key(n + 100_000 + i): time.time() + 1.0 for i in range(OOM_DUE)}
+    due = {C.key(n + 100_000 + i): time.time() + 1.0 for i in range(OOM_DUE)}
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
         await b.redis.zadd(b.zset, due)
         sync = _at_maxmemory(server)
         REC.reset(offset_ms=0.0)
         try:
             b.start_worker()
-            await _wait_for(OOM_DUE, 10.0)
+            await wait_for_starts(OOM_DUE, 10.0)
         finally:
             sync.config_set("maxmemory", 0)
     return {"due": OOM_DUE, "ran": REC.count}
@@ -265,24 +249,24 @@ async def _failover_coalescer(server: Server, n: int, tmp: Path) -> dict[str, An
     r = server.client(timeout=60)
     try:
         for name in "AB":
-            procs[name] = F._spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
+            procs[name] = C.spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
                                     "--http", "off", "--node-id", name, "--grace", "2"],
                                    logs[name], folder / f"node-{name}.out")
             if name == "A":
-                await F._wait_for(lambda: r.get(SHARD.leader), 30, "a leader")
-        await F._wait_for(lambda: r.zscore(SHARD.nodes, "B"), 30, "the standby's heartbeat")
-        slice_keys, slice_times = _slice(n)
+                await C.wait_for(lambda: r.get(SHARD.leader), 30, "a leader")
+        await C.wait_for(lambda: r.zscore(SHARD.nodes, "B"), 30, "the standby's heartbeat")
+        slice_keys, slice_times = slice_due(n)
         async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
-            await _schedule(c, slice_keys, slice_times)
+            await schedule(c, slice_keys, slice_times)
             await c.flush()
         await asyncio.sleep(max(0.0, slice_times[0] - time.time() + KILL_AFTER))
         holder = str(r.get(SHARD.leader)).split("|", 1)[1]
         standby = "B" if holder == "A" else "A"
-        t_kill, t_first = await F._kill_and_time(procs[holder], logs[standby], "standby")
-        await F._wait_for(lambda: time.time() > slice_times[-1] + 8.0, 60, "the slice's end")
+        t_kill, t_first = await C.kill_and_time(procs[holder], logs[standby], "standby")
+        await C.wait_for(lambda: time.time() > slice_times[-1] + 8.0, 60, "the slice's end")
     finally:
         for p in procs.values():
-            F._stop(p)
+            C.stop_process(p)
     by_killed = Counter(k for _, k in probe.read_log(logs[holder]))
     by_standby = Counter(k for _, k in probe.read_log(logs[standby]))
     twice = [k for k in slice_keys if by_killed[k] + by_standby[k] > 1]
@@ -295,7 +279,7 @@ async def _failover_coalescer(server: Server, n: int, tmp: Path) -> dict[str, An
 
 
 async def _design(name: str, n: int, tmp: Path) -> dict[str, Any]:
-    keys = [F.key(i) for i in range(n)]
+    keys = [C.key(i) for i in range(n)]
     out: dict[str, Any] = {}
     with Server(tmp, name=name) as server:
         if name == "coalescer":

@@ -46,7 +46,7 @@ from coalescer.errors import BackpressureError
 from coalescer.store.keys import KeySpace
 from coalescer.sync import SyncCoalescer
 
-from . import figures as F
+from . import common as C
 from .valkey import Server
 
 RETRY = 0.001  # seconds a refused writer waits before touching the key again
@@ -102,7 +102,7 @@ def _result(keys: int, threads: int, seconds: float, *, tail: float,
 
 
 def _sync_run(server: Server, keys: list[str], threads: int) -> dict[str, Any]:
-    coalescer = Coalescer(F.config(window="1h", max_wait="2h"), redis_url=server.url,
+    coalescer = Coalescer(C.config(window="1h", max_wait="2h"), redis_url=server.url,
                           worker=False)
     with SyncCoalescer(coalescer) as c:
         writers = Writers(c.touch, keys, threads)
@@ -119,7 +119,7 @@ def _sync_run(server: Server, keys: list[str], threads: int) -> dict[str, Any]:
 
 
 async def _async_run(server: Server, keys: list[str], threads: int) -> dict[str, Any]:
-    coalescer = Coalescer(F.config(window="1h", max_wait="2h"), redis_url=server.url,
+    coalescer = Coalescer(C.config(window="1h", max_wait="2h"), redis_url=server.url,
                           worker=False)
     async with coalescer as c:
         writers = Writers(c.touch, keys, threads)
@@ -137,7 +137,7 @@ async def _async_run(server: Server, keys: list[str], threads: int) -> dict[str,
 
 def measure(mode: str, n: int, threads: int) -> dict[str, Any]:
     """One measurement on a fresh server; raises if Redis does not hold every key."""
-    keys = [F.key(i) for i in range(n)]
+    keys = [C.key(i) for i in range(n)]
     gc.collect()
     gc.freeze()
     with tempfile.TemporaryDirectory() as folder, Server(Path(folder)) as server:
@@ -146,7 +146,7 @@ def measure(mode: str, n: int, threads: int) -> dict[str, Any]:
         else:
             out = asyncio.run(_async_run(server, keys, threads))
         with server.client() as r:
-            held = r.zcard(KeySpace(F.NS, 1).shard(0).due(F.RULE))
+            held = r.zcard(KeySpace(C.NS, 1).shard(0).due(C.RULE))
     if held != n:
         raise RuntimeError(f"{mode}, {threads} threads: Redis holds {held} of {n} keys")
     return out

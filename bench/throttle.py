@@ -27,7 +27,7 @@ from coalescer import BackpressureError, Coalescer, SyncCoalescer
 from coalescer.store.connection import connect
 from coalescer.store.keys import KeySpace
 
-from . import figures as F
+from . import common as C
 from . import probe
 from .valkey import Server
 
@@ -40,13 +40,13 @@ SMALL_BUFFER = 10_000  # a buffer a tenth of the import
 
 
 def _rules(concurrency: int = 64) -> str:
-    return F.rules_text(window="1s", max_wait="10s", concurrency=concurrency, shards=SHARDS,
+    return C.rules_text(window="1s", max_wait="10s", concurrency=concurrency, shards=SHARDS,
                         handler="bench.probe:buffered").replace(
         "    handler: bench.probe:buffered\n",
         f"    handler: bench.probe:buffered\n    rate: {RATE}/s\n")
 
 
-async def throttle_coalescer(server: Server, sizes: F.Sizes, tmp: Path) -> dict[str, Any]:
+async def throttle_coalescer(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     """Starts/s of a rule at ``rate: 200/s`` over two node processes."""
     folder = tmp / "throttle"
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,30 +54,30 @@ async def throttle_coalescer(server: Server, sizes: F.Sizes, tmp: Path) -> dict[
     rules.write_text(_rules())
     log = folder / f"starts-{time.time_ns()}.log"
     exe = str(Path(sys.executable).parent / "coalescer")
-    procs = [F._spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
+    procs = [C.spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
                        "--node-id", f"t{n}", "--grace", "5"], log, folder / f"node-{n}.out")
              for n in range(NODES)]
-    space = KeySpace(F.NS, SHARDS)
+    space = KeySpace(C.NS, SHARDS)
     conn = await connect(server.url)
     try:
-        leads = await F._wait_led(conn.client, space, NODES)
-        keys = [F.key(i) for i in range(sizes.throttle_keys)]
+        leads = await C.wait_led(conn.client, space, NODES)
+        keys = [C.key(i) for i in range(sizes.throttle_keys)]
         writer = SyncCoalescer.from_yaml(rules, redis_url=server.url)
         with writer:
             await asyncio.to_thread(writer.touch_many_wait, keys)
             await asyncio.to_thread(writer.flush)
-        await F._wait_for(lambda: _settled(conn.client, space), 60 + len(keys) / RATE * 2,
+        await C.wait_for(lambda: _settled(conn.client, space), 60 + len(keys) / RATE * 2,
                           "every throttled key refreshed")
     finally:
         await conn.close()
         for proc in procs:
-            F._stop(proc)
+            C.stop_process(proc)
     return _rate_figures(log, len(keys), leads)
 
 
 async def _settled(r: Any, space: KeySpace) -> bool:
-    pending = await asyncio.gather(*(r.zcard(sk.due(F.RULE)) for sk in space.all_shards()),
-                                   *(r.zcard(sk.inflight(F.RULE)) for sk in space.all_shards()))
+    pending = await asyncio.gather(*(r.zcard(sk.due(C.RULE)) for sk in space.all_shards()),
+                                   *(r.zcard(sk.inflight(C.RULE)) for sk in space.all_shards()))
     return sum(pending) == 0
 
 
@@ -99,20 +99,20 @@ def _rate_figures(log: Path, n_keys: int, leads: dict[str, int]) -> dict[str, An
             "starts_per_process": {pid: len(v) for pid, v in per_process.items()}}
 
 
-async def bulk_touch(server: Server, sizes: F.Sizes,
+async def bulk_touch(server: Server, sizes: C.Sizes,
                      buffer: int = DEFAULT_BUFFER) -> dict[str, Any]:
     """16 threads touching distinct keys with ``touch``: refusals counted and skipped."""
     return await asyncio.to_thread(_bulk, server, sizes.bulk_keys, buffer, waiting=False)
 
 
-async def bulk_touch_wait(server: Server, sizes: F.Sizes,
+async def bulk_touch_wait(server: Server, sizes: C.Sizes,
                           buffer: int = DEFAULT_BUFFER) -> dict[str, Any]:
     """The same with ``touch_wait``: it waits for room instead."""
     return await asyncio.to_thread(_bulk, server, sizes.bulk_keys, buffer, waiting=True)
 
 
 def _bulk(server: Server, n_keys: int, buffer: int, *, waiting: bool) -> dict[str, Any]:
-    config = F.config(window="1m", max_wait="5m")
+    config = C.config(window="1m", max_wait="5m")
     refused = [0] * THREADS
     go = threading.Barrier(THREADS + 1)
     with SyncCoalescer(Coalescer(config, redis_url=server.url, worker=False,
@@ -122,7 +122,7 @@ def _bulk(server: Server, n_keys: int, buffer: int, *, waiting: bool) -> dict[st
             go.wait()
             for i in range(n, n_keys, THREADS):
                 try:
-                    touch(F.key(i))
+                    touch(C.key(i))
                 except BackpressureError:
                     refused[n] += 1
 
@@ -136,7 +136,7 @@ def _bulk(server: Server, n_keys: int, buffer: int, *, waiting: bool) -> dict[st
         c.flush(timeout=120)
         seconds = time.perf_counter() - t0
     with server.client() as r:
-        stored = r.zcard(KeySpace(F.NS, 1).shard(0).due(F.RULE))
+        stored = r.zcard(KeySpace(C.NS, 1).shard(0).due(C.RULE))
     return {"keys": n_keys, "threads": THREADS, "buffer": buffer, "refused": sum(refused),
             "stored": stored,
             "missing": n_keys - stored, "seconds": seconds, "per_second": stored / seconds}
