@@ -26,12 +26,14 @@ to return within a millisecond, so its server runs with ``synchronous_commit`` o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -69,6 +71,18 @@ def prepare(server: PostgresServer) -> None:
     engine.dispose()
 
 
+@contextlib.contextmanager
+def _postgres(durable: bool) -> Iterator[PostgresServer]:
+    """A fresh PostgreSQL server with the bench's tables, stopped afterwards."""
+    pg = PostgresServer(durable=durable).start()
+    try:
+        pg.wait_ready()
+        prepare(pg)
+        yield pg
+    finally:
+        pg.close()
+
+
 def accepted(c: Coalescer) -> float:
     value = c.metrics.registry.get_sample_value(
         "coalescer_source_entries_total", {"source": "outbox", "outcome": "accepted"})
@@ -77,10 +91,7 @@ def accepted(c: Coalescer) -> float:
 
 async def outbox_throughput(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     n = 200_000 if sizes.drain_keys >= 50_000 else 50_000
-    pg = PostgresServer(durable=True).start()
-    try:
-        pg.wait_ready()
-        prepare(pg)
+    with _postgres(durable=True) as pg:
         engine = create_engine(pg.url.replace("postgresql://", "postgresql+psycopg://"))
         with engine.begin() as conn:
             conn.execute(text(f"INSERT INTO {TABLE} (key) SELECT 'stats:user:' || i "
@@ -94,8 +105,6 @@ async def outbox_throughput(server: Server, sizes: C.Sizes) -> dict[str, Any]:
             seconds = time.perf_counter() - t0
             done = accepted(c)
         pending = await _pending(server, n)
-    finally:
-        pg.close()
     return {"rows": n, "touched": done, "pending_in_redis": pending, "seconds": seconds,
             "per_second": done / seconds, "lost": n - pending, "touches": n}
 
@@ -113,11 +122,8 @@ async def _pending(server: Server, n: int) -> int:
 async def outbox_lag(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any]:
     seconds = sizes.lag_seconds
     n = int(LAG_RATE * seconds)
-    pg = PostgresServer(durable=False).start()
     out = tmp / f"outbox-lag-{time.monotonic_ns()}.json"
-    try:
-        pg.wait_ready()
-        prepare(pg)
+    with _postgres(durable=False) as pg:
         async with Coalescer(rules(pg.url), redis_url=server.url, node_id="bench") as c:
             await asyncio.sleep(0.5)  # the node listens
             writer = await asyncio.create_subprocess_exec(
@@ -128,8 +134,6 @@ async def outbox_lag(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, Any
             while accepted(c) < n and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             lags = await _lags(server, json.loads(out.read_text()))
-    finally:
-        pg.close()
     lags.sort()
     achieved = n / max(1e-9, json.loads(out.read_text())["seconds"])
     return {"commits": n, "commits_per_second": achieved, "touched": len(lags),
@@ -172,13 +176,8 @@ def write(url: str, n: int, rate: int, out: str) -> None:
 
 async def outbox_cost(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     n = 3000 if sizes.drain_keys >= 50_000 else 1000
-    pg = PostgresServer(durable=True).start()
-    try:
-        pg.wait_ready()
-        prepare(pg)
+    with _postgres(durable=True) as pg:
         result = await asyncio.to_thread(_cost, pg.url, n)
-    finally:
-        pg.close()
     return result
 
 
@@ -215,18 +214,13 @@ async def outbox_kills(server: Server, sizes: C.Sizes, tmp: Path) -> dict[str, A
     returns, with the outbox (PostgreSQL) and with ``touch_after_commit`` (SQLite, a
     ``SyncCoalescer``); touches lost = writers - keys Redis holds once a node has read
     the outbox (the after-commit writers wrote to Redis themselves, or not at all)."""
-    pg = PostgresServer(durable=True).start()
-    try:
-        pg.wait_ready()
-        prepare(pg)
+    with _postgres(durable=True) as pg:
         outbox = _killed(lambda n: _commit_outbox(pg.url, n))
         async with Coalescer(rules(pg.url, "50ms"), redis_url=server.url, node_id="bench") as c:
             deadline = time.monotonic() + 60
             while accepted(c) < KILLED_WRITERS and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         outbox_held = await _pending(server, KILLED_WRITERS)
-    finally:
-        pg.close()
     db = tmp / f"after-commit-{time.monotonic_ns()}.db"
     engine = create_engine(f"sqlite:///{db}")
     with engine.begin() as conn:
