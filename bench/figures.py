@@ -17,8 +17,9 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
@@ -56,6 +57,9 @@ from .valkey import (
     commandstats,
     used_memory,
 )
+
+W = TypeVar("W")  # what a writer context opens: a Coalescer or a Baseline
+
 
 # -- lost updates --------------------------------------------------------------------------
 
@@ -231,39 +235,42 @@ async def distinct_baseline(server: Server, sizes: Sizes, writers: int = 1) -> d
 
 async def commands_coalescer(server: Server, sizes: Sizes) -> dict[str, Any]:
     keys = [key(i) for i in range(sizes.cmds_distinct)]
-    mon = MonitorCounter(server.port)
-    sync = server.client()
-    try:
-        async with coalescer(server, False, window="1h", max_wait="2h") as c:
-            before = commandstats(sync)
-            t0 = time.time()
-            await touch_distinct(c, keys)
-            await c.flush()
-            t1 = time.time()
-            after = commandstats(sync)
-        counted = mon.count(t0, t1)
-    finally:
-        mon.close()
-        sync.close()
-    return _per_touch(counted, calls_delta(before, after), len(keys))
+
+    async def write(c: Coalescer) -> None:
+        await touch_distinct(c, keys)
+        await c.flush()
+    return await _commands_per_touch(
+        server, len(keys), lambda: coalescer(server, False, window="1h", max_wait="2h"), write)
 
 
 async def commands_baseline(server: Server, sizes: Sizes) -> dict[str, Any]:
     keys = [key(i) for i in range(sizes.cmds_distinct_baseline)]
+
+    async def write(b: Baseline) -> None:
+        await _baseline_writers(b, keys, 1)
+    return await _commands_per_touch(
+        server, len(keys), lambda: Baseline(server.url, delay=3600), write)
+
+
+async def _commands_per_touch(server: Server, n: int,
+                              writer: Callable[[], AbstractAsyncContextManager[W]],
+                              write: Callable[[W], Awaitable[None]]) -> dict[str, Any]:
+    """Redis commands (MONITOR, and INFO commandstats) while ``write`` touches ``n``
+    distinct keys through the writer ``writer()`` opens."""
     mon = MonitorCounter(server.port)
     sync = server.client()
     try:
-        async with Baseline(server.url, delay=3600) as b:
+        async with writer() as w:
             before = commandstats(sync)
             t0 = time.time()
-            await _baseline_writers(b, keys, 1)
+            await write(w)
             t1 = time.time()
             after = commandstats(sync)
         counted = mon.count(t0, t1)
     finally:
         mon.close()
         sync.close()
-    return _per_touch(counted, calls_delta(before, after), len(keys))
+    return _per_touch(counted, calls_delta(before, after), n)
 
 
 def _per_touch(counted: dict[str, Any], stats: dict[str, int], n: int) -> dict[str, Any]:
