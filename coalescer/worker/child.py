@@ -137,9 +137,13 @@ class _Runs:
         return found
 
 
-def serve(conn: Connection, runs: int = 1) -> None:
+def serve(conn: Connection, runs: int = 1, environ: dict[str, str] | None = None) -> None:
     """The child's main function: arm its death, say ready, run calls (up to ``runs``
-    at once) until the pipe ends."""
+    at once) until the pipe ends. ``environ``: the node's environment when it started
+    the child (the fork server's is the one it had at its own start)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(os.getppid())  # the fork server (a node's own fork, if any other)
     node = multiprocessing.parent_process()

@@ -254,7 +254,7 @@ class ChildPool:
     def _launch(self) -> Child:
         ours, theirs = self._context.Pipe()
         process = self._context.Process(  # type: ignore[attr-defined]
-            target=serve, args=(theirs, self._per_child), daemon=True,
+            target=serve, args=(theirs, self._per_child, dict(os.environ)), daemon=True,
             name="coalescer-handler")
         child = Child(process, ours, asyncio.get_running_loop().create_future(),
                       Frames(ours))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from coalescer import Coalescer
 from coalescer.query.history import HistoryQuery, Refresh
 from tests.conftest import RulesFactory, Start
@@ -47,6 +49,10 @@ def hang(claim):
     warm(claim)
     while True:
         time.sleep(0.02)
+
+def env(claim):
+    if not warm(claim):
+        (HERE / f"env-{claim.key}").write_text(os.environ.get("ISO_MARK", "-"))
 
 def hold(claim):
     # its first attempt waits (until its child is killed); a retry returns
@@ -200,3 +206,22 @@ async def test_a_run_sharing_the_child_of_a_run_killed_at_its_timeout_is_retried
     assert await _pid(tmp_path, "hold:1", 2) != child  # its retry ran in a new child
     hung, = await _failures(c, "hang:1", 1)
     assert hung.error == "TimeoutError: handler ran past its timeout of 3s"
+
+
+async def test_a_child_sees_the_environment_its_node_had_when_it_started_the_child(
+        start: Start, rules_file: RulesFactory, namespace: str, redis_url: str, *,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ISO_MARK", "first")
+    c = await _node(start, rules_file, namespace, redis_url, handler="env")
+    folder = tmp_path
+    c.touch("env:1")
+    assert await wait_until(lambda: _read(folder / "env-env:1")) == "first"
+    await c.close()
+    monkeypatch.setenv("ISO_MARK", "second")  # the fork server was started before
+    c = await _node(start, rules_file, namespace, redis_url, handler="env")
+    c.touch("env:2")
+    assert await wait_until(lambda: _read(folder / "env-env:2")) == "second"
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
