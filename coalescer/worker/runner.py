@@ -34,149 +34,36 @@ import contextlib
 import logging
 import random
 import time
-import traceback
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from coalescer.claim import Claim, granted
 from coalescer.common.plural import plural
-from coalescer.common.printable import printable, unsafe_exception
-from coalescer.common.retrying import keep_running
 from coalescer.config.rules import Rule
-from coalescer.store.scripts import History
-from coalescer.tracing import refresh_tracer
-from coalescer.worker.batches import BatchAnswerError, failed_keys
+from coalescer.store.script_types import Failure
 from coalescer.worker.claim_leases import ClaimLeases
-from coalescer.worker.claims import AckItem, ClaimedKey, Failure, item_rules
+from coalescer.worker.claim_runs import ClaimRuns
+from coalescer.worker.claims import ClaimedKey
 from coalescer.worker.coalescing import observe_start
 from coalescer.worker.failure_log import FailureLog
-from coalescer.worker.invoke import Invoke, NotStartedError, RunCancelled
+from coalescer.worker.invoke import Invoke, NotStartedError
+from coalescer.worker.jobs import Batch, Job
+from coalescer.worker.results import ResultsOutbox
+from coalescer.worker.run_log import error_text, log_abandoned, log_failure
 
 if TYPE_CHECKING:
     from coalescer.worker.context import NodeContext
 
 log = logging.getLogger(__name__)
 
-
-MAX_ERROR_TEXT = 200
-# The results loop waits this long after its first result before committing, so the results
-# of several quick refreshes share one call (at concurrency 16 and no-op handlers, a
-# commit per batch of 16 cost as many round trips as the claims themselves).
-ACK_GATHER = 0.002
 MAX_QUEUED = 1000  # claims of one rule held beyond its running ones, at most
 # After the grace, cancelled runs get this long to end (a child process is stopped
 # with SIGTERM, then SIGKILL) before the drain names what it abandons.
 AFTER_GRACE = 1.0
-ABANDONED_SHOWN = 20  # keys named in the line of the runs abandoned at shutdown
 
 
-@dataclass(slots=True)
-class Job:
-    """One held claim on this node."""
-
-    shard: int
-    rule: Rule
-    claim: Claim
-    renewed: float  # when the lease last began (monotonic clock)
-    held_since: float = 0.0  # when it was claimed (monotonic clock)
-    clock_offset_ms: float = 0.0  # server clock minus ours, when it was claimed
-    batch: Batch | None = None  # the claims started with it, sharing its timeout timer
-    call: int = 0  # the batch handler call it ran in (numbered from 1; 0: run alone)
-    call_size: int = 0  # how many keys that call had
-    task: asyncio.Task[None] | None = None
-    queued: bool = False  # claimed, waiting in process for a free slot
-    timed_out: bool = False
-    lost: bool = False
-    start_ms: int = 0  # when the handler started, server clock (for the history)
-    duration_ms: int = 0
-    took_ms: float = 0.0  # duration_ms unrounded, for the log
-    ends: asyncio.Future[object] | None = None  # its handler goes on past the run until done
-    waiting: asyncio.TimerHandle | None = None  # queued behind an older run of its key
-    touches: int = 1  # the burst's touches, as the claim counted them
-
-    @property
-    def key(self) -> str:
-        return self.claim.key
-
-    @property
-    def token(self) -> int:
-        return self.claim.token
-
-    @property
-    def rule_name(self) -> str:
-        return self.rule.name
-
-
-@dataclass(slots=True)
-class Batch:
-    """Claims of one rule started together: one timer cancels those still running at
-    the rule's timeout, and is cancelled once every one of them has finished."""
-
-    jobs: list[Job]
-    left: int
-    timer: asyncio.TimerHandle | None = None
-
-    def time_out(self) -> None:
-        for job in self.jobs:
-            if job.task is not None and not job.task.done():
-                job.timed_out = True
-                job.task.cancel()
-
-    def finished(self) -> None:
-        """One of the claims finished (or was dropped)."""
-        self.left -= 1
-        if self.left <= 0:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.jobs = []
-
-
-@dataclass(slots=True)
-class Results:
-    """Finished claims of one shard whose results Redis does not hold yet."""
-
-    acks: list[Job] = field(default_factory=list)
-    fails: list[tuple[Job, Failure]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.acks or self.fails)
-
-    def merge(self, other: Results) -> None:
-        self.acks[:0] = other.acks
-        self.fails[:0] = other.fails
-
-
-def _failed_in(answer: object, claims: list[Claim]) -> Collection[str]:
-    """The keys a batch handler's ``answer`` says failed (all of them when it does not
-    read: they are all failed then)."""
-    try:
-        return failed_keys(answer, claims).keys()
-    except BatchAnswerError:
-        return [c.key for c in claims]
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:MAX_ERROR_TEXT]
-
-
-def _ends(exc: asyncio.CancelledError) -> asyncio.Future[object] | None:
-    """The future of a handler that goes on past its cancelled run (None: it ended)."""
-    ends = exc.ends if isinstance(exc, RunCancelled) else None
-    return ends if ends is not None and not ends.done() else None
-
-
-def _cut_short(rule: Rule, exc: asyncio.CancelledError, what: str = "handler") -> Exception:
-    """The error of a run its timeout cancelled: it timed out, or never started."""
-    if isinstance(exc, RunCancelled) and not exc.started:
-        return NotStartedError(f"never started: {exc.why} within the timeout of "
-                               f"{rule.timeout:g}s")
-    return TimeoutError(f"{what} ran past its timeout of {rule.timeout:g}s")
-
-
-class Runner:
+class Runner(ClaimRuns):
     """Holds this node's claims and runs their handlers."""
 
     def __init__(self, ctx: NodeContext, *, invokers: dict[str, Invoke],
@@ -184,13 +71,7 @@ class Runner:
                  on_finish: Callable[[str, bool], None] | None = None) -> None:
         """``on_slot_free`` is called soon after slots are freed (once for several);
         ``on_finish(key, failed)`` as each run finishes (not when its claim was lost)."""
-        self._scripts = ctx.scripts
-        self._hints = ctx.hints
-        self._history = History(ctx.node_id, ctx.config.history)
-        self._item_rules = item_rules(ctx.config.rules)
-        self._keyspace = ctx.keyspace
-        self._metrics = ctx.metrics
-        self._invokers = invokers
+        super().__init__(ctx, invokers)
         self._claim_lease = ctx.claim_lease
         self._on_slot_free = on_slot_free
         self._on_finish = on_finish
@@ -203,20 +84,17 @@ class Runner:
         # timeout): no other run of the key starts here meanwhile.
         self._ending: dict[str, Job] = {}
         self._held: dict[str, int] = defaultdict(int)  # slots they hold, per rule
-        self._calls: dict[str, int] = defaultdict(int)  # batch handler calls running, per rule
         self._batch_timers: dict[str, asyncio.TimerHandle] = {}  # a batch waiting to fill
         self._last_call = 0  # batch handler calls numbered on this node
         self._slot_free_due = False
-        self._results: dict[int, Results] = defaultdict(Results)
-        self._results_event = asyncio.Event()
         self._idle_event = asyncio.Event()
         self._idle_event.set()
         self._stop_now = asyncio.Event()  # a drain ends at once: stop_now()
         self._random = random.Random()
         self.recorders: list[list[Claim]] = []  # each gets every claim started (drain)
         self._failures = FailureLog()  # one line per kind of failure per period
+        self._outbox = ResultsOutbox(ctx, self._jobs, self._failures, self._check_idle)
         self._leases = ClaimLeases(ctx, self._jobs, self._lose)
-        self._tracer = refresh_tracer(ctx.scripts, ctx.keyspace)  # None: tracing off
 
     # -- claims in -----------------------------------------------------------------
 
@@ -434,106 +312,12 @@ class Runner:
             job.task = task
         batch.timer = loop.call_later(rule.timeout, batch.time_out)
 
-    async def _run_batch(self, rule: Rule, batch: Batch, jobs: list[Job]) -> None:
-        """One call of a batch handler; each key's outcome goes to its results box."""
-        spent = [j for j in jobs if j.claim.attempt > rule.retry.attempts]
-        for job in spent:
-            self._finish(job, TimeoutError("claim lease expired on every attempt"))
-        jobs = [j for j in jobs if j.claim.attempt <= rule.retry.attempts]
-        started, ends = time.monotonic(), None
-        try:
-            errors = await self._call_batch(rule, jobs)
-        except asyncio.CancelledError as exc:
-            ends = _ends(exc)
-            for job in jobs:
-                job.ends = ends
-            if not any(job.timed_out for job in jobs):
-                self._end_call(rule, ends)
-                for job in jobs:
-                    if job.batch is batch:
-                        self._drop(job)
-                raise
-            errors = dict.fromkeys((job.claim.key for job in jobs),
-                                   _cut_short(rule, exc, "batch handler"))
-        took = time.monotonic() - started
-        self._metrics.rule(rule.name).duration.observe(took)
-        self._end_call(rule, ends)
-        for job in jobs:
-            job.took_ms = took * 1000
-            job.duration_ms = round(job.took_ms)
-            self._finish(job, errors.get(job.claim.key))
-
-    def _end_call(self, rule: Rule, ends: asyncio.Future[object] | None) -> None:
-        """A batch handler call ended; one whose handler goes on counts until ``ends``."""
-        if ends is None:
-            self._calls[rule.name] -= 1
-            return
-
-        def ended(_: object) -> None:
-            self._calls[rule.name] -= 1
-            self._slots_freed(rule.name)
-        ends.add_done_callback(ended)
-
-    async def _call_batch(self, rule: Rule, jobs: list[Job]) -> dict[str, BaseException]:
-        """The failed keys of one batch handler call, each with its error."""
-        if not jobs:
-            return {}
-        claims = [job.claim for job in jobs]
-        try:
-            answer = await self._invoke_batch(rule, jobs, claims)
-            return dict(failed_keys(answer, claims))
-        except BatchAnswerError as exc:
-            log.error("rule %s: %s; failing all %d keys of the batch (they are retried)",
-                      rule.name, exc, len(claims))
-            return dict.fromkeys((c.key for c in claims), exc)
-        except Exception as exc:  # a handler's failure is data, not a crash
-            return dict.fromkeys((c.key for c in claims), exc)
-
-    async def _run(self, job: Job, invoke: Invoke) -> None:
-        rule, claim = job.rule, job.claim
-        if claim.attempt > rule.retry.attempts:
-            self._finish(job, TimeoutError("claim lease expired on every attempt"))
-            return
-        started = time.monotonic()
-        try:
-            await self._invoke(job, invoke)
-        except asyncio.CancelledError as exc:
-            job.ends = _ends(exc)
-            if not job.timed_out:
-                self._drop(job)
-                raise
-            error: Exception | None = _cut_short(rule, exc)
-        except Exception as exc:  # a handler's failure is data, not a crash
-            error = exc
-        else:
-            error = None
-        took = time.monotonic() - started
-        job.took_ms = took * 1000
-        job.duration_ms = round(job.took_ms)
-        self._metrics.rule(rule.name).duration.observe(took)
-        self._finish(job, error)
-
-    def _invoke(self, job: Job, invoke: Invoke) -> Awaitable[object]:
-        """The handler's call for ``job``, inside its refresh span with tracing on."""
-        if self._tracer is None:
-            return invoke(job.claim)
-        return self._tracer.run_one(job.shard, job.rule_name, job.claim, job.touches,
-                                    lambda: invoke(job.claim))
-
-    def _invoke_batch(self, rule: Rule, jobs: list[Job], claims: list[Claim]) -> Awaitable[object]:
-        """A batch handler's call for ``jobs``, inside its span with tracing on."""
-        invoke = self._invokers[rule.name]
-        if self._tracer is None:
-            return invoke(claims)
-        return self._tracer.run_batch(rule.name, [(j.shard, j.claim, j.touches) for j in jobs],
-                                      lambda: invoke(claims),
-                                      lambda answer: _failed_in(answer, claims))
+    # -- after a run -------------------------------------------------------------------
 
     def _finish(self, job: Job, exc: BaseException | None) -> None:
         rule, claim = job.rule, job.claim
-        box = self._results[job.shard]
         if exc is None:
-            box.acks.append(job)
+            self._outbox.ack(job)
             self._metrics.rule(rule.name).outcomes["success"] += 1
             log.debug("refreshed %s in %.1f ms (attempt %d, token %d)", claim.key,
                       job.took_ms, claim.attempt, claim.token)
@@ -541,48 +325,12 @@ class Runner:
             outcome = "timeout" if isinstance(exc, TimeoutError) else "failure"
             self._metrics.rule(rule.name).outcomes[outcome] += 1
             delay_ms = round(rule.retry.delay(claim.attempt, self._random) * 1000)
-            self._log_failure(job, exc, delay_ms)
-            box.fails.append((job, Failure(claim.key, claim.token, delay_ms, _error_text(exc),
-                                           outcome, job.start_ms, job.duration_ms)))
+            log_failure(self._failures, job, exc, delay_ms)
+            self._outbox.fail(job, Failure(claim.key, claim.token, delay_ms, error_text(exc),
+                                           outcome, job.start_ms, job.duration_ms))
         self._release_slot(job)
-        if not self._results_event.is_set():
-            self._results_event.set()
         if self._on_finish is not None:
             self._on_finish(claim.key, exc is not None)
-
-    def _log_failure(self, job: Job, exc: BaseException, delay_ms: int) -> None:
-        """One line per kind of failure (rule and error type) per period, with its
-        traceback; the others of the period are counted (see failure_log.py)."""
-        left_out = self._failures.admit(("failed", job.rule.name, type(exc).__name__))
-        if left_out is None:
-            return
-        claim, attempts = job.claim, job.rule.retry.attempts
-        then = f"; retry in {delay_ms / 1000:g}s" if claim.attempt < attempts else ""
-        then += self._failures.note(left_out)
-        trace = exc.__traceback__ is not None
-        key, text = printable(claim.key), printable(_error_text(exc))
-        if trace and (key != claim.key or unsafe_exception(exc)):
-            # a forged key, or a message anywhere in the traceback: it goes escaped, as
-            # part of the line
-            then += "; " + printable("".join(traceback.format_exception(exc)))
-            trace = False
-        log.warning("refresh of %s failed (attempt %d of %d): %s%s", key,
-                    min(claim.attempt, attempts), attempts, text, then,
-                    exc_info=exc if trace else None)
-
-    def _log_dead(self, jobs: dict[str, tuple[Job, Failure]], dead: list[str]) -> None:
-        for key in dead:
-            job, failure = jobs[key]
-            attempts = min(job.claim.attempt, job.rule.retry.attempts)
-            self._metrics.rule(job.rule.name).dead_lettered += 1
-            left_out = self._failures.admit(("dead", job.rule.name,
-                                             failure.error.split(":", 1)[0]))
-            if left_out is None:
-                continue
-            log.error("%s dead-lettered after %s: %s; re-queue with %s%s%s",
-                      printable(key), plural(attempts, "attempt"), printable(failure.error),
-                      printable(self._hints.command("dead retry", key)), self._hints.note,
-                      self._failures.note(left_out))
 
     def _drop(self, job: Job) -> None:
         """A cancelled claim: left to its lease (another node, or we, re-run it)."""
@@ -668,64 +416,11 @@ class Runner:
 
     async def results_loop(self) -> None:
         """Group-commit acks and failures; survives Redis errors and retries them."""
-        await keep_running("results: recording refresh outcomes", self._commit_next, logger=log,
-                           on_error=lambda _: self._metrics.redis_errors.labels(
-                               "results").inc())
-
-    async def _commit_next(self) -> None:
-        """Wait for results, then commit them; on an error they wait for the next try."""
-        await self._results_event.wait()
-        await asyncio.sleep(ACK_GATHER)  # let more results join this commit
-        self._results_event.clear()
-        boxes, self._results = self._results, defaultdict(Results)
-        try:
-            await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
-        except Exception:
-            for shard, box in boxes.items():
-                self._results[shard].merge(box)
-            self._results_event.set()
-            raise
-
-    async def _commit(self, shard: int, box: Results) -> None:
-        keys = self._keyspace.shard(shard)
-        stale: list[str] = []
-        if box.acks:
-            # per rule, and per call of a batch handler (its successes: one history entry)
-            acks: dict[tuple[str, int, int], list[AckItem]] = defaultdict(list)
-            for job in box.acks:
-                claim = job.claim
-                acks[job.rule.name, job.call, job.call_size].append(
-                    (claim.key, claim.token, job.start_ms, job.duration_ms))
-            answer = await self._scripts.ack_counted(
-                keys, [(rule, items, size) for (rule, _, size), items in acks.items()],
-                self._history, self._item_rules)
-            stale += answer.stale
-            for (rule_name, _, _), rearmed in zip(acks, answer.rearmed, strict=False):
-                self._metrics.rule(rule_name).reruns += rearmed
-            self._forget(box.acks)
-            box.acks = []
-        if box.fails:
-            fails: dict[Rule, list[Failure]] = defaultdict(list)
-            for job, failure in box.fails:
-                fails[job.rule].append(failure)
-            groups = [(rule.name, rule.retry.attempts, f) for rule, f in fails.items()]
-            _, dead, failed_stale = await self._scripts.fail(keys, groups, self._history)
-            stale += failed_stale
-            self._log_dead({job.claim.key: (job, f) for job, f in box.fails}, dead)
-            self._forget([job for job, _ in box.fails])
-        for key in stale:
-            log.warning("claim of %s was taken over before its result was recorded", key)
-
-    def _forget(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            if self._jobs.get(job.claim.key) is job:
-                del self._jobs[job.claim.key]
-        self._check_idle()
+        await self._outbox.run()
 
     async def flush_results(self) -> None:
         """Record every finished claim's result now (used at shutdown)."""
-        boxes, self._results = self._results, defaultdict(Results)
-        await asyncio.gather(*(self._commit(s, b) for s, b in boxes.items() if b))
+        await self._outbox.flush()
 
     # -- leases ------------------------------------------------------------------------
 
@@ -798,7 +493,7 @@ class Runner:
         if ending and not self._stop_now.is_set():
             await self._unless_stopped(asyncio.wait(ending),
                                        max(end - loop.time(), AFTER_GRACE))
-        self._log_abandoned()
+        log_abandoned(self._ending)
 
     async def _unless_stopped(self, aw: Awaitable[object], timeout: float) -> None:
         """Wait up to ``timeout`` for ``aw``, or until ``stop_now()``."""
@@ -820,13 +515,3 @@ class Runner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _log_abandoned(self) -> None:
-        keys = [key for key, job in self._ending.items() if job.ends is not None]
-        if not keys:
-            return
-        shown = ", ".join(printable(key) for key in keys[:ABANDONED_SHOWN])
-        more = len(keys) - ABANDONED_SHOWN
-        log.warning("shutdown: abandoning %s still running past the grace (a thread in a "
-                    "handler ends with the process): %s%s", plural(len(keys), "handler"),
-                    shown, f" and {more} more" if more > 0 else "")

@@ -53,13 +53,14 @@ async def test_a_newer_claim_of_a_key_stops_the_older_run_and_only_it_is_renewed
         held = runner._jobs["stats:1"]
         assert held.claim.token == first.token + 1 and not held.lost
         sent: list[Any] = []
-        real = runner._scripts.renew
+        scripts = node.ctx.scripts
+        real = scripts.renew
 
         async def renew(shard: Any, lease_ms: int, groups: Any) -> list[str]:
             sent.append(groups)
             return await real(shard, lease_ms, groups)
 
-        runner._scripts.renew = renew  # type: ignore[method-assign]
+        scripts.renew = renew  # type: ignore[method-assign]
         await runner.renew_once()
         assert [[(k, t) for _, items in g for k, t in items] for g in sent] == \
             [[("stats:1", first.token + 1)]]  # the newer claim only
