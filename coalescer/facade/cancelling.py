@@ -11,7 +11,7 @@ from coalescer.common.plural import plural
 from coalescer.config.schedule import At
 from coalescer.facade.core import Core
 from coalescer.store.keycheck import check_key
-from coalescer.store.scripts import History
+from coalescer.store.script_types import History
 from coalescer.write.cancel import CancelOutcome, cancel_keys
 from coalescer.write.cancel_scheduled import bulk_cancel, cancel_rule_scheduled
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 from coalescer.store.claim_scripts import ClaimScripts
 from coalescer.store.lease_scripts import LeaseScripts
 from coalescer.store.operator_scripts import OperatorScripts
-from coalescer.store.script_types import History
 from coalescer.store.write_scripts import WriteScripts
 
-# History: what the scripts record of finished refreshes; the façade imports it from here
-__all__ = ["History", "Scripts"]
+__all__ = ["Scripts"]
 
 
 class Scripts(ClaimScripts, WriteScripts, LeaseScripts, OperatorScripts):
