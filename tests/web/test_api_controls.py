@@ -115,3 +115,31 @@ async def test_every_control_refuses_a_body_that_is_not_json(
     status, body, _ = await node.request("POST", path, data=b"x")
     assert status == 415, body
     assert await node.c.query.paused() == []
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "http://127.0.0.1:{port}", "Sec-Fetch-Site": "cross-site"},
+], ids=["other-site", "cross-site-fetch"])
+async def test_the_bulk_cancel_of_schedules_refuses_another_origin(
+        make_node: NodeFactory, headers: dict[str, str]) -> None:  # noqa: F811
+    node = await make_node(worker=False)
+    node.c.touch("stats:user:1", delay="1h")
+    await node.c.flush()
+    sent = {k: v.format(port=node.api.port) for k, v in headers.items()}
+    status, body, _ = await node.request("DELETE", "/rules/user-stats/scheduled",
+                                         params={"after": "0"}, headers=sent)
+    assert status == 403, body
+    assert (await node.c.query.explain("stats:user:1"))["state"] == "pending"
+
+
+async def test_the_bulk_cancel_of_schedules_refuses_a_rebinding_host(
+        make_node: NodeFactory) -> None:  # noqa: F811
+    node = await make_node(worker=False)
+    node.c.touch("stats:user:1", delay="1h")
+    await node.c.flush()
+    host = f"attacker.example:{node.api.port}"
+    status, _, body = await raw_http(
+        node.api.port, f"DELETE /rules/user-stats/scheduled?after=0 HTTP/1.1\r\nHost: {host}\r\n")
+    assert status == 421, body
+    assert (await node.c.query.explain("stats:user:1"))["state"] == "pending"
