@@ -84,6 +84,7 @@ async def test_a_writer_and_node_on_a_sentinel_url_lose_no_acknowledged_touch_in
     c = await start(path, redis_url=group.url, node_id="n1")
     acknowledged: list[str] = []
     failed_flushes = after_kill = batch = 0
+    before_kill: dict[str, int] = {}
     while after_kill < 5:  # touches until five flushes went through after the failover
         keys = [f"item:{batch}-{j}" for j in range(20)]  # each touched once
         batch += 1
@@ -97,7 +98,8 @@ async def test_a_writer_and_node_on_a_sentinel_url_lose_no_acknowledged_touch_in
             continue
         acknowledged += keys
         if group.primary.running:
-            if batch >= 10:
+            if batch >= 10 and all(rec.of(key) for key in HOT):  # refreshed before it
+                before_kill = {key: len(rec.of(key)) for key in HOT}
                 group.primary.kill()  # SIGKILL under the stream of touches
         else:
             after_kill += 1
@@ -107,6 +109,8 @@ async def test_a_writer_and_node_on_a_sentinel_url_lose_no_acknowledged_touch_in
     assert failed_flushes > 0  # the stream did meet the failover
     await wait_until(lambda: set(acknowledged) <= {claim.key for claim in rec.calls},
                      timeout=20.0, message="every acknowledged key refreshed")
+    await wait_until(lambda: all(len(rec.of(key)) > before_kill[key] for key in HOT),
+                     timeout=20.0, message="every hot key refreshed after the failover too")
     for key in HOT:  # refreshed on both sides of the failover: no token ever repeats
         tokens = [claim.token for claim in rec.of(key)]
         assert len(tokens) > 1 and tokens == sorted(set(tokens)), (key, tokens)
