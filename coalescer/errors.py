@@ -215,6 +215,16 @@ class EvictionPolicyError(CoalescerError):
     touches, claims, leases would vanish without a trace): refused at start."""
 
 
+class ProtocolVersionError(CoalescerError):
+    """The namespace's keys were written under a touch protocol whose major version
+    this coalescer does not speak (docs/protocol.md): refused at start."""
+
+    def __init__(self, message: str, *, stored: str, spoken: str) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.spoken = spoken
+
+
 class ClosedError(CoalescerError):
     """touch() or flush() on a coalescer that is closed or not started."""
 

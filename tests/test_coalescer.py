@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 
 from coalescer import BackpressureError, Claim, Coalescer, UnknownKeyError
-from coalescer.store.keys import KeySpace, layout, node_leases
+from coalescer.store.keys import KeySpace, layout, node_leases, protocol_version
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, leader_node, recorder_rules, server_ms, settled
 from tests.helpers.servers import ValkeyProcess, wait_until
@@ -358,8 +358,10 @@ async def test_unknown_key_is_refused_naming_it(
     assert err.value.key == "nope:1"
     assert "nope:1" in str(err.value)
     await c.flush()
-    # nothing was written: only the namespace's shard layout, which the writer read at start
-    assert await redis_client.keys(f"{namespace}:*") == [layout(namespace)]
+    # nothing was written: only the namespace's shard layout, which the writer read at
+    # start, and the touch protocol's version, which it wrote there
+    assert sorted(await redis_client.keys(f"{namespace}:*")) == sorted(
+        [layout(namespace), protocol_version(namespace)])
 
 
 # -- leadership: leadership ----------------------------------------------------------------

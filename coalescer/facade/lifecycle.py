@@ -21,7 +21,7 @@ from coalescer.facade.core import Core
 from coalescer.facade.run import Run
 from coalescer.sources.base import NodeContext as SourceContext
 from coalescer.sources.base import start_sources
-from coalescer.store import embedded_watch
+from coalescer.store import embedded_watch, protocol_version
 from coalescer.store.connection import Connection, connect
 from coalescer.store.embedded import ENV_REDIS_URL, RootChoice, find_root, resolve_redis_url
 from coalescer.store.eviction import PolicyWatch, check_at_start
@@ -54,6 +54,7 @@ class Lifecycle:
         run = core._run
         conn = await self._connect(run)
         await self._check_policy(run, conn)
+        await self._check_protocol(run, conn)
         leases = await conn.leases() if core.worker else None
         run.scripts = scripts = Scripts(conn.client, core.config.durability, leases=leases)
         scripts.replication.listen(run.metrics.durability_unmet.set)
@@ -138,6 +139,20 @@ class Lifecycle:
             self.core._state = "closed"
             raise
         run.policy = PolicyWatch(conn.client, run.metrics, policies)
+
+    async def _check_protocol(self, run: Run, conn: Connection) -> None:
+        """Refuse to start on a namespace whose keys follow a touch protocol of another
+        major version (store/protocol_version.py); without Redis, only warn."""
+        namespace = self.core.config.namespace
+        try:
+            await protocol_version.check(conn.client, namespace)
+        except (RedisError, OSError) as exc:
+            log.warning("coalescer %s: could not read the touch protocol version of "
+                        "namespace %r yet: %r", self.core.node_id, namespace, exc)
+        except BaseException:
+            await run.close_resources()
+            self.core._state = "closed"
+            raise
 
     def _start_worker(self, run: Run) -> None:
         core = self.core

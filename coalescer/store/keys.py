@@ -69,6 +69,11 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
                                       claims their keys until they are resumed
     NS:{NS:nodes}:paused-changed  channel  a rule was paused or resumed: every worker
                                       node reads the paused set again
+    NS:{NS:nodes}:protocol    STRING  the touch protocol's version, "MAJOR.MINOR", that
+                                      the namespace's keys follow (docs/protocol.md)
+    NS:{NS:audit}:log         STREAM  the operator actions (who, what, when, how many),
+                                      capped (MAXLEN ~; common/audit_log.py,
+                                      store/audit_stream.py)
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
@@ -321,6 +326,19 @@ def paused_rules(namespace: str) -> str:
     return f"{namespace}:{{{namespace}:nodes}}:paused"
 
 
+def protocol_version(namespace: str) -> str:
+    """The touch protocol's version the namespace's keys follow, "MAJOR.MINOR"
+    (docs/protocol.md): written by the first writer or node when absent, read by every
+    client, which refuses a major version it does not speak."""
+    return f"{namespace}:{{{namespace}:nodes}}:protocol"
+
+
 def paused_channel(namespace: str) -> str:
     """Where a pause or a resume is announced (the paused set's tag)."""
     return f"{namespace}:{{{namespace}:nodes}}:paused-changed"
+
+
+def audit_log(namespace: str) -> str:
+    """The namespace's audit log: a capped stream of the operator actions (who, what,
+    when, how many), on a slot of its own (store/audit_stream.py)."""
+    return f"{namespace}:{{{namespace}:audit}}:log"
