@@ -49,7 +49,8 @@ def layer(module: str) -> str:
 
 def imported(path: Path, *, typing: bool = False) -> set[str]:
     """The coalescer modules ``path`` imports, lazy imports inside functions included,
-    imports made only for type checking left out unless ``typing``."""
+    imports made only for type checking left out unless ``typing``; ``from coalescer.x
+    import y`` counts as importing the module ``coalescer.x.y`` where there is one."""
     tree = ast.parse(path.read_text())
     typing_only = set() if typing else {
         id(n) for top in ast.walk(tree) if isinstance(top, ast.If)
@@ -59,13 +60,125 @@ def imported(path: Path, *, typing: bool = False) -> set[str]:
         if id(node) in typing_only:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}"
+                         in MODULES else node.module for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {m for m in found if m.split(".")[0] == "coalescer"}
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def tiers(package: str, *lines: str) -> dict[str, int]:
+    """The tier of each module named on ``lines``, lowest first; the names are below
+    ``coalescer.package`` (``__init__`` is the package itself)."""
+    prefix = f"coalescer.{package}." if package else "coalescer."
+    return {(prefix + name).removesuffix(".__init__"): tier
+            for tier, line in enumerate(lines) for name in line.split()}
+
+
+# Within a layer too, an order: a module imports only modules of lower tiers of its own
+# layer, never one of its tier or above. A new module goes on the tier above the highest
+# of the modules it imports (the failure says which).
+WITHIN: dict[str, dict[str, int]] = {
+    "errors": tiers("", "errors"),
+    "claim": tiers("", "claim"),
+    "common": tiers(
+        "common",
+        "__init__ forksafe json_depth key_limits log_once metrics plural printable redact"
+        " traceparent",
+        "audit_log retrying"),
+    "config": tiers(
+        "config",
+        "__init__ durability durations handler_import limits matcher sizes",
+        "patterns schedule yaml_reader",
+        "lint model namespace_env rule_index templates",
+        "sources",
+        "kafka_source",
+        "schema",
+        "rules",
+        "code_rules",
+        "rules_source"),
+    "tracing": tiers("tracing", "bounds", "touches", "refreshes", "__init__"),
+    "store": tiers(
+        "store",
+        # what the scripts stand on: key names, states, how calls are batched
+        "__init__ batching embedded_procs eviction key_states keycheck keys replicas sentinel",
+        "connection embedded paused_copies protocol_version redis_failures script_calls"
+        " script_types",
+        # one family of scripts each
+        "byte_count claim_scripts embedded_watch hints lease_scripts operator_scripts"
+        " schedule_scripts write_scripts",
+        "scripts",  # joins the families
+        "layout"),
+    "write": tiers(
+        "write",
+        "__init__ buffer cancel cancel_scheduled failures quota recent_writes routing",
+        "backpressure refusals",
+        "batches",
+        "absorber",
+        "flusher room"),
+    "worker": tiers(
+        "worker",
+        # knowing nothing of a node
+        "__init__ batches coalescing failure_log failure_window jobs lead_log lease_clock"
+        " loop_lag node_death resharding summary threads wakeups webhooks",
+        "child claims fork_preload invoke lapsed paused",
+        # what the parts share, importing none of them; calling a handler in a child
+        "context isolation",
+        # the parts
+        "claim_leases handlers mover node_lease registry run_log throttle",
+        "claim_runs health results",
+        "runner",
+        "adopter drain poller",
+        "leadership",
+        "node"),  # wires the parts
+    "sources": tiers(
+        "sources",
+        "kafka_commit kafka_status outbox_sql stream_old_group times",
+        "base kafka_values kafka_watch outbox_db",
+        "kafka outbox streams",
+        "__init__"),  # the registry of types
+    "query": tiers(
+        "query",
+        "__init__ layout_read rate_status rule_counts scheduled source_status",
+        "controls dead_letters due history registry_status scheduled_keys",
+        "workers",
+        "explain status",
+        "reader"),
+    "facade": tiers(
+        "",
+        "facade.__init__ facade.run",
+        "facade.core",  # what the parts share
+        "facade.cancelling facade.draining facade.lifecycle facade.touching",
+        "coalescer",  # hands each call to its part
+        "sync testing",
+        "__init__"),
+    "integrations": tiers(
+        "integrations",
+        "__init__ asgi django.apps django.conf django.migrations"
+        " django.migrations.0001_initial django.models outbox_rows",
+        "django.process outbox_sqlalchemy",
+        "django.__init__ sqlalchemy"),
+    "web": tiers(
+        "web",
+        "__init__ listener requests",
+        "connections guards page scheduled_api",
+        "api"),
+    "cli": tiers(
+        "",
+        "cli.check_details cli.closed_stdout cli.demo cli.demo_app.__init__"
+        " cli.demo_app.handlers cli.errors cli.parser cli.refresh_lines cli.scheduled_cmds"
+        " cli.stopping integrations.django.management.__init__"
+        " integrations.django.management.commands.__init__"
+        " integrations.django.management.forkserver_setup",
+        "cli.supervisor",
+        "cli.commands",
+        "cli.main",
+        "cli.__init__ cli.__main__ integrations.django.management.cli",
+        "integrations.django.management.commands.coalescer"),
+}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -93,16 +206,51 @@ def test_no_two_modules_import_each_other() -> None:
     cannot be read without the node."""
     graph = {m: {t for t in imported(p, typing=True) if t in MODULES and t != m}
              for m, p in MODULES.items()}
-    cycles = []
-    for start, targets in graph.items():
-        seen: set[str] = set()
-        stack = list(targets)
-        while stack:
-            node = stack.pop()
-            if node == start:
-                cycles.append(start)
-                break
-            if node not in seen:
-                seen.add(node)
-                stack.extend(graph.get(node, ()))
-    assert not cycles, f"modules on an import cycle: {sorted(cycles)}"
+    cycles = {" -> ".join(path) for start in graph if (path := cycle_from(start, graph))}
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles))
+
+
+def cycle_from(start: str, graph: dict[str, set[str]]) -> list[str]:
+    """A path of imports from ``start`` back to it, or none."""
+    came_from: dict[str, str] = {}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        for target in sorted(graph[node]):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if target not in came_from:
+                came_from[target] = node
+                stack.append(target)
+    return []
+
+
+def test_every_module_has_a_tier_in_its_layer() -> None:
+    missing = [f"{m} (layer {layer(m)}): put it on tier {lowest_tier(m)} of WITHIN"
+               f"[{layer(m)!r}] in tests/test_layers.py (above the modules it imports)"
+               for m in MODULES if m not in WITHIN.get(layer(m), {})]
+    gone = sorted(m for tiers_ in WITHIN.values() for m in tiers_ if m not in MODULES)
+    assert not missing, "modules with no tier:\n" + "\n".join(missing)
+    assert not gone, f"WITHIN names modules that are no more: {gone}"
+
+
+def lowest_tier(module: str) -> int:
+    """The lowest tier ``module`` could take, going by the tiers of what it imports."""
+    own = WITHIN.get(layer(module), {})
+    return 1 + max((own.get(t, -1) for t in imported(MODULES[module], typing=True)),
+                   default=-1)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_only_lower_tiers_of_its_own_layer(module: str) -> None:
+    """Imports made only for type checking count too."""
+    own = WITHIN.get(layer(module), {})
+    if module not in own:
+        pytest.skip("no tier (see test_every_module_has_a_tier_in_its_layer)")
+    up = [f"{module} (tier {own[module]}) imports {t} (tier {own[t]})"
+          for t in sorted(imported(MODULES[module], typing=True))
+          if t in own and t != module and own[t] >= own[module]]
+    assert not up, "imports at or above the importer's own tier:\n" + "\n".join(up)
