@@ -33,6 +33,9 @@ from typing import Any
 
 from . import batches as B
 from . import common as C
+from . import fairness as FR
+from . import fairness_cap as FC
+from . import fairness_rows as FRows
 from . import figures as F
 from . import fleet as FL
 from . import idle_shards as S
@@ -104,6 +107,14 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
                ("coalescer_cost", O.outbox_cost, ()),
                ("coalescer_kills", O.outbox_kills, ("TMP",))],
+    # fairness: fair on (the coalescer column) beside fair off (baseline) in the same run
+    "fair_skew": [("coalescer", FR.skew, (True,)), ("baseline", FR.skew, (False,))],
+    "fair_balanced": [("coalescer", FR.balanced, (True,)),
+                      ("baseline", FR.balanced, (False,))],
+    "fair_weights": [("coalescer", FR.weights, (True,)), ("baseline", FR.weights, (False,))],
+    "fair_cap": [("coalescer", FC.cap, ("TMP", True)), ("baseline", FC.cap, ("TMP", False))],
+    "herd": [("coalescer", FR.herd, ()), ("baseline", FR.herd, (False,))],
+    "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
     "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
               ("baseline_throughput", K.kafka_baseline, ("TMP",)),
               ("coalescer_burst", K.kafka_burst, ("TMP",)),
@@ -608,7 +619,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows):
+                 _fleet_rows, FRows.rows):
         part(t)
     return t.out
 
