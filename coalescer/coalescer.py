@@ -180,15 +180,8 @@ class Coalescer(Core):
                        pairs: Iterable[tuple[str, str]] = (), at: At | None = None,
                        delay: Delay | None = None) -> None:
         """``touch_many_wait`` for a thread that is not running an event loop: blocks
-        it while the buffer is full (``SyncCoalescer.touch_wait`` is this)."""
+        it while the buffer is full (``SyncCoalescer``'s waiting touches are this)."""
         self._touching.block_for_room(what, keys, pairs, timeout, at=at, delay=delay)
-
-    def touch_or_block(self, key: str, item: str | None = None, *,
-                       timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
-                       delay: Delay | None = None) -> None:
-        """``touch``, else (the buffer full) block this thread, not running an event
-        loop, until there is room (``SyncCoalescer.touch_wait`` is this)."""
-        self._touching.touch_or_block(key, item, timeout, at, delay)
 
     def unknown_keys(self, keys: Iterable[str]) -> list[str]:
         """The keys of ``keys`` that no rule matches (nothing is touched)."""

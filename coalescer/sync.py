@@ -18,6 +18,7 @@ from coalescer.config.code_rules import Rules
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay
 from coalescer.errors import ClosedError, UnwrittenTouchesError
+from coalescer.facade.touching import one_touch
 from coalescer.write.cancel import CancelOutcome
 from coalescer.write.room import DEFAULT_TIMEOUT
 
@@ -164,8 +165,11 @@ class SyncCoalescer:
         ``timeout`` seconds (None: no bound), then raises BackpressureError. Request
         paths that must never block call ``touch``, which refuses at once.
         """
-        self._ready(f"touch_wait({key!r})")
-        self.coalescer.touch_or_block(key, item, timeout=timeout, at=at, delay=delay)
+        what = f"touch_wait({key!r})"
+        self._ready(what)
+        keys, pairs = one_touch(key, item)
+        self.coalescer.touch_blocking(keys, timeout=timeout, what=what, pairs=pairs, at=at,
+                                      delay=delay)
 
     def touch_many_wait(self, keys: Iterable[str], *,
                         timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,

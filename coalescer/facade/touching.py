@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from coalescer.config.schedule import At, Delay, schedule_spec
-from coalescer.errors import BackpressureError, InvalidItemError, UnknownKeyError
+from coalescer.errors import InvalidItemError, UnknownKeyError
 from coalescer.facade.core import Core
 from coalescer.store.keycheck import check_item, key_problem
 from coalescer.write.room import Wanted, touch_blocking, touch_waiting
@@ -30,7 +30,7 @@ def _spec(keys: list[str], at: At | None, delay: Delay | None, ahead: float,
     return schedule_spec(shown, at, delay, ahead=ahead, keep_items=keep)
 
 
-def _one(key: str, item: str | None) -> tuple[list[str], Pairs]:
+def one_touch(key: str, item: str | None) -> tuple[list[str], Pairs]:
     """One touch as the keys and (key, item) pairs a wait for room takes."""
     return ([key], []) if item is None else ([], [(key, item)])
 
@@ -87,21 +87,8 @@ class Touching:
 
     async def touch_wait(self, key: str, item: str | None, timeout: float | None,
                          at: At | None, delay: Delay | None) -> None:
-        what = f"touch_wait({key!r})"
-        self._ready(what)
-        try:
-            self.touch(key, item, at, delay, False)  # room in the buffer: as cheap as touch
-        except BackpressureError:
-            await self._wait(what, self._wanted(*_one(key, item), at, delay), timeout)
-
-    def touch_or_block(self, key: str, item: str | None, timeout: float | None,
-                       at: At | None, delay: Delay | None) -> None:
-        """``touch``, else (the buffer full) block this thread until there is room."""
-        try:
-            self.touch(key, item, at, delay, False)  # as cheap as touch
-        except BackpressureError:
-            self.block_for_room(f"touch_wait({key!r})", *_one(key, item), timeout,
-                                at=at, delay=delay)
+        await self.wait_for_room(f"touch_wait({key!r})", *one_touch(key, item), timeout,
+                                 at=at, delay=delay)
 
     async def wait_for_room(self, what: str, keys: Iterable[str],  # noqa: PLR0913
                             pairs: Iterable[tuple[str, str]], timeout: float | None, *,
