@@ -116,6 +116,7 @@ class Touching:
                                "touch_wait() or touch_many_wait() instead")
         wanted = self._wanted(list(keys), list(pairs), at, delay)
         touch_blocking(self.core._run.absorber, wanted, timeout, what)
+        self.record_all(list(wanted.keys) + [k for k, _ in wanted.pairs])
 
     def touch_timed(self, touches: list[tuple[str, str | None, str]]) -> None:
         """Touch each (key, item or None, time in its wire form: config/schedule.py),

@@ -4,6 +4,7 @@ own that links to them (read back from the SDK's in-memory exporter)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -149,6 +150,21 @@ async def test_touch_many_and_the_waiting_touches_record_the_callers_span(
     links = {dict(s.attributes or {})["coalescer.key"]: linked(s) for s in spans}
     assert links == {"stats:m1": [ids(many.get_span_context())],
                      "stats:m2": [ids(waiting.get_span_context())]}
+
+
+async def test_a_touch_that_blocks_a_thread_for_room_records_that_threads_span(
+        exporter: InMemorySpanExporter, pair: Callable[[], Awaitable[Pair]]) -> None:
+    writer, _, _ = await pair()
+
+    def blocking() -> SpanContext:  # as SyncCoalescer's touch_wait does, from a thread
+        with trace.get_tracer("app").start_as_current_span("blocking") as span:
+            writer.touch_blocking(["stats:b1"])
+            return span.get_span_context()
+
+    caller = await asyncio.to_thread(blocking)
+    await writer.flush()
+    [refresh] = await refresh_spans(exporter, 1)
+    assert linked(refresh) == [ids(caller)]
 
 
 async def test_a_long_burst_keeps_its_first_and_last_eight_touches_and_counts_them_all(
