@@ -109,7 +109,7 @@ WITHIN: dict[str, dict[str, int]] = {
         " script_types",
         # one family of scripts each
         "byte_count claim_scripts embedded_watch hints lease_scripts operator_scripts"
-        " schedule_scripts write_scripts",
+        " schedule_scripts write_scripts audit_stream search_scripts",
         "scripts",  # joins the families
         "layout"),
     "write": tiers(
@@ -143,8 +143,8 @@ WITHIN: dict[str, dict[str, int]] = {
     "query": tiers(
         "query",
         "__init__ layout_read rate_status rule_counts scheduled source_status",
-        "controls dead_letters due history registry_status scheduled_keys",
-        "workers",
+        "controls dead_letters due history registry_status scheduled_keys key_search",
+        "workers bulk",
         "explain status",
         "reader"),
     "facade": tiers(

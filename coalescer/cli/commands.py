@@ -202,8 +202,8 @@ async def cmd_retry(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.query.retry_dead(None if args.all else args.keys)
-    operator_action("retry", keys_target(None if args.all else args.keys), outcome.done,
-                    local_user())
+        operator_action("retry", keys_target(None if args.all else args.keys), outcome.done,
+                        local_user(), sink=c.audit)
     _say_done(args, "requeued", outcome.done, outcome.not_dead)
     return _report_not_dead("retry", outcome.not_dead, "nothing to re-queue")
 
@@ -231,7 +231,8 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.cancel_many(args.keys)
-    operator_action("cancel", keys_target(args.keys), outcome.done, local_user())
+        operator_action("cancel", keys_target(args.keys), outcome.done, local_user(),
+                        sink=c.audit)
     if args.json:
         print(json.dumps(outcome.to_json()))
     else:
@@ -262,7 +263,8 @@ async def _set_paused(args: argparse.Namespace, *, paused: bool) -> int:
         except KeyError:  # not paused, and not in these rules
             _unknown_rule(args.command, args, c)
             return EXIT_ERROR
-    operator_action(args.command, f"rule {printable(args.rule)}", int(changed), local_user())
+        operator_action(args.command, f"rule {printable(args.rule)}", int(changed),
+                        local_user(), sink=c.audit)
     if args.json:
         print(json.dumps({"rule": args.rule, "paused": paused, "changed": changed}))
     elif paused:
@@ -292,7 +294,8 @@ async def cmd_run_now(args: argparse.Namespace) -> int:
     async with c:
         _say_using(args, c)
         outcome = await c.query.run_now(args.keys)
-        operator_action("run-now", keys_target(args.keys), len(outcome.run), local_user())
+        operator_action("run-now", keys_target(args.keys), len(outcome.run), local_user(),
+                        sink=c.audit)
         paused = set(await c.query.paused())
     if args.json:
         print(json.dumps(outcome.to_json()))
@@ -401,11 +404,13 @@ async def _dead_act(c: Coalescer, args: argparse.Namespace, what: str) -> int:
     keys = args.keys or None
     if args.action == "retry":
         outcome = await c.query.retry_dead(keys, rule=args.rule)
-        operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user())
+        operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user(),
+                        sink=c.audit)
         _say_done(args, "requeued", outcome.done, outcome.not_dead)
         return _report_not_dead(what, outcome.not_dead, "nothing to re-queue")
     outcome = await c.query.purge_dead(keys, rule=args.rule)
-    operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user())
+    operator_action(what, keys_target(keys, rule=args.rule), outcome.done, local_user(),
+                    sink=c.audit)
     _say_done(args, "purged", outcome.done, outcome.not_dead)
     return _report_not_dead(what, outcome.not_dead, "nothing to purge")
 

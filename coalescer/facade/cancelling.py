@@ -51,4 +51,4 @@ class Cancelling:
         assert run.scripts is not None
         bulk = bulk_cancel(core.config, rule, after, core.node_id, dry_run)
         return await cancel_rule_scheduled(run.scripts.client, core.keyspace, bulk,
-                                           who or local_user())
+                                           who or local_user(), core.audit)

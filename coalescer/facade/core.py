@@ -19,6 +19,7 @@ from coalescer.config.rules import Config
 from coalescer.errors import ClosedError, ConfigError
 from coalescer.facade.run import Run
 from coalescer.sources.base import check_sources
+from coalescer.store.audit_stream import AuditStream
 from coalescer.store.embedded import ENV_REDIS_URL
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
@@ -124,6 +125,15 @@ class Core:
         """The URL in use (with its password: show ``redact(redis_url)``, never this)."""
         conn = self._run.conn
         return conn.url if conn else self._redis_url
+
+    @property
+    def audit(self) -> AuditStream:
+        """Where operator actions are written (the namespace's audit log): pass it as
+        ``operator_action(..., sink=c.audit)``. ClosedError while not connected."""
+        run = self._run
+        if run.audit is None:
+            run.audit = AuditStream(self.redis, self.config.namespace)
+        return run.audit
 
     def _connected(self) -> tuple[Any, Scripts]:
         client = self.redis

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from coalescer.common.metrics import Metrics
 from coalescer.sources.base import Source, stop_sources
+from coalescer.store.audit_stream import AuditStream
 from coalescer.store.connection import Connection
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.eviction import PolicyWatch
@@ -47,6 +48,7 @@ class Run:
         self.handlers: Handlers | None = None
         self.sources: list[Source] = []
         self.tasks: list[asyncio.Task[None]] = []
+        self.audit: AuditStream | None = None  # made at the first operator action
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=f"coalescer {name}")
@@ -69,6 +71,8 @@ class Run:
                         len(stuck), ", ".join(t.get_name() for t in stuck))
 
     async def close_resources(self) -> None:
+        if self.audit is not None:
+            await self.audit.settle()  # the operator actions' entries, before the connection goes
         if self.handlers is not None:
             await self.handlers.close()
         if self.conn is not None:

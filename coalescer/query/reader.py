@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coalescer.config.rules import Config
+from coalescer.query.bulk import BulkProgress, Cancel, run_bulk, scripted_act
 from coalescer.query.controls import RunNowOutcome, paused_rules, run_now, set_paused
 from coalescer.query.dead_letters import (
     Action,
@@ -26,8 +27,10 @@ from coalescer.query.dead_letters import (
 from coalescer.query.due import DEFAULT_SHOWN, next_due
 from coalescer.query.explain import gather_explain
 from coalescer.query.history import HistoryQuery, Refresh, read_history
+from coalescer.query.key_search import DEFAULT_PAGE, KeyFilter, KeysPage, PageSize, search_page
 from coalescer.query.scheduled_keys import scheduled_keys
 from coalescer.query.status import gather_status
+from coalescer.store.audit_stream import AuditRecord, read_audit
 from coalescer.store.scripts import Scripts
 
 # The client and scripts of the coalescer's connection; raises ClosedError without one.
@@ -154,6 +157,30 @@ class Query:
         InvalidKeyError (checked before anything runs) runs nothing."""
         redis, scripts = self._connected()
         return await run_now(redis, scripts, self._config(), list(keys))
+
+    @_explained
+    async def keys(self, search: KeyFilter, cursor: str | None = None,
+                   size: PageSize = DEFAULT_PAGE) -> KeysPage:
+        """One page of a search of a rule's keys by capture and state, from ``cursor``
+        (query/key_search.py: build ``search`` with ``make_filter``)."""
+        return await search_page(self._redis, self._config(), search, cursor, size)
+
+    @_explained
+    async def bulk(self, progress: BulkProgress, cancel: Cancel,
+                   on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
+        """Run a bulk action (query/bulk.py) until done or ``progress.stop`` is set;
+        ``cancel`` drops pending refreshes (the coalescer's ``cancel_many``)."""
+        redis, scripts = self._connected()
+        act = None if progress.dry_run else scripted_act(
+            progress.action, redis, scripts, progress.search.rule, cancel)
+        return await run_bulk(redis, self._config(), progress, act, on_page)
+
+    @_explained
+    async def audit(self, limit: int = 50, before: str | None = None) -> list[AuditRecord]:
+        """The newest ``limit`` operator actions of the audit log, newest first (older
+        than the entry id ``before`` when given)."""
+        return await read_audit(self._redis, self._config().namespace, limit=limit,
+                                before=before)
 
     async def _on_dead(self, action: Callable[[Scripts], Action], keys: Sequence[str] | None,
                        rule: str | None) -> DeadOutcome:

@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from coalescer.common.audit_log import http_caller, keys_target, operator_action
+from coalescer.common.audit_log import AuditSink, http_caller, keys_target, operator_action
 from coalescer.common.metrics import Metrics
 from coalescer.common.plural import noun, plural
 from coalescer.common.printable import printable
@@ -128,6 +128,9 @@ class Node(PageNode, Protocol):
     def sync_metrics(self) -> None: ...
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
+
+    @property
+    def audit(self) -> AuditSink: ...
 
     async def cancel(self, key: str) -> CancelOutcome: ...
 
@@ -459,7 +462,8 @@ class HttpApi:
             raise Refusal(503, f"the node is not running: {exc}") from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot cancel key {key!r} in Redis: {exc!r}") from None
-        operator_action("cancel", keys_target([key]), outcome.done, self._who(request))
+        operator_action("cancel", keys_target([key]), outcome.done, self._who(request),
+                        sink=self._c.audit)
         state = outcome.states[key]
         if outcome.not_pending:
             raise Refusal(404, f"key {key!r} is not pending ({state}); nothing was cancelled",
@@ -493,7 +497,7 @@ class HttpApi:
             raise Refusal(503, f"cannot {'pause' if paused else 'resume'} rule {rule!r} in "
                                f"Redis: {exc!r}") from None
         operator_action("pause" if paused else "resume", f"rule {printable(rule)}",
-                        int(changed), self._who(request))
+                        int(changed), self._who(request), sink=self._c.audit)
         return web.json_response({"rule": rule, "paused": paused, "changed": changed})
 
     async def _run_now(self, request: web.Request) -> web.Response:
@@ -511,7 +515,8 @@ class HttpApi:
                 {"key": exc.key, "error": exc.reason}]) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot run key {key!r} in Redis: {exc!r}") from None
-        operator_action("run-now", keys_target([key]), len(outcome.run), self._who(request))
+        operator_action("run-now", keys_target([key]), len(outcome.run), self._who(request),
+                        sink=self._c.audit)
         state = outcome.states[key]
         if outcome.not_pending:
             raise Refusal(404 if state == "idle" else 409,

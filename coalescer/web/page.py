@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from coalescer.common.audit_log import keys_target, operator_action
+from coalescer.common.audit_log import AuditSink, keys_target, operator_action
 from coalescer.common.plural import noun, plural
 from coalescer.config.rules import Config
 from coalescer.errors import ClosedError
@@ -68,6 +68,9 @@ class PageNode(Protocol):
     def query(self) -> PageReads: ...
 
     def unknown_keys(self, keys: list[str]) -> list[str]: ...
+
+    @property
+    def audit(self) -> AuditSink: ...
 
 
 def page_html() -> bytes:
@@ -166,5 +169,6 @@ class PageRoutes:
                            unknown_keys=unknown[:SHOWN_KEYS])
         async with _reading("re-queue the dead keys in Redis"):
             outcome = await self._node.query.retry_dead(keys)
-        operator_action("retry", keys_target(keys), outcome.done, self._who(request))
+        operator_action("retry", keys_target(keys), outcome.done, self._who(request),
+                        sink=self._node.audit)
         return web.json_response({"retried": outcome.done, "not_dead": outcome.not_dead})

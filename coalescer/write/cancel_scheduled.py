@@ -17,7 +17,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from coalescer.common.audit_log import operator_action
+from coalescer.common.audit_log import AuditSink, operator_action
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, at_ms
@@ -40,14 +40,14 @@ def bulk_cancel(config: Config, rule: str, after: At, node_id: str,
 
 
 async def cancel_rule_scheduled(redis: Any, space: KeySpace, bulk: BulkCancel,
-                                who: str) -> int:
+                                who: str, sink: AuditSink | None = None) -> int:
     """Cancel (count, in a dry run) the keys of ``bulk``; how many. Logs the action
-    (``who`` did it) at INFO."""
+    (``who`` did it) at INFO, and writes it to ``sink`` (the audit log)."""
     done = await cancel_scheduled(ScheduleScripts(redis), space, bulk)
     if not bulk.dry_run:
         after = datetime.fromtimestamp(bulk.after_ms / 1000, UTC).isoformat()
         operator_action("cancel", f"the keys of rule {printable(bulk.rule)} scheduled "
-                        f"after {after}", done, who)
+                        f"after {after}", done, who, sink=sink)
     return done
 
 

@@ -1,0 +1,179 @@
+"""Bulk actions by filter: run-now, retry, cancel or purge every key a search
+(``query/key_search.py``) finds, a page at a time, through the scripts that act on
+named keys (run_now.lua, requeue.lua, cancel.lua, purge.lua).
+
+A bulk action is rate-limited (``rate`` keys a second, 0 for no limit), reports its
+progress after each page, and stops cleanly when ``stop`` is set: the page under way
+finishes and nothing after it starts. ``dry_run`` only counts what it would act on.
+Which states an action takes (as Oban Web's and Temporal's batch operations do, an
+action applies only to the states where it means something):
+
+- ``run-now``, ``cancel``: ``pending`` (the default), ``scheduled``, ``paused``;
+- ``retry``, ``purge``: ``dead`` (the default).
+
+A key that left the state between its page being read and the action (claimed, say)
+is counted in ``matched`` but not in ``done``: the scripts act only on keys still in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coalescer.config.rules import Config
+from coalescer.query.key_search import KeyFilter, KeysPage, PageSize, SearchError, search_page
+from coalescer.store.keys import KeySpace, ShardKeys
+from coalescer.store.scripts import Scripts
+
+ACTION_STATES = {
+    "run-now": ("pending", "scheduled", "paused"),
+    "cancel": ("pending", "scheduled", "paused"),
+    "retry": ("dead",),
+    "purge": ("dead",),
+}
+DEFAULT_RATE = 10_000  # keys a second
+PAGE = 1000  # keys a page reads at most
+RUN_NOW_AT_ONCE = 64  # run_now.lua calls in flight at once
+
+# Acts on a page's keys, all of one shard: how many it changed.
+Act = Callable[[ShardKeys, list[str]], Awaitable[int]]
+# Drops the pending refreshes of keys (a coalescer's cancel_many): how many it dropped.
+Cancel = Callable[[list[str]], Awaitable[int]]
+
+
+def action_state(action: str, state: str | None) -> str:
+    """The state ``action`` acts on: ``state`` if it takes it, else SearchError."""
+    if action not in ACTION_STATES:
+        raise SearchError("action", f"no bulk action {action!r}; one of "
+                                    f"{', '.join(ACTION_STATES)}")
+    takes = ACTION_STATES[action]
+    if state is None:
+        return takes[0]
+    if state not in takes:
+        raise SearchError("state", f"{action} acts on {' or '.join(takes)} keys, not on "
+                                   f"--state {state}")
+    return state
+
+
+@dataclass(slots=True)
+class BulkProgress:
+    """Where a bulk action stands: set entries read, keys matched, keys changed;
+    ``status`` running, done, aborted or failed (``error`` says why)."""
+
+    action: str
+    search: KeyFilter
+    dry_run: bool = False
+    rate: int = DEFAULT_RATE
+    examined: int = 0
+    matched: int = 0
+    done: int = 0
+    status: str = "running"
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "rule": self.search.rule, "state": self.search.state,
+                "where": dict(self.search.where), "dry_run": self.dry_run, "rate": self.rate,
+                "examined": self.examined, "matched": self.matched, "done": self.done,
+                "status": self.status, "error": self.error,
+                "started_ms": int(self.started * 1000),
+                "ended_ms": int(self.ended * 1000) if self.ended else None}
+
+    def summary(self) -> str:
+        """"retried 1,234 of 1,240 matched (the dead keys of rule r where org=42)"."""
+        verb = {"run-now": "made due", "cancel": "cancelled", "retry": "re-queued",
+                "purge": "purged"}[self.action]
+        if self.dry_run:
+            return f"would act on {self.matched} keys ({self.search.describe()})"
+        return f"{verb} {self.done} of {self.matched} matched ({self.search.describe()})"
+
+
+def scripted_act(action: str, redis: Any, scripts: Scripts, rule: str,
+                 cancel: Cancel) -> Act:
+    """The per-page step of ``action`` on keys of ``rule``."""
+    async def retry(shard: ShardKeys, keys: list[str]) -> int:
+        return (await scripts.requeue_each(shard, rule, keys))[0]
+
+    async def purge(shard: ShardKeys, keys: list[str]) -> int:
+        return (await scripts.purge(shard, rule, keys))[0]
+
+    async def run_now(shard: ShardKeys, keys: list[str]) -> int:
+        made = 0
+        for at in range(0, len(keys), RUN_NOW_AT_ONCE):
+            found = await asyncio.gather(*(scripts.run_now(shard, rule, key)
+                                           for key in keys[at:at + RUN_NOW_AT_ONCE]))
+            made += sum(state == "hastened" for state in found)
+        return made
+
+    async def cancelled(shard: ShardKeys, keys: list[str]) -> int:
+        return await cancel(keys)
+
+    return {"retry": retry, "purge": purge, "run-now": run_now, "cancel": cancelled}[action]
+
+
+def page_size(rate: int) -> int:
+    """Keys a page reads: a quarter second's worth at ``rate``, 1 to PAGE."""
+    return PAGE if rate <= 0 else max(1, min(PAGE, rate // 4))
+
+
+async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act | None,
+                   on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
+    """Act (``act``; None: count only) on every key of ``progress.search``, a page at a
+    time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set."""
+    size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate))
+    began, cursor = time.monotonic(), None
+    try:
+        while True:
+            page = await search_page(redis, config, progress.search, cursor, size)
+            await _apply(page, act, progress, config.namespace)
+            if on_page is not None:
+                on_page(progress)
+            cursor = page.cursor
+            if cursor is None:
+                progress.status = "done"
+                break
+            if await _paused_for_rate(progress, began):
+                progress.status = "aborted"
+                break
+    except Exception as exc:
+        progress.status, progress.error = "failed", repr(exc)
+        raise
+    finally:
+        progress.ended = time.time()
+    return progress
+
+
+async def _apply(page: KeysPage, act: Act | None, progress: BulkProgress,
+                 namespace: str) -> None:
+    progress.examined += page.examined
+    progress.matched += len(page.keys)
+    if act is None or not page.keys:
+        return
+    by_shard: dict[int, list[str]] = {}
+    for found in page.keys:
+        by_shard.setdefault(found.shard, []).append(found.key)
+    space = KeySpace(namespace, 1)
+    for shard, keys in by_shard.items():
+        progress.done += await act(space.shard(shard), keys)
+
+
+async def _paused_for_rate(progress: BulkProgress, began: float) -> bool:
+    """Wait as long as the rate asks (``matched`` keys at ``rate`` a second); whether
+    ``stop`` was set meanwhile (or before)."""
+    delay = 0.0
+    if progress.rate > 0 and not progress.dry_run:
+        delay = progress.matched / progress.rate - (time.monotonic() - began)
+    stop = progress.stop
+    if delay <= 0:
+        await asyncio.sleep(0)  # let a stop in
+        return stop.is_set()
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=delay)
+    except TimeoutError:
+        return stop.is_set()
+    return True

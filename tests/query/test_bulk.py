@@ -1,0 +1,103 @@
+"""Bulk actions by filter on a real server: a dry run counts and changes nothing; retry,
+purge, cancel and run-now act only on the keys the filter finds, a page at a time;
+a stop ends the action after the page under way; an action refuses the states it
+does not act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coalescer import Coalescer
+from coalescer.query.bulk import BulkProgress, action_state
+from coalescer.query.key_search import SearchError, make_filter
+from coalescer.store.keys import KeySpace
+from tests.conftest import Start
+from tests.query.test_key_search import started
+
+
+async def kill(redis: Any, namespace: str, keys: list[str]) -> None:
+    """Dead-letter ``keys`` (rule acct) as fail.lua leaves them."""
+    space = KeySpace(namespace, 3)
+    for n, key in enumerate(keys):
+        sk = space.shard(space.shard_of(key))
+        await redis.hset(sk.meta, key, "D|1|1|5|boom")
+        await redis.zadd(sk.dead("acct"), {key: 1000 + n})
+
+
+async def cancel_count(c: Coalescer) -> Any:
+    async def cancel(keys: list[str]) -> int:
+        return (await c.cancel_many(keys)).done
+    return cancel
+
+
+async def bulk(c: Coalescer, action: str, where: list[str], *, dry_run: bool = False,
+               state: str | None = None, rate: int = 0, on_page: Any = None) -> BulkProgress:
+    search = make_filter(c.config, "acct", state=action_state(action, state), where=where)
+    progress = BulkProgress(action, search, dry_run=dry_run, rate=rate)
+    return await c.query.bulk(progress, await cancel_count(c), on_page)
+
+
+async def test_retry_by_capture_counts_first_then_requeues_only_those(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    dead = [f"acct:{org}:{u}" for org in (1, 2) for u in range(30)]
+    await kill(redis_client, namespace, dead)
+    counted = await bulk(c, "retry", ["org=2"], dry_run=True)
+    assert (counted.status, counted.matched, counted.done) == ("done", 30, 0)
+    assert (await c.query.status())["rules"]["acct"]["dead"] == 60
+    done = await bulk(c, "retry", ["org=2"])
+    assert (done.status, done.matched, done.done) == ("done", 30, 30)
+    assert "re-queued 30 of 30 matched (the dead keys of rule acct where org=2)" == done.summary()
+    assert (await c.query.explain("acct:2:7"))["state"] == "pending"
+    assert (await c.query.explain("acct:1:7"))["state"] == "dead"
+    purged = await bulk(c, "purge", ["org=1"])
+    assert purged.done == 30
+    assert (await c.query.explain("acct:1:7"))["state"] == "idle"
+
+
+async def test_cancel_and_run_now_by_capture(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    c.touch_many([f"acct:{org}:{u}" for org in (1, 2) for u in range(10)])
+    await c.flush()
+    made = await bulk(c, "run-now", ["org=1"])
+    assert made.done == 10
+    info = await c.query.explain("acct:1:3")
+    assert info["due_ms"] <= info["now_ms"]
+    other = await c.query.explain("acct:2:3")
+    assert other["due_ms"] > other["now_ms"] + 3_000_000
+    gone = await bulk(c, "cancel", ["org=2"])
+    assert (gone.matched, gone.done) == (10, 10)
+    assert (await c.query.status())["rules"]["acct"]["pending"] == 10
+
+
+async def test_a_stop_ends_the_action_after_the_page_under_way(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await kill(redis_client, namespace, [f"acct:1:{u}" for u in range(200)])
+    pages: list[int] = []
+
+    def stop_after_two(progress: BulkProgress) -> None:
+        pages.append(progress.done)
+        if len(pages) == 2:
+            progress.stop.set()
+
+    done = await bulk(c, "retry", [], rate=40, on_page=stop_after_two)  # pages of 10
+    assert (done.status, len(pages), done.done) == ("aborted", 2, 20)
+    assert (await c.query.status())["rules"]["acct"]["dead"] == 180
+    assert done.to_json()["status"] == "aborted"
+
+
+def test_an_action_refuses_a_state_it_does_not_act_on() -> None:
+    with pytest.raises(SearchError, match="retry acts on dead keys, not on --state pending"):
+        action_state("retry", "pending")
+    with pytest.raises(SearchError, match="cancel acts on pending or scheduled or paused"):
+        action_state("cancel", "dead")
+    with pytest.raises(SearchError, match="no bulk action 'delete'"):
+        action_state("delete", None)
+    assert (action_state("purge", None), action_state("run-now", None)) == ("dead", "pending")
