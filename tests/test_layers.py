@@ -93,6 +93,7 @@ WITHIN: dict[str, dict[str, int]] = {
         "config",
         "__init__ durability durations handler_import limits matcher sizes",
         "patterns schedule yaml_reader",
+        "fair",
         "lint model namespace_env rule_index templates",
         "sources",
         "kafka_source",
@@ -105,7 +106,8 @@ WITHIN: dict[str, dict[str, int]] = {
         "store",
         # what the scripts stand on: key names, states, how calls are batched
         "__init__ batching embedded_procs eviction key_states keycheck keys replicas sentinel",
-        "connection embedded paused_copies protocol_version redis_failures script_calls"
+        "connection embedded fair_args paused_copies protocol_version redis_failures"
+        " script_calls"
         " script_types",
         # one family of scripts each
         "byte_count claim_scripts embedded_watch hints lease_scripts operator_scripts"
@@ -142,10 +144,13 @@ WITHIN: dict[str, dict[str, int]] = {
         "__init__"),  # the registry of types
     "query": tiers(
         "query",
-        "__init__ layout_read rate_status rule_counts scheduled source_status",
-        "controls dead_letters due history registry_status scheduled_keys key_search",
+        "__init__ layout_read rate_status rule_counts scheduled source_status"
+        " timeline_events trace_links",
+        "controls dead_letters due history registry_status scheduled_keys key_search"
+        " timeline_text",
         "workers bulk",
         "explain status",
+        "timeline",
         "reader"),
     "facade": tiers(
         "",
@@ -168,6 +173,7 @@ WITHIN: dict[str, dict[str, int]] = {
         "api"),
     "cli": tiers(
         "",
+        "cli.operator_parser cli.operator_cmds",
         "cli.check_details cli.closed_stdout cli.demo cli.demo_app.__init__"
         " cli.demo_app.handlers cli.errors cli.parser cli.refresh_lines cli.scheduled_cmds"
         " cli.stopping integrations.django.management.__init__"

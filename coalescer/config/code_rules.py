@@ -61,12 +61,14 @@ class Rule:
                  concurrency: int = _UNSET, retry: Mapping[str, Any] = _UNSET,
                  rate: str = _UNSET, batch: Mapping[str, Any] = _UNSET,
                  items: Mapping[str, Any] = _UNSET, isolation: str = _UNSET,
-                 **unknown: Any) -> None:
+                 edge: str = _UNSET, fair: Mapping[str, Any] = _UNSET,
+                 priority: Duration = _UNSET, **unknown: Any) -> None:
         self.file, self.line = _call_site()
         given = {"name": name, "match": match, "handler": handler, "window": window,
                  "max_wait": max_wait, "absorb": absorb, "timeout": timeout,
                  "concurrency": concurrency, "retry": retry, "rate": rate, "batch": batch,
-                 "items": items, "isolation": isolation}
+                 "items": items, "isolation": isolation, "edge": edge,
+                 "fair": fair, "priority": priority}
         self.fields: dict[str, Any] = _given(given) | unknown
 
     def __repr__(self) -> str:

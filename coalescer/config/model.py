@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from coalescer.common.redact import redact
 from coalescer.config.durations import format_duration
+from coalescer.config.fair import FairPolicy, fair_lines
 from coalescer.config.handler_import import HandlerImport, is_async
 from coalescer.config.patterns import KeyPattern
 
@@ -159,6 +160,14 @@ class Rule:
     batch: BatchPolicy | None = None  # None: one handler call per key
     items: ItemsPolicy | None = None  # None: touches of its keys carry no item
     isolation: ProcessIsolation | None = None  # None: a plain handler runs on threads
+    edge: str = "trailing"  # or "leading" (config/edges.py)
+    fair: FairPolicy | None = None  # None: due keys claimed in due order (config/fair.py)
+    priority: float = 0.0  # seconds: among due keys, claimed as if due this much earlier
+
+    @property
+    def leading(self) -> bool:
+        """Whether the first touch of a quiet key refreshes it at once (``edge: leading``)."""
+        return self.edge == "leading"
 
     @property
     def in_child_process(self) -> bool:
@@ -194,6 +203,11 @@ class Rule:
         if self.items is not None:
             lines.append(f"  items: max {self.items.max} (claim.items; past it, "
                          "claim.items_overflowed)")
+        lines += fair_lines(self.fair, self.priority)
+        if self.leading:
+            lines.append("  edge: leading (the first touch of a quiet key refreshes it at "
+                         "once; touches after that start one more refresh a window after "
+                         "the last)")
         if self.isolation is not None and (self.isolation.explicit or self.in_child_process):
             lines.append("  isolation: process (in the node's child processes, killed at "
                          "the timeout and when its claim is lost)")

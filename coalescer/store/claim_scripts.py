@@ -8,10 +8,12 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from coalescer.config.model import RateLimit
 from coalescer.errors import NotLeaderError, ReplicationError, ScriptError
+from coalescer.store.fair_args import NO_FAIR, FairSpec, fair_section
 from coalescer.store.keys import ShardKeys
 from coalescer.store.script_calls import KEY_SEPARATOR, ScriptCalls
 from coalescer.store.script_types import (
@@ -78,17 +80,26 @@ class ClaimScripts(ScriptCalls):
     async def claim(self, shard: ShardKeys, *, leader: str, node_id: str,
                     claim_lease_ms: int, sleep_cap_ms: int,
                     limits: Sequence[tuple[str, int]],
-                    item_rules: Mapping[str, int] = NO_ITEM_RULES) -> ClaimBatch:
+                    item_rules: Mapping[str, int] = NO_ITEM_RULES,
+                    fair: Mapping[str, FairSpec] = NO_FAIR) -> ClaimBatch:
         """Claim up to each rule's limit of due keys; NotLeaderError if the lease is lost.
         ``item_rules`` maps each rule with items to its items max: their claims get
-        their items. A rule in the shard's paused set claims none, whatever its limit."""
+        their items. A rule in the shard's paused set claims none, whatever its limit.
+        The rules in ``fair`` (store/fair_args.py) are claimed in fair order between
+        their groups (store/lua/_fair.lua)."""
         keys = [shard.leader, shard.meta, shard.seq, shard.next_wake, shard.nodes,
                 shard.paused]
         args: list[Any] = [leader, claim_lease_ms, sleep_cap_ms, node_id]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
-        args += _items_section(shard, item_rules, [rule for rule, _ in limits])
+        names = [rule for rule, _ in limits]
+        section = fair_section(shard, fair, names,
+                               cluster=isinstance(self._redis, RedisCluster))
+        items = _items_section(shard, item_rules, names)
+        if section and not items:  # the fair section comes after an items section
+            items = [shard.items_prefix, shard.claimed_prefix, *(0 for _ in names)]
+        args += items + section
         result = await self._claiming("claim", shard, keys, args, limits)
         if int(result[0]) == 0:
             raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")

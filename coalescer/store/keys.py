@@ -31,6 +31,11 @@ Per shard::
                                       state: taken by its next refresh, deleted with the
                                       state, else gone soon after KEY's due time
                                       (store/lua/traces_put.lua)
+    NS:{NS:N}:timeline:KEY    LIST    KEY's recent events (touches by the second, times of
+                                      their own, claims, outcomes), its last 32, expiring
+                                      an hour after the last (store/lua/_lib.lua)
+    NS:{NS:N}:fair:RULE:...   a fair rule's order: its groups' due keys, start and
+                                      finish tags, virtual time (store/lua/_fair.lua)
     NS:{NS:N}:bytes           HASH    the bytes the shard holds for its keys
                                       (limits.pending_bytes): total, partial and cursor
                                       of the count read a page at a time, added (by
@@ -77,6 +82,8 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
     NS:{NS:sources}:rejected  HASH    source name -> stream entries rejected so far
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
+    NS:{NS:fair}:conf:RULE    HASH    a fair rule's weights and cap set at runtime
+    NS:{NS:fair}:run:RULE:G   HASH    group G's runs in flight (key -> "TOKEN|META")
     NS:{NS:rate:RULE}:bucket  HASH    a rule's rate: {tokens, at} (see lua/take_rate.lua);
                                       one per rule, shared by every shard's poller
 
@@ -168,8 +175,21 @@ class ShardKeys:
         return f"{self.prefix}:traces:"
 
     @property
+    def quiet_prefix(self) -> str:
+        """``quiet(key)`` is this followed by the key (scripts build it so)."""
+        return f"{self.prefix}:quiet:"
+
+    @property
     def layout(self) -> str:
         return f"{self.prefix}:layout"
+
+    def fair(self, rule: str) -> str:
+        """The prefix of a fair rule's order in this shard (store/lua/_fair.lua): its
+        groups' due keys (``q:GROUP``), their start tags (``groups``), finish tags
+        (``tags``), virtual time (``v``), sweep point (``swept``), the runtime weights
+        and cap (``conf``, a copy of ``fair_settings``) and, on a Redis Cluster, the
+        groups' runs in flight (``run:GROUP``)."""
+        return f"{self.prefix}:fair:{rule}:"
 
     @property
     def paused(self) -> str:
@@ -198,6 +218,23 @@ class ShardKeys:
         """The trace contexts kept for ``key``'s next refresh (tracing on only). Whatever
         drops a key's state (cancel, purge, the dead-letter trim, an ack) deletes it."""
         return self.traces_prefix + key
+
+    def quiet(self, key: str) -> str:
+        """The last touch of ``key`` of a rule with ``edge: leading`` (server ms), kept
+        for its window (upsert.lua): while it is there the key is not quiet, and its
+        next touch starts no leading refresh. Cancel and purge delete it."""
+        return self.quiet_prefix + key
+
+    @property
+    def timeline_prefix(self) -> str:
+        """``timeline(key)`` is this followed by the key (the scripts build it from the
+        meta key's prefix, see lua/_lib.lua timeline_of)."""
+        return f"{self.prefix}:timeline:"
+
+    def timeline(self, key: str) -> str:
+        """``key``'s recent events (lua/_lib.lua): deleted with its state by a cancel,
+        a purge or the dead-letter trim; an ack leaves it to expire."""
+        return self.timeline_prefix + key
 
     def acked(self, node: str) -> str:
         """The receipt of ``node``'s last ack call on this shard (see lua/ack.lua)."""
@@ -317,6 +354,20 @@ def rate_bucket(namespace: str, rule: str) -> str:
     """The token bucket of ``rule``'s rate: cluster-wide, so on a slot of its own (the
     rule's keys span every shard), one per rule so that rules spread over the cluster."""
     return f"{namespace}:{{{namespace}:rate:{rule}}}:bucket"
+
+
+def fair_settings(namespace: str, rule: str) -> str:
+    """A fair rule's weights and cap set at runtime (HASH "w:VALUE" -> weight, "cap" ->
+    max_running), copied to every shard's ``ShardKeys.fair(rule) + "conf"``, which the
+    claim script reads (store/fair_settings.py)."""
+    return f"{namespace}:{{{namespace}:fair}}:conf:{rule}"
+
+
+def fair_runs(namespace: str, rule: str) -> str:
+    """The prefix of a fair rule's runs in flight per group (HASH key -> "TOKEN|META"),
+    one for every shard of a single server, so a cap holds cluster-wide; on a Redis
+    Cluster each shard keeps its own (``ShardKeys.fair(rule) + "run:"``)."""
+    return f"{namespace}:{{{namespace}:fair}}:run:{rule}:"
 
 
 def paused_rules(namespace: str) -> str:

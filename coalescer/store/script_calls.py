@@ -39,6 +39,10 @@ SCRIPT_NAMES = (
 )
 
 
+# helpers only some scripts need, prepended after _lib.lua: the fair order (_fair.lua)
+EXTRA_LIBS: dict[str, tuple[str, ...]] = {"claim": ("_fair",)}
+
+
 def script_source(name: str) -> str:
     """The text sent to Redis for script ``name``: the shared helpers, then it. A script
     whose file opens with a ``#!lua flags=...`` line keeps that line first (Redis reads
@@ -47,6 +51,8 @@ def script_source(name: str) -> str:
     they write), while touches are refused there and stay buffered."""
     folder = resources.files("coalescer.store") / "lua"
     lib = (folder / "_lib.lua").read_text()
+    for extra in EXTRA_LIBS.get(name, ()):
+        lib += "\n" + (folder / f"{extra}.lua").read_text()
     text = (folder / f"{name}.lua").read_text()
     if text.startswith("#!"):
         shebang, text = text.split("\n", 1)

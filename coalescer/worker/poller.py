@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coalescer.errors import ReplicationError
+from coalescer.store.fair_args import fair_rules
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import (
     MAX_CLAIM,
@@ -63,6 +64,7 @@ class Poller:
         self._runner = runner
         self._rules = list(ctx.rules)
         self._item_rules = item_rules(self._rules)
+        self._fair = fair_rules(self._rules)
         self._node_id = ctx.node_id
         leader_lease = ctx.leader_lease
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
@@ -134,7 +136,7 @@ class Poller:
                 self._shard, leader=leader_value, node_id=self._node_id,
                 claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=NEVER_MS, limits=limits,
-                item_rules=self._item_rules)
+                item_rules=self._item_rules, fair=self._fair)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, self._rules, MAX_CLAIM, call, clock=self.clock)
         if self._gate:
@@ -154,6 +156,8 @@ class Poller:
         if self._gate.retry_now:
             return True
         full = [i for i, n in enumerate(limited) if n >= 0]
+        # a fair rule whose groups wait for their cap: a slot it frees wakes the poller
+        full += [i for i in batch.held if i not in full]
         if any(limited[i] == MAX_CLAIM for i in full):
             return True
         # a rated rule with no slot to run a claim in at once waits for one too

@@ -402,6 +402,60 @@ local function take_tokens(seq_key, count, now)
   return first - 1
 end
 
+-- Timelines (keys.py ShardKeys.timeline, read by query/timeline.py): a key's recent
+-- events, a LIST "PREFIX:timeline:KEY" of at most TIMELINE_EVENTS strings, oldest first,
+-- that expires TIMELINE_KEEP_MS after its last event. The events, fields joined by "|":
+--   t|MS|BEFORE    a touch in a new second of the burst (upsert.lua): BEFORE is the
+--                  burst's touch count before it ("" for a key that was running); a
+--                  burst's first touch and the touches within a second write nothing
+--   s|MS|DUE       a touch with a time of its own (at/delay)
+--   c|MS|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|ITEMS|NODE   a claim (claim_due): COUNT the
+--                  burst's touches, ITEMS the claim's items ("" without items; "+"
+--                  after the number when they overflowed); NODE last (it may hold "|")
+--   o|MS|TOKEN|OUTCOME|START|DURATION|BATCH|NEXT|ERROR   a claim finished (ack.lua,
+--                  fail.lua): OUTCOME success, failure, timeout or lost; NEXT
+--                  "again@DUE" (touched while it ran), "retry@DUE", "dead" or ""
+-- Whatever deletes a key's state for good (cancel, purge, the dead-letter trim) deletes
+-- its timeline; an ack leaves it to expire.
+local TIMELINE_EVENTS, TIMELINE_KEEP_MS = 32, 3600000
+
+-- The timeline key of `key` in the shard of `meta_key` (a shard's keys share the prefix
+-- of "PREFIX:meta", as paused_due_keys reads it too).
+local function timeline_of(meta_key, key)
+  return string.sub(meta_key, 1, #meta_key - 4) .. 'timeline:' .. key
+end
+
+-- Append `event` to the timeline `tkey` (trimmed to its last TIMELINE_EVENTS, expiry
+-- moved); returns the timeline's length before any trim.
+local function timeline_push(tkey, event)
+  local n = redis.call('RPUSH', tkey, event)
+  if n > TIMELINE_EVENTS then redis.call('LTRIM', tkey, -TIMELINE_EVENTS, -1) end
+  redis.call('PEXPIRE', tkey, TIMELINE_KEEP_MS)
+  return n
+end
+
+-- The claims of one claim_due call on their keys' timelines: `take` and `counts` as
+-- claim_due built them, `token` the first claim's, `before` its 0-based position in
+-- c.claims; a claim's items are counted from c.items.
+local function timeline_claims(c, take, counts, n, token, before)
+  local items = {}
+  for _, entry in ipairs(c.items) do
+    if entry[1] >= before then
+      local count, over = #entry - 1, ''
+      for j = 2, #entry do if entry[j] == OVERFLOW then count, over = count - 1, '+' end end
+      items[entry[1]] = count .. over
+    end
+  end
+  local pos = before
+  for i = 1, n, 2 do
+    timeline_push(timeline_of(c.meta, take[i + 1]),
+                  'c|' .. int(c.now) .. '|' .. int(token) .. '|' .. take[i] .. '|'
+                  .. counts[i] .. '|' .. (items[pos] or (c.items_at and '0' or '')) .. '|'
+                  .. c.node)
+    token, pos = token + 1, pos + 1
+  end
+end
+
 -- Claim up to `limit` keys of one rule that are due by `c.now`, lowest due first,
 -- each with a fencing token from `c.seq`, leased until `c.lease_until`, held by `c.node`. Appends
 -- "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|KEY" strings to `c.claims` (COUNT: the
@@ -409,10 +463,9 @@ end
 -- score is early (a re-touch moved its due time, kept in meta) is re-scored. For a
 -- rule with items (c.items_at, claim_items_at) each claim's items go to `c.items`.
 -- `limit` is at most a few thousand (one unpack of the keys read).
-local function claim_due(c, rule_index, due_key, inflight_key, limit)
-  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'LIMIT', 0, limit)
-  if #ready == 0 then return end
-  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
+-- claim_keys is its second half: claim the keys `ready`, already taken out of
+-- `due_key` (the fair order of _fair.lua picks them its own way).
+local function claim_keys(c, rule_index, due_key, inflight_key, ready)
   local states = read_fields(c.meta, ready)
   local take, counts, later, n = {}, {}, {}, 0
   for i, key in ipairs(ready) do
@@ -429,6 +482,7 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
   if n == 0 then return end
   local token = take_tokens(c.seq, n / 2, c.now)
+  local first_token = token + 1
   local states_out, leases, claims = {}, {}, c.claims
   local before = #claims
   local tail = '||||' .. c.node
@@ -443,6 +497,14 @@ local function claim_due(c, rule_index, due_key, inflight_key, limit)
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
   if c.items_at then claim_items(c, rule_index, take, n, before) end
+  timeline_claims(c, take, counts, n, first_token, before)
+end
+
+local function claim_due(c, rule_index, due_key, inflight_key, limit)
+  local ready = redis.call('ZRANGEBYSCORE', due_key, '-inf', c.now, 'LIMIT', 0, limit)
+  if #ready == 0 then return end
+  redis.call('ZREMRANGEBYRANK', due_key, 0, #ready - 1)
+  claim_keys(c, rule_index, due_key, inflight_key, ready)
 end
 
 -- Append one finished refresh to the shard's history stream, capped near
@@ -474,3 +536,4 @@ local function paused_due_keys(paused_key, meta_key)
   end
   return found
 end
+

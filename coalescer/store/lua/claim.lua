@@ -13,6 +13,8 @@
 --          against a node that has not heard of it yet.
 -- then, only when some rule has items (see _lib.lua): ITEMS-PREFIX, CLAIMED-PREFIX and
 -- the items max of each rule r (0: none), from ARGV[5+R] (R rules)
+-- then, only when some rule of the call is fair (the items section then always given):
+-- "\0FAIR", the fair rules' count and 8 arguments per fair rule (see _fair.lua)
 --
 -- Checks the caller still holds the shard's leader key, in this same script, so an
 -- ex-leader can never claim (the key has no expiry: the lease is the node's, see
@@ -24,7 +26,8 @@
 -- {1, now, next due or -1, next lease expiry or -1, live nodes, claims, blocked, held},
 -- claims being a list of "RULE-INDEX|TOKEN|FIRST|LAST|ATTEMPT|DUE|KEY" strings (the
 -- key last, as it may hold '|'; one string a claim keeps the reply cheap to parse),
--- blocked 1 when a rule claimed as many keys as its limit (0 included) and still
+-- blocked 1 when a rule claimed as many keys as its limit (0 included), or a fair rule's
+-- cap held a group back (_fair.lua), and still
 -- has keys due now: they wait for a free slot, or for the next claim when the limit
 -- was the per-call cap; its due times are left out of "next due" so other rules
 -- are not held up. held lists, for each such rule, "RULE-INDEX|KEYS DUE NOW" (an upper
@@ -40,6 +43,7 @@ local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = lease_until,
            node = ARGV[4], claims = {}, items = {}}
 local rules = (#KEYS - 6) / 2
 claim_items_at(c, 5 + rules)
+local fair = fair_specs(5 + rules)  -- nil: no rule of this call is fair (_fair.lua)
 local paused = paused_due_keys(KEYS[6], KEYS[2])
 local next_due, next_expiry = nil, nil
 
@@ -53,10 +57,15 @@ for r = 0, rules - 1 do
   local due_key, inflight_key = KEYS[7 + 2 * r], KEYS[8 + 2 * r]
   local limit = paused[due_key] and -1 or tonumber(ARGV[5 + r])
   local before = #c.claims
-  if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
+  local capped = false  -- a fair rule's group held back by its cap
+  if limit > 0 and fair and fair[r] then
+    capped = claim_fair(c, r, due_key, inflight_key, limit, fair[r])
+  elseif limit > 0 then
+    claim_due(c, r, due_key, inflight_key, limit)
+  end
   local claimed = #c.claims - before
   local h = limit >= 0 and head(due_key) or nil
-  if h and h <= now and claimed == limit then
+  if h and h <= now and (claimed == limit or capped) then
     blocked = 1  -- due work waits for a free slot; it must not delay other rules
     held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)
   else

@@ -1,0 +1,258 @@
+-- _fair.lua: fair order between the groups of a rule (its `fair:`), prepended to
+-- claim.lua after _lib.lua (script_calls.py). docs/concepts.md explains the order.
+--
+-- A rule with `fair: {by: "{org}"}` keeps its keys where every rule does (meta, and
+-- due:RULE, the truth for every other script). The claim script indexes its due keys
+-- by group, and claims from that index in start-time fair order (SFQ, Goyal et al.):
+--   PREFIX = NS:{NS:N}:fair:RULE: (the shard's; keys.py ShardKeys.fair)
+--   PREFIX..q:GROUP  ZSET  due key -> its due score less the rule's priority: the due
+--                          keys of one group, indexed (a copy: due:RULE keeps them)
+--   PREFIX..groups   ZSET  group with indexed keys -> the start tag of its next claim
+--   PREFIX..tags     ZSET  group without indexed keys -> the finish tag of its last
+--                          claim, while that is ahead of the virtual time
+--   PREFIX..v        STRING the virtual time: the start tag of the last claim
+--   PREFIX..swept    STRING due:RULE is indexed up to this score (ms)
+--   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
+--                          with a cap), one set for all shards on one server
+--   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
+--                          (0: no cap); they override the rules file's
+-- A claim costs its group 1/weight of virtual time: S(next) = S + 1/w. A group that
+-- gets keys again starts at max(V, its last finish tag): a group that was idle gets
+-- no credit for it, one that was just served waits its turn.
+--
+-- The index is a hint, checked at each claim: an entry whose key left due:RULE
+-- (claimed by a drain, cancelled, moved) is dropped, and a key whose due time moved
+-- later (a re-touch) goes back to due:RULE at that time (claim_keys). Each call
+-- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), plus the
+-- FAIR_LOW lowest of due:RULE below that point: a key put back with a due time
+-- already past (a touch that came while it ran, a claim given back) is found there
+-- once the keys due before it are claimed, as it would be without `fair`.
+
+local FAIR_SWEEP, FAIR_LOW = 5000, 32
+
+-- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
+-- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
+-- CAP (0: none), WEIGHTS ("VALUE\0W\0VALUE\0W..." or ""), PRIORITY-MS. Returns
+-- rule index -> spec, or nil without a section.
+local function fair_specs(from)
+  local at = nil
+  for i = from, #ARGV do
+    if ARGV[i] == '\0FAIR' then at = i break end
+  end
+  if not at then return nil end
+  local specs = {}
+  for k = 0, tonumber(ARGV[at + 1]) - 1 do
+    local a = at + 2 + 8 * k
+    specs[tonumber(ARGV[a])] = {
+      pattern = ARGV[a + 1], prefix = ARGV[a + 2], run = ARGV[a + 3], conf = ARGV[a + 4],
+      cap = tonumber(ARGV[a + 5]), weights_arg = ARGV[a + 6], prio = tonumber(ARGV[a + 7])}
+  end
+  return specs
+end
+
+-- The weights (value -> weight) and cap of a fair rule: the file's, overridden by CONF.
+local function fair_settings(f)
+  local w = {}
+  if f.weights_arg ~= '' then
+    local parts = split_keys(f.weights_arg, select(2, string.gsub(f.weights_arg, '%z', '')) + 1)
+    for i = 1, #parts - 1, 2 do w[parts[i]] = tonumber(parts[i + 1]) end
+  end
+  local over = redis.call('HGETALL', f.conf)
+  for i = 1, #over, 2 do
+    local field, v = over[i], tonumber(over[i + 1])
+    if field == 'cap' then
+      f.cap = v
+    elseif string.sub(field, 1, 2) == 'w:' and v and v > 0 then
+      w[string.sub(field, 3)] = v
+    end
+  end
+  f.weights = w
+end
+
+local function weight_of(f, group)
+  return f.weights[group] or 1
+end
+
+-- Index `got` (key, score, key, score, ... of due:RULE) by group.
+local function fair_index(f, got)
+  if #got == 0 then return end
+  local by, order = {}, {}
+  for i = 1, #got, 2 do
+    local key = got[i]
+    local group = string.match(key, f.pattern) or ''
+    local t = by[group]
+    if not t then
+      t = {}
+      by[group] = t
+      order[#order + 1] = group
+    end
+    t[#t + 1], t[#t + 2] = tonumber(got[i + 1]) - f.prio, key
+  end
+  for _, group in ipairs(order) do
+    each_chunk('ZADD', f.prefix .. 'q:' .. group, by[group])
+    if not redis.call('ZSCORE', f.prefix .. 'groups', group) then
+      local start = f.v
+      local finish = tonumber(redis.call('ZSCORE', f.prefix .. 'tags', group))
+      if finish and finish > start then start = finish end
+      redis.call('ZADD', f.prefix .. 'groups', start, group)
+    end
+  end
+end
+
+-- Index the keys of due:RULE due since the last sweep (see the header).
+local function fair_sweep(c, f, due_key)
+  local swept = tonumber(redis.call('GET', f.prefix .. 'swept'))
+  if swept and swept > c.now then swept = nil end  -- the clock stepped back: all again
+  local got = redis.call('ZRANGEBYSCORE', due_key, swept or '-inf', c.now, 'WITHSCORES',
+                         'LIMIT', 0, FAIR_SWEEP)
+  fair_index(f, got)
+  if swept then
+    fair_index(f, redis.call('ZRANGEBYSCORE', due_key, '-inf', '(' .. int(swept),
+                             'WITHSCORES', 'LIMIT', 0, FAIR_LOW))
+  end
+  local upto = #got == 2 * FAIR_SWEEP and got[#got] or int(c.now)
+  redis.call('SET', f.prefix .. 'swept', upto)
+end
+
+-- How many more claims of `group` its cap allows (a large number without a cap). The
+-- group's run set is read only when it could bind; an entry whose key no longer runs
+-- that claim (acked, failed, recovered, given back) is dropped there.
+local function fair_room(f, group, want)
+  if not f.cap or f.cap <= 0 then return want end
+  local run = f.run .. group
+  local n = redis.call('HLEN', run)
+  if n + want <= f.cap then return want end
+  local all, gone = redis.call('HGETALL', run), {}
+  for i = 1, #all, 2 do
+    local token, meta = string.match(all[i + 1], '^(%d+)|(.*)$')
+    local r = decode(redis.call('HGET', meta, all[i]))
+    if not (r and r.kind == 'R' and r.token == tonumber(token)) then
+      gone[#gone + 1] = all[i]
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', run, unpack(gone)) end
+  return math.max(0, math.min(want, f.cap - (n - #gone)))
+end
+
+-- A binary heap of groups by start tag (ties: the group's name).
+local function fair_before(a, b)
+  if a.s ~= b.s then return a.s < b.s end
+  return a.g < b.g
+end
+
+local function heap_push(h, x)
+  h[#h + 1] = x
+  local i = #h
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if fair_before(h[p], h[i]) then break end
+    h[p], h[i] = h[i], h[p]
+    i = p
+  end
+end
+
+local function heap_pop(h)
+  local top, last = h[1], h[#h]
+  h[#h] = nil
+  if #h > 0 then
+    h[1] = last
+    local i = 1
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      if l <= #h and fair_before(h[l], h[m]) then m = l end
+      if r <= #h and fair_before(h[r], h[m]) then m = r end
+      if m == i then break end
+      h[m], h[i] = h[i], h[m]
+      i = m
+    end
+  end
+  return top
+end
+
+-- Plan up to `limit` claims in SFQ order. Candidates are read in start-tag order until
+-- `limit` of them may take a claim (no group after those can be reached in `limit`
+-- picks), at most FAIR_PAGES pages of `limit` groups: a group its cap holds back never
+-- hides the others. Returns the candidates ({g, s, w, take}) and whether a cap held
+-- back a group with due keys.
+local FAIR_PAGES = 8
+
+local function fair_plan(f, limit)
+  local heap, cands, capped, open = {}, {}, false, 0
+  local groups = f.prefix .. 'groups'
+  for page = 0, FAIR_PAGES - 1 do
+    local found = redis.call('ZRANGE', groups, page * limit, (page + 1) * limit - 1,
+                             'WITHSCORES')
+    for i = 1, #found, 2 do
+      local g = found[i]
+      local have = math.min(redis.call('ZCARD', f.prefix .. 'q:' .. g), limit)
+      local room = fair_room(f, g, have)
+      if have == 0 then redis.call('ZREM', groups, g) end
+      if room < have then capped = true end
+      local x = {g = g, s = tonumber(found[i + 1]), w = weight_of(f, g), left = room, take = 0}
+      cands[#cands + 1] = x
+      if room > 0 then
+        heap_push(heap, x)
+        open = open + 1
+      end
+    end
+    if open >= limit or #found < 2 * limit then break end
+  end
+  for _ = 1, limit do
+    local x = heap_pop(heap)
+    if not x then break end
+    if x.s > f.v then f.v = x.s end
+    x.take, x.left, x.s = x.take + 1, x.left - 1, x.s + 1 / x.w
+    if x.left > 0 then heap_push(heap, x) end
+  end
+  return cands, capped
+end
+
+-- Claim the planned keys of one group; returns how many it got.
+local function fair_take(c, f, r, due_key, inflight_key, x)
+  local q = f.prefix .. 'q:' .. x.g
+  local keys = redis.call('ZRANGE', q, 0, x.take - 1)
+  redis.call('ZREM', q, unpack(keys))
+  local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
+  for i = 1, #keys do
+    if scores[i] then ready[#ready + 1] = keys[i] end
+  end
+  if #ready == 0 then return 0 end
+  redis.call('ZREM', due_key, unpack(ready))
+  local before_n = #c.claims
+  claim_keys(c, r, due_key, inflight_key, ready)
+  local got = #c.claims - before_n
+  if got > 0 and f.cap and f.cap > 0 then
+    local runs = {}
+    for i = before_n + 1, #c.claims do
+      local p = split(c.claims[i], 8)
+      runs[#runs + 1], runs[#runs + 2] = p[8], p[2] .. '|' .. c.meta
+    end
+    redis.call('HSET', f.run .. x.g, unpack(runs))
+  end
+  return got
+end
+
+-- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
+-- whether a cap held back a group that has due keys.
+local function claim_fair(c, r, due_key, inflight_key, limit, f)
+  f.v = tonumber(redis.call('GET', f.prefix .. 'v')) or 0
+  fair_settings(f)
+  fair_sweep(c, f, due_key)
+  redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
+  local cands, capped = fair_plan(f, limit)
+  local groups, tags = f.prefix .. 'groups', f.prefix .. 'tags'
+  for _, x in ipairs(cands) do
+    if x.take > 0 then
+      local got = fair_take(c, f, r, due_key, inflight_key, x)
+      local start = tonumber(redis.call('ZSCORE', groups, x.g)) + got / x.w
+      if redis.call('EXISTS', f.prefix .. 'q:' .. x.g) == 1 then
+        redis.call('ZADD', groups, start, x.g)
+      else
+        redis.call('ZREM', groups, x.g)
+        if start > f.v then redis.call('ZADD', tags, start, x.g) end
+      end
+    end
+  end
+  redis.call('SET', f.prefix .. 'v', tostring(f.v))
+  return capped
+end

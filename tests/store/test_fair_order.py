@@ -1,0 +1,174 @@
+"""The fair order of the claim script (store/lua/_fair.lua), on a real server: shapes a
+tenant would check (one huge tenant against a trickle, balanced tenants, a lone tenant,
+one tenant over many keys, more tenants than one claim batch), weights, the cap on a
+tenant's runs in flight, and that a rule without ``fair`` keeps its due order."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from coalescer.config.fair import lua_pattern
+from coalescer.config.patterns import KeyPattern
+from coalescer.store.fair_args import FairSpec
+from coalescer.store.keys import fair_runs
+from coalescer.store.script_types import ClaimBatch, UpsertGroup
+from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
+
+RULE = "t"
+PATTERN = lua_pattern(KeyPattern.compile("t:{org}:{id}"), "org")
+
+
+def spec(cap: int = 0, weights: dict[str, float] | None = None,
+         priority_ms: int = 0) -> FairSpec:
+    named = "\0".join(f"{v}\0{w!r}" for v, w in (weights or {}).items())
+    return FairSpec(PATTERN, cap, named, priority_ms)
+
+
+async def touch(s: Shard, *keys: str) -> None:
+    for i in range(0, len(keys), 5000):
+        part = keys[i:i + 5000]
+        assert await s.scripts.upsert(s.keys, [UpsertGroup(RULE, 0, LONG, part)]) == len(part)
+
+
+def keys_of(org: str, n: int, start: int = 0) -> list[str]:
+    return [f"t:{org}:{i}" for i in range(start, start + n)]
+
+
+async def claim(s: Shard, limit: int, fair: FairSpec | None = None) -> ClaimBatch:
+    return await s.scripts.claim(s.keys, leader=s.leader, node_id="n1", claim_lease_ms=LONG,
+                                 sleep_cap_ms=1000, limits=[(RULE, limit)],
+                                 fair={RULE: fair} if fair else {})
+
+
+def orgs(batch: ClaimBatch) -> Counter[str]:
+    return Counter(c.key.split(":")[1] for c in batch.claims)
+
+
+async def test_a_trickle_tenant_is_claimed_in_the_first_batch_behind_a_huge_one(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("huge", 4000))
+    await shard.after(await shard.now())
+    await touch(shard, "t:quiet:1")  # due after every one of the huge tenant's keys
+    await shard.after(await shard.now())
+
+    batch = await claim(shard, 100, spec())
+
+    assert orgs(batch) == {"huge": 99, "quiet": 1}
+
+
+async def test_without_fair_the_same_trickle_waits_behind_the_whole_backlog(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("huge", 400))
+    await shard.after(await shard.now())
+    await touch(shard, "t:quiet:1")
+    await shard.after(await shard.now())
+
+    first = [await claim(shard, 100) for _ in range(4)]
+
+    assert all(orgs(b) == {"huge": 100} for b in first)
+    assert orgs(await claim(shard, 100)) == {"quiet": 1}
+
+
+async def test_a_lone_tenant_drains_as_fast_and_in_due_order(shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    keys = keys_of("only", 50)
+    for key in keys:
+        await touch(shard, key)
+    await shard.after(await shard.now())
+    due_order = await shard.r.zrange(shard.keys.due(RULE), 0, -1)
+
+    got = [c.key for _ in range(3) for c in (await claim(shard, 20, spec())).claims]
+
+    assert got == due_order and len(got) == 50  # 20 + 20 + 10: every slot used, in order
+
+
+async def test_balanced_tenants_share_each_batch_evenly(shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("a", 100), *keys_of("b", 100), *keys_of("c", 100))
+    await shard.after(await shard.now())
+
+    for _ in range(3):
+        assert orgs(await claim(shard, 30, spec())) == {"a": 10, "b": 10, "c": 10}
+
+
+async def test_weights_share_the_claims_of_backlogged_tenants(shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("a", 1500), *keys_of("b", 1500), *keys_of("c", 1500))
+    await shard.after(await shard.now())
+
+    total: Counter[str] = Counter()
+    for _ in range(20):
+        total += orgs(await claim(shard, 100, spec(weights={"a": 5, "b": 3, "c": 2})))
+
+    assert sum(total.values()) == 2000
+    assert abs(total["a"] - 1000) <= 2 and abs(total["b"] - 600) <= 2
+    assert abs(total["c"] - 400) <= 2
+
+
+async def test_one_tenant_over_many_keys_is_one_tenant(shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # a sybil: 1,000 distinct keys, one org
+    await touch(shard, *keys_of("sybil", 1000), *keys_of("honest", 10))
+    await shard.after(await shard.now())
+
+    assert orgs(await claim(shard, 20, spec())) == {"sybil": 10, "honest": 10}
+
+
+async def test_more_tenants_than_one_batch_are_all_claimed_in_turn(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("big", 3000))
+    await touch(shard, *(f"t:g{i}:1" for i in range(250)))
+    await shard.after(await shard.now())
+
+    seen: set[str] = set()
+    for _ in range(6):  # 250 small tenants and one big one, 50 claims a call
+        seen |= set(orgs(await claim(shard, 50, spec())))
+
+    assert {f"g{i}" for i in range(250)} <= seen
+
+
+async def test_a_cap_holds_each_tenants_runs_in_flight_until_one_finishes(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("a", 10), *keys_of("b", 10))
+    await shard.after(await shard.now())
+
+    first = await claim(shard, 8, spec(cap=2))
+    assert orgs(first) == {"a": 2, "b": 2}
+    again = await claim(shard, 8, spec(cap=2))
+    assert again.claims == []
+    assert again.blocked and again.held == {0: 16}  # they wait for a run to end
+
+    done = next(c for c in first.claims if c.key.startswith("t:a:"))
+    assert await shard.ack(done.key, done.token, rule=RULE) == []
+    assert orgs(await claim(shard, 8, spec(cap=2))) == {"a": 1}
+    runs = await shard.r.hgetall(fair_runs(shard.keys.namespace, RULE) + "a")
+    assert len(runs) == 2  # the finished run's entry is gone
+
+
+async def test_a_re_touched_key_is_not_claimed_before_its_new_due_time(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1", "t:a:2")
+    await shard.after(await shard.now())
+    assert await claim(shard, 0, spec()) is not None  # nothing claimed, nothing indexed
+    first = await claim(shard, 1, spec())  # indexes both, claims t:a:1
+    assert [c.key for c in first.claims] == ["t:a:1"]
+    n = await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, LONG, 10 * LONG, ["t:a:2"])])
+    assert n == 1  # its due time moves a minute on
+
+    assert (await claim(shard, 10, spec())).claims == []
+
+
+async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1", "t:a:2")
+    await shard.after(await shard.now())
+    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    await shard.r.zrem(shard.keys.due(RULE), "t:a:2")  # as a cancel leaves it
+    await shard.r.hdel(shard.keys.meta, "t:a:2")
+
+    assert (await claim(shard, 10, spec())).claims == []
