@@ -172,3 +172,18 @@ async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
     await shard.r.hdel(shard.keys.meta, "t:a:2")
 
     assert (await claim(shard, 10, spec())).claims == []
+
+
+async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reached(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # one write: 7,000 keys and the quiet one share one due time
+    keys = [*keys_of("huge", 7000), "t:quiet:1"]
+    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == 7001
+    await shard.after(await shard.now())
+    scores = await shard.r.zrange(shard.keys.due(RULE), 0, -1, withscores=True)
+    assert len({score for _, score in scores}) == 1
+
+    first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
+
+    assert orgs(first) == {"huge": 10}  # a sweep indexes 5,000 keys a call
+    assert orgs(second) == {"huge": 9, "quiet": 1}

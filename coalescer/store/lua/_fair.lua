@@ -11,7 +11,7 @@
 --   PREFIX..tags     ZSET  group without indexed keys -> the finish tag of its last
 --                          claim, while that is ahead of the virtual time
 --   PREFIX..v        STRING the virtual time: the start tag of the last claim
---   PREFIX..swept    STRING due:RULE is indexed up to this score (ms)
+--   PREFIX..swept    STRING how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
@@ -99,19 +99,46 @@ local function fair_index(f, got)
   end
 end
 
--- Index the keys of due:RULE due since the last sweep (see the header).
+-- The rank in `due_key` of the first entry after (`score`, `member`) in its order (by
+-- score, then member, bytewise): a binary search within the entries of that score, so
+-- a sweep cut inside thousands of keys due in the same millisecond goes on from there.
+local function rank_after(due_key, score, member)
+  local lo = redis.call('ZCOUNT', due_key, '-inf', '(' .. score)
+  if member == '' then return lo end
+  local hi = lo + redis.call('ZCOUNT', due_key, score, score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if redis.call('ZRANGE', due_key, mid, mid)[1] <= member then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- Index the keys of due:RULE due since the last sweep (see the header). PREFIX..swept
+-- holds "SCORE|MEMBER": the last entry indexed when a sweep was cut, else "NOW|".
 local function fair_sweep(c, f, due_key)
-  local swept = tonumber(redis.call('GET', f.prefix .. 'swept'))
-  if swept and swept > c.now then swept = nil end  -- the clock stepped back: all again
-  local got = redis.call('ZRANGEBYSCORE', due_key, swept or '-inf', c.now, 'WITHSCORES',
-                         'LIMIT', 0, FAIR_SWEEP)
+  local mark = redis.call('GET', f.prefix .. 'swept')
+  local score, member = nil, ''
+  if mark then
+    local bar = string.find(mark, '|', 1, true)
+    score, member = tonumber(string.sub(mark, 1, bar - 1)), string.sub(mark, bar + 1)
+  end
+  if score and score > c.now then score = nil end  -- the clock stepped back: all again
+  local start = score and rank_after(due_key, int(score), member) or 0
+  local got = redis.call('ZRANGE', due_key, start, start + FAIR_SWEEP - 1, 'WITHSCORES')
+  local n = #got
+  while n > 0 and tonumber(got[n]) > c.now do n = n - 2 end
+  for i = #got, n + 1, -1 do got[i] = nil end
   fair_index(f, got)
-  if swept then
-    fair_index(f, redis.call('ZRANGEBYSCORE', due_key, '-inf', '(' .. int(swept),
+  if score then
+    fair_index(f, redis.call('ZRANGEBYSCORE', due_key, '-inf', '(' .. int(score),
                              'WITHSCORES', 'LIMIT', 0, FAIR_LOW))
   end
-  local upto = #got == 2 * FAIR_SWEEP and got[#got] or int(c.now)
-  redis.call('SET', f.prefix .. 'swept', upto)
+  if n == 2 * FAIR_SWEEP then
+    mark = got[n] .. '|' .. got[n - 1]
+  else
+    mark = int(c.now) .. '|'
+  end
+  redis.call('SET', f.prefix .. 'swept', mark)
 end
 
 -- How many more claims of `group` its cap allows (a large number without a cap). The
