@@ -557,6 +557,17 @@ async def cmd_scheduled(args: argparse.Namespace) -> int:
     return await list_scheduled(args, c, _say_using)
 
 
+async def cmd_keys(args: argparse.Namespace) -> int:
+    from coalescer.cli.operator_cmds import keys_command
+    return await keys_command(args, _client(args, worker=False), _say_using)
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    from coalescer.cli.operator_cmds import audit_command
+    c = _client(args, worker=False, refuse_evicting_policy=False)
+    return await audit_command(args, c, _say_using)
+
+
 async def cmd_demo(args: argparse.Namespace) -> int:
     from coalescer.cli.demo import run_demo
     return await run_demo(args.rules, args.redis)
@@ -568,3 +579,4 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume, "run-now": cmd_run_now,
     "scheduled": cmd_scheduled,
 }
+COMMANDS.update({"keys": cmd_keys, "audit": cmd_audit})

@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from coalescer import __version__
+from coalescer.cli.operator_parser import add_operator_commands
 from coalescer.config.durations import parse_duration
 
 DEFAULT_HTTP = "127.0.0.1:8470"
@@ -118,6 +119,7 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     _common(demo, rules_default=None,
             rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
+    add_operator_commands(sub, _common)
     return p
 
 

@@ -14,6 +14,7 @@ raised (``common.audit_log.write_failed``).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ MAXLEN = 10_000  # entries kept, about (XADD MAXLEN ~)
 WRITE_TIMEOUT = 2.0  # seconds a write may take
 MAX_READ = 1000  # entries one read returns at most
 FIELD_BYTES = 1000  # a field's text is cut to this many characters
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 QUEUED = 10_000  # entries waiting to be written at most (past it, the oldest are lost)
 
 
@@ -108,6 +110,9 @@ async def read_audit(redis: Any, namespace: str, *, limit: int = 50,
     id ``before`` when given (the next page: the last id of the page before)."""
     if isinstance(limit, bool) or not 1 <= limit <= MAX_READ:
         raise ValueError(f"the number of entries must be 1 to {MAX_READ}, got {limit!r}")
+    if before is not None and not _ENTRY_ID.fullmatch(before):
+        raise ValueError(f"before {before[:40]!r}: not an entry id (such as "
+                         "1765000000000-0, the id of an entry shown)")
     top = f"({before}" if before else "+"
     found = await redis.xrevrange(audit_log(namespace), max=top, min="-", count=limit)
     return [_record(entry_id, fields) for entry_id, fields in found]

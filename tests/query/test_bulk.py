@@ -51,7 +51,7 @@ async def test_retry_by_capture_counts_first_then_requeues_only_those(
     assert (await c.query.status())["rules"]["acct"]["dead"] == 60
     done = await bulk(c, "retry", ["org=2"])
     assert (done.status, done.matched, done.done) == ("done", 30, 30)
-    assert "re-queued 30 of 30 matched (the dead keys of rule acct where org=2)" == done.summary()
+    assert done.summary() == "re-queued 30 of 30 matched (the dead keys of rule acct where org=2)"
     assert (await c.query.explain("acct:2:7"))["state"] == "pending"
     assert (await c.query.explain("acct:1:7"))["state"] == "dead"
     purged = await bulk(c, "purge", ["org=1"])
