@@ -1,0 +1,1 @@
+"""Adapters that let the runner drive a client (conformance/README.md)."""
