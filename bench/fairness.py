@@ -43,6 +43,7 @@ from coalescer.errors import ConfigError
 from coalescer.store.keys import KeySpace
 
 from . import common as C
+from .figures import stall_probe
 from .scheduled import schedule
 from .valkey import Server, used_memory
 
@@ -362,15 +363,32 @@ async def herd(server: Server, sizes: C.Sizes, with_herd: bool = True) -> dict[s
         await asyncio.sleep(max(0.0, due_at - fs.herd_lead / 2 - time.time()))
         stop = asyncio.Event()
         ticker = asyncio.create_task(_other_rule(c, stop))
-        drained = await wait_count("herd", n)
-        await asyncio.sleep(max(0.0, due_at + fs.herd_lead - time.time()))  # touches after
-        stop.set()
+        loop_stalls = asyncio.create_task(_loop_stalls(stop))
+        machine: dict[str, Any] = {}
+        with stall_probe(machine):
+            drained = await wait_count("herd", n)
+            await asyncio.sleep(max(0.0, due_at + fs.herd_lead - time.time()))  # touches after
+            stop.set()
         sent = await ticker
         await wait_count("other", sent, timeout=10)
     return {"herd": n, "scheduled_s": scheduled_s, "drained": drained,
             "herd_drain": drain_figures("herd", n), "other_touches": sent,
             **lag_figures("other"), "during_herd": _lags_between("other", *_span("herd")),
-            **load_note()}
+            "loop": await loop_stalls, **machine, **load_note()}
+
+
+async def _loop_stalls(stop: asyncio.Event) -> dict[str, Any]:
+    """How late this process's event loop (the node's) woke a 1 ms sleep: over 5 ms, and
+    the longest; beside the idle process's figures (``machine``), it tells the node's own
+    stalls from the machine's."""
+    late: list[float] = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(0.001)
+        ms = (time.perf_counter() - t) * 1000 - 1
+        if ms > 5:
+            late.append(ms)
+    return {"stalls_over_5ms": len(late), "max_stall_ms": max(late, default=0.0)}
 
 
 async def _other_rule(c: Coalescer, stop: asyncio.Event) -> int:

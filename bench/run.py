@@ -125,7 +125,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
 PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median over theirs
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
-GROUP_TIMEOUTS = {"fleet": 600.0}  # groups whose one measurement runs many steps
+GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 300.0}  # groups whose one measurement runs long
 
 
 async def run_group(name: str, sizes: C.Sizes, tmp: Path, results: dict[str, Any],
