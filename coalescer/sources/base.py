@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from coalescer.common.metrics import Metrics
 from coalescer.config.rules import Config
@@ -111,25 +111,45 @@ class _Named(Protocol):
 
 
 class Loop(Protocol):
-    """One source's reading loop: what ``start_loops`` runs."""
+    """One source's reading loop: ``run()`` until cancelled, or ``read_now()`` once
+    (``what`` names it in errors)."""
 
     @property
     def source(self) -> _Named: ...
 
+    @property
+    def what(self) -> str: ...
+
     async def run(self) -> None: ...
 
-
-def start_loops(loops: Sequence[Loop]) -> list[asyncio.Task[None]]:
-    """A task per loop, named after its source."""
-    return [asyncio.create_task(loop.run(), name=f"coalescer source {loop.source.name}")
-            for loop in loops]
+    async def read_now(self) -> int: ...
 
 
-async def cancel_loops(tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Cancel the loops' tasks and wait for them all to end."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+L = TypeVar("L", bound=Loop)
+
+
+class LoopSources(Source, Generic[L]):
+    """The running sources of one type, a reading loop each, a task per loop (named
+    after its source) while started."""
+
+    def __init__(self, loops: list[L]) -> None:
+        self.loops = loops
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(loop.run(), name=f"coalescer source "
+                                           f"{loop.source.name}") for loop in self.loops]
+
+    def readers(self) -> list[Reader]:
+        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
+                for loop in self.loops]
+
+    async def cancel_loops(self) -> None:
+        """Cancel the loops' tasks and wait for them all to end."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
 
 def register(source_type: SourceType) -> SourceType:

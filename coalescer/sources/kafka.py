@@ -47,13 +47,10 @@ from coalescer.config.rules import Config
 from coalescer.config.sources import SourceConfig, source_error
 from coalescer.errors import ConfigError, KeyRefusedError, QuotaExceededError
 from coalescer.sources.base import (
+    LoopSources,
     NodeContext,
-    Reader,
-    Source,
     SourceType,
-    cancel_loops,
     register,
-    start_loops,
 )
 from coalescer.sources.kafka_commit import commit_timeout, flush_timeout, log_refused
 from coalescer.sources.kafka_status import REPORT_IDLE, kafka_status
@@ -527,27 +524,15 @@ class KafkaLoop:
         stopping.cancel()
 
 
-class KafkaSources(Source):
+class KafkaSources(LoopSources[KafkaLoop]):
     """Every Kafka source's loop on one worker node."""
-
-    def __init__(self, loops: list[KafkaLoop]) -> None:
-        self.loops = loops
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        self._tasks = start_loops(self.loops)
-
-    def readers(self) -> list[Reader]:
-        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
-                for loop in self.loops]
 
     async def stop(self) -> None:
         """Stop reading (what was read and not committed is read again by the group's
         next owner of the partitions), leave the groups: even when the stop is cut short
         by the node's deadline."""
         try:
-            await cancel_loops(self._tasks)
-            self._tasks = []
+            await self.cancel_loops()
         finally:
             for loop in self.loops:
                 await loop.close()

@@ -46,13 +46,10 @@ from coalescer.config.sources import (
 )
 from coalescer.errors import ConfigError, UnknownKeyError, shown_key
 from coalescer.sources.base import (
+    LoopSources,
     NodeContext,
-    Reader,
-    Source,
     SourceType,
-    cancel_loops,
     register,
-    start_loops,
 )
 from coalescer.sources.outbox_db import Backlog, Outbox, Row, driver_problem, open_outbox
 from coalescer.sources.times import Timed, time_of
@@ -304,28 +301,19 @@ class OutboxLoop:
                                self._report_field)
 
 
-class OutboxSources(Source):
+class OutboxSources(LoopSources[OutboxLoop]):
     """Every outbox source's loop on one worker node."""
 
     def __init__(self, loops: list[OutboxLoop], outboxes: list[Outbox]) -> None:
-        self.loops = loops
+        super().__init__(loops)
         self._outboxes = outboxes
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        self._tasks = start_loops(self.loops)
-
-    def readers(self) -> list[Reader]:
-        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
-                for loop in self.loops]
 
     async def stop(self) -> None:
         """Stop claiming (rows claimed and not yet deleted stay in the table), close.
         The connections are closed even when the stop is cut short (a shutdown gives it
         a deadline): a connection left open keeps its thread, or its server session."""
         try:
-            await cancel_loops(self._tasks)
-            self._tasks = []
+            await self.cancel_loops()
             for loop in self.loops:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(loop.forget(), 2.0)

@@ -47,16 +47,13 @@ from coalescer.config.sources import SourceConfig, StreamSource
 from coalescer.errors import QuotaExceededError, UnknownKeyError, shown_key
 from coalescer.sources.base import (
     Flush,
+    LoopSources,
     NodeContext,
-    Reader,
-    Source,
     SourceType,
     TouchItems,
     TouchMany,
     TraceLinks,
-    cancel_loops,
     register,
-    start_loops,
 )
 from coalescer.sources.stream_old_group import warn_old_group
 from coalescer.sources.times import Field, Timed, TouchTimed, time_of
@@ -456,7 +453,7 @@ class SourceLoop:
                                   entry_id.decode(), self.source.stream, why)
 
 
-class Sources(Source):
+class Sources(LoopSources[SourceLoop]):
     """Every stream source's loop on one worker node, on a bytes client of their own."""
 
     def __init__(self, config: Config, client: Any, *, node_id: str, touch_many: TouchMany,
@@ -471,26 +468,17 @@ class Sources(Source):
         self._client = client
         self._conn = conn  # whose list of pools holds the client's (a drain's: dropped)
         streams = _streams(config.sources) if sources is None else sources
-        self.loops = [SourceLoop(source, client, config=config, node_id=node_id,
-                                 touch_many=touch_many, flush=flush, metrics=metrics,
-                                 touch_items=touch_items, touch_timed=touch_timed,
-                                 trace_links=trace_links)
-                      for source in streams]
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        self._tasks = start_loops(self.loops)
-
-    def readers(self) -> list[Reader]:
-        return [Reader(name=loop.source.name, what=loop.what, read=loop.read_now)
-                for loop in self.loops]
+        super().__init__([SourceLoop(source, client, config=config, node_id=node_id,
+                                     touch_many=touch_many, flush=flush, metrics=metrics,
+                                     touch_items=touch_items, touch_timed=touch_timed,
+                                     trace_links=trace_links)
+                          for source in streams])
 
     async def stop(self) -> None:
         """Stop reading (entries read and not yet acknowledged stay pending), close: the
         client even when the stop is cut short by the node's deadline."""
         try:
-            await cancel_loops(self._tasks)
-            self._tasks = []
+            await self.cancel_loops()
         finally:
             await self._client.aclose()
         pool = getattr(self._client, "connection_pool", None)
