@@ -83,6 +83,7 @@ Namespace-wide, with a tag of its own (never a shard's: ``sources`` is no number
     NS:{NS:sources}:outbox    HASH    "SOURCE|NODE" -> JSON: what that node last saw of
                                       an outbox source (backlog, lag, error, when)
     NS:{NS:fair}:conf:RULE    HASH    a fair rule's weights and cap set at runtime
+    NS:{NS:fair}:conf-rules   SET     the rules that have such settings
     NS:{NS:fair}:run:RULE:G   HASH    group G's runs in flight (key -> "TOKEN|META")
     NS:{NS:rate:RULE}:bucket  HASH    a rule's rate: {tokens, at} (see lua/take_rate.lua);
                                       one per rule, shared by every shard's poller
@@ -361,6 +362,12 @@ def fair_settings(namespace: str, rule: str) -> str:
     max_running), copied to every shard's ``ShardKeys.fair(rule) + "conf"``, which the
     claim script reads (store/fair_settings.py)."""
     return f"{namespace}:{{{namespace}:fair}}:conf:{rule}"
+
+
+def fair_settings_rules(namespace: str) -> str:
+    """The rules that have runtime weights or a cap (SET): what a reshard copies to its
+    new shards."""
+    return f"{namespace}:{{{namespace}:fair}}:conf-rules"
 
 
 def fair_runs(namespace: str, rule: str) -> str:

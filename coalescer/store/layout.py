@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coalescer.store import keys as key_names
+from coalescer.store.fair_settings import copy_overrides
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.paused_copies import copy_paused
 from coalescer.store.script_calls import KEY_SEPARATOR
@@ -180,6 +181,7 @@ class Layouts:
         if int(began) == 1:  # the new shards' copies of the paused rules
             keyspace = self.info.keyspace(self.namespace)
             await copy_paused(self._scripts.client, self.namespace, keyspace.all_shards())
+            await copy_overrides(self._scripts.client, self.namespace, keyspace.all_shards())
         return int(began) == 1
 
     async def raise_markers(self) -> None:

@@ -10,6 +10,7 @@ from collections import Counter
 from coalescer.config.fair import lua_pattern
 from coalescer.config.patterns import KeyPattern
 from coalescer.store.fair_args import FairSpec
+from coalescer.store.fair_settings import FairChange, record_in_flight, write_overrides
 from coalescer.store.keys import fair_runs
 from coalescer.store.script_types import ClaimBatch, UpsertGroup
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
@@ -187,3 +188,35 @@ async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reache
 
     assert orgs(first) == {"huge": 10}  # a sweep indexes 5,000 keys a call
     assert orgs(second) == {"huge": 9, "quiet": 1}
+
+
+async def test_weights_and_a_cap_set_at_runtime_hold_for_the_next_claim(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("a", 300), *keys_of("b", 300))
+    await shard.after(await shard.now())
+    assert orgs(await claim(shard, 20, spec(weights={"a": 3}))) == {"a": 15, "b": 5}
+
+    await write_overrides(shard.r, shard.keys.namespace, [shard.keys], RULE,
+                          FairChange(weights={"b": 3, "a": 1}))
+    total = orgs(await claim(shard, 40, spec(weights={"a": 3})))
+    assert abs(total["b"] - 30) <= 1 and abs(total["a"] - 10) <= 1
+
+    await write_overrides(shard.r, shard.keys.namespace, [shard.keys], RULE,
+                          FairChange(cap=3, reset=True))
+    assert orgs(await claim(shard, 40, spec(weights={"a": 3}))) == {"a": 3, "b": 3}
+
+
+async def test_a_cap_set_at_runtime_counts_the_runs_already_going(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, *keys_of("a", 20))
+    await shard.after(await shard.now())
+    assert orgs(await claim(shard, 5, spec())) == {"a": 5}  # no cap: not recorded
+
+    await write_overrides(shard.r, shard.keys.namespace, [shard.keys], RULE,
+                          FairChange(cap=6))
+    found = await record_in_flight(shard.r, shard.keys.namespace, [shard.keys], RULE,
+                                   lambda key: key.split(":")[1])
+    assert found == 5
+    assert orgs(await claim(shard, 10, spec())) == {"a": 1}
