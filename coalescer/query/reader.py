@@ -30,6 +30,7 @@ from coalescer.query.history import HistoryQuery, Refresh, read_history
 from coalescer.query.key_search import DEFAULT_PAGE, KeyFilter, KeysPage, PageSize, search_page
 from coalescer.query.scheduled_keys import scheduled_keys
 from coalescer.query.status import gather_status
+from coalescer.query.timeline import gather_timeline
 from coalescer.store.audit_stream import AuditRecord, read_audit
 from coalescer.store.scripts import Scripts
 
@@ -83,6 +84,15 @@ class Query:
         history. Raises UnknownKeyError when no rule matches ``key``.
         """
         return await gather_explain(self._redis, self._config(), key)
+
+    @_explained
+    async def timeline(self, key: str, *, at_ms: int | None = None,
+                       trace_url: str | None = None) -> dict[str, Any]:
+        """``key``'s recent events (the JSON of ``coalescer timeline KEY --json``), and
+        with ``at_ms`` which refresh covered a write then (query/timeline.py). Raises
+        UnknownKeyError when no rule matches ``key``."""
+        return await gather_timeline(self._redis, self._config(), key, at_ms=at_ms,
+                                     trace_url=trace_url)
 
     @_explained
     async def history(self, query: HistoryQuery | None = None) -> list[Refresh]:

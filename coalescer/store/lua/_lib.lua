@@ -408,10 +408,11 @@ end
 --   t|MS|BEFORE    a touch in a new second of the burst (upsert.lua): BEFORE is the
 --                  burst's touch count before it ("" for a key that was running); a
 --                  burst's first touch and the touches within a second write nothing
---   s|MS|DUE       a touch with a time of its own (at/delay)
---   c|MS|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|ITEMS|NODE   a claim (claim_due): COUNT the
---                  burst's touches, ITEMS the claim's items ("" without items; "+"
---                  after the number when they overflowed); NODE last (it may hold "|")
+--   s|MS|DUE       a touch with a time of its own (at/delay) of a key with a state
+--   c|MS|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|ITEMS|NODE   a claim (claim_keys): DUE with
+--                  an "S" in front when a touch's own time set it, COUNT the burst's
+--                  touches, ITEMS the claim's items ("" without items; "+" after the
+--                  number when they overflowed); NODE last (it may hold "|")
 --   o|MS|TOKEN|OUTCOME|START|DURATION|BATCH|NEXT|ERROR   a claim finished (ack.lua,
 --                  fail.lua): OUTCOME success, failure, timeout or lost; NEXT
 --                  "again@DUE" (touched while it ran), "retry@DUE", "dead" or ""
@@ -434,10 +435,10 @@ local function timeline_push(tkey, event)
   return n
 end
 
--- The claims of one claim_due call on their keys' timelines: `take` and `counts` as
--- claim_due built them, `token` the first claim's, `before` its 0-based position in
--- c.claims; a claim's items are counted from c.items.
-local function timeline_claims(c, take, counts, n, token, before)
+-- The claims of one claim_keys call on their keys' timelines: `take`, `counts` and
+-- `sched` (claims due at a touch's own time) as claim_keys built them, `token` the first
+-- claim's, `before` its 0-based position in c.claims; items are counted from c.items.
+local function timeline_claims(c, take, counts, sched, n, token, before)
   local items = {}
   for _, entry in ipairs(c.items) do
     if entry[1] >= before then
@@ -448,8 +449,10 @@ local function timeline_claims(c, take, counts, n, token, before)
   end
   local pos = before
   for i = 1, n, 2 do
+    local head = take[i]
+    if sched[i] then head = string.gsub(head, '|(%d+)$', '|S%1') end
     timeline_push(timeline_of(c.meta, take[i + 1]),
-                  'c|' .. int(c.now) .. '|' .. int(token) .. '|' .. take[i] .. '|'
+                  'c|' .. int(c.now) .. '|' .. int(token) .. '|' .. head .. '|'
                   .. counts[i] .. '|' .. (items[pos] or (c.items_at and '0' or '')) .. '|'
                   .. c.node)
     token, pos = token + 1, pos + 1
@@ -467,7 +470,7 @@ end
 -- `due_key` (the fair order of _fair.lua picks them its own way).
 local function claim_keys(c, rule_index, due_key, inflight_key, ready)
   local states = read_fields(c.meta, ready)
-  local take, counts, later, n = {}, {}, {}, 0
+  local take, counts, later, n, sched = {}, {}, {}, 0, {}
   for i, key in ipairs(ready) do
     local first, due, last, tries, count = pending_times(states[i], c.now)
     if due > c.now then
@@ -476,6 +479,7 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
       take[n + 1] = int(first) .. '|' .. int(last) .. '|' .. (tries + 1) .. '|' .. int(due)
       take[n + 2] = key
       counts[n + 1] = count
+      sched[n + 1] = string.byte(states[i] or '', 1) == 83  -- "S": a touch's own time
       n = n + 2
     end
   end
@@ -497,7 +501,7 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
   if c.items_at then claim_items(c, rule_index, take, n, before) end
-  timeline_claims(c, take, counts, n, first_token, before)
+  timeline_claims(c, take, counts, sched, n, first_token, before)
 end
 
 local function claim_due(c, rule_index, due_key, inflight_key, limit)

@@ -23,7 +23,7 @@
 -- A key touched while it ran goes back to pending with its re-armed due time; a key
 -- that is done (its state deleted) has its trace contexts deleted too.
 -- Each refresh is appended to the history: outcome "success", or "lost" for a
--- refused (stale) ack.
+-- refused (stale) ack; and to its key's timeline, as an "o" event (_lib.lua).
 -- A call with a receipt leaves its id and answer there for RECEIPT_MS: the same call
 -- replayed (its reply was lost to a connection reset, and the client sent it again)
 -- finds it and gets the same answer, and changes nothing: its claims, acked by the
@@ -37,6 +37,7 @@ local meta, next_key, history = KEYS[1], KEYS[2], KEYS[3]
 local node, maxlen = ARGV[2], tonumber(ARGV[3])
 local acked, rearmed, stale, earliest, pos = 0, {}, {}, nil, 5
 local traces_prefix = ARGV[4]
+local now = now_ms()
 local RECEIPT_MS = 60000
 local receipt, call_id = false, nil
 if (#KEYS - 3) % 2 == 1 then receipt, call_id = KEYS[#KEYS], ARGV[#ARGV] end
@@ -84,6 +85,13 @@ local function held_by(v, token)
   return true, attempt, due, rdue ~= '' and decode(v) or nil
 end
 
+-- A finished claim on its key's timeline (_lib.lua): `next` what follows, `size` the
+-- batch handler call's keys (0: a refresh of its own).
+local function on_timeline(key, token, outcome, start, ms, size, next, err)
+  timeline_push(timeline_of(meta, key), 'o|' .. int(now) .. '|' .. token .. '|' .. outcome
+                .. '|' .. start .. '|' .. ms .. '|' .. size .. '|' .. next .. '|' .. err)
+end
+
 -- One history entry for the successes of a batch handler call.
 local function record_batch(rule, done, n, start, ms)
   if maxlen <= 0 or #done.keys == 0 then return end
@@ -117,6 +125,8 @@ for g = 0, groups - 1 do
       finished[#finished + 1] = key
       if delivered then delivered[#delivered + 1] = claimed_prefix .. key end
       local again = r and rearm(meta, due_key, key, r)
+      on_timeline(key, token, 'success', starts[j], took[j], size,
+                  again and 'again@' .. int(again) or '', '')
       if again then
         rearmed[g + 1] = rearmed[g + 1] + 1
         earliest = min(earliest, again)
@@ -135,6 +145,8 @@ for g = 0, groups - 1 do
       stale[#stale + 1] = key
       record(history, maxlen, key, rule, node, token, '', '', starts[j], took[j], 'lost',
              'succeeded, but its claim had been taken over (lease expired)')
+      on_timeline(key, token, 'lost', starts[j], took[j], size, '',
+                  'succeeded, but its claim had been taken over (lease expired)')
     end
   end
   if batched and n > 0 then record_batch(rule, done, size, starts[1], took[1]) end

@@ -12,7 +12,8 @@
 -- Per key, by the state it is found in:
 --   pending (backoff included)  its state and its due:RULE entry are deleted, attempts
 --                               and all, its items (pending, and a failed try's
---                               kept for its retry) and its trace contexts: "pending"
+--                               kept for its retry), its trace contexts and its
+--                               timeline (_lib.lua): "pending"
 --   running, touched while it ran  the touch kept to re-arm it (the R* part) is
 --                               cleared with the items and the trace contexts
 --                               of the touches made while it ran; the
@@ -21,9 +22,10 @@
 --                               re-arm: "rearm"
 --   running, nothing to re-arm  left alone: "running"
 --   dead                        left alone (coalescer dead purge deletes it): "dead"
---   no state                    "idle"; if the key is in transit (in `moving`), its
---                               bundle is returned: the caller puts it into the
---                               key's new shard, and cancels it there
+--   no state                    "idle" (its timeline deleted); if the key is in
+--                               transit (in `moving`), its bundle is returned: the
+--                               caller puts it into the key's new shard, and cancels
+--                               it there
 -- A touch after the cancel arms the key again, as any touch does. Each key whose
 -- refresh was dropped ("pending", "rearm") gets a history entry: outcome
 -- "cancelled", its rule, the cancelling node, the due time dropped, start = now.
@@ -39,7 +41,10 @@ local now = now_ms()
 -- it was found in and the due time dropped (nil when nothing was).
 local function cancel_one(due_key, key)
   local v = redis.call('HGET', meta, key)
-  if not v then return 'idle', nil end
+  if not v then
+    redis.call('DEL', timeline_of(meta, key))
+    return 'idle', nil
+  end
   local s = decode(v)
   if s and s.kind == 'D' then return 'dead', nil end
   if s and s.kind == 'R' then
@@ -54,7 +59,8 @@ local function cancel_one(due_key, key)
   -- pending, or a pending value that does not read (see _lib.lua): gone either way
   redis.call('ZREM', due_key, key)
   redis.call('HDEL', meta, key)
-  redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key)
+  redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key,
+             timeline_of(meta, key))
   return 'pending', s and s.due or nil
 end
 

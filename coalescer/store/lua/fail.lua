@@ -14,7 +14,7 @@
 -- new touch: a new burst with fresh attempts. A touch with a time of its own while
 -- it ran replaces the retry's due time too (the latest schedule wins): the retry
 -- waits for that time. Each try is appended to the history with its outcome and
--- error ("lost" for a stale one).
+-- error ("lost" for a stale one), and to its key's timeline as an "o" event (_lib.lua).
 -- Returns {retried, {dead-lettered keys...}, {stale keys...}}.
 
 local meta, next_key, history, now = KEYS[1], KEYS[2], KEYS[3], now_ms()
@@ -46,21 +46,27 @@ for g = 0, (#KEYS - 3) / 3 - 1 do
   for i = pos + 3, pos + 2 + 7 * n, 7 do
     local key, token, err = ARGV[i], ARGV[i + 1], ARGV[i + 3]
     local r = held(meta, key, token)
+    local outcome, next = ARGV[i + 4], ''
     if not r then
       stale[#stale + 1] = key
       record(history, maxlen, key, rule, node, token, '', '', ARGV[i + 5], ARGV[i + 6], 'lost',
              err)
+      outcome = 'lost'
     else
       redis.call('ZREM', inflight_key, key)
       if r.attempt < max_attempts then
-        earliest = min(earliest, retry(due_key, key, r, tonumber(ARGV[i + 2])))
+        local due = retry(due_key, key, r, tonumber(ARGV[i + 2]))
+        earliest, next = min(earliest, due), 'retry@' .. int(due)
         retried = retried + 1
       else
-        earliest = min(earliest, give_up(due_key, dead_key, key, r, err, max_attempts))
+        local due = give_up(due_key, dead_key, key, r, err, max_attempts)
+        earliest, next = min(earliest, due), due and 'again@' .. int(due) or 'dead'
       end
       record(history, maxlen, key, rule, node, token, r.attempt, int(r.due), ARGV[i + 5],
              ARGV[i + 6], ARGV[i + 4], err)
     end
+    timeline_push(timeline_of(meta, key), 'o|' .. int(now) .. '|' .. token .. '|' .. outcome
+                  .. '|' .. ARGV[i + 5] .. '|' .. ARGV[i + 6] .. '|0|' .. next .. '|' .. err)
   end
   pos = pos + 3 + 7 * n
 end

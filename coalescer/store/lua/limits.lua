@@ -12,7 +12,8 @@
 --
 -- A dead letter older than ARGV[5] is dropped, then the oldest ones (of any rule) while
 -- the shard holds more than ARGV[4]. Dropping one is what purge.lua does: its state,
--- its entry, its items and its trace contexts go, only if it is still dead.
+-- its entry, its items, its trace contexts and its timeline go, only if it is still
+-- dead.
 -- Returns {keys in the due sets (pending, retries in backoff included),
 --          dead letters dropped by age, dropped by count, dead letters kept}.
 
@@ -26,7 +27,8 @@ local function drop(dead_key, key)
   local s = decode(redis.call('HGET', meta, key))
   if s and s.kind == 'D' then
     redis.call('HDEL', meta, key)
-    redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key)
+    redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key,
+               timeline_of(meta, key))
   end
   budget = budget - 1
 end

@@ -12,7 +12,9 @@
 -- it takes (PAGE entries each, never a blocking scan); "partial" sums what it has read.
 -- A key (any state: pending, scheduled, running, dead-lettered) counts its name twice
 -- (its meta field and its due or dead entry), its state, KEY_OVERHEAD bytes of Redis's
--- own, and what MEMORY USAGE says of its items set, claimed set and trace contexts.
+-- own, and what MEMORY USAGE says of its items set, claimed set, trace contexts and
+-- timeline. (A timeline outlives its key's state by up to an hour: counted with the
+-- state, and from upsert.lua's "added" until the next count ends.)
 -- When the count ends, "total" becomes it and "added" starts again at 0; upsert.lua
 -- adds to "added" what each write adds (a new key, its items), so growth is seen at
 -- once and what leaves (an ack, a cancel, a purge) is seen at the end of a count.
@@ -33,6 +35,7 @@ local function of_key(key, state)
     n = n + usage(items_prefix .. key) + usage(claimed_prefix .. key)
   end
   if traces_prefix ~= '' then n = n + usage(traces_prefix .. key) end
+  n = n + usage(timeline_of(meta, key))
   return n
 end
 

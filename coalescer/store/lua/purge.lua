@@ -8,7 +8,8 @@
 -- A key is removed (its state and its dead-letter entry) only if it is still
 -- dead: a key touched or re-queued since it was listed is left alone and
 -- reported. A purged key that is touched again starts a fresh burst. Its items
--- (pending and claimed, see _lib.lua) and its trace contexts are deleted with it.
+-- (pending and claimed, see _lib.lua), its trace contexts and its timeline are deleted
+-- with it.
 -- Returns {keys purged, keys that were not dead...}.
 
 local meta, dead_key, items_prefix, claimed_prefix = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
@@ -20,7 +21,8 @@ for i = 4, #ARGV do
   local s = decode(redis.call('HGET', meta, key))
   if s and s.kind == 'D' and redis.call('ZREM', dead_key, key) == 1 then
     redis.call('HDEL', meta, key)
-    redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key)
+    redis.call('DEL', items_prefix .. key, claimed_prefix .. key, traces_prefix .. key,
+               timeline_of(meta, key))
     purged = purged + 1
   else
     not_dead[#not_dead + 1] = key

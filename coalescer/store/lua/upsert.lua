@@ -37,6 +37,9 @@
 -- for a running key; its claim keeps its own), unless its time says "k"; a
 -- plain touch of a key so marked starts a new burst (due at t + W, first = t) instead
 -- of keeping the later due time. A running key keeps such a time for its re-arm.
+-- A touch of a key that has a state, in a later second than the burst's last touch or
+-- with a time of its own, appends an event to the key's timeline (_lib.lua; its bytes
+-- are added): a new key's first touch writes none (its state tells it).
 -- A group's states are read with one HMGET and written with one HSET (and one
 -- ZADD for the keys its due set must learn): a few commands per group, not per key.
 -- A key whose own state cannot be read (a script error while touching it, e.g. a
@@ -81,18 +84,27 @@ local function touch_running(r, window, max_wait)
   return running(r)
 end
 
+-- The timeline event of a touch now in a burst whose last touch was at `last` (nil: none
+-- yet): "t|NOW|BEFORE" when now starts a new second of it, else nil (_lib.lua).
+local function new_second(last, before)
+  if not last or math.floor(last / 1000) == math.floor(now / 1000) then return nil end
+  return 't|' .. int(now) .. '|' .. before
+end
+
 -- The new state of a key that has one (`v`), its due time when its due set must
 -- learn it (a dead key starting again, a key whose own time a plain touch replaces),
--- else nil: a re-touch moves only the due time kept in meta (see _lib.lua); and
--- whether it was dead.
+-- else nil: a re-touch moves only the due time kept in meta (see _lib.lua); whether
+-- it was dead; and its timeline event (new_second), if any.
 local function retouch(v, window, max_wait)
   local s = decode(v)
   if s.kind == 'R' then
-    return touch_running(s, window, max_wait), nil, false
+    local ev = new_second(s.rlast, '')
+    return touch_running(s, window, max_wait), nil, false, ev
   elseif s.kind == 'P' then
     if s.sched then return pending(now, now, s.attempts, now + window), now + window, false end
     local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
-    return pending(s.first, now, s.attempts, due, nil, (s.count or 1) + 1), nil, false
+    return pending(s.first, now, s.attempts, due, nil, (s.count or 1) + 1), nil, false,
+      new_second(s.last, s.count or 1)
   end
   return pending(now, now, 0, now + window), now + window, true
 end
@@ -113,7 +125,7 @@ local added = 0  -- bytes of the new keys and items of this write
 
 -- A touch of `v` (false: no state) with its own time `spec`: the new state, its due
 -- time (its due set learns it) and whether it was dead (see retouch).
-local function timed(v, spec, window, max_wait)
+local function timed_state(v, spec, window, max_wait)
   local due, plain_after = spec_due(spec)
   local s = v and decode(v)
   if v and not s then error('unreadable state') end
@@ -127,6 +139,13 @@ local function timed(v, spec, window, max_wait)
     return pending(now, now, attempts, now + window), now + window, s and s.kind == 'D'
   end
   return pending(now, now, attempts, due, true), due, s and s.kind == 'D'
+end
+
+-- timed_state, and the timeline event of a touch with its own time of a key that has a
+-- state (_lib.lua).
+local function timed(v, spec, window, max_wait)
+  local state, due, dead_before = timed_state(v, spec, window, max_wait)
+  return state, due, dead_before, v and 's|' .. int(now) .. '|' .. int(spec_due(spec)) or nil
 end
 
 -- A key's touch: timed when `spec` is given, else a re-touch of its state `v`.
@@ -150,18 +169,19 @@ end
 -- `times`: key -> its touch's own time (nil when no key of the group has one).
 local function plan(keys, vals, window, max_wait, guarded, failed, times)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
-  local p = {states = states, adds = adds, revived = {}, count = 0}
+  local p = {states = states, adds = adds, revived = {}, count = 0, events = {}}
   local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
   for i = 1, #keys do
     local key, v = keys[i], vals[i]
-    local state, due, ok, dead_before = fresh, fresh_due, true, false
+    local state, due, ok, dead_before, ev = fresh, fresh_due, true, false, nil
     local spec = times and times[key]
     if v or spec then
       if guarded then
-        ok, state, due, dead_before = pcall(touch_key, v, spec, window, max_wait)
+        ok, state, due, dead_before, ev = pcall(touch_key, v, spec, window, max_wait)
       else
-        state, due, dead_before = touch_key(v, spec, window, max_wait)
+        state, due, dead_before, ev = touch_key(v, spec, window, max_wait)
       end
+      if ok and ev then p.events[#p.events + 1], p.events[#p.events + 2] = key, ev end
       if ok and dead_before then p.revived[#p.revived + 1] = key end
       if ok and spec and v and not string.find(spec, 'k', 2, true) then
         replaced[#replaced + 1] = key
@@ -253,6 +273,12 @@ for g = 0, (#KEYS - 6) / 2 - 1 do
   each_chunk('HSET', meta, p.states)
   each_chunk('ZREM', dead_key, p.revived)
   each_chunk('ZADD', due_key, p.adds)
+  for i = 1, #p.events, 2 do
+    local tkey = timeline_of(meta, p.events[i])
+    local size = #p.events[i + 1] + ITEM_OVERHEAD
+    if timeline_push(tkey, p.events[i + 1]) == 1 then size = size + #tkey + KEY_OVERHEAD end
+    added = added + size
+  end
   if #p.adds > 0 then earliest = min(earliest, now + window) end
   earliest = min(earliest, p.soonest)
   scheduled = scheduled + p.count
