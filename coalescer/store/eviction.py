@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 CHECK_EVERY = 30.0  # seconds between two reads of the policy by a running coalescer
 FIX = "CONFIG SET maxmemory-policy noeviction"
-SAFE = "noeviction"
 
 Policies = dict[str, str | None]  # server address -> its policy (None: unreadable)
 

@@ -72,7 +72,6 @@ class Runner(ClaimRuns):
         """``on_slot_free`` is called soon after slots are freed (once for several);
         ``on_finish(key, failed)`` as each run finishes (not when its claim was lost)."""
         super().__init__(ctx, invokers)
-        self._claim_lease = ctx.claim_lease
         self._on_slot_free = on_slot_free
         self._on_finish = on_finish
         self._jobs: dict[str, Job] = {}
