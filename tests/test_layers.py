@@ -170,7 +170,7 @@ WITHIN: dict[str, dict[str, int]] = {
     "web": tiers(
         "web",
         "__init__ listener requests",
-        "connections guards page scheduled_api",
+        "connections guards page scheduled_api roles operator_api",
         "api"),
     "cli": tiers(
         "",

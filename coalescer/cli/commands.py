@@ -422,7 +422,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
                          "turns off: give --http HOST:PORT, or leave the limit out")
     if address is not None and not args.open_http:
         from coalescer.web.api import refuse_open
-        refuse_open(*address, os.environ.get("COALESCER_TOKEN"), allowed="--insecure-no-token")
+        from coalescer.web.roles import tokens_from_env
+        named = tokens_from_env(os.environ)  # a bad token file: refused before anything runs
+        refuse_open(*address, os.environ.get("COALESCER_TOKEN") or (named[0].secret if named
+                    else None), allowed="--insecure-no-token")
     if args.processes > 1:
         from coalescer.cli.supervisor import plan_from_args, supervise
         return await supervise(plan_from_args(args, address))
@@ -465,8 +468,9 @@ async def _start_http(c: Coalescer, address: tuple[str, int] | None, given: str,
     if address is None:
         return None
     from coalescer.web.api import HttpApi
+    from coalescer.web.roles import tokens_from_env
     api = HttpApi(c, host=address[0], port=address[1], token=os.environ.get("COALESCER_TOKEN"),
-                  allow_open=allow_open, **limits)
+                  allow_open=allow_open, tokens=tokens_from_env(os.environ), **limits)
     try:
         await api.start()
     except OSError as exc:

@@ -19,7 +19,6 @@ before the first key is touched.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -60,6 +59,7 @@ from coalescer.web.guards import (
     page_csp,
     security_headers,
 )
+from coalescer.web.operator_api import OperatorNode, OperatorReads, OperatorRoutes
 from coalescer.web.page import PageNode, PageReads, PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
@@ -71,6 +71,7 @@ from coalescer.web.requests import (
     refuse_unstorable,
     unreadable,
 )
+from coalescer.web.roles import ApiToken, all_tokens, caller, roles_middleware, whoami
 from coalescer.web.scheduled_api import cancel_scheduled
 from coalescer.write.cancel import CancelOutcome
 
@@ -87,7 +88,7 @@ OPEN_PATHS = ("/healthz", "/")  # served without the token
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Reads(PageReads, Protocol):
+class Reads(PageReads, OperatorReads, Protocol):
     """What the HTTP API reads through a coalescer's ``query``."""
 
     async def status(self) -> dict[str, Any]: ...
@@ -101,7 +102,7 @@ class Reads(PageReads, Protocol):
     async def run_now(self, keys: Sequence[str]) -> RunNowOutcome: ...
 
 
-class Node(PageNode, Protocol):
+class Node(PageNode, OperatorNode, Protocol):
     """What the HTTP API needs of a coalescer."""
 
     @property
@@ -141,36 +142,6 @@ class Node(PageNode, Protocol):
 
 
 # --- middlewares -----------------------------------------------------------------------
-
-
-def _bearer(request: web.Request) -> bytes | None:
-    """The bearer token sent, or None: absent, another scheme, or bytes that are not
-    UTF-8 (aiohttp keeps those as surrogates, which do not encode)."""
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
-        return None
-    try:
-        return value.strip().encode()
-    except UnicodeEncodeError:
-        return None
-
-
-def _auth_middleware(token: str) -> Any:
-    expected = token.encode()
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
-            return await handler(request)
-        given = _bearer(request)
-        if given is None or not hmac.compare_digest(given, expected):
-            response = Refusal(401, "missing or wrong bearer token "
-                                    "(send 'Authorization: Bearer <token>')").response()
-            response.headers["WWW-Authenticate"] = 'Bearer realm="coalescer"'
-            return response
-        return await handler(request)
-
-    return auth
 
 
 @web.middleware
@@ -221,8 +192,11 @@ class HttpApi:
                  max_connections: int | None = None,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT,
                  body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
-        """``allow_open``: serve without a token on an address that is not loopback
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 tokens: Sequence[ApiToken] = ()) -> None:
+        """``tokens``: named tokens with their roles, besides the operator ``token``
+        (coalescer.web.roles).
+        ``allow_open``: serve without a token on an address that is not loopback
         (else OpenApiError, here). The connection limits (``max_connections``, None:
         from the file limit; ``header_timeout``, ``body_timeout``, ``idle_timeout`` in
         seconds) are described in ``coalescer.web.connections``."""
@@ -237,6 +211,9 @@ class HttpApi:
         self._host = host
         self._port = port
         self._token = token or None
+        self._tokens = all_tokens(self._token, tokens)
+        if self._token is None and self._tokens:  # any token turns the token check on
+            self._token = self._tokens[0].secret
         if not allow_open:
             refuse_open(host, port, self._token, allowed="allow_open=True")
         self._max_body = max_body
@@ -265,7 +242,7 @@ class HttpApi:
             middlewares.append(host_guard(self._host))  # with a token, the token guards
         middlewares += [cross_site_guard, json_body_guard]
         if self._token is not None:
-            middlewares.append(_auth_middleware(self._token))
+            middlewares.append(roles_middleware(self._tokens, OPEN_PATHS))
         app = web.Application(client_max_size=self._max_body, middlewares=middlewares)
         app.router.add_post("/touch", self._touch)
         app.router.add_get("/healthz", self._healthz)
@@ -278,6 +255,8 @@ class HttpApi:
         app.router.add_post("/rules/{rule}/resume", self._resume)
         app.router.add_delete("/rules/{rule}/scheduled", self._cancel_scheduled)
         page.register(app)
+        app.router.add_get("/whoami", whoami)
+        OperatorRoutes(self._c, self._read_body, self._who).register(app)
         return app
 
     async def start(self) -> None:
@@ -526,7 +505,9 @@ class HttpApi:
 
     def _who(self, request: web.Request) -> str:
         """Who sent ``request``, for the operator actions' log lines."""
-        return http_caller(token=self._token is not None, peer=request.remote)
+        holder = caller(request)
+        return http_caller(token=self._token is not None, peer=request.remote,
+                           name=holder.name if holder is not None else None)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._refresh_gauges()
