@@ -43,6 +43,7 @@ from coalescer.errors import (
     UnknownKeyError,
 )
 from coalescer.query.controls import RunNowOutcome
+from coalescer.web import openapi
 from coalescer.web.connections import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -257,6 +258,7 @@ class HttpApi:
         page.register(app)
         app.router.add_get("/whoami", whoami)
         OperatorRoutes(self._c, self._read_body, self._who).register(app)
+        openapi.register(app)  # last: it describes every route above
         return app
 
     async def start(self) -> None:
