@@ -1,0 +1,231 @@
+// The client against a real valkey-server the tests start (see servers.mjs): what Redis
+// holds after a touch, as a Python node reads it.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import {
+  BackpressureError, ClosedError, Coalescer, EvictionPolicyError, InvalidItemError,
+  InvalidKeyError, InvalidScheduleError, KeySpace, ProtocolVersionError, QuotaExceededError,
+  RedisRefusesWritesError, UnknownKeyError, UnwrittenTouchesError,
+} from "../dist/index.js";
+import { rulesFile, startServer } from "./servers.mjs";
+
+let server;
+let n = 0;
+before(async () => { server = await startServer(); });
+after(async () => { await server.stop(); });
+
+const quiet = () => undefined;
+
+function rules(extra = "") {
+  n += 1;
+  return `namespace: t${n}
+${extra}
+rules:
+  - name: user-stats
+    match: "stats:user:{user_id}"
+    window: 1s
+    handler: app:refresh
+  - name: orders
+    match: "orders:{shop}:*"
+    window: 5s
+    max_wait: 1m
+    items: {max: 3}
+    handler: app:orders
+`;
+}
+
+async function client(extra = "", options = {}) {
+  return Coalescer.connect({ rulesYaml: rules(extra), redisUrl: server.url, logger: quiet, ...options });
+}
+
+const shard0 = (c) => new KeySpace(c.config.namespace, 1).shard(0);
+async function serverMs() {
+  const [s, us] = await server.redis.time();
+  return Number(s) * 1000 + Math.floor(Number(us) / 1000);
+}
+
+async function pollUntil(check, ms = 10_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const got = await check();
+    if (got) return got;
+    if (Date.now() > deadline) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test("a touch is in Redis once flush resolves, due a window after the server took it", async () => {
+  const c = await client();
+  const before = await serverMs();
+  c.touch("stats:user:42");
+  await c.flush();
+  const after = await serverMs();
+  const s = shard0(c);
+  const due = Number(await server.redis.zscore(s.due("user-stats"), "stats:user:42"));
+  assert.ok(due >= before + 1000 && due <= after + 1000, `due ${due} in [${before}, ${after}] + 1 s`);
+  assert.ok(await server.redis.hget(s.meta, "stats:user:42"));
+  await c.close();
+});
+
+test("touch is absorbed in process: a hot key costs one write", async () => {
+  const c = await client();
+  for (let i = 0; i < 10_000; i++) c.touch("stats:user:hot");
+  await c.flush();
+  const stats = c.stats();
+  assert.equal(stats.touches, 10_000);
+  assert.equal(stats.written, 1);
+  assert.equal(stats.absorbed, 9_999);
+  await c.close();
+});
+
+test("touchMany spreads keys over the shards by crc32, every key once", async () => {
+  const c = await client("shards: 4");
+  const keys = Array.from({ length: 500 }, (_, i) => `stats:user:${i}`);
+  c.touchMany(keys);
+  await c.flush();
+  const space = new KeySpace(c.config.namespace, 4);
+  for (let shard = 0; shard < 4; shard++) {
+    const held = (await server.redis.zrange(space.shard(shard).due("user-stats"), 0, -1)).sort();
+    const want = keys.filter((k) => space.shardOf(k) === shard).sort();
+    assert.deepEqual(held, want);
+  }
+  await c.close();
+});
+
+test("items go with their key, past the rule's max an overflow mark", async () => {
+  const c = await client();
+  c.touchItems([["orders:a:1", "r1"], ["orders:a:1", "r2"]]);
+  c.touch("orders:a:1", "r3");
+  c.touch("orders:a:1", "r4");
+  await c.flush();
+  const items = await server.redis.smembers(shard0(c).itemsPrefix + "orders:a:1");
+  assert.deepEqual(items.sort(), ["", "r1", "r2", "r3"]);
+  assert.throws(() => c.touch("stats:user:1", "x"), InvalidItemError);
+  assert.throws(() => c.touch("orders:a:1", ""), InvalidItemError);
+  await c.close();
+});
+
+test("at and delay set the due time; bad times touch nothing", async () => {
+  const c = await client();
+  const at = Date.now() + 3_600_000;
+  c.touch("stats:user:at", null, { at: new Date(at) });
+  const before = await serverMs();
+  c.touchMany(["stats:user:d"], { delay: "10m" });
+  await c.flush();
+  const after = await serverMs();
+  const s = shard0(c);
+  assert.equal(Number(await server.redis.zscore(s.due("user-stats"), "stats:user:at")), at);
+  const due = Number(await server.redis.zscore(s.due("user-stats"), "stats:user:d"));
+  assert.ok(due >= before + 600_000 && due <= after + 600_000);
+  assert.throws(() => c.touch("stats:user:x", null, { at: 1, delay: 1 }), InvalidScheduleError);
+  assert.throws(() => c.touchMany(["stats:user:y", "stats:user:z"], { delay: "500d" }), InvalidScheduleError);
+  assert.equal(c.stats().buffered, 0);
+  await c.close();
+});
+
+test("refused keys touch nothing: unknown, a NUL, too long, a lone surrogate", async () => {
+  const c = await client();
+  assert.throws(() => c.touch("nope"), UnknownKeyError);
+  assert.throws(() => c.touchMany(["stats:user:1", "nope"]), UnknownKeyError);
+  assert.throws(() => c.touch("stats:user:a\0b"), InvalidKeyError);
+  assert.throws(() => c.touch(`stats:user:${"é".repeat(600)}`), /over the limit of 1024/);
+  assert.throws(() => c.touch("stats:user:\uD800"), InvalidKeyError);
+  assert.equal(c.stats().buffered, 0);
+  await c.close();
+});
+
+test("cancel drops pending refreshes and buffered touches, and says what it found", async () => {
+  const c = await client();
+  c.touchMany(["stats:user:1", "stats:user:2"]);
+  await c.flush();
+  c.touch("stats:user:3");
+  const outcome = await c.cancelMany(["stats:user:1", "stats:user:3", "stats:user:4"]);
+  assert.deepEqual(outcome.states, { "stats:user:1": "pending", "stats:user:3": "buffered",
+    "stats:user:4": "idle" });
+  assert.deepEqual(outcome.cancelled, ["stats:user:1", "stats:user:3"]);
+  await c.flush();
+  const s = shard0(c);
+  assert.deepEqual(await server.redis.zrange(s.due("user-stats"), 0, -1), ["stats:user:2"]);
+  await assert.rejects(c.cancel("nope"), UnknownKeyError);
+  await c.close();
+});
+
+test("a full buffer refuses a new key with BackpressureError", async () => {
+  const c = await client("", { maxBuffered: 2 });
+  c.touch("stats:user:1");
+  c.touch("stats:user:2");
+  c.touch("stats:user:1");
+  assert.throws(() => c.touch("stats:user:3"), BackpressureError);
+  await c.flush();
+  c.touch("stats:user:3");
+  await c.close();
+});
+
+test("an evicting maxmemory-policy is refused at start, naming it and the fix", async () => {
+  await server.redis.config("SET", "maxmemory-policy", "allkeys-lru");
+  try {
+    await assert.rejects(client(), (e) => e instanceof EvictionPolicyError &&
+      /allkeys-lru/.test(e.message) && /noeviction/.test(e.message));
+  } finally {
+    await server.redis.config("SET", "maxmemory-policy", "noeviction");
+  }
+});
+
+test("the protocol version is written once and another major is refused, naming both", async () => {
+  const c = await client();
+  const key = `${c.config.namespace}:{${c.config.namespace}:nodes}:protocol`;
+  assert.equal(await server.redis.get(key), "1.0");
+  await c.close();
+  await server.redis.set(`t${n + 1}:{t${n + 1}:nodes}:protocol`, "2.3");
+  await assert.rejects(client(), (e) => e instanceof ProtocolVersionError &&
+    /version 2\.3/.test(e.message) && /speaks version 1\.0/.test(e.message));
+  await server.redis.set(`t${n + 1}:{t${n + 1}:nodes}:protocol`, "1.7");
+  const later = await client();
+  assert.equal(later.protocolVersion, "1.7");
+  await later.close();
+});
+
+test("an error reply keeps the touches buffered; they are written once Redis takes them", async () => {
+  const c = await client();
+  await server.redis.config("SET", "min-replicas-to-write", "1");
+  try {
+    c.touch("stats:user:r");
+    await assert.rejects(c.flush(), (e) => e instanceof RedisRefusesWritesError &&
+      e.replyCode === "NOREPLICAS");
+    assert.equal(c.stats().buffered, 1);
+  } finally {
+    await server.redis.config("SET", "min-replicas-to-write", "0");
+  }
+  await c.flush();
+  assert.ok(await server.redis.zscore(shard0(c).due("user-stats"), "stats:user:r"));
+  await c.close();
+});
+
+test("touches are refused once the pending keys reach limits.pending_keys", async () => {
+  const c = await client("limits: {pending_keys: 3}");
+  c.touchMany(["stats:user:1", "stats:user:2", "stats:user:3"]);
+  await c.flush();
+  const err = await pollUntil(() => {
+    try {
+      c.touch("stats:user:4");
+      return null;
+    } catch (e) {
+      return e;
+    }
+  });
+  assert.ok(err instanceof QuotaExceededError);
+  assert.equal(err.limit, "pending_keys");
+  await c.cancelMany(["stats:user:1", "stats:user:2", "stats:user:3", "stats:user:4"]);
+  await c.close();
+});
+
+test("close rejects naming the keys it could not write; touch after close is refused", async () => {
+  const other = await startServer();
+  const c = await Coalescer.connect({ rulesYaml: rules(), redisUrl: other.url, logger: quiet });
+  await other.redis.config("SET", "min-replicas-to-write", "1");
+  c.touch("stats:user:lost");
+  await assert.rejects(c.close(), (e) => e instanceof UnwrittenTouchesError &&
+    e.keys.join() === "stats:user:lost" && /NOREPLICAS/.test(e.message));
+  assert.throws(() => c.touch("stats:user:1"), ClosedError);
+  await other.stop();
+});
