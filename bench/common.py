@@ -17,9 +17,10 @@ import resource
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -390,6 +391,48 @@ def spawn(cmd: list[str], log: Path, out: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, env=node_env(log), cwd=str(log.parent),
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+def spawn_node(url: str, rules: Path, name: str, log: Path, out: Path, *,
+               grace: float = 2, args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """A ``coalescer run`` node process (``args`` added) on ``rules``, no HTTP, its
+    refreshes logged to ``log`` (bench.probe's handlers) and its output to ``out``."""
+    exe = str(Path(sys.executable).parent / "coalescer")
+    return spawn([exe, "run", *args, "--rules", str(rules), "--redis", url, "--http", "off",
+                  "--node-id", name, "--grace", f"{grace:g}"], log, out)
+
+
+class NodePair:
+    """Two node processes on one rules file in ``folder``: A, the leader, then B, the
+    standby; each logs its refreshes to ``logs[name]``."""
+
+    def __init__(self, url: str, rules: Path) -> None:
+        self.url, self.rules, self.folder = url, rules, rules.parent
+        self.logs = {n: self.folder / f"refresh-{n}.log" for n in "AB"}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    async def start(self, r: Any, timeout: float) -> None:
+        """Start A, wait until it leads (``r``: a client, sync or async), then B, and
+        wait for its heartbeat."""
+        for n in "AB":
+            self.procs[n] = spawn_node(self.url, self.rules, n, self.logs[n],
+                                       self.folder / f"node-{n}.out")
+            if n == "A":
+                await wait_for(lambda: r.get(SHARD.leader), timeout, "a leader")
+        await wait_for(lambda: r.zscore(SHARD.nodes, "B"), timeout, "the standby's heartbeat")
+
+    async def kill_leader(self, r: Any) -> tuple[str, str, float, float]:
+        """SIGKILL the node that leads: its name, the other's, the kill's time and the
+        other's first refresh after it."""
+        leader = await wait_for(lambda: r.get(SHARD.leader), 1, "the leader")
+        holder = str(leader).split("|", 1)[1]
+        standby = "B" if holder == "A" else "A"
+        t_kill, t_first = await kill_and_time(self.procs[holder], self.logs[standby], "standby")
+        return holder, standby, t_kill, t_first
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            stop_process(p)
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:

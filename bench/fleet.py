@@ -41,7 +41,6 @@ import random
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -57,7 +56,7 @@ from coalescer.query.status import gather_status
 from coalescer.store.keys import KeySpace, layout
 from coalescer.worker.node_lease import RENEW_SHARE
 
-from .common import NS, Sizes, flushall, key, rules_text, spawn, stop_process
+from .common import NS, Sizes, flushall, key, rules_text, spawn_node, stop_process
 from .fleet_probe import read_records
 from .valkey import Cluster, Server, calls_delta, commandstats, start_cluster
 
@@ -115,11 +114,8 @@ class Fleet:
         return self.folder / f"refresh-{name}.log"
 
     def start(self, name: str) -> None:
-        exe = str(Path(sys.executable).parent / "coalescer")
-        self.procs[name] = spawn([exe, "run", "--rules", str(self.rules), "--redis",
-                                   self.cluster.url, "--http", "off", "--node-id", name,
-                                   "--grace", "2"],
-                                  self.log(name), self.folder / f"node-{name}.out")
+        self.procs[name] = spawn_node(self.cluster.url, self.rules, name, self.log(name),
+                                      self.folder / f"node-{name}.out")
 
     def stop(self, name: str) -> None:
         """SIGTERM one node and wait for it (it releases its shards)."""

@@ -42,7 +42,7 @@ from .common import (
     key,
     process_tree_cpu,
     rules_text,
-    spawn,
+    spawn_node,
     stop_process,
     touch_distinct,
 )
@@ -56,10 +56,8 @@ WRITE_COUNTS = (1, 16, 256, 4096)
 
 
 def _node(folder: Path, server: Server, rules: Path, name: str) -> subprocess.Popen[bytes]:
-    exe = str(Path(sys.executable).parent / "coalescer")
-    return spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
-                   "--node-id", name, "--grace", "1"],
-                  folder / f"refresh-{name}.log", folder / f"node-{name}.out")
+    return spawn_node(server.url, rules, name, folder / f"refresh-{name}.log",
+                      folder / f"node-{name}.out", grace=1)
 
 
 def _rules(folder: Path, shards: int) -> Path:

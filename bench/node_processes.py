@@ -29,6 +29,7 @@ from .common import (
     RULE,
     SHARD,
     CpuMeter,
+    NodePair,
     Sizes,
     baseline_scheduled,
     coalescer,
@@ -42,6 +43,7 @@ from .common import (
     rules_text,
     settle,
     spawn,
+    spawn_node,
     stop_process,
     touch_distinct,
     wait_for,
@@ -98,27 +100,18 @@ async def failover_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[st
     folder.mkdir(parents=True, exist_ok=True)
     rules = folder / "rules.yaml"
     rules.write_text(rules_text(window="200ms", max_wait="1s", handler="bench.probe:logged"))
-    exe = str(Path(sys.executable).parent / "coalescer")
-    logs = {n: folder / f"refresh-{n}.log" for n in "AB"}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    nodes = NodePair(server.url, rules)
     r = Redis.from_url(server.url, decode_responses=True)
     try:
-        for n in "AB":
-            procs[n] = spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
-                               "--http", "off", "--node-id", n, "--grace", "2"],
-                              logs[n], folder / f"node-{n}.out")
-            if n == "A":  # A leads; B then joins as the standby
-                await wait_for(lambda: r.get(SHARD.leader), 20, "a leader")
-        await wait_for(lambda: r.zscore(SHARD.nodes, "B"), 20, "the standby's heartbeat")
+        await nodes.start(r, 20)
         async with coalescer(server, False, window="200ms", max_wait="1s") as w:
             async def touch(k: str) -> None:
                 w.touch(k)
             feed = Feed(touch, FAILOVER_RATE)
-            await wait_for(lambda: probe.read_log(logs["A"]), 10, "refreshes by the leader")
+            await wait_for(lambda: probe.read_log(nodes.logs["A"]), 10,
+                           "refreshes by the leader")
             await asyncio.sleep(1.0)
-            holder = str(await r.get(SHARD.leader)).split("|", 1)[1]
-            standby = "B" if holder == "A" else "A"
-            t_kill, t_first = await kill_and_time(procs[holder], logs[standby], "standby")
+            holder, standby, t_kill, t_first = await nodes.kill_leader(r)
             await asyncio.sleep(1.0)
             await feed.stop()
             await w.flush()
@@ -129,11 +122,11 @@ async def failover_coalescer(server: Server, sizes: Sizes, tmp: Path) -> dict[st
                 return due + inflight == 0
             await settle(quiet, timeout=15)
             scheduled = await coalescer_scheduled(r)
-        starts, per_key = log_starts(logs.values())
-        recovered = await _recovered_count(logs[standby], feed.touches, t_kill, logs[holder])
+        starts, per_key = log_starts(nodes.logs.values())
+        recovered = await _recovered_count(nodes.logs[standby], feed.touches, t_kill,
+                                           nodes.logs[holder])
     finally:
-        for p in procs.values():
-            stop_process(p)
+        nodes.stop()
         await r.aclose()
     return {"lease_s": 3.0, "takeover_s": t_first - t_kill, "killed": holder,
             "g1": lost_updates(feed.touches, starts, scheduled, per_key), **recovered}
@@ -222,10 +215,8 @@ async def _drain_with(masters: list[Server], n_keys: int, rules: Path, n: int, *
     ``bench.probe:buffered``) also the lost updates."""
     folder = rules.parent
     space = KeySpace(NS, shards)
-    exe = str(Path(sys.executable).parent / "coalescer")
-    proc = spawn([exe, "run", "--processes", str(n), "--rules", str(rules), "--redis",
-                   masters[0].url, "--http", "off", "--node-id", f"p{n}", "--grace", "5"],
-                  refresh_log or folder / "unused.log", folder / f"processes-{n}.out")
+    proc = spawn_node(masters[0].url, rules, f"p{n}", refresh_log or folder / "unused.log",
+                      folder / f"processes-{n}.out", grace=5, args=("--processes", str(n)))
     conn = await connect(masters[0].url)  # a RedisCluster client on a cluster
     r = conn.client
     try:

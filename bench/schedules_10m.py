@@ -29,7 +29,6 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -53,13 +52,12 @@ from bench.scheduled import (
 from bench.valkey import Server, used_memory
 from coalescer import Coalescer
 from coalescer.config.rules import Config
-from coalescer.store.keys import ShardKeys
 
 OPS = 2_000  # single-key calls timed per kind of operation
 OOM_DUE = 2_000  # keys due when the server is put at maxmemory
 SLOWLOG_LEN = 100_000  # every command of a timed phase, whatever else the client sends
 KILL_AFTER = 4.0  # seconds into the failover slice when the leader is killed
-SHARD = ShardKeys(C.NS, 0)
+SHARD = C.SHARD
 # room for every key: the default quotas (1,000,000 pending keys, 1 GiB) refuse past them
 LIMITS = "limits: {pending_keys: 50000000, pending_bytes: 17179869184}\n"
 
@@ -243,32 +241,21 @@ async def _failover_coalescer(server: Server, n: int, tmp: Path) -> dict[str, An
     folder.mkdir(parents=True, exist_ok=True)
     rules = folder / "rules.yaml"
     rules.write_text(_rules(window="100ms", max_wait="200ms", handler="bench.probe:logged"))
-    exe = str(Path(sys.executable).parent / "coalescer")
-    logs = {name: folder / f"refresh-{name}.log" for name in "AB"}
-    procs = {}
+    nodes = C.NodePair(server.url, rules)
     r = server.client(timeout=60)
     try:
-        for name in "AB":
-            procs[name] = C.spawn([exe, "run", "--rules", str(rules), "--redis", server.url,
-                                    "--http", "off", "--node-id", name, "--grace", "2"],
-                                   logs[name], folder / f"node-{name}.out")
-            if name == "A":
-                await C.wait_for(lambda: r.get(SHARD.leader), 30, "a leader")
-        await C.wait_for(lambda: r.zscore(SHARD.nodes, "B"), 30, "the standby's heartbeat")
+        await nodes.start(r, 30)
         slice_keys, slice_times = slice_due(n)
         async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
             await schedule(c, slice_keys, slice_times)
             await c.flush()
         await asyncio.sleep(max(0.0, slice_times[0] - time.time() + KILL_AFTER))
-        holder = str(r.get(SHARD.leader)).split("|", 1)[1]
-        standby = "B" if holder == "A" else "A"
-        t_kill, t_first = await C.kill_and_time(procs[holder], logs[standby], "standby")
+        holder, standby, t_kill, t_first = await nodes.kill_leader(r)
         await C.wait_for(lambda: time.time() > slice_times[-1] + 8.0, 60, "the slice's end")
     finally:
-        for p in procs.values():
-            C.stop_process(p)
-    by_killed = Counter(k for _, k in probe.read_log(logs[holder]))
-    by_standby = Counter(k for _, k in probe.read_log(logs[standby]))
+        nodes.stop()
+    by_killed = Counter(k for _, k in probe.read_log(nodes.logs[holder]))
+    by_standby = Counter(k for _, k in probe.read_log(nodes.logs[standby]))
     twice = [k for k in slice_keys if by_killed[k] + by_standby[k] > 1]
     # a key the killed node ran but had not yet acknowledged runs again (at least once)
     rerun = [k for k in twice if by_killed[k] == 1 and by_standby[k] == 1]

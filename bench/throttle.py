@@ -17,7 +17,6 @@ default 30 s); keys/s until ``flush`` returns, and the keys Redis holds counted.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from pathlib import Path
@@ -53,9 +52,7 @@ async def throttle_coalescer(server: Server, sizes: C.Sizes, tmp: Path) -> dict[
     rules = folder / "rules.yaml"
     rules.write_text(_rules())
     log = folder / f"starts-{time.time_ns()}.log"
-    exe = str(Path(sys.executable).parent / "coalescer")
-    procs = [C.spawn([exe, "run", "--rules", str(rules), "--redis", server.url, "--http", "off",
-                       "--node-id", f"t{n}", "--grace", "5"], log, folder / f"node-{n}.out")
+    procs = [C.spawn_node(server.url, rules, f"t{n}", log, folder / f"node-{n}.out", grace=5)
              for n in range(NODES)]
     space = KeySpace(C.NS, SHARDS)
     conn = await connect(server.url)
