@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ rules:
     handler: builtins:repr
 """
 
+NOW_MS = int(time.time() * 1000)  # dead letters of now: none past dead_letter_ttl
+
 
 @pytest.fixture
 def setup(tmp_path: Path, namespace: str, redis_url: str) -> list[str]:
@@ -43,7 +46,7 @@ def kill(redis_url: str, namespace: str, keys: list[str]) -> None:
         for n, key in enumerate(keys):
             sk = space.shard(space.shard_of(key))
             pipe.hset(sk.meta, key, "D|1|1|5|boom")
-            pipe.zadd(sk.dead("acct"), {key: 1000 + n})
+            pipe.zadd(sk.dead("acct"), {key: NOW_MS + n})
         pipe.execute()
 
 

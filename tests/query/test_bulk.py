@@ -5,6 +5,7 @@ does not act on."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from coalescer.store.keys import KeySpace
 from tests.conftest import Start
 from tests.query.test_key_search import started
 
+NOW_MS = int(time.time() * 1000)  # dead letters of now: none past dead_letter_ttl
+
 
 async def kill(redis: Any, namespace: str, keys: list[str]) -> None:
     """Dead-letter ``keys`` (rule acct) as fail.lua leaves them."""
@@ -24,7 +27,7 @@ async def kill(redis: Any, namespace: str, keys: list[str]) -> None:
     for n, key in enumerate(keys):
         sk = space.shard(space.shard_of(key))
         await redis.hset(sk.meta, key, "D|1|1|5|boom")
-        await redis.zadd(sk.dead("acct"), {key: 1000 + n})
+        await redis.zadd(sk.dead("acct"), {key: NOW_MS + n})
 
 
 async def cancel_count(c: Coalescer) -> Any:

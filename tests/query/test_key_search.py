@@ -4,6 +4,7 @@ page reading at most its bound of set entries, and every bad input refused by na
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,8 @@ async def test_states_scheduled_dead_in_flight_and_paused(
     space = KeySpace(namespace, 3)
     sk = space.shard(space.shard_of("acct:1:dead"))
     await redis_client.hset(sk.meta, "acct:1:dead", "D|1|1|5|boom")
-    await redis_client.zadd(sk.dead("acct"), {"acct:1:dead": 1234})
+    since = int(time.time() * 1000)
+    await redis_client.zadd(sk.dead("acct"), {"acct:1:dead": since})
     await redis_client.zadd(sk.inflight("acct"), {"acct:1:run": 99})
 
     async def of(state: str) -> list[str]:
@@ -120,7 +122,8 @@ async def test_states_scheduled_dead_in_flight_and_paused(
     assert await of("scheduled") == ["acct:1:later"]
     assert await of("dead") == ["acct:1:dead"]
     assert await of("in-flight") == ["acct:1:run"]
-    assert (await c.query.keys(make_filter(c.config, "acct", state="dead"))).keys[0].at_ms == 1234
+    dead = await c.query.keys(make_filter(c.config, "acct", state="dead"))
+    assert dead.keys[0].at_ms == since
     unpaused = await c.query.keys(make_filter(c.config, "acct", state="paused"))
     assert (unpaused.keys, unpaused.paused, unpaused.cursor) == ([], False, None)
     await c.query.pause("acct")

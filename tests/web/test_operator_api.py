@@ -5,6 +5,7 @@ and let in on every read, and every bad input answered 400 naming the part."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,15 @@ from tests.web.test_api import TOKEN, Node, NodeFactory, make_node  # noqa: F401
 OPS, VIEW = "ops-secret-123", "view-secret-123"
 TOKENS = [ApiToken("ops", "operator", OPS), ApiToken("viewer", "read", VIEW)]
 
+NOW_MS = int(time.time() * 1000)  # dead letters of now: none past dead_letter_ttl
+
 
 async def kill(node: Node, keys: list[str]) -> None:
     space = KeySpace(node.c.config.namespace, node.c.config.shards)
     for n, key in enumerate(keys):
         sk = space.shard(space.shard_of(key))
         await node.c.redis.hset(sk.meta, key, "D|1|1|5|boom")
-        await node.c.redis.zadd(sk.dead("user-stats"), {key: 1000 + n})
+        await node.c.redis.zadd(sk.dead("user-stats"), {key: NOW_MS + n})
 
 
 async def finished(node: Node, job: dict[str, Any], token: str) -> dict[str, Any]:
