@@ -30,6 +30,10 @@ replica never got is checked as one whose node died (it may run again). Without
 only that fencing tokens grow for every key is checked. Each takes some 10 s: one seed
 of each runs by default, the other with the slow tests (``pytest -m slow``).
 
+A sixth rule is fair between the values of a capture (weights, a cap of one run of a
+value in flight, a priority): every check above holds for it, and no value of it ever has
+more runs going at once than its cap (the runs' start and end, server clock).
+
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
 """
@@ -73,6 +77,7 @@ from tests.helpers.model_history import (
     check_coalescing,
     check_dead_letters,
     check_exclusion,
+    check_group_cap,
     check_items,
     check_no_lost_update,
     check_rate,
@@ -123,6 +128,11 @@ rules:
     batch: {{max: 2, wait: 30ms}}
     items: {{max: 4}}
     handler: handlers:refresh_batch
+  - name: tenant
+    match: "tenant:{{org}}:{{id}}"
+    fair: {{by: "{{org}}", weights: {{a: 3}}, max_running: 1}}
+    priority: 50ms
+    handler: handlers:refresh
 """
 
 # The handler's outcome comes from a per-key plan file the test rewrites; every run
@@ -209,7 +219,7 @@ async def refresh_batch(claims):
 """
 
 KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2",
-        "bunch:1", "bunch:2", "bunch:3")
+        "bunch:1", "bunch:2", "bunch:3", "tenant:a:1", "tenant:a:2", "tenant:b:1")
 ITEM_KEYS = ("plain:1", "plain:2", "bunch:1", "bunch:2", "bunch:3")  # rules with items
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
@@ -531,7 +541,9 @@ def check_history(world: World) -> list[str]:
             *check_retries(history, runs, rules, rule_of),
             *check_items(history, runs),
             *(v for r in world.config.rules if r.rate is not None
-              for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst))]
+              for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst)),
+            *(v for r in world.config.rules if r.fair is not None and r.fair.max_running
+              for v in check_group_cap(runs, rule_of, r.name, r.fair.max_running))]
 
 
 @contextlib.asynccontextmanager

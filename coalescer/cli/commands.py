@@ -584,3 +584,21 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
     "scheduled": cmd_scheduled,
 }
 COMMANDS.update({"keys": cmd_keys, "audit": cmd_audit})
+
+
+async def cmd_fair(args: argparse.Namespace) -> int:
+    from coalescer.cli.fair_cmd import fair_command
+    c = _client(args, worker=False, refuse_evicting_policy=False)
+    return await fair_command(args, c, _say_using)
+
+
+COMMANDS["fair"] = cmd_fair
+
+
+async def cmd_timeline(args: argparse.Namespace) -> int:
+    from coalescer.cli.timeline_cmd import timeline_command
+    return await timeline_command(args, _client(args, worker=False,
+                                                refuse_evicting_policy=False))
+
+
+COMMANDS["timeline"] = cmd_timeline

@@ -39,7 +39,7 @@ class FairPolicy:
     Lua pattern whose one capture is the group (the claim script reads it)."""
 
     by: str
-    weights: Mapping[str, float] = field(default_factory=dict)
+    weights: Mapping[str, float] = field(default_factory=dict, hash=False)  # a Rule is hashed
     max_running: int | None = None
     lua_pattern: str = ""
 

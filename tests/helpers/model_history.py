@@ -505,6 +505,29 @@ def check_rate(runs: dict[str, list[Run]], rule_of: Any, rule: str, per_second: 
 # -- items: each reaches the first refresh claimed after its touch -------------------------
 
 
+def check_group_cap(runs: dict[str, list[Run]], rule_of: Any, rule: str, cap: int) -> list[str]:
+    """fair: the runs of one group (a key's second ':' segment, the rules' fair capture)
+    of ``rule`` never number more than ``cap`` at once, from their start to their end
+    (a SIGKILLed node's run ends at the kill; one with no end runs on)."""
+    events: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+    for key, rs in runs.items():
+        if rule_of(key) != rule:
+            continue
+        group = key.split(":")[1]
+        for run in rs:
+            events[group].append((run.start, 1, key))
+            events[group].append((math.inf if run.end is None else run.end, -1, key))
+    out = []
+    for group, evs in events.items():
+        going = 0
+        for t, step, key in sorted(evs, key=lambda e: (e[0], e[1])):  # ends first
+            going += step
+            if going > cap:
+                out.append(f"fair: group {group} of rule {rule}: {going} runs at once at "
+                           f"{t} (its cap is {cap}), the last {key}")
+    return out
+
+
 def check_items(history: History, runs: dict[str, list[Run]]) -> list[str]:
     """Every item touched reaches exactly the first refresh claimed after its touch (or
     that refresh is told the items overflowed), and again each try after a failed one
