@@ -122,7 +122,7 @@ export class Coalescer {
       },
       confirm: () => this.confirm(),
       log: this.log,
-    }, this.options.maxBuffered ?? 100_000);
+    }, this.options.maxBuffered ?? 100_000, this.config.rules);
     const writer = this.writer;
     this.quota = new Quota(this.config, scripts, () => this.space, () => writer.touches,
       (m) => this.log("warn", m));
@@ -142,6 +142,8 @@ export class Coalescer {
     const got = Number(await this.redis.wait(wanted, Math.round(this.config.replicaTimeout * 1000)));
     if (got < wanted) throw new ReplicationError(got, wanted);
   }
+
+  private readonly ruleOfKey = (key: string): Rule => this.ruleOf(key);
 
   /** The rule of `key` (UnknownKeyError when none matches, InvalidKeyError when Redis
    * cannot store it). */
@@ -171,11 +173,7 @@ export class Coalescer {
     const writer = this.running("touch()");
     this.quota?.check();
     if ((item === undefined || item === null) && options === undefined) {
-      if (writer.has(key)) {
-        writer.touch(key, null);
-        return;
-      }
-      writer.touch(key, this.ruleOf(key));
+      writer.touch(key, this.ruleOfKey);
       return;
     }
     const rule = this.ruleOf(key);

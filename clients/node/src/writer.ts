@@ -46,7 +46,7 @@ export interface WriterHost {
 }
 
 class Batch {
-  readonly rules = new Map<string, Rule>();
+  rules = new Map<string, Rule>();
   items: Map<string, Set<string>> | null = null;
   schedules: Map<string, string> | null = null;
 }
@@ -69,8 +69,12 @@ export class Writer {
   private items = new Map<string, Set<string>>();
   private schedules = new Map<string, string>();
   private itemCount = 0;
-  private readonly recent = new Map<string, number>(); // key -> held until (ms, monotonic)
-  private readonly writing = new Map<string, number>(); // key -> writes in flight with it
+  // written lately: each write's keys, with when it ended (performance.now(), ms); a key
+  // of one of them is held until its rule's absorb has passed since
+  private recent: { rules: Map<string, Rule>; at: number }[] = [];
+  private readonly writing: Batch[] = []; // batches taken and not yet finished
+  private taken = 0; // keys of those batches
+  private readonly maxAbsorb: number; // ms
   private readonly writes = new Set<Promise<void>>(); // every write not yet ended
   private running = 0; // the background loop's writes in flight
   private scheduled = false;
@@ -87,24 +91,22 @@ export class Writer {
   written = 0;
 
   constructor(private readonly scripts: Scripts, private readonly host: WriterHost,
-              readonly maxKeys: number, readonly maxItems = maxKeys * 10) {}
+              readonly maxKeys: number, rules: readonly Rule[], readonly maxItems = maxKeys * 10) {
+    this.maxAbsorb = Math.max(0, ...rules.map((r) => r.absorb * 1000));
+  }
 
   /** Keys accepted and not yet in Redis. */
   get size(): number {
-    return this.pending.size + this.writing.size;
+    return this.pending.size + this.taken;
   }
 
   // -- touching -----------------------------------------------------------------------
 
-  /** Whether `key` is buffered (a plain touch of it is absorbed, unchecked). */
-  has(key: string): boolean {
-    return this.pending.has(key);
-  }
-
-  /** Buffer a plain touch of `key` (checked, `rule` its rule; null: buffered already). */
-  touch(key: string, rule: Rule | null): void {
-    this.touches++;
-    if (rule === null || this.pending.has(key)) {
+  /** Buffer a plain touch of `key`; `rule(key)` checks a key not buffered yet and
+   * returns its rule (it throws for a refused key, which is then not counted). */
+  touch(key: string, rule: (key: string) => Rule): void {
+    if (this.pending.has(key)) {
+      this.touches++;
       this.absorbed++;
       if (this.schedules.size > 0) {
         const old = this.schedules.get(key);
@@ -112,11 +114,10 @@ export class Writer {
       }
       return;
     }
-    if (this.pending.size + this.writing.size >= this.maxKeys) {
-      this.touches--;
-      throw this.full(key);
-    }
-    this.pending.set(key, rule);
+    const found = rule(key);
+    if (this.pending.size + this.taken >= this.maxKeys) throw this.full(key);
+    this.touches++;
+    this.pending.set(key, found);
     this.kick();
   }
 
@@ -128,7 +129,7 @@ export class Writer {
       if (!this.pending.has(key)) fresh.add(key);
       if (item !== null) withItems++;
     }
-    if (fresh.size > 0 && this.pending.size + this.writing.size + fresh.size > this.maxKeys) {
+    if (fresh.size > 0 && this.pending.size + this.taken + fresh.size > this.maxKeys) {
       throw this.full(touches[0][0], fresh.size);
     }
     if (withItems > 0 && this.itemCount + withItems > this.maxItems) {
@@ -211,16 +212,31 @@ export class Writer {
   /** ms until a held key may be written; null when none is held (or all wait for a
    * write in flight, whose end pumps again). */
   private nextReadyIn(): number | null {
-    if (this.pending.size === 0 || this.recent.size === 0) return null;
+    if (this.pending.size === 0 || this.recent.length === 0) return null;
     const now = performance.now();
     let soonest: number | null = null;
-    for (const key of this.pending.keys()) {
-      if (this.writing.has(key)) continue;
-      const until = this.recent.get(key);
-      if (until === undefined || until <= now) return 0;
+    for (const [key, rule] of this.pending) {
+      if (this.inFlight(key)) continue;
+      const until = this.heldUntil(key, rule);
+      if (until <= now) return 0;
       soonest = soonest === null ? until - now : Math.min(soonest, until - now);
     }
     return soonest;
+  }
+
+  private inFlight(key: string): boolean {
+    for (const b of this.writing) if (b.rules.has(key)) return true;
+    return false;
+  }
+
+  /** When `key` (of `rule`) may be written again (0: now). */
+  private heldUntil(key: string, rule: Rule): number {
+    const absorb = rule.absorb * 1000;
+    for (let i = this.recent.length - 1; i >= 0; i--) {
+      const r = this.recent[i];
+      if (r.rules.has(key)) return r.at + absorb;
+    }
+    return 0;
   }
 
   /** Remove and return the keys ready to write (every one with `everything`). */
@@ -228,17 +244,16 @@ export class Writer {
     const batch = new Batch();
     const now = performance.now();
     this.pruneRecent(now);
-    if (everything || (this.recent.size === 0 && this.writing.size === 0)) {
-      for (const [key, rule] of this.pending) batch.rules.set(key, rule);
+    if (everything || (this.recent.length === 0 && this.writing.length === 0)) {
+      batch.rules = this.pending;
       this.pending = new Map();
     } else {
       for (const [key, rule] of this.pending) {
-        if (this.writing.has(key)) continue;
-        const until = this.recent.get(key);
-        if (until !== undefined && until > now) continue;
+        if (this.inFlight(key) || this.heldUntil(key, rule) > now) continue;
         batch.rules.set(key, rule);
       }
-      for (const key of batch.rules.keys()) this.pending.delete(key);
+      if (batch.rules.size === this.pending.size) this.pending = new Map();
+      else for (const key of batch.rules.keys()) this.pending.delete(key);
     }
     if (this.items.size > 0) {
       batch.items = this.takeFrom(this.items, batch, (m) => { this.items = m; });
@@ -266,22 +281,21 @@ export class Writer {
   }
 
   private pruneRecent(now: number): void {
-    for (const [key, until] of this.recent) {
-      if (until > now && this.recent.size <= this.maxKeys) break;
-      this.recent.delete(key);
-    }
+    let drop = 0;
+    while (drop < this.recent.length && this.recent[drop].at + this.maxAbsorb <= now) drop++;
+    if (drop > 0) this.recent = this.recent.slice(drop);
   }
 
   // -- writes -------------------------------------------------------------------------
 
   private start(batch: Batch): Promise<void> {
-    for (const key of batch.rules.keys()) this.writing.set(key, (this.writing.get(key) ?? 0) + 1);
-    const write = this.send(batch).finally(() => {
-      for (const key of batch.rules.keys()) {
-        const n = this.writing.get(key)! - 1;
-        if (n > 0) this.writing.set(key, n);
-        else this.writing.delete(key);
-      }
+    this.writing.push(batch);
+    this.taken += batch.rules.size;
+    const write = this.send(batch).then(() => {
+      if (this.maxAbsorb > 0) this.recent.push({ rules: batch.rules, at: performance.now() });
+    }).finally(() => {
+      this.writing.splice(this.writing.indexOf(batch), 1);
+      this.taken -= batch.rules.size;
       this.writes.delete(write);
     });
     this.writes.add(write);
@@ -310,8 +324,9 @@ export class Writer {
 
   private calls(batch: Batch, space: KeySpace): Call[] {
     const byShard = new Map<number, Map<Rule, string[]>>();
+    const one = space.span === 1;
     for (const [key, rule] of batch.rules) {
-      const shard = space.resharding ? space.sourceOf(key) : space.shardOf(key);
+      const shard = one ? 0 : space.resharding ? space.sourceOf(key) : space.shardOf(key);
       let byRule = byShard.get(shard);
       if (byRule === undefined) byShard.set(shard, (byRule = new Map()));
       let keys = byRule.get(rule);
@@ -387,14 +402,8 @@ export class Writer {
       return;
     }
     const asked = new Set(result.asked);
-    for (const g of groups) {
-      for (const key of g.keys) {
-        if (asked.has(key)) continue;
-        const error = result.failed.get(key);
-        if (error !== undefined) this.drop(key, error);
-        else this.wrote(key, batch.rules.get(key)!);
-      }
-    }
+    for (const [key, error] of result.failed) this.drop(key, error);
+    this.written += groups.reduce((n, g) => n + g.keys.length, 0) - result.failed.size - asked.size;
     if (asked.size > 0) {
       const calls = routeAsked(space, groups, asked);
       if (result.transit.length > 0) {
@@ -424,14 +433,6 @@ export class Writer {
       throw e;
     }
     await this.deliver(space, reroutes, minSeq, shard, second, batch);
-  }
-
-  private wrote(key: string, rule: Rule): void {
-    this.written++;
-    if (rule.absorb > 0) {
-      this.recent.delete(key);
-      this.recent.set(key, performance.now() + rule.absorb * 1000);
-    }
   }
 
   private drop(key: string, error: string): void {
@@ -498,7 +499,7 @@ export class Writer {
         }
         this.schedules.delete(key);
       }
-      const busy = [...keys].some((k) => this.writing.has(k));
+      const busy = [...keys].some((k) => this.inFlight(k));
       if (!busy) break;
       await Promise.allSettled([...this.writes]);
     }
@@ -507,7 +508,9 @@ export class Writer {
 
   /** The keys accepted and not yet in Redis. */
   unwrittenKeys(): string[] {
-    return [...new Set([...this.pending.keys(), ...this.writing.keys()])].sort();
+    const keys = new Set(this.pending.keys());
+    for (const b of this.writing) for (const k of b.rules.keys()) keys.add(k);
+    return [...keys].sort();
   }
 
   stop(): void {
