@@ -5,10 +5,10 @@ One node in this process at the default concurrency (16), a no-op async handler 
 records each start (``started``: per tenant, the start time and its lag behind the key's
 due time), rule ``t:{org}:{id}`` with a 100 ms window:
 
-- ``skew``: tenant ``a`` touches ``sizes.fair_import`` keys at once while tenant ``b``
-  touches a new key every 0.25 s (from before the import until it has drained): ``b``'s
-  start lag p50/p99, and ``a``'s drain (its keys over the time from its first start to
-  its last).
+- ``skew``: tenant ``a`` touches ``fair_import`` keys at once (``touch_many_wait`` from
+  a process of its own, as an app's import would) while tenant ``b`` touches a new key
+  every 0.25 s (from before the import until it has drained): ``b``'s start lag p50/p99,
+  and ``a``'s drain (its keys over the time from its first start to its last).
 - ``balanced``: ``BALANCED_TENANTS`` tenants touch ``sizes.fair_balanced`` keys each,
   interleaved, at once: each tenant's lag p50/p99 and the drain rate.
 - ``weights``: three tenants at weights 5:3:2, each with ``sizes.fair_weights`` due keys
@@ -18,8 +18,9 @@ due time), rule ``t:{org}:{id}`` with a 100 ms window:
   while rule ``other`` is touched every 10 ms: ``other``'s start lag p50/p99 while the
   herd drains (no ``fair``: rules are apart by design; the "baseline" column is ``other``
   alone, the same node and rate with no herd).
-- ``memory``: Redis memory per pending key (``sizes.million`` keys over 100 tenants) and
-  per tenant (``sizes.fair_groups`` tenants of one key each), ``fair`` on against off.
+- ``memory``: Redis memory per pending key (``memory_keys`` keys over 100 tenants) and
+  per tenant (``fair_groups`` tenants of one key each), ``fair`` on against off, once
+  the claim script has indexed every due key by tenant.
 
 The ``max_running`` figure runs over node processes: ``bench/fairness_cap.py``.
 
@@ -31,16 +32,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
+
 from coalescer import Coalescer, Config
 from coalescer.errors import ConfigError
+from coalescer.store.fair_args import fair_rules
 from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts
 
 from . import common as C
 from .figures import stall_probe
@@ -58,6 +65,7 @@ OTHER_EVERY = 0.01  # seconds between touches of the other rule during a herd
 HERD_LEAD = 2.0  # seconds from the end of scheduling the herd to its due second
 MEMORY_TENANTS = 100
 DRAIN_TIMEOUT = 120.0
+INDEX_PER_CALL = 5000  # due keys a claim call indexes by group at most (store/lua/_fair.lua)
 
 
 @dataclass
@@ -235,8 +243,7 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
         quiet = asyncio.create_task(_quiet_tenant(c, stop))
         await asyncio.sleep(4 * B_EVERY)  # the quiet tenant's lag before the import
         t0 = time.time()
-        await C.touch_distinct(c, [tkey("a", i) for i in range(n)])
-        await c.flush()
+        await import_keys(server, text, "a", n)
         touched_s = time.time() - t0
         drained = await wait_count("a", n)
         await asyncio.sleep(4 * B_EVERY)  # and after it
@@ -248,6 +255,30 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
            "b_during_import": _lags_between("b", *_span("a")), **load_note()}
     out["per_second"] = out["a"]["per_second"]
     return out
+
+
+IMPORT = """\
+import sys
+from coalescer import Coalescer, Config
+import asyncio
+async def main(url, org, n):
+    config = Config.from_string(sys.stdin.read(), source="<bench>", import_handlers=False)
+    async with Coalescer(config, redis_url=url, worker=False) as c:
+        await c.touch_many_wait(f"t:{org}:{i}" for i in range(n))
+        await c.flush()
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def import_keys(server: Server, text: str, org: str, n: int) -> None:
+    """Tenant ``org`` touches ``n`` keys at once from a process of its own (an app's
+    import, not the node's process: the node's loop is not the writer's)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", IMPORT, server.url, org, str(n), stdin=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate(text.encode())
+    if proc.returncode != 0:
+        raise RuntimeError(f"the import process failed: {err.decode()[-2000:]}")
 
 
 async def _quiet_tenant(c: Coalescer, stop: asyncio.Event) -> int:
@@ -406,31 +437,59 @@ async def _other_rule(c: Coalescer, stop: asyncio.Event) -> int:
 
 async def memory(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
     """Bytes per pending key (``memory_keys`` over ``MEMORY_TENANTS`` tenants) and per
-    tenant (``fair_groups`` tenants of one key each), read with ``used_memory``."""
+    tenant (``fair_groups`` tenants of one key each), read with ``used_memory`` once the
+    claim script has indexed every due key by tenant (as a node's claim calls do while
+    they drain): the same claim calls, one key claimed a call, with ``fair`` off."""
     fs = sizes_of(sizes)
-    text = tenant_rules(fair_block() if fair else "").replace(f"window: {WINDOW}",
-                                                               "window: 1h").replace(
-        "max_wait: 1s", "max_wait: 2h")
+    text = tenant_rules(fair_block() if fair else "")
     if fair and (why := fair_refused(text)):
         return {"skipped": why}
     many = [tkey(f"m{i % MEMORY_TENANTS}", i) for i in range(fs.memory_keys)]
     groups = [tkey(f"g{i}", 0) for i in range(fs.fair_groups)]
     sync = server.client(timeout=60)
+    config = Config.from_string(text, source="<bench>")
     try:
         async with node(server, text, worker=False) as w:
             w.touch(tkey("warm", 0))
             await w.flush()
-            per_key = await _bytes_per(w, sync, many)
-            per_group = await _bytes_per(w, sync, groups)
+            await _index(server, config, 1)
+            per_key = await _bytes_per(server, config, w, sync, many)
+            per_group = await _bytes_per(server, config, w, sync, groups)
     finally:
         sync.close()
     return {"fair": fair, "keys": len(many), "tenants": MEMORY_TENANTS,
-            "bytes_per_key": per_key, "groups": len(groups),
-            "bytes_per_group_key": per_group, **load_note()}
+            "bytes_per_key": per_key["bytes"], "index_bytes_per_key": per_key["index"],
+            "pending_bytes_per_key": per_key["bytes"] - per_key["index"],
+            "groups": len(groups), "bytes_per_group_key": per_group["bytes"],
+            "index_bytes_per_group_key": per_group["index"], **load_note()}
 
 
-async def _bytes_per(w: Coalescer, sync: Any, keys: list[str]) -> float:
+async def _bytes_per(server: Server, config: Config, w: Coalescer, sync: Any,
+                     keys: list[str]) -> dict[str, float]:
+    """Bytes per key of ``keys`` written and due, and of their index (the claim calls')."""
     before = used_memory(sync)
     await C.touch_distinct(w, keys)
     await w.flush()
-    return (used_memory(sync) - before) / max(1, len(keys))
+    await asyncio.sleep(0.3)  # every key due
+    written = used_memory(sync)
+    await _index(server, config, len(keys))
+    n = max(1, len(keys))
+    return {"bytes": (used_memory(sync) - before) / n, "index": (used_memory(sync) - written) / n}
+
+
+async def _index(server: Server, config: Config, n: int) -> int:
+    """Claim calls of one key each, enough for the fair index to take ``n`` due keys (it
+    indexes up to ``INDEX_PER_CALL`` a call); the calls made."""
+    r = Redis.from_url(server.url, decode_responses=True)
+    scripts = Scripts(r)
+    fair = fair_rules(config.rules)
+    calls = math.ceil(n / INDEX_PER_CALL) + 2
+    try:
+        state = await scripts.acquire(SHARD, node_id="bench-mem", lease_ms=600_000, mine="")
+        for _ in range(calls):
+            await scripts.claim(SHARD, leader=state.holder, node_id="bench-mem",
+                                claim_lease_ms=600_000, sleep_cap_ms=1000,
+                                limits=[(RULE, 1)], fair=fair)
+    finally:
+        await r.aclose()
+    return calls
