@@ -18,6 +18,7 @@ from coalescer.common.redact import redact
 from coalescer.config import kafka_source  # noqa: F401  (registers type: kafka)
 from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
+from coalescer.config.edges import EDGE_CODES, EDGES, edge_name
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
 from coalescer.config.limits import (
     DEFAULT_LIMITS,
@@ -62,7 +63,8 @@ WAIT_SHARE = 0.25  # of claim_lease: the longest wait for replicas a rules file 
 _TOP_FIELDS = ("namespace", "shards", "leader_lease", "claim_lease", "history", "durability",
                "limits", "defaults", "rules", "sources")
 _DURABILITY_FIELDS = ("replicas", "timeout")
-_SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry")
+_SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry",
+                   "edge")
 _RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items",
                 "isolation")
 ISOLATIONS = ("thread", "process")
@@ -80,6 +82,7 @@ TOP_DEFAULTS: dict[str, float] = {
 RULE_DEFAULTS: dict[str, float] = {
     "window": 2.0, "max_wait": 30.0, "absorb": 0.05, "timeout": 30.0, "concurrency": 16,
     "retry.attempts": 5, "retry.backoff": 1.0, "retry.max_backoff": 300.0,
+    "edge": EDGE_CODES["trailing"],
 }
 DEFAULT_NAMESPACE = "coalescer"
 DEFAULT_HISTORY = 1000  # refreshes kept per shard in its history stream; 0 keeps none
@@ -290,7 +293,18 @@ class RulesSchema(YamlReader):
         if "retry" in entries:
             out |= self.attempt(self.retry, entries["retry"][1], join(prefix, "retry"),
                                 level) or {}
+        if "edge" in entries:
+            out["edge"] = self.setting(entries["edge"][1], join(prefix, "edge"), level,
+                                       self.edge)
         return out
+
+    def edge(self, node: Node, field: str) -> float:
+        """``trailing`` (the default) or ``leading`` (config/edges.py)."""
+        raw = self.value(node, field)
+        if raw not in EDGES:
+            raise self.error(f"edge must be trailing or leading, got {shown(raw)}", node,
+                             field)
+        return EDGE_CODES[raw]
 
     def setting_parser(self, name: str) -> Callable[[Node, str], float]:
         if name == "concurrency":
@@ -354,7 +368,8 @@ class RulesSchema(YamlReader):
                     timeout=settings["timeout"].value,
                     concurrency=int(settings["concurrency"].value), retry=retry,
                     handler=handler[0], handler_ref=handler[1], line=line_of(node),
-                    rate=rate, batch=batch, items=items, isolation=isolation)
+                    rate=rate, batch=batch, items=items, isolation=isolation,
+                    edge=edge_name(settings["edge"].value))
 
     def batch(self, node: Node, prefix: str) -> BatchPolicy:
         """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""

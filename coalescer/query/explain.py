@@ -48,7 +48,8 @@ def rule_settings(rule: Rule) -> dict[str, Any]:
             "rate": None if rule.rate is None else str(rule.rate),
             "batch": ({"max": rule.batch.max, "wait": rule.batch.wait}
                       if rule.batch is not None else None),
-            "items": {"max": rule.items.max} if rule.items is not None else None}
+            "items": {"max": rule.items.max} if rule.items is not None else None,
+            "edge": rule.edge}
 
 
 def _item_state(pending: set[str], claimed: set[str]) -> dict[str, Any]:
@@ -69,6 +70,8 @@ def due_reason(rule: Rule, first: int, last: int, attempts: int, due: int) -> st
     """Why a pending key is due when it is: window, max_wait, retry or requeued."""
     if attempts > 0:
         return "retry"
+    if rule.leading and due == first:
+        return "leading"
     by_window = last + round(rule.window * 1000)
     by_cap = first + round(rule.max_wait * 1000)
     if abs(due - by_cap) <= SLACK_MS and by_cap < by_window:
@@ -187,6 +190,7 @@ def _due(info: dict[str, Any]) -> str:
         "retry": f"retry backoff after attempt {info['attempts']} of "
                  f"{rule['retry']['attempts']} failed",
         "requeued": "re-queued (coalescer retry, an expired claim, or changed rules)",
+        "leading": "the leading edge: the first touch of a quiet key runs at once",
     }
     return f"due {when} ({clock(due)}), by {reasons[info['due_reason']]}"
 
@@ -243,7 +247,9 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
                  f"{format_duration(rule['batch']['wait'])} for more"] if rule.get("batch")
                 else []) + (
                 [f"           items: up to {rule['items']['max']} a refresh"]
-                if rule.get("items") else [])
+                if rule.get("items") else []) + (
+                ["           edge: leading (a quiet key's first touch runs at once)"]
+                if rule.get("edge") == "leading" else [])
 
 
 def _items_line(items: dict[str, Any]) -> str:

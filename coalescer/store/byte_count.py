@@ -17,12 +17,15 @@ AT_ONCE = 8  # calls in flight at most: each holds a connection of the client's 
 class ByteCount:
     """Counts a shard's bytes a page at a time (see pending_bytes.lua)."""
 
-    def __init__(self, redis: Any, *, items: bool, traces: bool = True) -> None:
+    def __init__(self, redis: Any, *, items: bool, traces: bool = True,
+                 leading: bool = False) -> None:
         """``items``: some rule has items (their sets are measured); ``traces``: trace
-        contexts are measured."""
+        contexts are measured; ``leading``: some rule has ``edge: leading`` (its keys'
+        quiet markers are measured)."""
         self._script = redis.register_script(script_source("pending_bytes"))
         self._items = items
         self._traces = traces
+        self._leading = leading
 
     async def count(self, shard: ShardKeys, page: int = PAGE) -> tuple[int, bool]:
         """The shard's bytes (its last full count plus what writes added since), and
@@ -30,6 +33,8 @@ class ByteCount:
         args = [shard.items_prefix if self._items else "",
                 shard.claimed_prefix if self._items else "",
                 shard.traces("") if self._traces else "", page]
+        if self._leading:
+            args.append(shard.quiet_prefix)
         held, ended = await self._script(keys=[shard.meta, shard.bytes], args=args)
         return int(held), bool(int(ended))
 

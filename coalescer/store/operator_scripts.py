@@ -32,7 +32,8 @@ class OperatorScripts(ScriptCalls):
     async def purge(self, shard: ShardKeys, rule: str,
                     dead_keys: Sequence[str]) -> tuple[int, list[str]]:
         """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""
-        result = await self._run("purge", [shard.meta, shard.dead(rule)],
+        markers = [shard.quiet(key) for key in dead_keys]
+        result = await self._run("purge", [shard.meta, shard.dead(rule), *markers],
                                  [shard.items_prefix, shard.claimed_prefix,
                                   shard.traces_prefix, *dead_keys])
         return int(result[0]), [str(k) for k in result[1:]]

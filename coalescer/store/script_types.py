@@ -29,6 +29,8 @@ class UpsertGroup:
     held: bool = False
     # key -> its touch's time (config/schedule.py), for some of ``keys``
     schedules: Mapping[str, str] | None = None
+    # the rule's ``edge: leading``: a quiet key's first touch is due at once
+    leading: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,8 @@ class WriteScripts(ScriptCalls):
         args: list[Any] = [shard.wake_channel, gen, min_seq]
         for g in groups:
             keys += [shard.due(g.rule), shard.dead(g.rule)]
-            args += [g.window_ms, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
+            window = f"{g.window_ms}|{shard.quiet_prefix}" if g.leading else g.window_ms
+            args += [window, g.max_wait_ms, len(g.keys), KEY_SEPARATOR.join(g.keys),
                      1 if g.held else 0, _upsert_times(g)]
         items = _upsert_items(groups)
         if items or any(g.schedules for g in groups):  # a schedule drops the old items
@@ -90,6 +91,7 @@ class WriteScripts(ScriptCalls):
         for g in groups:
             keys.append(shard.due(g.rule))
             args += [g.rule, len(g.keys), KEY_SEPARATOR.join(g.keys)]
+        args.append(shard.quiet_prefix)
         _, found, seq, transit = await self._run("cancel", keys, args)
         names = [k for g in groups for k in g.keys]
         states = [str(s) for s in found]

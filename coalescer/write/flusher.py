@@ -82,7 +82,7 @@ def _group(rule: Rule, keys: list[str], items: ItemSets,
     timed = {key: times[key] for key in keys if key in times} if times else None
     return UpsertGroup(rule.name, _ms(rule.window), _ms(rule.max_wait), keys,
                        mine or None, rule.items.max if rule.items is not None else 0,
-                       schedules=timed or None)
+                       schedules=timed or None, leading=rule.leading)
 
 
 def _split_with_items(rules: dict[str, Rule], keys_by_rule: dict[str, list[str]],
@@ -505,7 +505,8 @@ class Flusher:
                 if size + len(chunk) > MAX_KEYS_PER_CALL and call:
                     yield call
                     call, size = [], 0
-                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), chunk))
+                call.append(UpsertGroup(name, _ms(rule.window), _ms(rule.max_wait), chunk,
+                                        leading=rule.leading))
                 size += len(chunk)
         if call:
             yield call

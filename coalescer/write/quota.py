@@ -65,7 +65,8 @@ class Quota:
         self.pending: int | None = None  # None: not counted yet
         self.bytes: int | None = None  # None: not counted yet
         self._bytes = ByteCount(scripts.client,
-                                items=any(rule.items is not None for rule in config.rules))
+                                items=any(rule.items is not None for rule in config.rules),
+                                leading=any(rule.leading for rule in config.rules))
 
     def check(self) -> None:
         """QuotaExceededError when the last count reached ``pending_keys`` or

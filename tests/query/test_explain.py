@@ -59,7 +59,7 @@ async def test_default_rules_idle_then_pending_by_window(tmp_path: Path, redis_u
             "window": 2.0, "max_wait": 30.0, "absorb": 0.05, "timeout": 30.0,
             "concurrency": 16, "retry": {"attempts": 5, "backoff": 1.0, "max_backoff": 300.0},
             "rate": None,
-            "batch": None, "items": None}
+            "batch": None, "items": None, "edge": "trailing"}
         assert idle["items"] is None
         assert "idle" in format_explain(idle)
         c.touch("item:7")

@@ -8,6 +8,9 @@
 -- ARGV[3] ITEMS-PREFIX   ARGV[4] CLAIMED-PREFIX (a key's item sets: the prefix and the key)
 -- ARGV[5] TRACES-PREFIX (a key's trace contexts: the prefix and the key)
 -- then per group g: RULE, N, and its N keys joined by NUL characters in one argument
+-- then, optionally, QUIET-PREFIX: each key's quiet marker (QUIET-PREFIX..KEY, see
+-- upsert.lua) is deleted whatever state it was found in: its next touch is a quiet
+-- key's first again
 --
 -- Per key, by the state it is found in:
 --   pending (backoff included)  its state and its due:RULE entry are deleted, attempts
@@ -77,6 +80,17 @@ for g = 0, #KEYS - 5 do  -- KEYS[5 + g], from ARGV[6]
     end
   end
   pos = pos + 3
+end
+if ARGV[pos] then  -- QUIET-PREFIX
+  local markers = {}
+  for at = 6, pos - 1, 3 do
+    for _, key in ipairs(split_keys(ARGV[at + 2], tonumber(ARGV[at + 1]))) do
+      markers[#markers + 1] = ARGV[pos] .. key
+    end
+  end
+  for i = 1, #markers, CHUNK do
+    redis.call('DEL', unpack(markers, i, math.min(i + CHUNK - 1, #markers)))
+  end
 end
 local transit = {}
 if #idle > 0 then

@@ -7,6 +7,9 @@
 --         items, none looked at)   ARGV[3] TRACES-PREFIX: a key's trace contexts ("":
 --         tracing off, none looked at)
 -- ARGV[4] PAGE: meta entries read in this call, at most
+-- ARGV[5] optionally, QUIET-PREFIX: a key's quiet marker (a rule with `edge: leading`,
+--         see upsert.lua) is counted with its key (a marker outlives its key's state by
+--         at most a window: upsert.lua adds a new marker's bytes when it sets it)
 --
 -- A count reads the meta hash with HSCAN, from cursor 0 back to 0, over as many calls as
 -- it takes (PAGE entries each, never a blocking scan); "partial" sums what it has read.
@@ -24,6 +27,7 @@ local KEY_OVERHEAD = 80
 local meta, bytes = KEYS[1], KEYS[2]
 local items_prefix, claimed_prefix, traces_prefix = ARGV[1], ARGV[2], ARGV[3]
 local page = tonumber(ARGV[4])
+local quiet_prefix = ARGV[5] or ''
 
 local function usage(key)
   return tonumber(redis.call('MEMORY', 'USAGE', key) or 0) or 0
@@ -36,6 +40,7 @@ local function of_key(key, state)
   end
   if traces_prefix ~= '' then n = n + usage(traces_prefix .. key) end
   n = n + usage(timeline_of(meta, key))
+  if quiet_prefix ~= '' then n = n + usage(quiet_prefix .. key) end
   return n
 end
 

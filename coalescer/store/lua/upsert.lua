@@ -11,7 +11,8 @@
 -- ARGV[3]   the fencing tokens an old shard had granted when it asked these keys away
 --           (0 for other writes): this shard's are raised to it first, so that a key's
 --           tokens keep growing when it comes here
--- ARGV ...  per group g, in KEYS order: WINDOW_MS, MAX_WAIT_MS, N, the N keys
+-- ARGV ...  per group g, in KEYS order: WINDOW_MS (for a rule with `edge: leading`:
+--           "WINDOW_MS|QUIET-PREFIX", see LEADING below), MAX_WAIT_MS, N, the N keys
 --           joined by NUL characters in one argument (cheap for the client to send),
 --           HELD: 1 for keys of an old shard in a running reshard, written here
 --           only if this shard still holds them (else they are "asked": the writer
@@ -40,6 +41,13 @@
 -- A touch of a key that has a state, in a later second than the burst's last touch or
 -- with a time of its own, appends an event to the key's timeline (_lib.lua; its bytes
 -- are added): a new key's first touch writes none (its state tells it).
+-- LEADING: a plain touch of a quiet key of a leading rule (no state, a dead one, or a
+-- time of its own; and no touch of it within the window before: its marker
+-- QUIET-PREFIX..KEY, holding its last touch, is gone or older than the window) is due
+-- now (FIRST = DUE). A touch of a key whose leading refresh is not claimed yet (a
+-- pending FIRST = DUE) joins it, due as it was. Every other touch is a trailing one, as
+-- above (a touch while it runs, too). Each touch of such a rule sets the key's marker to
+-- now, expiring a window later (its bytes are added for a new one).
 -- A group's states are read with one HMGET and written with one HSET (and one
 -- ZADD for the keys its due set must learn): a few commands per group, not per key.
 -- A key whose own state cannot be read (a script error while touching it, e.g. a
@@ -167,7 +175,8 @@ end
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
 -- `times`: key -> its touch's own time (nil when no key of the group has one).
-local function plan(keys, vals, window, max_wait, guarded, failed, times)
+-- `leads`: key -> {state, due, dead} of a leading rule's leading touches (nil: none).
+local function plan(keys, vals, window, max_wait, guarded, failed, times, leads)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
   local p = {states = states, adds = adds, revived = {}, count = 0, events = {}}
   local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
@@ -175,7 +184,11 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times)
     local key, v = keys[i], vals[i]
     local state, due, ok, dead_before, ev = fresh, fresh_due, true, false, nil
     local spec = times and times[key]
-    if v or spec then
+    local lead = leads and leads[key]
+    if lead then
+      state, due, dead_before = lead[1], lead[2], lead[3]
+      if dead_before then p.revived[#p.revived + 1] = key end
+    elseif v or spec then
       if guarded then
         ok, state, due, dead_before, ev = pcall(touch_key, v, spec, window, max_wait)
       else
@@ -260,16 +273,67 @@ local function held_only(keys, vals, asked)
   return k, v
 end
 
+-- LEADING (see above): the leading touches of a leading rule's group, as plan's
+-- `leads`, and how many are due now. A key whose state does not read is left to plan.
+local function leading_plan(keys, vals, times, window, prefix)
+  local leads, maybe, states, due_now = {}, {}, {}, 0
+  for i = 1, #keys do
+    local key, v = keys[i], vals[i]
+    local ok, s = pcall(decode, v)
+    if not (times and times[key]) and ok and (s or not v) then
+      if not s or s.kind == 'D' or s.sched then
+        local n = #maybe + 1
+        maybe[n], states[n] = key, s
+      elseif s.kind == 'P' and s.due == s.first then
+        leads[key] = {pending(s.first, now, s.attempts, s.due, nil, (s.count or 1) + 1)}
+      end
+    end
+  end
+  for i = 1, #maybe, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #maybe) do part[#part + 1] = prefix .. maybe[j] end
+    local seen = redis.call('MGET', unpack(part))
+    for j = 1, #part do
+      local last, s = tonumber(seen[j]), states[i + j - 1]
+      if not last then added = added + #part[j] + 16 + KEY_OVERHEAD end
+      if not last or now - last >= window then
+        local attempts = s and s.kind == 'P' and s.attempts or 0
+        leads[maybe[i + j - 1]] = {pending(now, now, attempts, now), now, s and s.kind == 'D'}
+        due_now = due_now + 1
+      end
+    end
+  end
+  return leads, due_now
+end
+
+-- Set the marker of each key a leading rule's group wrote (p.states) to now.
+local function mark_touched(states, prefix, window)
+  for i = 1, #states, 2 do
+    redis.call('SET', prefix .. states[i], now, 'PX', window)
+  end
+end
+
 local earliest, scheduled, pos, failed, asked = nil, 0, 4, {}, {}
 for g = 0, (#KEYS - 6) / 2 - 1 do
   local due_key, dead_key = KEYS[7 + 2 * g], KEYS[8 + 2 * g]
   local window, max_wait = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  local quiet = nil  -- a leading rule's QUIET-PREFIX
+  if not window then
+    window, quiet = string.match(ARGV[pos], '^(%d+)|(.+)$')
+    window = tonumber(window)
+  end
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
   if ARGV[pos + 4] == '1' then keys, vals = held_only(keys, vals, asked) end
   local times = times_of(ARGV[pos + 5])
-  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed, times)
-  if not ok then p = plan(keys, vals, window, max_wait, true, failed, times) end
+  local leads, due_now = nil, 0
+  if quiet then leads, due_now = leading_plan(keys, vals, times, window, quiet) end
+  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed, times, leads)
+  if not ok then p = plan(keys, vals, window, max_wait, true, failed, times, leads) end
+  if quiet then
+    mark_touched(p.states, quiet, window)
+    if due_now > 0 then earliest = min(earliest, now) end
+  end
   each_chunk('HSET', meta, p.states)
   each_chunk('ZREM', dead_key, p.revived)
   each_chunk('ZADD', due_key, p.adds)

@@ -1,0 +1,100 @@
+"""``edge: leading`` end to end, in process, on a real server: the first touch of a quiet
+key refreshes it at once; touches after that refresh started make exactly one more,
+a window after the last of them; nothing else runs. Times are the server clock."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from coalescer import Claim
+from tests.conftest import Start
+from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
+from tests.helpers.servers import wait_until
+
+RULES = """\
+namespace: {ns}
+claim_lease: 2s
+defaults:
+  window: {window}
+  max_wait: {max_wait}
+  absorb: 5ms
+  timeout: 5s
+  retry: {{attempts: 3, backoff: 20ms, max_backoff: 50ms}}
+rules:
+  - name: lead
+    match: "lead:{{id}}"
+    edge: leading
+    items: {{max: 100}}
+    handler: {{mod}}:refresh
+  - name: trail
+    match: "trail:{{id}}"
+    handler: {{mod}}:refresh
+"""
+
+
+def setup(tmp_path: Path, namespace: str, window: str = "300ms",
+          max_wait: str = "2s") -> tuple[Path, Recorder]:
+    text = RULES.format(ns=namespace, window=window, max_wait=max_wait)
+    return recorder_rules(tmp_path, f"lead_{namespace}", text)
+
+
+async def quiet_down(r: Any, namespace: str) -> None:
+    await wait_until(lambda: settled(r, namespace), timeout=10,
+                     message="every key refreshed and acked")
+
+
+async def test_a_single_touch_of_a_quiet_key_runs_once_at_once(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace, window="2s", max_wait="4s")
+    rec.clock = lambda: server_ms(redis_client)
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1", item="a")
+    c.touch("trail:1")
+    await c.flush()
+    await wait_until(lambda: len(rec.of("lead:1")) == 1, timeout=1.5,
+                     message="the leading refresh, well before the window")
+    claim = rec.of("lead:1")[0]
+    assert claim.due_ms == claim.first_touch_ms  # due at its first touch
+    assert claim.items == ("a",) or list(claim.items) == ["a"]
+    assert rec.of("trail:1") == []  # the trailing rule waits its window
+    await quiet_down(redis_client, namespace)
+    assert len(rec.of("lead:1")) == 1  # no second run without a later touch
+    assert len(rec.of("trail:1")) == 1
+
+
+async def test_touches_after_the_leading_run_started_make_exactly_one_more(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    rec.clock = lambda: server_ms(redis_client)
+    gate = asyncio.Event()
+
+    async def hold_first(claim: Claim) -> None:
+        if len(rec.calls) == 1:
+            await gate.wait()
+
+    rec.hook = hold_first
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1", item="first")
+    await c.flush()
+    await wait_until(lambda: len(rec.calls) == 1, message="the leading refresh running")
+    for n in range(5):
+        c.touch("lead:1", item=f"during-{n}")
+        await c.flush()
+    last_touch = await server_ms(redis_client)
+    gate.set()
+    await wait_until(lambda: len(rec.calls) == 1 and not rec.active["lead:1"],
+                     message="the leading refresh done")
+    assert len(rec.calls) == 1  # the trailing one waits a window after the last touch
+    await quiet_down(redis_client, namespace)
+
+    first, second = rec.of("lead:1")
+    assert sorted(first.items) == ["first"]
+    assert sorted(second.items) == [f"during-{n}" for n in range(5)]
+    assert second.due_ms >= second.last_touch_ms + 300
+    assert second.last_touch_ms <= last_touch
+    assert rec.start_ms[1] >= second.due_ms
+    assert second.token > first.token
