@@ -74,6 +74,27 @@ async def wait_for_starts(count: int, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+async def slice_lag(w: Coalescer, n: int) -> dict[str, Any]:
+    """On the worker ``w`` (just started), schedule ``slice_due(n)`` and wait for their
+    starts: the percentiles of their start lags (``REC``, reset by the caller)."""
+    await asyncio.sleep(0.3)  # leadership taken
+    slice_keys, slice_times = slice_due(n)
+    await schedule(w, slice_keys, slice_times)
+    await w.flush()
+    await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**C.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+
+
+async def slice_lag_baseline(b: Baseline, n: int) -> dict[str, Any]:
+    """``slice_lag`` for the baseline: its worker started, the slice added to its ZSET."""
+    REC.reset(offset_ms=0.0)
+    b.start_worker()
+    slice_keys, slice_times = slice_due(n)
+    await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
+    await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+    return {**C.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
+
+
 async def scheduled_coalescer(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
     keys = [C.key(i) for i in range(n)]
     sync = server.client(timeout=60)
@@ -90,15 +111,9 @@ async def scheduled_coalescer(server: Server, sizes: C.Sizes, n: int) -> dict[st
     sync.close()
     REC.reset(offset_ms=await C.clock_offset_ms(server.url))
     async with C.coalescer(server, True, **kw) as w:
-        await asyncio.sleep(0.3)  # leadership taken
-        slice_keys, slice_times = slice_due(n)
-        await schedule(w, slice_keys, slice_times)
-        await w.flush()
-        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
-    out = C.percentiles(REC.lags_ms)
-    out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
-               slice=len(slice_keys), started=REC.count)
-    return out
+        lag = await slice_lag(w, n)
+    return {**lag, "keys": n, "bytes_per_key": (mem1 - mem0) / n,
+            "load_keys_per_second": n / load_s}
 
 
 async def scheduled_baseline(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
@@ -114,13 +129,7 @@ async def scheduled_baseline(server: Server, sizes: C.Sizes, n: int) -> dict[str
                                                 strict=True)))
         load_s = time.perf_counter() - t0
         mem1 = used_memory(sync)
-        REC.reset(offset_ms=0.0)
-        b.start_worker()
-        slice_keys, slice_times = slice_due(n)
-        await b.redis.zadd(b.zset, dict(zip(slice_keys, slice_times, strict=True)))
-        await wait_for_starts(len(slice_keys), LEAD + SLICE_SECONDS + 10.0)
+        lag = await slice_lag_baseline(b, n)
     sync.close()
-    out = C.percentiles(REC.lags_ms)
-    out.update(keys=n, bytes_per_key=(mem1 - mem0) / n, load_keys_per_second=n / load_s,
-               slice=len(slice_keys), started=REC.count)
-    return out
+    return {**lag, "keys": n, "bytes_per_key": (mem1 - mem0) / n,
+            "load_keys_per_second": n / load_s}
