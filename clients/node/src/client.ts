@@ -16,7 +16,7 @@ import { checkVersion } from "./protocol.js";
 import { Quota } from "./quota.js";
 import { type Config, type Rule, loadRules, parseRules, ruleFor } from "./rules.js";
 import { type At, type Delay, scheduleSpec } from "./schedule.js";
-import { type Client, Scripts } from "./scripts.js";
+import { type Client, MAX_GROUPS, Scripts } from "./scripts.js";
 import { Writer } from "./writer.js";
 
 export type Logger = (level: "error" | "warn" | "info", message: string) => void;
@@ -104,7 +104,7 @@ export class Coalescer {
       if (this.options.refuseEvictingPolicy ?? true) await checkEviction(redis);
       this.protocolVersion = await checkVersion(redis, this.config.namespace,
         (m) => this.log("warn", m));
-      this.scripts = new Scripts(redis);
+      this.scripts = new Scripts(redis, this.config.rules.length);
       const layout = await this.scripts.layout(this.config.namespace, this.config.shards);
       this.space = new KeySpace(this.config.namespace, layout.shards, layout.source, layout.gen);
     } catch (e) {
@@ -264,9 +264,12 @@ export class Coalescer {
           const r = rules.get(key)!;
           byRule.set(r, [...(byRule.get(r) ?? []), key]);
         }
-        const groups = [...byRule].map(([rule, ks]) => ({ rule, keys: ks }));
-        calls.push(this.scripts!.cancel(space.shard(shard), groups, this.nodeId, this.config.history)
-          .then((a) => ({ ...a, names: groups.flatMap((g) => g.keys) })));
+        const all = [...byRule].map(([rule, ks]) => ({ rule, keys: ks }));
+        for (let j = 0; j < all.length; j += MAX_GROUPS) {
+          const groups = all.slice(j, j + MAX_GROUPS);
+          calls.push(this.scripts!.cancel(space.shard(shard), groups, this.nodeId, this.config.history)
+            .then((a) => ({ ...a, names: groups.flatMap((g) => g.keys) })));
+        }
       }
     }
     const answers = await Promise.all(calls);

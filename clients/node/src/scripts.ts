@@ -15,6 +15,8 @@ import { KeySpace, ShardKeys, drainedKey, layoutKey } from "./keys.js";
 export type Client = Redis | Cluster;
 export const KEY_SEPARATOR = "\0";
 const NAMES = ["upsert", "cancel", "limits", "pending_bytes", "layout", "reshard_put"] as const;
+/** rules in one upsert or cancel call at most (a call with keys of more is split) */
+export const MAX_GROUPS = 16;
 type Name = (typeof NAMES)[number];
 
 /** The folder the scripts are read from. */
@@ -66,22 +68,33 @@ type Caller = (...args: (string | number)[]) => Promise<unknown>;
 
 /** The registered scripts of one client, with typed wrappers. */
 export class Scripts {
-  private readonly sources = new Map<Name, string>();
   private readonly calls = new Map<string, Caller>();
 
-  constructor(readonly client: Client, dir = luaDir()) {
-    for (const name of NAMES) this.sources.set(name, scriptSource(name, dir));
+  /** `rules`: how many rules there are (the limits call names every rule's keys). */
+  constructor(readonly client: Client, rules: number, dir = luaDir()) {
+    const source = new Map(NAMES.map((name) => [name, scriptSource(name, dir)]));
+    const groups = Math.min(MAX_GROUPS, rules);
+    const counts: [Name, number][] = [["limits", 1 + 2 * rules], ["pending_bytes", 2],
+      ["layout", 2], ["reshard_put", 5]];
+    for (let g = 1; g <= groups; g++) counts.push(["upsert", 6 + 2 * g], ["cancel", 4 + g]);
+    for (const [name, keys] of counts) this.define(name, keys, source.get(name)!);
   }
 
   /** One command per script and count of keys: its keys come first, so that ioredis
-   * routes (and, on a Cluster, auto-pipelines) each call by its first key's slot. */
+   * routes (and, on a Cluster, auto-pipelines) each call by its first key's slot. All
+   * are defined up front: a command defined while an auto-pipeline is being filled is
+   * missing from it. */
+  private define(name: Name, keys: number, lua: string): void {
+    const command = `coalescer_${name}_${keys}`;
+    this.client.defineCommand(command, { lua, numberOfKeys: keys });
+    const fn = (this.client as unknown as Record<string, Caller>)[command];
+    this.calls.set(command, fn.bind(this.client));
+  }
+
   private run(name: Name, keys: string[], args: (string | number)[]): Promise<unknown> {
-    const command = `coalescer_${name}_${keys.length}`;
-    let call = this.calls.get(command);
+    const call = this.calls.get(`coalescer_${name}_${keys.length}`);
     if (call === undefined) {
-      this.client.defineCommand(command, { lua: this.sources.get(name)!, numberOfKeys: keys.length });
-      call = ((this.client as unknown as Record<string, Caller>)[command]).bind(this.client);
-      this.calls.set(command, call);
+      return Promise.reject(new ScriptError(`no ${name} call with ${keys.length} keys`));
     }
     return call(...keys, ...args);
   }

@@ -21,7 +21,7 @@ import { classify, writeError } from "./failures.js";
 import type { KeySpace } from "./keys.js";
 import type { Rule } from "./rules.js";
 import { thenPlain } from "./schedule.js";
-import type { Scripts, UpsertGroup, UpsertResult } from "./scripts.js";
+import { MAX_GROUPS, type Scripts, type UpsertGroup, type UpsertResult } from "./scripts.js";
 
 export const MAX_IN_FLIGHT = 2;
 export const MAX_KEYS_PER_CALL = 2000;
@@ -350,6 +350,12 @@ export class Writer {
     let weight = 0;
     for (const [rule, keys] of byRule) {
       let part: string[] = [];
+      if (call.length >= MAX_GROUPS) {
+        yield call;
+        call = [];
+        keysIn = 0;
+        weight = 0;
+      }
       for (const key of keys) {
         const cost = 1 + (batch.items?.get(key)?.size ?? 0);
         if ((keysIn >= MAX_KEYS_PER_CALL || weight + cost > MAX_ITEMS_PER_CALL) && keysIn > 0) {

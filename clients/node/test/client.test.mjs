@@ -229,3 +229,23 @@ test("close rejects naming the keys it could not write; touch after close is ref
   assert.throws(() => c.touch("stats:user:1"), ClosedError);
   await other.stop();
 });
+
+test("one write of keys of several rules, shards and sizes: every key lands", async () => {
+  const c = await client("shards: 4");
+  const users = Array.from({ length: 37 }, (_, i) => `stats:user:${i}`);
+  const orders = Array.from({ length: 23 }, (_, i) => `orders:s${i % 3}:${i}`);
+  c.touchMany(users);
+  c.touchItems(orders.map((k) => [k, "row"]));
+  c.touch("stats:user:later", null, { delay: "1m" });
+  await c.flush();
+  const space = new KeySpace(c.config.namespace, 4);
+  const held = [];
+  for (let shard = 0; shard < 4; shard++) {
+    held.push(...await server.redis.zrange(space.shard(shard).due("user-stats"), 0, -1));
+    held.push(...await server.redis.zrange(space.shard(shard).due("orders"), 0, -1));
+  }
+  assert.deepEqual(held.sort(), [...users, ...orders, "stats:user:later"].sort());
+  const outcome = await c.cancelMany([...users.slice(0, 5), ...orders.slice(0, 5)]);
+  assert.equal(outcome.cancelled.length, 10);
+  await c.close();
+});
