@@ -19,8 +19,10 @@ def compare(key: str, info: dict[str, Any], expect: dict[str, Any], marks: dict[
                      f"{'a time' if expect['scheduled'] else 'none'}")
     if "due" in expect:
         wrong += _due(key, info.get("due_ms"), expect["due"], marks, now)
+    if "due_from_first_ms" in expect:
+        wrong += _from_first(key, info, int(expect["due_from_first_ms"]))
     unknown = set(expect) - {*PLAIN, "items", "items_count", "items_overflowed", "scheduled",
-                             "due"}
+                             "due", "due_from_first_ms"}
     if unknown:
         wrong.append(f"{key}: the case expects fields the runner does not know: "
                      f"{sorted(unknown)}")
@@ -60,3 +62,11 @@ def _due(key: str, due: int | None, expect: dict[str, Any], marks: dict[str, int
         return []
     return [f"{key}: due at {due}, expected between {low} and {high} "
             f"({expect['after']} + {expect.get('ms', 0)} ms and the check's clock + that)"]
+
+
+def _from_first(key: str, info: dict[str, Any], ms: int) -> list[str]:
+    """The due time is exactly ``ms`` after the burst's first touch."""
+    due, first = info.get("due_ms"), info.get("first_touch_ms")
+    if due is None or first is None or due - first != ms:
+        return [f"{key}: due {due} is not first touch {first} + {ms} ms"]
+    return []
