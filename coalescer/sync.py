@@ -80,10 +80,11 @@ class SyncCoalescer:
         self._restart = True
 
     def _call(self, what: str, coro: Any, timeout: float | None = None) -> Any:
-        loop = self._loop if self._loop is not None else self._revive(what)
-        if loop is None:
+        try:
+            loop = self._ready(what)
+        except ClosedError:
             coro.close()
-            raise self._not_started(what)
+            raise
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, loop)
         return future.result(timeout)
 
@@ -96,10 +97,12 @@ class SyncCoalescer:
                 self.start()
             return self._loop
 
-    def _ready(self, what: str) -> None:
-        """ClosedError unless started (started again first in a forked child)."""
-        if self._loop is None and self._revive(what) is None:
+    def _ready(self, what: str) -> asyncio.AbstractEventLoop:
+        """The loop; ClosedError unless started (started again first in a forked child)."""
+        loop = self._loop if self._loop is not None else self._revive(what)
+        if loop is None:
             raise self._not_started(what)
+        return loop
 
     def _not_started(self, what: str) -> ClosedError:
         if self._started:
