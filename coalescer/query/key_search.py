@@ -11,8 +11,8 @@ key's captured segment equals VALUE) and a state:
 - ``dead``: dead-lettered;
 - ``paused``: the pending keys of a paused rule (none while the rule runs).
 
-Each page reads at most ``scan`` entries of the rule's per-shard set (``keys_page.lua``:
-a ZRANGE from where the page before ended, O(log N + scan)), shard after shard, and
+Each page reads at most ``scan`` entries of the rule's per-shard set (a ZRANGE from where
+the page before ended, O(log N + scan): ``store/search_scripts.py``), shard by shard, and
 matches their captures here with the rule's own pattern (``config.patterns``): never a
 blocking scan. A page may hold no match and still have a ``cursor``: the search goes
 on from there. The cursor is opaque text that names the search it belongs to; keys
@@ -35,7 +35,7 @@ from coalescer.query.layout_read import current_space
 from coalescer.store import key_states as states
 from coalescer.store import keys as key_names
 from coalescer.store.keys import ShardKeys
-from coalescer.store.search_scripts import set_page
+from coalescer.store.search_scripts import After, set_page
 
 STATES = ("pending", "scheduled", "in-flight", "dead", "paused")
 DEFAULT_SCAN = 1000  # set entries a page reads, by default
@@ -124,7 +124,7 @@ class Cursor:
     """Where a search goes on: the shard, and the last entry read there."""
 
     shard: int
-    after: tuple[str, str] | None  # (score, member)
+    after: After | None  # (score, member, its rank when read)
 
     def encode(self, flt: KeyFilter) -> str:
         body = {"v": 1, "f": flt.signature(), "h": self.shard,
@@ -152,11 +152,12 @@ def decode_cursor(text: str, flt: KeyFilter) -> Cursor:
     shard, after = body.get("h"), body.get("a")
     if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
         raise bad("not a cursor")
-    if after is not None and not (isinstance(after, list) and len(after) == 2
-                                  and all(isinstance(x, str) for x in after)
-                                  and _number(after[0])):
+    if after is not None and not (isinstance(after, list) and len(after) == 3
+                                  and all(isinstance(x, str) for x in after[:2])
+                                  and _number(after[0]) and isinstance(after[2], int)
+                                  and not isinstance(after[2], bool) and after[2] >= 0):
         raise bad("not a cursor")
-    return Cursor(shard, (after[0], after[1]) if after else None)
+    return Cursor(shard, (after[0], after[1], after[2]) if after else None)
 
 
 def _number(text: str) -> bool:
@@ -269,11 +270,11 @@ async def _fill(redis: Any, config: Config, flt: KeyFilter, at: Cursor,
     while shard < space.span and page.examined < scan and len(page.keys) < limit:
         sk = space.shard(shard)
         want = scan - page.examined
-        entries = await set_page(redis, _set_of(sk, flt), after, want)
+        entries, first = await set_page(redis, _set_of(sk, flt), after, want)
         found, read = _page_matches(rule, flt, shard, entries, limit - len(page.keys))
         page.examined += read
         if read:
-            after = (entries[read - 1][1], entries[read - 1][0])
+            after = (entries[read - 1][1], entries[read - 1][0], first + read - 1)
         if flt.state == "scheduled":
             found = await _scheduled_only(redis, sk, found)
         page.keys += found

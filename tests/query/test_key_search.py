@@ -77,7 +77,8 @@ async def test_where_finds_each_matching_key_once_across_shards_and_pages(
 
 
 async def test_keys_removed_between_pages_neither_repeat_nor_hide_the_rest(
-        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
     c = await started(tmp_path, namespace, redis_url, start)
     keys = [f"acct:1:{user:03d}" for user in range(40)]
     at = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
@@ -85,8 +86,15 @@ async def test_keys_removed_between_pages_neither_repeat_nor_hide_the_rest(
     await c.flush()
     cancelled: set[str] = set()
 
+    added = 0
+
     async def cancel_some(page: Any) -> None:  # the page's own keys, and one ahead
+        nonlocal added
         named = [f.key for f in page.keys]
+        space = KeySpace(namespace, 3)
+        for shard in range(3):  # and keys due before all of them: every rank moves on
+            added += 1
+            await redis_client.zadd(space.shard(shard).due("acct"), {f"acct:2:{added}": 1})
         ahead = [k for k in keys if k not in cancelled and k not in named and k not in seen]
         drop = named[::2] + ahead[-1:]
         seen.update(named)
@@ -94,7 +102,7 @@ async def test_keys_removed_between_pages_neither_repeat_nor_hide_the_rest(
         await c.cancel_many(drop)
 
     seen: set[str] = set()
-    found, _ = await every_page(c, make_filter(c.config, "acct"), scan=3,
+    found, _ = await every_page(c, make_filter(c.config, "acct", where=["org=1"]), scan=3,
                                 between=cancel_some)
     assert len(found) == len(set(found))
     assert set(keys) - cancelled <= set(found)
@@ -164,10 +172,11 @@ def test_an_unknown_rule_a_rule_without_captures_and_a_bad_cursor_are_refused(
             decode_cursor(bad, search)
         assert caught.value.part == "cursor"
     from coalescer.query.key_search import Cursor
-    other = Cursor(1, ("5", "acct:1:x")).encode(make_filter(config, "acct", where=["org=2"]))
+    other = Cursor(1, ("5", "acct:1:x", 3)).encode(make_filter(config, "acct", where=["org=2"]))
     with pytest.raises(SearchError, match="a cursor of another search"):
         decode_cursor(other, search)
-    assert decode_cursor(Cursor(1, ("5", "k")).encode(search), search) == Cursor(1, ("5", "k"))
+    good = Cursor(1, ("5", "k", 7))
+    assert decode_cursor(good.encode(search), search) == good
     for scan in (0, 10_001, True):
         with pytest.raises(SearchError, match="scan must be a whole number from 1 to 10000"):
             PageSize(scan=scan)
