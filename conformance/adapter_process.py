@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 from typing import IO, Any
 
@@ -25,9 +26,12 @@ class AdapterProcess:
         self._next_id = 0
 
     async def start(self) -> None:
+        """Start it; the case names the namespace (the environment's override is left
+        out)."""
+        env = {k: v for k, v in os.environ.items() if k != "COALESCER_NAMESPACE"}
         self._proc = await asyncio.create_subprocess_shell(
             self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=self._stderr, limit=LINE_LIMIT)
+            stderr=self._stderr, limit=LINE_LIMIT, env=env)
 
     async def request(self, op: dict[str, Any], timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
         """Send ``op`` with a new id; its answer, checked for form and id."""
