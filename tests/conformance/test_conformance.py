@@ -83,3 +83,11 @@ def test_the_command_line_fails_for_a_failing_client() -> None:
     assert done.returncode == 1
     assert "FAIL  level0: one touch is pending" in done.stdout
     assert "0 of 1 cases passed" in done.stdout
+
+
+async def test_a_namespace_in_the_environment_does_not_reach_the_adapter(
+        servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COALESCER_NAMESPACE", "someone-elses")
+    case = next(c for c in CASES if c.name.startswith("one touch is pending"))
+    result = await run_case(case, PYTHON_ADAPTER, servers)
+    assert result.ok, result.message
