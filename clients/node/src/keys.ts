@@ -58,6 +58,7 @@ export class ShardKeys {
   get itemsPrefix(): string { return `${this.prefix}:items:`; }
   get claimedPrefix(): string { return `${this.prefix}:claimed:`; }
   get tracesPrefix(): string { return `${this.prefix}:traces:`; }
+  get quietPrefix(): string { return `${this.prefix}:quiet:`; }
   due(rule: string): string { return `${this.prefix}:due:${rule}`; }
   dead(rule: string): string { return `${this.prefix}:dead:${rule}`; }
 }

@@ -23,6 +23,8 @@ export interface Rule {
   readonly absorb: number;
   /** distinct items a refresh gets at most; null: the rule takes no items */
   readonly itemsMax: number | null;
+  /** `edge: leading`: the first touch of a quiet key is due at once */
+  readonly leading: boolean;
 }
 
 export interface Limits {
@@ -49,9 +51,10 @@ export interface Config {
 
 const TOP_FIELDS = ["namespace", "shards", "leader_lease", "claim_lease", "history",
   "durability", "limits", "defaults", "rules", "sources"];
-const SETTING_FIELDS = ["window", "max_wait", "absorb", "timeout", "concurrency", "retry"];
+const SETTING_FIELDS = ["window", "max_wait", "absorb", "timeout", "concurrency", "retry",
+  "edge"];
 const RULE_FIELDS = ["name", "match", "handler", "rate", ...SETTING_FIELDS, "batch", "items",
-  "isolation", "fair", "priority", "edge"];
+  "isolation", "fair", "priority"];
 const LIMIT_FIELDS = ["pending_keys", "pending_bytes", "max_schedule_ahead", "dead_letters",
   "dead_letter_ttl"];
 export const NAME_RE = /^[A-Za-z0-9_.-]+$/;
@@ -61,7 +64,7 @@ const MAX_ITEMS = 100_000;
 const MAX_COUNT = 1_000_000_000;
 const MAX_BYTES = 2 ** 50;
 const MAX_SCHEDULE_AHEAD = 10 * 365 * 86_400;
-const DEFAULTS = { window: 2, max_wait: 30, absorb: 0.05 };
+const DEFAULTS: Times = { window: 2, max_wait: 30, absorb: 0.05, edge: "trailing" };
 export const DEFAULT_LIMITS: Limits = {
   pendingKeys: 1_000_000, pendingBytes: 2 ** 30, maxScheduleAhead: 400 * 86_400,
   deadLetters: 10_000, deadLetterTtl: 7 * 86_400,
@@ -225,13 +228,19 @@ function limitsOf(r: Reader, value: unknown): Limits {
   };
 }
 
-type Times = { window: number; max_wait: number; absorb: number };
+type Times = { window: number; max_wait: number; absorb: number; edge: string };
 
 function settings(r: Reader, given: Obj, prefix: string, base: Times): Times {
   const out = { ...base };
   if (given.window !== undefined) out.window = r.duration(given.window, `${prefix}.window`, true);
   if (given.max_wait !== undefined) out.max_wait = r.duration(given.max_wait, `${prefix}.max_wait`, true);
   if (given.absorb !== undefined) out.absorb = r.duration(given.absorb, `${prefix}.absorb`, false);
+  if (given.edge !== undefined) {
+    if (given.edge !== "trailing" && given.edge !== "leading") {
+      r.fail(`${prefix}.edge`, `edge must be trailing or leading, got ${JSON.stringify(given.edge)}`);
+    }
+    out.edge = given.edge;
+  }
   return out;
 }
 
@@ -266,7 +275,7 @@ function ruleOf(r: Reader, raw: unknown, index: number, base: Times, seen: Set<s
     itemsMax = r.count(items.max, `${prefix}.items.max`, MAX_ITEMS);
   }
   return { name, match: pattern.source, pattern, window: t.window, maxWait: t.max_wait,
-           absorb: t.absorb, itemsMax };
+           absorb: t.absorb, itemsMax, leading: t.edge === "leading" };
 }
 
 /** The rule of `key`: the first whose pattern matches, as the Python writer picks it. */

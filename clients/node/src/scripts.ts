@@ -46,6 +46,8 @@ export interface UpsertGroup {
   /** key -> its items ("" for an overflow), for keys touched with some */
   items: Map<string, string[]> | null;
   itemsMax: number;
+  /** the rule has `edge: leading` */
+  leading: boolean;
   /** key -> the wire form of its time */
   schedules: Map<string, string> | null;
 }
@@ -105,7 +107,8 @@ export class Scripts {
     const args: (string | number)[] = [shard.wakeChannel, gen, minSeq];
     for (const g of groups) {
       keys.push(shard.due(g.rule), shard.dead(g.rule));
-      args.push(g.windowMs, g.maxWaitMs, g.keys.length, g.keys.join(KEY_SEPARATOR),
+      args.push(g.leading ? `${g.windowMs}|${shard.quietPrefix}` : g.windowMs, g.maxWaitMs,
+        g.keys.length, g.keys.join(KEY_SEPARATOR),
         g.held ? 1 : 0, timesOf(g));
     }
     const items = itemsSection(groups);

@@ -546,7 +546,7 @@ function group(rule: Rule, keys: string[], batch: Batch): UpsertGroup {
     }
   }
   return { rule: rule.name, windowMs: ms(rule.window), maxWaitMs: ms(rule.maxWait), keys, held: false, items,
-           itemsMax: rule.itemsMax ?? 0, schedules };
+           itemsMax: rule.itemsMax ?? 0, leading: rule.leading, schedules };
 }
 
 /** `g` with only `keys` (and their items and times). */

@@ -249,3 +249,29 @@ test("one write of keys of several rules, shards and sizes: every key lands", as
   assert.equal(outcome.cancelled.length, 10);
   await c.close();
 });
+
+test("edge: leading: the first touch of a quiet key is due at once, the next ones a window on", async () => {
+  n += 1;
+  const yaml = `namespace: t${n}
+rules:
+  - name: lead
+    match: "lead:{id}"
+    window: 10s
+    max_wait: 1m
+    edge: leading
+    handler: app:refresh
+`;
+  const c = await Coalescer.connect({ rulesYaml: yaml, redisUrl: server.url, logger: quiet });
+  assert.equal(c.config.rules[0].leading, true);
+  const before = await serverMs();
+  c.touch("lead:1");
+  await c.flush();
+  const after = await serverMs();
+  const s = shard0(c);
+  const due = Number(await server.redis.zscore(s.due("lead"), "lead:1"));
+  assert.ok(due >= before && due <= after, `due ${due} at once, in [${before}, ${after}]`);
+  assert.ok(await server.redis.exists(s.quietPrefix + "lead:1"));
+  await c.close();
+  assert.throws(() => new Coalescer({ rulesYaml: 'rules:\n  - {name: a, match: "x", edge: sideways}\n' }),
+    /rules\[0\]\.edge: edge must be trailing or leading/);
+});
