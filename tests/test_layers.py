@@ -170,11 +170,11 @@ WITHIN: dict[str, dict[str, int]] = {
     "web": tiers(
         "web",
         "__init__ listener requests",
-        "connections guards page scheduled_api roles operator_api",
+        "connections guards page scheduled_api roles operator_api timeline_api",
         "api"),
     "cli": tiers(
         "",
-        "cli.operator_parser cli.operator_cmds",
+        "cli.operator_parser cli.operator_cmds cli.timeline_cmd",
         "cli.check_details cli.closed_stdout cli.demo cli.demo_app.__init__"
         " cli.demo_app.handlers cli.errors cli.parser cli.refresh_lines cli.scheduled_cmds"
         " cli.stopping integrations.django.management.__init__"

@@ -74,6 +74,7 @@ from coalescer.web.requests import (
 )
 from coalescer.web.roles import ApiToken, all_tokens, caller, roles_middleware, whoami
 from coalescer.web.scheduled_api import cancel_scheduled
+from coalescer.web.timeline_api import timeline, trace_url_from_env
 from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class Reads(PageReads, OperatorReads, Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     async def explain(self, key: str) -> dict[str, Any]: ...
+
+    async def timeline(self, key: str, *, at_ms: int | None = None,
+                       trace_url: str | None = None) -> dict[str, Any]: ...
 
     async def pause(self, rule: str) -> bool: ...
 
@@ -249,6 +253,7 @@ class HttpApi:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/keys/{key:.+}/timeline", self._timeline)  # before explain's
         app.router.add_get("/keys/{key:.+}", self._explain)
         app.router.add_delete("/keys/{key:.+}", self._cancel)
         app.router.add_post("/keys/{key:.+}/run", self._run_now)
@@ -426,6 +431,15 @@ class HttpApi:
                 {"key": exc.key, "error": exc.reason}]) from None
         except (RedisError, OSError, TimeoutError) as exc:
             raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+
+    async def _timeline(self, request: web.Request) -> web.Response:
+        """GET /keys/{key}/timeline: the JSON of `coalescer timeline KEY --json`."""
+        try:
+            template = trace_url_from_env()
+        except ValueError as exc:
+            log.warning("trace links left out: $COALESCER_TRACE_URL: %s", exc)
+            template = None
+        return await timeline(request, self._c.query.timeline, template)
 
     async def _cancel(self, request: web.Request) -> web.Response:
         """DELETE /keys/{key}: drop the key's pending refresh (`coalescer cancel KEY`);

@@ -72,6 +72,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "description": "text exposition format", "content": {"text/plain": {}}}}),
     ("get", "/keys/{key}"): _op("Where one key stands (coalescer explain --json)",
                                 {"200": _json("the key's explain JSON")}, 404, 422, 503),
+    ("get", "/keys/{key}/timeline"): _op(
+        "The key's recent events, and which refresh covered a write at a time "
+        "(coalescer timeline --json)", {"200": _json("the key's timeline JSON")}, 400, 404,
+        422, 503, parameters=[_query("at", "a write's time: epoch seconds or ISO 8601")]),
     ("delete", "/keys/{key}"): _op(
         "Cancel the key's pending refresh",
         {"200": _json("{\"cancelled\": true, \"key\", \"state\"}")}, 403, 404, 422, 503),
