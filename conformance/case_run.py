@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coalescer.config.rules import Config
@@ -55,7 +55,9 @@ class CaseRun:
 
     @property
     def config(self) -> Config:
-        return Config.from_string(self.rules, source=self.case.id, import_handlers=False)
+        """The case's rules, in the case's namespace whatever $COALESCER_NAMESPACE says."""
+        config = Config.from_string(self.rules, source=self.case.id, import_handlers=False)
+        return replace(config, namespace=self.namespace)
 
     async def redis(self) -> Any:
         if self.conn is None:
