@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import resource
@@ -335,14 +336,16 @@ def process_tree_cpu(pid: int) -> float:
     return total
 
 
-async def touch_distinct(c: Coalescer, keys: list[str]) -> int:
-    """Touch each key once, yielding every 1000 so the flusher writes meanwhile."""
+async def touch_distinct(c: Coalescer, keys: Iterable[str],
+                         items: Iterable[str | None] | None = None) -> int:
+    """Touch each key once (with its item of ``items``), yielding every 1000 so the
+    flusher writes meanwhile; how many touches the full buffer refused first."""
     refused = 0
     touch = c.touch
-    for i, k in enumerate(keys):
+    for i, (k, item) in enumerate(zip(keys, items or itertools.repeat(None), strict=False)):
         for _ in range(10_000):  # bounded: back-pressure only while Redis catches up
             try:
-                touch(k)
+                touch(k, item)
                 break
             except BackpressureError:
                 refused += 1

@@ -13,11 +13,10 @@ run are bench/figures.py's: ``hot_key`` (touch() calls/s of one key) and ``disti
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
-from coalescer import BackpressureError, Coalescer, Config
+from coalescer import Coalescer, Config
 
 from . import common as C
 from .valkey import Server
@@ -32,27 +31,6 @@ def items_config(**kw: Any) -> Config:
     return Config.from_string(text, source="<bench>")
 
 
-async def _touch_items(c: Coalescer, keys: list[str], per_key: int) -> int:
-    """Touch each key with ``per_key`` items, round by round; returns the refusals."""
-    refused = 0
-    touch = c.touch
-    n = 0
-    for j in range(per_key):
-        for i, k in enumerate(keys):
-            item = f"order:{i}-{j}"
-            while True:  # back-pressure only while Redis catches up
-                try:
-                    touch(k, item)
-                    break
-                except BackpressureError:
-                    refused += 1
-                    await asyncio.sleep(0.001)
-            n += 1
-            if n % 1000 == 0:
-                await asyncio.sleep(0)
-    return refused
-
-
 async def items_coalescer(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     """Items/s into Redis from one process."""
     keys = [C.key(i) for i in range(sizes.items_keys)]
@@ -62,7 +40,10 @@ async def items_coalescer(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     async with c:
         cpu = C.CpuMeter(server)
         t0 = time.perf_counter()
-        refused = await _touch_items(c, keys, sizes.items_per_key)
+        rounds = range(sizes.items_per_key)  # each key with its items, round by round
+        refused = await C.touch_distinct(c, [k for _ in rounds for k in keys],
+                                         [f"order:{i}-{j}" for j in rounds
+                                          for i in range(len(keys))])
         touched = time.perf_counter() - t0
         await c.flush()
         dt = time.perf_counter() - t0
