@@ -41,6 +41,7 @@ from . import fleet as FL
 from . import idle_shards as S
 from . import items as I
 from . import kafka as K
+from . import leading_edge as LE
 from . import node_processes as N
 from . import outbox as O
 from . import peers as P
@@ -115,6 +116,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "fair_cap": [("coalescer", FC.cap, ("TMP", True)), ("baseline", FC.cap, ("TMP", False))],
     "herd": [("coalescer", FR.herd, ()), ("baseline", FR.herd, (False,))],
     "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
+    # edge: leading (the coalescer column) beside edge: trailing (baseline) in the same run
+    "leading": [("coalescer", LE.bursts, ("leading",)), ("baseline", LE.bursts, ("trailing",))],
     "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
               ("baseline_throughput", K.kafka_baseline, ("TMP",)),
               ("coalescer_burst", K.kafka_burst, ("TMP",)),
@@ -619,7 +622,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows, FRows.rows):
+                 _fleet_rows, FRows.rows, LE.rows):
         part(t)
     return t.out
 

@@ -98,3 +98,83 @@ async def test_touches_after_the_leading_run_started_make_exactly_one_more(
     assert second.last_touch_ms <= last_touch
     assert rec.start_ms[1] >= second.due_ms
     assert second.token > first.token
+
+
+async def test_a_cancel_forgets_the_last_touch_so_the_next_one_leads(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace, window="5s", max_wait="10s")
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1")
+    await c.flush()
+    await wait_until(lambda: len(rec.of("lead:1")) == 1, message="the leading refresh")
+    quiet_key = f"{namespace}:{{{namespace}:0}}:quiet:lead:1"
+    assert await redis_client.exists(quiet_key) == 1  # the key is not quiet yet
+    await c.cancel("lead:1")
+    assert await redis_client.exists(quiet_key) == 0
+    c.touch("lead:1")
+    await c.flush()
+    await wait_until(lambda: len(rec.of("lead:1")) == 2, timeout=3,
+                     message="a second leading refresh, well before the window")
+    again = rec.of("lead:1")[1]
+    assert again.due_ms == again.first_touch_ms
+
+
+async def test_a_touch_with_a_time_of_its_own_keeps_it_on_a_leading_rule(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    rec.clock = lambda: server_ms(redis_client)
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1", delay=0.4)
+    await c.flush()
+    await quiet_down(redis_client, namespace)
+    [claim] = rec.of("lead:1")
+    assert claim.due_ms == claim.first_touch_ms + 400  # its own time, not at once
+    assert rec.start_ms[0] >= claim.due_ms
+
+
+async def test_a_touch_after_the_leading_run_ended_but_within_the_window_trails(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    rec.clock = lambda: server_ms(redis_client)
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1", item="a")
+    await c.flush()
+    await quiet_down(redis_client, namespace)  # the leading refresh ran and ended
+    c.touch("lead:1", item="b")
+    await c.flush()
+    await quiet_down(redis_client, namespace)
+    first, second = rec.of("lead:1")
+    assert second.first_touch_ms - first.first_touch_ms < 300  # not quiet yet
+    assert second.due_ms == second.last_touch_ms + 300  # so a window after it
+    assert (sorted(first.items), sorted(second.items)) == (["a"], ["b"])
+
+
+async def test_a_paused_leading_rule_runs_once_on_resume(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, rec = setup(tmp_path, namespace)
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    assert await c.query.pause("lead")
+    for n in range(3):
+        c.touch("lead:1", item=f"i{n}")
+        await c.flush()
+    await asyncio.sleep(0.5)  # a window and more: nothing may run while paused
+    assert rec.of("lead:1") == []
+    assert await c.query.resume("lead")
+    await quiet_down(redis_client, namespace)
+    [claim] = rec.of("lead:1")  # the leading refresh, with every touch made before it
+    assert sorted(claim.items) == ["i0", "i1", "i2"]
+
+
+async def test_drain_runs_a_leading_burst_once(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    path, _ = setup(tmp_path, namespace, window="5s", max_wait="10s")
+    c = await start(path, redis_url=redis_url, node_id="n1", worker=False)
+    c.touch("lead:1", item="a")
+    c.touch("lead:1", item="b")
+    claims = await c.drain()
+    assert [(cl.key, sorted(cl.items)) for cl in claims] == [("lead:1", ["a", "b"])]
+    assert await c.drain() == []

@@ -33,8 +33,11 @@ class VirtualClockScripts(Scripts):
     def __init__(self, redis: Any, clock_key: str) -> None:
         super().__init__(redis)
         self.clock_key = clock_key
+        self._now: int | None = None
         self._scripts = {name: redis.register_script(virtual_source(name, clock_key))
                          for name in SCRIPT_NAMES}
 
     async def at(self, ms: int) -> None:
-        await self._redis.set(self.clock_key, ms)
+        if ms != self._now:
+            await self._redis.set(self.clock_key, ms)
+            self._now = ms
