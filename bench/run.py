@@ -47,6 +47,7 @@ from . import outbox as O
 from . import peers as P
 from . import scheduled as SC
 from . import throttle as T
+from . import timeline as TL
 from .valkey import Server
 
 HERE = Path(__file__).resolve().parent
@@ -118,6 +119,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
     # edge: leading (the coalescer column) beside edge: trailing (baseline) in the same run
     "leading": [("coalescer", LE.bursts, ("leading",)), ("baseline", LE.bursts, ("trailing",))],
+    # a key's timeline beside explain of the same key, with N keys pending
+    "timeline": [("coalescer", TL.answer, ("N",)), ("baseline", TL.answer, ("N", "explain"))],
     "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
               ("baseline_throughput", K.kafka_baseline, ("TMP",)),
               ("coalescer_burst", K.kafka_burst, ("TMP",)),
@@ -622,7 +625,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows, FRows.rows, LE.rows):
+                 _fleet_rows, FRows.rows, LE.rows, TL.rows):
         part(t)
     return t.out
 
