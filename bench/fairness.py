@@ -14,10 +14,10 @@ due time), rule ``t:{org}:{id}`` with a 100 ms window:
 - ``weights``: three tenants at weights 5:3:2, each with ``sizes.fair_weights`` due keys
   (all backlogged throughout): each tenant's share of the first ``sizes.fair_weights``
   starts.
-- ``herd``: ``sizes.herd`` keys of rule ``herd`` scheduled (``at``) for the same second
-  while rule ``other`` is touched every 10 ms: ``other``'s start lag p50/p99 while the
-  herd drains (no ``fair``: rules are apart by design; the "baseline" column is ``other``
-  alone, the same node and rate with no herd).
+- ``herd``: ``herd`` keys of rule ``herd`` scheduled (``at``, from a process of its own)
+  for the same second while rule ``other`` is touched every 10 ms: ``other``'s start lag
+  p50/p99 while the herd drains (no ``fair``: rules are apart by design; the "baseline"
+  column is ``other`` alone, the same node and rate with no herd).
 - ``memory``: Redis memory per pending key (``memory_keys`` keys over 100 tenants) and
   per tenant (``fair_groups`` tenants of one key each), ``fair`` on against off, once
   the claim script has indexed every due key by tenant.
@@ -51,7 +51,6 @@ from coalescer.store.scripts import Scripts
 
 from . import common as C
 from .figures import stall_probe
-from .scheduled import schedule
 from .valkey import Server, used_memory
 
 NS = "fairbench"
@@ -63,6 +62,7 @@ BALANCED_TENANTS = 4
 WEIGHTS = {"x": 5, "y": 3, "z": 2}
 OTHER_EVERY = 0.01  # seconds between touches of the other rule during a herd
 HERD_LEAD = 2.0  # seconds from the end of scheduling the herd to its due second
+IMPORT_START = 3.0  # seconds an import process may take to start on a loaded machine
 MEMORY_TENANTS = 100
 DRAIN_TIMEOUT = 120.0
 INDEX_PER_CALL = 5000  # due keys a claim call indexes by group at most (store/lua/_fair.lua)
@@ -243,7 +243,7 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
         quiet = asyncio.create_task(_quiet_tenant(c, stop))
         await asyncio.sleep(4 * B_EVERY)  # the quiet tenant's lag before the import
         t0 = time.time()
-        await import_keys(server, text, "a", n)
+        await import_keys(server, text, "t:a:{}", n)
         touched_s = time.time() - t0
         drained = await wait_count("a", n)
         await asyncio.sleep(4 * B_EVERY)  # and after it
@@ -258,23 +258,26 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
 
 
 IMPORT = """\
-import sys
+import asyncio, sys
 from coalescer import Coalescer, Config
-import asyncio
-async def main(url, org, n):
+async def main(url, template, n, at):
     config = Config.from_string(sys.stdin.read(), source="<bench>", import_handlers=False)
     async with Coalescer(config, redis_url=url, worker=False) as c:
-        await c.touch_many_wait(f"t:{org}:{i}" for i in range(n))
+        keys = (template.format(i) for i in range(n))
+        await c.touch_many_wait(keys, timeout=None, at=float(at) if at != "-" else None)
         await c.flush()
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
 """
 
 
-async def import_keys(server: Server, text: str, org: str, n: int) -> None:
-    """Tenant ``org`` touches ``n`` keys at once from a process of its own (an app's
-    import, not the node's process: the node's loop is not the writer's)."""
+async def import_keys(server: Server, text: str, template: str, n: int,
+                      at: float | None = None) -> None:
+    """``n`` keys (``template.format(i)``) touched at once, at time ``at`` if given, from
+    a process of its own (an app's import, not the node's: the node's loop and heap are
+    not the writer's)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", IMPORT, server.url, org, str(n), stdin=asyncio.subprocess.PIPE,
+        sys.executable, "-c", IMPORT, server.url, template, str(n),
+        "-" if at is None else repr(at), stdin=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate(text.encode())
     if proc.returncode != 0:
@@ -387,9 +390,9 @@ async def herd(server: Server, sizes: C.Sizes, with_herd: bool = True) -> dict[s
     STARTS.reset(await C.clock_offset_ms(server.url))
     async with node(server, herd_rules()) as c:
         t0 = time.time()
-        due_at = t0 + fs.herd_lead + n / 150_000  # the scheduling's time, and a lead
-        await schedule(c, [f"h:{i}" for i in range(n)], [due_at] * n)
-        await c.flush()
+        # the scheduling's time (a process's start included), and a lead
+        due_at = t0 + fs.herd_lead + IMPORT_START + n / 100_000
+        await import_keys(server, herd_rules(), "h:{}", n, at=due_at)
         scheduled_s = time.time() - t0
         await asyncio.sleep(max(0.0, due_at - fs.herd_lead / 2 - time.time()))
         stop = asyncio.Event()
@@ -402,7 +405,8 @@ async def herd(server: Server, sizes: C.Sizes, with_herd: bool = True) -> dict[s
             stop.set()
         sent = await ticker
         await wait_count("other", sent, timeout=10)
-    return {"herd": n, "scheduled_s": scheduled_s, "drained": drained,
+    return {"herd": n, "scheduled_s": scheduled_s, "scheduled_late": t0 + scheduled_s > due_at,
+            "drained": drained,
             "herd_drain": drain_figures("herd", n), "other_touches": sent,
             **lag_figures("other"), "during_herd": _lags_between("other", *_span("herd")),
             "loop": await loop_stalls, **machine, **load_note()}

@@ -33,7 +33,7 @@ from .valkey import Server
 CAP = 2
 NODES = 3
 SHARDS = 6  # two a node: the cap holds across shards and nodes
-TENANTS = 4
+TENANTS = 8
 WORK = 0.003  # seconds a run sleeps, at most
 CONCURRENCY = 16  # per node: far more slots than the cap
 NS = "faircap"
