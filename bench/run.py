@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from . import batches as B
-from . import bulk_ops as BO
 from . import common as C
 from . import fairness as FR
 from . import fairness_cap as FC
@@ -120,8 +119,6 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
     # edge: leading (the coalescer column) beside edge: trailing (baseline) in the same run
     "leading": [("coalescer", LE.bursts, ("leading",)), ("baseline", LE.bursts, ("trailing",))],
-    "bulk_ops_search": [("coalescer", BO.search, ())],
-    "bulk_ops_retry": [("coalescer", BO.retry, ())],
     # a key's timeline beside explain of the same key, with N keys pending
     "timeline": [("coalescer", TL.answer, ("N",)), ("baseline", TL.answer, ("N", "explain"))],
     "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
@@ -135,7 +132,6 @@ PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median ove
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
 GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 300.0, "fair_cap": 600.0}  # measurements that run long
-GROUP_TIMEOUTS.update({"bulk_ops_search": 300.0, "bulk_ops_retry": 900.0})
 
 
 async def run_group(name: str, sizes: C.Sizes, tmp: Path, results: dict[str, Any],
@@ -629,7 +625,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows, FRows.rows, LE.rows, BO.rows, TL.rows):
+                 _fleet_rows, FRows.rows, LE.rows, TL.rows):
         part(t)
     return t.out
 
