@@ -211,11 +211,13 @@ local function fair_plan(f, limit)
                              'WITHSCORES')
     for i = 1, #found, 2 do
       local g = found[i]
-      local have = math.min(redis.call('ZCARD', f.prefix .. 'q:' .. g), limit)
+      local n = redis.call('ZCARD', f.prefix .. 'q:' .. g)
+      local have = math.min(n, limit)
       local room = fair_room(f, g, have)
       if have == 0 then redis.call('ZREM', groups, g) end
       if room < have then capped = true end
-      local x = {g = g, s = tonumber(found[i + 1]), w = weight_of(f, g), left = room, take = 0}
+      local s0 = tonumber(found[i + 1])
+      local x = {g = g, s = s0, s0 = s0, n = n, w = weight_of(f, g), left = room, take = 0}
       cands[#cands + 1] = x
       if room > 0 then
         heap_push(heap, x)
@@ -234,27 +236,47 @@ local function fair_plan(f, limit)
   return cands, capped
 end
 
--- Claim the planned keys of one group; returns how many it got.
-local function fair_take(c, f, r, due_key, inflight_key, x)
-  local q = f.prefix .. 'q:' .. x.g
-  local keys = redis.call('ZRANGE', q, 0, x.take - 1)
-  redis.call('ZREM', q, unpack(keys))
+-- Claim the planned keys of every candidate in one go: each group's lowest `take` keys
+-- popped from its queue (x.popped of them), those still in due:RULE claimed by one
+-- claim_keys call (a few commands for the batch, not per group). Returns group -> the
+-- claims it got.
+local function fair_take(c, f, r, due_key, inflight_key, cands)
+  local keys, group_of, got = {}, {}, {}
+  for _, x in ipairs(cands) do
+    if x.take > 0 then
+      local popped = redis.call('ZPOPMIN', f.prefix .. 'q:' .. x.g, x.take)
+      x.popped = #popped / 2
+      for i = 1, #popped, 2 do
+        keys[#keys + 1] = popped[i]
+        group_of[popped[i]] = x.g
+      end
+    end
+  end
+  if #keys == 0 then return got end
   local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
   for i = 1, #keys do
     if scores[i] then ready[#ready + 1] = keys[i] end
   end
-  if #ready == 0 then return 0 end
+  if #ready == 0 then return got end
   redis.call('ZREM', due_key, unpack(ready))
   local before_n = #c.claims
   claim_keys(c, r, due_key, inflight_key, ready)
-  local got = #c.claims - before_n
-  if got > 0 and f.cap and f.cap > 0 then
-    local runs = {}
-    for i = before_n + 1, #c.claims do
-      local p = split(c.claims[i], 8)
-      runs[#runs + 1], runs[#runs + 2] = p[8], p[2] .. '|' .. c.meta
+  local runs = {}
+  for i = before_n + 1, #c.claims do
+    local p = split(c.claims[i], 8)
+    local g = group_of[p[8]]
+    got[g] = (got[g] or 0) + 1
+    if f.cap and f.cap > 0 then
+      local t = runs[g]
+      if not t then
+        t = {}
+        runs[g] = t
+      end
+      t[#t + 1], t[#t + 2] = p[8], p[2] .. '|' .. c.meta
     end
-    redis.call('HSET', f.run .. x.g, unpack(runs))
+  end
+  for _, x in ipairs(cands) do
+    if runs[x.g] then redis.call('HSET', f.run .. x.g, unpack(runs[x.g])) end
   end
   return got
 end
@@ -267,12 +289,12 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   fair_sweep(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   local cands, capped = fair_plan(f, limit)
+  local got = fair_take(c, f, r, due_key, inflight_key, cands)
   local groups, tags = f.prefix .. 'groups', f.prefix .. 'tags'
   for _, x in ipairs(cands) do
     if x.take > 0 then
-      local got = fair_take(c, f, r, due_key, inflight_key, x)
-      local start = tonumber(redis.call('ZSCORE', groups, x.g)) + got / x.w
-      if redis.call('EXISTS', f.prefix .. 'q:' .. x.g) == 1 then
+      local start = x.s0 + (got[x.g] or 0) / x.w
+      if x.n > x.popped then
         redis.call('ZADD', groups, start, x.g)
       else
         redis.call('ZREM', groups, x.g)
