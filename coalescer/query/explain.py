@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
+
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
@@ -134,14 +136,18 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
     space = await current_space(redis, config)
     sk = space.shard(await home_of(redis, space, key))
     pipe = redis.pipeline(transaction=False)
-    pipe.time()
+    cluster = isinstance(redis, RedisCluster)  # a Cluster's pipeline refuses TIME
+    if not cluster:
+        pipe.time()
     pipe.hget(sk.meta, key)
     pipe.zscore(sk.inflight(rule.name), key)
     pipe.zscore(sk.dead(rule.name), key)
     if rule.items is not None:
         pipe.smembers(sk.items(key))
         pipe.smembers(sk.claimed_items(key))
-    (sec, usec), value, inflight, dead, *item_sets = await pipe.execute()
+    answers = await pipe.execute()
+    sec, usec = await redis.time() if cluster else answers.pop(0)
+    value, inflight, dead, *item_sets = answers
     now = int(sec) * 1000 + int(usec) // 1000
     # the key's entries in every stream that may hold them (a reshard leaves them behind)
     mine = await read_history(redis, config, HistoryQuery(key=key, limit=EVERY_ENTRY))
