@@ -62,12 +62,12 @@ def measure(workload: str, url: str, keys: int) -> dict[str, Any]:
     return result
 
 
-def one_round(keys: int) -> tuple[float, float]:
+def one_round(keys: int) -> tuple[dict[str, Any], dict[str, Any]]:
     with tempfile.TemporaryDirectory() as root, Server(Path(root)) as server:
-        client = measure("coalescer", server.url, keys)["per_second"]
+        client = measure("coalescer", server.url, keys)
         server.client().flushall()
-        bullmq = measure("bullmq", server.url, keys)["per_second"]
-    return float(client), float(bullmq)
+        bullmq = measure("bullmq", server.url, keys)
+    return client, bullmq
 
 
 def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
@@ -86,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_client()
     rounds = [one_round(args.keys) for _ in range(args.repeats)]
-    clients = [c for c, _ in rounds]
-    peers = [b for _, b in rounds]
-    ratios = [c / b for c, b in rounds]
+    clients = [float(c["per_second"]) for c, _ in rounds]
+    peers = [float(b["per_second"]) for _, b in rounds]
+    ratios = [c / b for c, b in zip(clients, peers, strict=True)]
+
+    def cpu(side: int, field: str) -> str:
+        return f"{statistics.median(float(r[side][field]) for r in rounds):.1f}"
+
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{args.keys:,} distinct keys, {args.repeats} rounds (min / median / max), "
           f"load average {load}")
@@ -99,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| BullMQ addBulk, jobs/s, same server and run | {spread(peers)} | - |")
     print(f"| Node client over BullMQ addBulk, each round | {spread(ratios, '{:.1f}x')} "
           f"| >= {TARGET_RATIO:g}x |")
+    print(f"| Node client: CPU µs a key (median), its process / Redis | "
+          f"{cpu(0, 'client_cpu_us')} / {cpu(0, 'redis_cpu_us')} | - |")
+    print(f"| BullMQ addBulk: CPU µs a job (median), its process / Redis | "
+          f"{cpu(1, 'client_cpu_us')} / "
+          f"{cpu(1, 'redis_cpu_us')} | - |")
     return 0
 
 

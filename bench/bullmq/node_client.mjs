@@ -17,6 +17,26 @@ const req = JSON.parse(process.argv[2]);
 const now = () => performance.now() / 1000;
 const WINDOW_MS = 3_600_000;
 const CHUNK = 1000;
+
+// CPU seconds the Redis server has used so far (INFO cpu), and this process (user + system)
+async function redisCpu(r) {
+  const info = await r.info("cpu");
+  const get = (name) => Number(new RegExp(`^${name}:([0-9.]+)`, "m").exec(info)[1]);
+  return get("used_cpu_user") + get("used_cpu_sys");
+}
+const ownCpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+// what a measurement cost: keys/s, and CPU µs a key of this process and of Redis
+async function costs(r, keys, run) {
+  const redis0 = await redisCpu(r);
+  const own0 = ownCpu();
+  const t0 = now();
+  await run();
+  const dt = now() - t0;
+  const own = ownCpu() - own0;
+  const redis = (await redisCpu(r)) - redis0;
+  return { keys, seconds: dt, per_second: keys / dt, client_cpu_us: (own / keys) * 1e6,
+           redis_cpu_us: (redis / keys) * 1e6 };
+}
 const IN_FLIGHT = 4;
 
 const RULES = `namespace: bench
@@ -31,15 +51,15 @@ rules:
 async function coalescer() {
   const c = await Coalescer.connect({ rulesYaml: RULES, redisUrl: req.url, maxBuffered: req.keys + 1 });
   const keys = Array.from({ length: req.keys }, (_, i) => `stats:user:${i}`);
-  const t0 = now();
-  for (const key of keys) c.touch(key);
-  await c.flush();
-  const dt = now() - t0;
   const r = new IORedis(req.url);
+  const out = await costs(r, req.keys, async () => {
+    for (const key of keys) c.touch(key);
+    await c.flush();
+  });
   const held = await r.zcard("bench:{bench:0}:due:user-stats");
   r.disconnect();
   await c.close();
-  return { keys: req.keys, seconds: dt, per_second: req.keys / dt, redis_holds: held };
+  return { ...out, redis_holds: held };
 }
 
 async function bullmq() {
@@ -53,7 +73,6 @@ async function bullmq() {
       removeOnFail: true, deduplication: { id: key, ttl: WINDOW_MS, extend: true, replace: true,
         keepLastIfActive: true } } };
   });
-  const t0 = now();
   let next = 0;
   const lane = async () => {
     while (next < jobs.length) {
@@ -62,12 +81,13 @@ async function bullmq() {
       await queue.addBulk(part);
     }
   };
-  await Promise.all(Array.from({ length: IN_FLIGHT }, lane));
-  const dt = now() - t0;
+  const r = new IORedis(req.url);
+  const out = await costs(r, req.keys, () => Promise.all(Array.from({ length: IN_FLIGHT }, lane)));
+  r.disconnect();
   const held = (await queue.getJobCounts("delayed")).delayed;
   await queue.close();
   connection.disconnect();
-  return { keys: req.keys, seconds: dt, per_second: req.keys / dt, redis_holds: held };
+  return { ...out, redis_holds: held };
 }
 
 const out = req.workload === "coalescer" ? await coalescer() : await bullmq();
