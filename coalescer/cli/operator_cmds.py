@@ -103,14 +103,14 @@ async def _list(args: argparse.Namespace, c: Coalescer, search: KeyFilter) -> in
 
 
 class _Progress:
-    """A line on stderr at most every PROGRESS_EVERY seconds."""
+    """A line on stderr after the first page, then at most every PROGRESS_EVERY seconds."""
 
     def __init__(self) -> None:
-        self._last = time.monotonic()
+        self._last: float | None = None  # the first page's line comes at once
 
     def __call__(self, progress: BulkProgress) -> None:
         now = time.monotonic()
-        if now - self._last >= PROGRESS_EVERY:
+        if self._last is None or now - self._last >= PROGRESS_EVERY:
             self._last = now
             print(f"coalescer keys: {progress.action}: {progress.done} done of "
                   f"{progress.matched} matched so far ({progress.examined} read)",

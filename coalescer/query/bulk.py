@@ -125,7 +125,8 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
                    on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
     """Act (``act``; None: count only) on every key of ``progress.search``, a page at a
     time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set."""
-    size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate))
+    size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate),
+                    captures=False)
     began, cursor = time.monotonic(), None
     try:
         while True:

@@ -230,10 +230,13 @@ async def _scheduled_only(redis: Any, sk: ShardKeys, found: list[Found]) -> list
 
 @dataclass(frozen=True, slots=True)
 class PageSize:
-    """How much one page reads: at most ``scan`` set entries, ``limit`` keys found."""
+    """How much one page reads: at most ``scan`` set entries, ``limit`` keys found;
+    ``captures`` False leaves a key's captures out when no filter needs them (a bulk
+    action on a whole rule: no pattern is matched at all)."""
 
     scan: int = DEFAULT_SCAN
     limit: int = DEFAULT_LIMIT
+    captures: bool = True
 
     def __post_init__(self) -> None:
         for name, value, most in (("scan", self.scan, MAX_SCAN),
@@ -271,7 +274,8 @@ async def _fill(redis: Any, config: Config, flt: KeyFilter, at: Cursor,
         sk = space.shard(shard)
         want = scan - page.examined
         entries, first = await set_page(redis, _set_of(sk, flt), after, want)
-        found, read = _page_matches(rule, flt, shard, entries, limit - len(page.keys))
+        found, read = _page_matches(rule if size.captures or flt.where else None, flt,
+                                    shard, entries, limit - len(page.keys))
         page.examined += read
         if read:
             after = (entries[read - 1][1], entries[read - 1][0], first + read - 1)
@@ -285,13 +289,13 @@ async def _fill(redis: Any, config: Config, flt: KeyFilter, at: Cursor,
     return page
 
 
-def _page_matches(rule: Rule, flt: KeyFilter, shard: int, entries: list[tuple[str, str]],
-                  room: int) -> tuple[list[Found], int]:
+def _page_matches(rule: Rule | None, flt: KeyFilter, shard: int,
+                  entries: list[tuple[str, str]], room: int) -> tuple[list[Found], int]:
     """The keys of ``entries`` that match (at most ``room``), and how many entries were
-    read to find them."""
+    read to find them (``rule`` None: every key, its captures left out)."""
     found: list[Found] = []
     for read, (member, score) in enumerate(entries, start=1):
-        captures = _matching(rule, flt, member)
+        captures = _matching(rule, flt, member) if rule is not None else {}
         if captures is not None:
             found.append(Found(member, flt.state, shard, int(float(score)), captures))
             if len(found) >= room:
