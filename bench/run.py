@@ -42,11 +42,13 @@ from . import fleet as FL
 from . import idle_shards as S
 from . import items as I
 from . import kafka as K
+from . import leading_edge as LE
 from . import node_processes as N
 from . import outbox as O
 from . import peers as P
 from . import scheduled as SC
 from . import throttle as T
+from . import timeline as TL
 from .valkey import Server
 
 HERE = Path(__file__).resolve().parent
@@ -116,6 +118,10 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "fair_cap": [("coalescer", FC.cap, ("TMP", True)), ("baseline", FC.cap, ("TMP", False))],
     "herd": [("coalescer", FR.herd, ()), ("baseline", FR.herd, (False,))],
     "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
+    # edge: leading (the coalescer column) beside edge: trailing (baseline) in the same run
+    "leading": [("coalescer", LE.bursts, ("leading",)), ("baseline", LE.bursts, ("trailing",))],
+    # a key's timeline beside explain of the same key, with N keys pending
+    "timeline": [("coalescer", TL.answer, ("N",)), ("baseline", TL.answer, ("N", "explain"))],
     "bulk_ops_search": [("coalescer", BO.search, ())],
     "bulk_ops_retry": [("coalescer", BO.retry, ())],
     "kafka": [("coalescer_throughput", K.kafka_throughput, ("TMP",)),
@@ -128,7 +134,7 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
 PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median over theirs
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
-GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 300.0}  # groups whose one measurement runs long
+GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 300.0, "fair_cap": 600.0}  # measurements that run long
 GROUP_TIMEOUTS.update({"bulk_ops_search": 300.0, "bulk_ops_retry": 900.0})
 
 
@@ -623,7 +629,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows, FRows.rows, BO.rows):
+                 _fleet_rows, FRows.rows, LE.rows, TL.rows, BO.rows):
         part(t)
     return t.out
 
