@@ -19,6 +19,7 @@ from coalescer.config import kafka_source  # noqa: F401  (registers type: kafka)
 from coalescer.config.durability import MAX_REPLICAS, MAX_TIMEOUT, NO_REPLICAS, Durability
 from coalescer.config.durations import format_duration
 from coalescer.config.edges import EDGE_CODES, EDGES, edge_name
+from coalescer.config.fair import FairReader
 from coalescer.config.handler_import import HandlerImport, resolve, split_ref
 from coalescer.config.limits import (
     DEFAULT_LIMITS,
@@ -66,7 +67,7 @@ _DURABILITY_FIELDS = ("replicas", "timeout")
 _SETTING_FIELDS = ("window", "max_wait", "absorb", "timeout", "concurrency", "retry",
                    "edge")
 _RULE_FIELDS = ("name", "match", "handler", "rate", *_SETTING_FIELDS, "batch", "items",
-                "isolation")
+                "isolation", "fair", "priority")
 ISOLATIONS = ("thread", "process")
 _BATCH_FIELDS = ("max", "wait")
 _ITEMS_FIELDS = ("max",)
@@ -351,6 +352,9 @@ class RulesSchema(YamlReader):
                                pattern)
         batch = self.optional(entries, prefix, "batch", self.batch, None)
         items = self.optional(entries, prefix, "items", self.items, None)
+        fair = self.optional(entries, prefix, "fair", functools.partial(
+            FairReader(self).fair, pattern=pattern), None)
+        priority = self.optional(entries, prefix, "priority", FairReader(self).priority, 0.0)
         if batch is not None and handler is not None:
             self.attempt(self.batch_handler, handler[0], entries, prefix)
         isolation = (self.optional(entries, prefix, "isolation", self.isolation, None)
@@ -369,7 +373,7 @@ class RulesSchema(YamlReader):
                     concurrency=int(settings["concurrency"].value), retry=retry,
                     handler=handler[0], handler_ref=handler[1], line=line_of(node),
                     rate=rate, batch=batch, items=items, isolation=isolation,
-                    edge=edge_name(settings["edge"].value))
+                    edge=edge_name(settings["edge"].value), fair=fair, priority=priority)
 
     def batch(self, node: Node, prefix: str) -> BatchPolicy:
         """``batch: {max: N, wait: DURATION}``: max is required, wait defaults to 0."""
