@@ -275,3 +275,28 @@ rules:
   assert.throws(() => new Coalescer({ rulesYaml: 'rules:\n  - {name: a, match: "x", edge: sideways}\n' }),
     /rules\[0\]\.edge: edge must be trailing or leading/);
 });
+
+test("a key written lately is held for its rule's absorb: a hot key costs one write per interval", async () => {
+  n += 1;
+  const yaml = `namespace: t${n}
+rules:
+  - name: hot
+    match: "hot:{id}"
+    window: 10s
+    absorb: 2s
+    handler: app:refresh
+`;
+  const c = await Coalescer.connect({ rulesYaml: yaml, redisUrl: server.url, logger: quiet });
+  c.touch("hot:1");
+  await c.flush();
+  assert.equal(c.stats().written, 1);
+  for (let i = 0; i < 20; i++) {
+    c.touch("hot:1");
+    await new Promise((r) => setTimeout(r, 10)); // the background loop runs between touches
+  }
+  assert.equal(c.stats().written, 1); // held, not written again within its absorb
+  assert.equal(c.stats().buffered, 1);
+  await c.flush(); // flush writes held keys too
+  assert.equal(c.stats().written, 2);
+  await c.close();
+});
