@@ -93,13 +93,7 @@ class ClaimScripts(ScriptCalls):
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args.append(limit)
-        names = [rule for rule, _ in limits]
-        section = fair_section(shard, fair, names,
-                               cluster=isinstance(self._redis, RedisCluster))
-        items = _items_section(shard, item_rules, names)
-        if section and not items:  # the fair section comes after an items section
-            items = [shard.items_prefix, shard.claimed_prefix, *(0 for _ in names)]
-        args += items + section
+        args += self._sections(shard, item_rules, fair, [rule for rule, _ in limits])
         result = await self._claiming("claim", shard, keys, args, limits)
         if int(result[0]) == 0:
             raise NotLeaderError(f"shard {shard.shard}: lease {leader!r} is no longer held")
@@ -110,6 +104,16 @@ class ClaimScripts(ScriptCalls):
                           _claims(result[5], result[8] if len(result) > 8 else ()),
                           bool(int(result[6])),
                           _held(result[7]) if len(result) > 7 else {})
+
+    def _sections(self, shard: ShardKeys, item_rules: Mapping[str, int],
+                  fair: Mapping[str, FairSpec], names: Sequence[str]) -> list[Any]:
+        """The items and fair sections of a claiming script's arguments (store/fair_args.py;
+        a fair section always comes after an items section)."""
+        section = fair_section(shard, fair, names, cluster=isinstance(self._redis, RedisCluster))
+        items = _items_section(shard, item_rules, names)
+        if section and not items:
+            items = [shard.items_prefix, shard.claimed_prefix, *(0 for _ in names)]
+        return items + section
 
     async def _claiming(self, name: str, shard: ShardKeys, keys: Sequence[str],
                         args: Sequence[Any], limits: Sequence[tuple[str, int]]) -> Any:
@@ -146,14 +150,16 @@ class ClaimScripts(ScriptCalls):
 
     async def adopt(self, shard: ShardKeys, *, node_id: str, claim_lease_ms: int,
                     limits: Sequence[tuple[str, int]],
-                    item_rules: Mapping[str, int] = NO_ITEM_RULES) -> AdoptBatch:
-        """Claim due keys of rules the shard's leader lacks, where this node serves them."""
+                    item_rules: Mapping[str, int] = NO_ITEM_RULES,
+                    fair: Mapping[str, FairSpec] = NO_FAIR) -> AdoptBatch:
+        """Claim due keys of rules the shard's leader lacks, where this node serves them
+        (``fair`` rules in fair order, their caps checked, as ``claim``)."""
         keys = [shard.leader, shard.meta, shard.seq, shard.nodes, shard.rules, shard.paused]
         args: list[Any] = [node_id, claim_lease_ms]
         for rule, limit in limits:
             keys += [shard.due(rule), shard.inflight(rule)]
             args += [rule, limit]
-        args += _items_section(shard, item_rules, [rule for rule, _ in limits])
+        args += self._sections(shard, item_rules, fair, [rule for rule, _ in limits])
         now, due, expiry, claims, blocked, served, *rest = await self._claiming(
             "adopt", shard, keys, args, limits)
         return AdoptBatch(int(now), _optional(due), _optional(expiry),

@@ -40,7 +40,7 @@ SCRIPT_NAMES = (
 
 
 # helpers only some scripts need, prepended after _lib.lua: the fair order (_fair.lua)
-EXTRA_LIBS: dict[str, tuple[str, ...]] = {"claim": ("_fair",)}
+EXTRA_LIBS: dict[str, tuple[str, ...]] = {"claim": ("_fair",), "adopt": ("_fair",)}
 
 
 def script_source(name: str) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from coalescer.config.rules import Rule
 from coalescer.errors import ReplicationError
+from coalescer.store.fair_args import fair_rules
 from coalescer.store.keys import ShardKeys
 from coalescer.worker.claims import (
     MAX_CLAIM,
@@ -54,6 +55,7 @@ class Adopter:
         self._runner = runner
         self._by_name = {r.name: r for r in ctx.rules}
         self._item_rules = item_rules(ctx.rules)
+        self._fair = fair_rules(ctx.rules)
         self._node_id = ctx.node_id
         self._claim_lease_ms = round(ctx.claim_lease * 1000)
         self._sleep_cap = sleep_cap
@@ -131,7 +133,7 @@ class Adopter:
             return await self._scripts.adopt(
                 self._shard, node_id=self._node_id, claim_lease_ms=self._claim_lease_ms,
                 limits=limits,
-                item_rules=self._item_rules)
+                item_rules=self._item_rules, fair=self._fair)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, rules, MAX_CLAIM, call, clock=self._clock)
         if gate:

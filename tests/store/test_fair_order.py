@@ -220,3 +220,20 @@ async def test_a_cap_set_at_runtime_counts_the_runs_already_going(
                                    lambda key: key.split(":")[1])
     assert found == 5
     assert orgs(await claim(shard, 10, spec())) == {"a": 1}
+
+
+async def test_an_adopting_node_claims_in_fair_order_under_the_cap(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.r.set(shard.keys.leader, "1|leader")  # a leader that lacks the rule
+    await shard.r.hset(shard.keys.rules, mapping={"leader": "|other=a|", "n2": f"|{RULE}=a|"})
+    await touch(shard, *keys_of("huge", 500))
+    await shard.after(await shard.now())
+    await touch(shard, "t:quiet:1")
+    await shard.after(await shard.now())
+
+    batch = await shard.scripts.adopt(shard.keys, node_id="n2", claim_lease_ms=LONG,
+                                      limits=[(RULE, 10)], fair={RULE: spec(cap=4)})
+
+    assert batch.served == 1
+    assert Counter(c.key.split(":")[1] for c in batch.claims) == {"huge": 4, "quiet": 1}
+    assert batch.blocked  # the capped tenant's keys wait for a run to end

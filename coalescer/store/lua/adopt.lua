@@ -10,6 +10,8 @@
 --                          at most (0 claims none; -1: paused, as in claim.lua)
 -- then, only when some rule has items: ITEMS-PREFIX, CLAIMED-PREFIX and the items max
 -- of each rule (0: none), from ARGV[3+2R] (R rules), as in claim.lua
+-- then, only when some rule of the call is fair, its fair section as in claim.lua (the
+-- items section then always given): fair rules claim in fair order, caps checked
 --
 -- A rule is served here only while the shard has a leader, the leader's
 -- registry entry lacks the rule, and the caller is the live node with the
@@ -30,6 +32,7 @@ local leader = split(holder, 2)[2]
 local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumber(ARGV[2]),
            node = node, claims = {}, items = {}}
 claim_items_at(c, 3 + (#KEYS - 6))
+local fair = fair_specs(3 + (#KEYS - 6))  -- nil: no rule of this call is fair (_fair.lua)
 local paused = paused_due_keys(KEYS[6], KEYS[2])
 local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
@@ -45,9 +48,18 @@ for r = 0, (#KEYS - 6) / 2 - 1 do
   if adopter_of(KEYS[5], KEYS[4], leader, name) == node then
     served = served + 1
     local before = #c.claims
-    if limit > 0 then claim_due(c, r, due_key, inflight_key, limit) end
+    local capped = false  -- a fair rule's group held back by its cap
+    if limit > 0 and fair and fair[r] then
+      capped = claim_fair(c, r, due_key, inflight_key, limit, fair[r])
+    elseif limit > 0 then
+      claim_due(c, r, due_key, inflight_key, limit)
+    end
     local h = limit >= 0 and head(due_key) or nil
-    if h and h <= now and limit == 0 then blocked = 1 else next_due = min(next_due, h) end
+    if h and h <= now and (limit == 0 or capped) then
+      blocked = 1
+    else
+      next_due = min(next_due, h)
+    end
     if h and h <= now and #c.claims - before == limit then
       held[#held + 1] = r .. '|' .. redis.call('ZCOUNT', due_key, '-inf', now)
     end
