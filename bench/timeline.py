@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.timeline [--keys N] [--calls C]
 
 One fresh valkey-server; ``N`` keys (1,000,000) are touched through a coalescer
-(``worker=False``, a window of an hour: they all stay pending), then one of them gets a
-full timeline (a re-schedule a call, past the 32 events a timeline keeps). Then
+(``worker=False``, a window of an hour: they all stay pending), then one of them is run
+now, claimed and acked once (through the scripts: a key gets its timeline at its first
+claim) and gets a full timeline (a re-schedule a call, past the 32 events kept). Then
 ``Query.timeline(key, at_ms=...)`` (what ``coalescer timeline KEY --at T`` and ``GET
 /keys/{key}/timeline`` run) is called ``C`` times (200) one after the other: wall time
 per answer, p50/p99/max in ms. The baseline column is ``Query.explain`` of the same key
@@ -23,7 +24,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .common import SHARD, Sizes, coalescer, key, touch_distinct
+from coalescer.store.scripts import Scripts
+
+from .common import RULE, SHARD, Sizes, coalescer, key, touch_distinct
 from .valkey import Server
 
 CALLS = 200
@@ -55,6 +58,17 @@ async def _timed(calls: int, call: Callable[[], Awaitable[Any]]) -> list[float]:
     return out
 
 
+async def _claimed_once(c: Any, measured: str) -> None:
+    """``measured`` made due now, claimed and acked by a pretend leader's scripts."""
+    await c.query.run_now([measured])
+    scripts, node = Scripts(c.redis), "bench-timeline"
+    await c.redis.set(SHARD.leader, f"1|{node}")
+    got = await scripts.claim(SHARD, leader=f"1|{node}", node_id=node, claim_lease_ms=60_000,
+                              sleep_cap_ms=1000, limits=[(RULE, 10)])
+    await scripts.ack(SHARD, [(RULE, [(cl.key, cl.token, 1, 0) for cl in got.claims])])
+    await c.redis.delete(SHARD.leader)
+
+
 async def _loaded(server: Server, n: int) -> tuple[Any, str]:
     """A started coalescer on ``server`` with ``n`` keys pending, one of them (returned)
     with a full timeline."""
@@ -63,6 +77,7 @@ async def _loaded(server: Server, n: int) -> tuple[Any, str]:
     await touch_distinct(c, [key(i) for i in range(n)])
     await c.flush()
     measured = key(n // 2)
+    await _claimed_once(c, measured)
     for i in range(EVENTS):
         c.touch(measured, delay=f"{600 + i}s")
         await c.flush()

@@ -1,16 +1,19 @@
 """A key's timeline as the scripts record it (store/lua/_lib.lua), read into events.
 
 The scripts keep a key's last ``EVENTS`` events in a list that expires ``KEEP_MS`` after
-its last one, written by the calls that already run: a touch in a new second of a
-burst (and a touch with a time of its own), a claim, and a claim's end (ack or fail).
-A second's touch count is the difference between the burst's counts at the seconds'
-boundaries (its first touch and the claim or the pending state close it): a touch
-within a second, or a new key's first touch, costs no write of its own.
+its last one, written by the calls that already run: a claim, a claim's end (ack or
+fail), and, once the key has a timeline (from its first claim on), a touch in a new
+second of a burst and a touch with a time of its own. A second's touch count is the
+difference between the burst's counts at the seconds' boundaries (its first touch and
+the claim or the pending state close it): a touch within a second costs no write of its
+own, and a key never claimed none at all (its burst before its first claim is one
+entry from its first touch to its last, with their count).
 
 Each event read is a dict (the JSON of ``coalescer timeline KEY --json``), ``at_ms``
 its server-clock time:
 
-    touches    second_ms, count (None: not counted, e.g. touches while it ran)
+    touches    second_ms, count (None: not counted, e.g. touches while it ran),
+               until_ms (None, or the last touch when the entry spans several seconds)
     scheduled  due_ms (a touch's own time: ``at``/``delay``)
     claim      token, node, attempt, due_ms, due_reason, first_touch_ms,
                last_touch_ms, touches, items (None: the rule has none), items_overflowed
@@ -100,8 +103,10 @@ def parse_event(raw: str) -> dict[str, Any] | None:
     return None
 
 
-def _bucket(at: int, count: int | None) -> dict[str, Any]:
-    return {"type": "touches", "at_ms": at, "second_ms": at // 1000 * 1000, "count": count}
+def _bucket(at: int, count: int | None, until: int | None = None) -> dict[str, Any]:
+    spans = until is not None and until // 1000 != at // 1000
+    return {"type": "touches", "at_ms": at, "second_ms": at // 1000 * 1000, "count": count,
+            "until_ms": until if spans else None}
 
 
 def touch_buckets(burst: Burst, boundaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,9 +116,10 @@ def touch_buckets(burst: Burst, boundaries: Sequence[dict[str, Any]]) -> list[di
     marks += [(b["at_ms"], b["before"]) for b in boundaries]
     ends = [before for _, before in marks[1:]] + [burst.count]
     out = []
-    for (at, before), end in zip(marks, ends, strict=True):
+    for i, ((at, before), end) in enumerate(zip(marks, ends, strict=True)):
         count = end - before if before is not None and end is not None else None
-        out.append(_bucket(at, count if count is None or count > 0 else None))
+        last = burst.last_ms if i == len(marks) - 1 else None  # no boundary after it
+        out.append(_bucket(at, count if count is None or count > 0 else None, last))
     return out
 
 

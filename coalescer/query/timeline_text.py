@@ -15,9 +15,11 @@ _REASONS = {"window": "by its window", "max_wait": "forced by max_wait (the burs
 
 
 def _touches(e: dict[str, Any]) -> str:
+    when = ("in this second" if e.get("until_ms") is None
+            else f"from then to {clock(e['until_ms'])}")
     if e["count"] is None:
-        return "touched in this second"
-    return f"touched {plural(e['count'], 'time')} in this second"
+        return f"touched {when}"
+    return f"touched {plural(e['count'], 'time')} {when}"
 
 
 def _claim(e: dict[str, Any]) -> str:

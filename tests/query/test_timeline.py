@@ -73,28 +73,33 @@ async def run_of(c: Coalescer, key: str, outcome: str) -> dict[str, Any]:
     return found
 
 
-async def test_touches_by_second_then_a_claim_and_its_success(
+async def test_a_burst_its_claim_and_success_then_touches_by_second(
         tmp_path: Path, redis_url: str, namespace: str,
         redis_client: redis.asyncio.Redis) -> None:
     rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
+    sk = ShardKeys(namespace, 0)
     async with node(rules, redis_url, worker=False) as writer:
         await touched(writer, "w:1", 3)
-        first = await writer.query.timeline("w:1")
-        assert first["state"]["state"] == "pending"
-        assert [(e["type"], e["count"]) for e in first["events"]] == [("touches", 3)]
         await next_second(redis_client)
         await touched(writer, "w:1", 2)
+        assert await redis_client.exists(sk.timeline("w:1")) == 0  # never claimed: nothing
         before_claim = await server_ms(redis_client)
         pending = await writer.query.timeline("w:1", at_ms=before_claim)
-        assert [e["count"] for e in pending["events"]] == [3, 2]
+        [burst] = pending["events"]  # from its state: first to last touch, and the count
+        assert burst["count"] == 5 and burst["until_ms"] == pending["state"]["last_touch_ms"]
+        assert burst["at_ms"] == pending["state"]["first_touch_ms"]
         assert pending["at"]["status"] == "pending"
         assert pending["at"]["answer"].startswith("not yet refreshed: pending, due at")
         async with node(rules, redis_url, node_id="node-t") as worker:
             info = await run_of(worker, "w:1", "success")
             answer = await worker.query.timeline("w:1", at_ms=before_claim)
+        await touched(writer, "w:1", 2)  # a new burst: the key has a timeline now
+        await next_second(redis_client)
+        await touched(writer, "w:1", 1)
+        again = await writer.query.timeline("w:1")
     kinds = [e["type"] for e in info["events"]]
-    assert kinds == ["touches", "touches", "claim", "outcome"]
-    claim, outcome = info["events"][2], info["events"][3]
+    assert kinds == ["touches", "claim", "outcome"]
+    claim, outcome = info["events"][1], info["events"][2]
     assert claim["node"] == "node-t" and claim["attempt"] == 1 and claim["touches"] == 5
     assert claim["due_reason"] == "window" and claim["items"] is None
     assert outcome["token"] == claim["token"] and outcome["outcome"] == "success"
@@ -106,9 +111,20 @@ async def test_touches_by_second_then_a_claim_and_its_success(
     assert answer["at"]["answer"].startswith("covered by the refresh claimed at")
     assert "node node-t" in answer["at"]["answer"]
     text = format_timeline(answer)
-    assert "touched 3 times in this second" in text and "touched 2 times" in text
+    assert "touched 5 times from then to" in text
     assert "claimed by node node-t" in text and "success in" in text
     assert "covered by the refresh" in text
+    buckets = [(e["count"], e["until_ms"]) for e in again["events"][3:]]
+    assert buckets == [(2, None), (1, None)]  # by the second, counted
+    assert "touched 2 times in this second" in format_timeline(again)
+
+
+async def claimed_once(c: Coalescer, key: str) -> None:
+    """``key`` touched, run now and refreshed: it has a timeline."""
+    c.touch(key)
+    await c.flush()
+    await c.query.run_now([key])
+    await run_of(c, key, "success")
 
 
 async def test_max_wait_forcing_a_failure_dead_letter_and_purge(
@@ -141,7 +157,8 @@ async def test_schedules_the_bound_the_expiry_and_a_cancel(
         redis_client: redis.asyncio.Redis) -> None:
     rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
     sk = ShardKeys(namespace, 0)
-    async with node(rules, redis_url, worker=False) as c:
+    async with node(rules, redis_url, node_id="node-s") as c:
+        await claimed_once(c, "ok:1")
         for n in range(EVENTS + 5):
             c.touch("ok:1", delay=f"{100 + n}s")
             await c.flush()
@@ -164,10 +181,11 @@ async def test_the_byte_quota_counts_a_timeline(
     rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
     sk = ShardKeys(namespace, 0)
     counter = ByteCount(redis_client, items=False)
-    async with node(rules, redis_url, worker=False) as c:
-        c.touch("ok:2")
+    async with node(rules, redis_url, node_id="node-q") as c:
+        c.touch("ok:3")  # a key without a timeline: what a pending key counts alone
         await c.flush()
         alone, ended = await counter.count(sk)
+        await claimed_once(c, "ok:2")
         assert ended
         added = int(await redis_client.hget(sk.bytes, "added") or 0)
         for n in range(10):
@@ -178,9 +196,9 @@ async def test_the_byte_quota_counts_a_timeline(
         assert grown >= sum(len(e) for e in events)  # seen at once, by the writes
         recounted, ended = await counter.count(sk)
         usage = await redis_client.memory_usage(sk.timeline("ok:2")) or 0
-        # the key's name twice, Redis's own 80 bytes, its state, and its timeline
-        assert ended and alone < 2 * len("ok:2") + 80 + 30
-        assert recounted > int(usage) + 2 * len("ok:2") + 80
+        # a key's name twice, Redis's own 80 bytes and its state; then ok:2's and its timeline
+        assert ended and alone < 2 * len("ok:3") + 80 + 30
+        assert recounted > alone + int(usage) + 2 * len("ok:2") + 80
 
 
 async def test_a_key_no_rule_matches_and_one_too_long(

@@ -409,6 +409,8 @@ end
 --                  burst's touch count before it ("" for a key that was running); a
 --                  burst's first touch and the touches within a second write nothing
 --   s|MS|DUE       a touch with a time of its own (at/delay) of a key with a state
+--                  (upsert.lua writes these two only to a timeline that exists: a key
+--                  gets one at its first claim)
 --   c|MS|TOKEN|FIRST|LAST|ATTEMPT|DUE|COUNT|ITEMS|NODE   a claim (claim_keys): DUE with
 --                  an "S" in front when a touch's own time set it, COUNT the burst's
 --                  touches, ITEMS the claim's items ("" without items; "+" after the

@@ -40,7 +40,8 @@
 -- of keeping the later due time. A running key keeps such a time for its re-arm.
 -- A touch of a key that has a state, in a later second than the burst's last touch or
 -- with a time of its own, appends an event to the key's timeline (_lib.lua; its bytes
--- are added): a new key's first touch writes none (its state tells it).
+-- are added) if the key has one (it was claimed in the last hour): a key never claimed
+-- costs nothing more (its state tells its burst: first and last touch, count).
 -- LEADING: a plain touch of a quiet key of a leading rule (no state, a dead one, or a
 -- time of its own; and no touch of it within the window before: its marker
 -- QUIET-PREFIX..KEY, holding its last touch, is gone or older than the window) is due
@@ -339,9 +340,10 @@ for g = 0, (#KEYS - 6) / 2 - 1 do
   each_chunk('ZADD', due_key, p.adds)
   for i = 1, #p.events, 2 do
     local tkey = timeline_of(meta, p.events[i])
-    local size = #p.events[i + 1] + ITEM_OVERHEAD
-    if timeline_push(tkey, p.events[i + 1]) == 1 then size = size + #tkey + KEY_OVERHEAD end
-    added = added + size
+    if redis.call('EXISTS', tkey) == 1 then
+      timeline_push(tkey, p.events[i + 1])
+      added = added + #p.events[i + 1] + ITEM_OVERHEAD
+    end
   end
   if #p.adds > 0 then earliest = min(earliest, now + window) end
   earliest = min(earliest, p.soonest)
