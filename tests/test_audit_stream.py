@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis as sync_redis
 
+from coalescer import Coalescer, Config
 from coalescer.cli.main import main
 from coalescer.common import audit_log
 from coalescer.common.audit_log import operator_action
@@ -99,6 +100,11 @@ async def test_a_failed_write_never_fails_the_action_and_is_logged_once_and_coun
 
     operator_action("pause", "rule r", 1, "someone", sink=Broken())  # no raise
     assert audit_log.write_failures() == before + 4
+    closed = Coalescer(Config.from_string(
+        "rules:\n  - {name: r, match: 'r:{id}', handler: builtins:repr}\n"),
+        redis_url=redis_url, worker=False)
+    operator_action("pause", "rule r", 1, "someone", sink=closed.audit)  # not connected
+    assert audit_log.write_failures() == before + 5
 
 
 async def test_the_stream_is_capped(redis_url: str, namespace: str) -> None:

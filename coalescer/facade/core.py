@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coalescer.common import forksafe
+from coalescer.common.audit_log import AuditSink
 from coalescer.config.rules import Config
 from coalescer.errors import ClosedError, ConfigError
 from coalescer.facade.run import Run
 from coalescer.sources.base import check_sources
-from coalescer.store.audit_stream import AuditStream
+from coalescer.store.audit_stream import AuditStream, Unwritable
 from coalescer.store.embedded import ENV_REDIS_URL
 from coalescer.store.hints import CommandHints
 from coalescer.store.keys import KeySpace
@@ -127,12 +128,15 @@ class Core:
         return conn.url if conn else self._redis_url
 
     @property
-    def audit(self) -> AuditStream:
+    def audit(self) -> AuditSink:
         """Where operator actions are written (the namespace's audit log): pass it as
-        ``operator_action(..., sink=c.audit)``. ClosedError while not connected."""
+        ``operator_action(..., sink=c.audit)``. Not connected, a sink whose every entry
+        is counted as not written (an action must never fail for its entry)."""
         run = self._run
         if run.audit is None:
-            run.audit = AuditStream(self.redis, self.config.namespace)
+            if run.conn is None:
+                return Unwritable(f"the coalescer is {self._state}, not connected")
+            run.audit = AuditStream(run.conn.client, self.config.namespace)
         return run.audit
 
     def _connected(self) -> tuple[Any, Scripts]:

@@ -72,6 +72,16 @@ class AuditStream:
             await asyncio.wait([writer], timeout=timeout)
 
 
+class Unwritable:
+    """A sink with no connection: each entry is counted and logged as not written."""
+
+    def __init__(self, why: str) -> None:
+        self._why = why
+
+    def record(self, entry: AuditEntry) -> None:
+        write_failed(ConnectionError(f"{entry.action} {entry.target}: {self._why}"))
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     """An entry as read back: its stream id, server time (ms) and fields."""
