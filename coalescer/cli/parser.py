@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from coalescer import __version__
+from coalescer.cli.fair_cmd import add_fair_command
 from coalescer.cli.operator_parser import add_operator_commands
 from coalescer.cli.timeline_cmd import add_timeline_command
 from coalescer.config.durations import parse_duration
@@ -121,6 +122,7 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
             rules_help="rules file (default: the demo's own, shipped with coalescer)")
     _add_inspection(sub)
     add_operator_commands(sub, _common)
+    add_fair_command(sub, _common)
     add_timeline_command(sub, _common)
     return p
 
