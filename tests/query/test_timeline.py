@@ -38,6 +38,13 @@ rules:
     absorb: 10ms
     retry: {{attempts: 1, backoff: 20ms, max_backoff: 20ms}}
     handler: {{mod}}:refresh
+  - name: retried
+    match: "bad:r:{{id}}"
+    window: 50ms
+    max_wait: 1s
+    absorb: 10ms
+    retry: {{attempts: 2, backoff: 1m, max_backoff: 1m}}
+    handler: {{mod}}:refresh
   - name: later
     match: "ok:{{id}}"
     window: 60s
@@ -152,6 +159,24 @@ async def test_max_wait_forcing_a_failure_dead_letter_and_purge(
         assert (await c.query.timeline("bad:1"))["events"] == []
 
 
+async def test_a_failure_with_a_retry_to_come_is_not_yet_covered(
+        tmp_path: Path, redis_url: str, namespace: str,
+        redis_client: redis.asyncio.Redis) -> None:
+    rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
+    async with node(rules, redis_url, node_id="node-r") as c:
+        at = await server_ms(redis_client)
+        await touched(c, "bad:r:1", 1)
+        info = await run_of(c, "bad:r:1", "failure")
+        answer = (await c.query.timeline("bad:r:1", at_ms=at))["at"]
+    [end] = [e for e in info["events"] if e["type"] == "outcome"]
+    assert end["next"]["kind"] == "retry" and end["next"]["due_ms"] > end["at_ms"] + 1000
+    assert info["state"]["state"] == "backoff"
+    assert answer["status"] == "failed"
+    assert answer["answer"].startswith("not refreshed yet: the refresh claimed at")
+    assert "no such user: bad:r:1; it runs again, due at" in answer["answer"]
+    assert "; retry, due" in format_timeline(info)
+
+
 async def test_schedules_the_bound_the_expiry_and_a_cancel(
         tmp_path: Path, redis_url: str, namespace: str,
         redis_client: redis.asyncio.Redis) -> None:
@@ -170,6 +195,11 @@ async def test_schedules_the_bound_the_expiry_and_a_cancel(
         assert schedules[-1]["due_ms"] - schedules[-1]["at_ms"] == 100_000 + EVENTS + 4 - 1 \
             or schedules[-1]["due_ms"] - schedules[-1]["at_ms"] == (100 + EVENTS + 4) * 1000
         assert "scheduled for" in format_timeline(info)
+        c.touch("ok:9", delay="0s")  # a time of its own: due now, claimed as such
+        await c.flush()
+        claims = [e for e in (await run_of(c, "ok:9", "success"))["events"]
+                  if e["type"] == "claim"]
+        assert [e["due_reason"] for e in claims] == ["scheduled"]
         await c.cancel("ok:1")
         assert await redis_client.exists(sk.timeline("ok:1")) == 0
         assert (await c.query.timeline("ok:1"))["events"] == []
