@@ -1,8 +1,9 @@
 """Model-based test: random programs of touches, handler outcomes and node restarts.
 
-A seeded program drives five rules (one taking every setting from ``defaults``, one
-with a rate of refresh starts, a batch rule whose handler gets up to two claims a call;
-two of them take items, at most four a refresh) on a real server: touches, touches
+A seeded program drives its rules (one taking every setting from ``defaults``, one
+with a rate of refresh starts, a batch rule whose handler gets up to two claims a call,
+one with ``edge: leading``; three of them take items, at most four a refresh) on a real
+server: touches, touches
 with items (each item unique) and bursts of a few keys, cancels of a few keys (some
 right after a touch still in the toucher's buffer), per-key handler outcomes
 (ok, fail, slow, timeout), clean restarts of in-process nodes, SIGKILLs of a
@@ -128,6 +129,11 @@ rules:
     batch: {{max: 2, wait: 30ms}}
     items: {{max: 4}}
     handler: handlers:refresh_batch
+  - name: early
+    match: "early:{{id}}"
+    edge: leading
+    items: {{max: 4}}
+    handler: handlers:refresh
   - name: tenant
     match: "tenant:{{org}}:{{id}}"
     fair: {{by: "{{org}}", weights: {{a: 3}}, max_running: 1}}
@@ -219,8 +225,10 @@ async def refresh_batch(claims):
 """
 
 KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced:1", "paced:2",
-        "bunch:1", "bunch:2", "bunch:3", "tenant:a:1", "tenant:a:2", "tenant:b:1")
-ITEM_KEYS = ("plain:1", "plain:2", "bunch:1", "bunch:2", "bunch:3")  # rules with items
+        "bunch:1", "bunch:2", "bunch:3", "tenant:a:1", "tenant:a:2", "tenant:b:1",
+        "early:1", "early:2")
+ITEM_KEYS = ("plain:1", "plain:2", "bunch:1", "bunch:2", "bunch:3",  # rules with items
+             "early:1")
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
 STEPS = 45
 # How a cancel step goes: at once; right after a touch still in the toucher's buffer; or
@@ -523,7 +531,8 @@ def _touches(keys: list[str], t0: int, t1: int) -> list[Touch]:
 
 
 def rule_table(config: Config) -> tuple[dict[str, Rule], Callable[[str], str]]:
-    rules = {r.name: Rule(round(r.window * 1000), round(r.max_wait * 1000), r.retry.attempts)
+    rules = {r.name: Rule(round(r.window * 1000), round(r.max_wait * 1000), r.retry.attempts,
+                          r.leading)
              for r in config.rules}
     return rules, lambda key: config.rule_for(key).name
 

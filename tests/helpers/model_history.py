@@ -97,6 +97,7 @@ class Rule:
     window_ms: int
     max_wait_ms: int
     attempts: int
+    leading: bool = False  # edge: leading: a quiet key's first touch is due at once
 
 
 @dataclass
@@ -276,9 +277,12 @@ def _never_early(key: str, history: History, runs: list[Run], rule: Rule) -> lis
 def _due_bounds(key: str, run: Run, burst: list[Touch], certain: list[Touch],
                 rule: Rule) -> list[str]:
     window, cap = rule.window_ms * MS, rule.max_wait_ms * MS
-    due = burst[0].t0 + window
+    # a leading rule's refresh may be due at its burst's first touch (checked exactly by
+    # tests/edges/test_leading_model.py); here only that it follows a touch and the cap
+    due = burst[0].t0 + (0 if rule.leading else window)
     if certain:
-        due = max(due, min(max(t.t0 for t in certain) + window, burst[0].t0 + cap))
+        if not rule.leading:
+            due = max(due, min(max(t.t0 for t in certain) + window, burst[0].t0 + cap))
         if run.due_ms * MS > min(t.t1 for t in certain) + cap + MS:
             return [f"coalescing: {key}: refresh (token {run.token}) was due {run.due_ms} ms, past "
                     f"its burst's first touch + max_wait"]
