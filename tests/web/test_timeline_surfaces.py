@@ -89,13 +89,22 @@ def test_cli_timeline_refuses_bad_input_with_what_was_wrong(
     assert "an unknown placeholder {x}" in capsys.readouterr().err
 
 
-async def test_http_timeline_json_and_errors(tmp_path: Path, redis_url: str,
-                                            namespace: str) -> None:
+async def test_http_timeline_json_and_errors(tmp_path: Path, redis_url: str, namespace: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
+    monkeypatch.setenv("COALESCER_TRACE_URL", "https://tempo.example/t/{trace_id}?s={span_id}")
     async with node(rules, redis_url, worker=False) as c, HttpApi(c, port=0) as api:
         c.touch("ok:1")
         await c.flush()
+        await Scripts(c.query._redis).traces_put(ShardKeys(namespace, 0),
+                                                 {"ok:1": f"0|{TRACE}||"}, KEEP, 60_000)
         page = PageNode(c, api, "")
+        status, body = await page.get("/keys/ok%3A1/timeline")
+        assert status == 200 and body["traces"]["touches"][0]["url"] == (
+            f"https://tempo.example/t/{TRACE[3:35]}?s={TRACE[36:52]}")
+        monkeypatch.setenv("COALESCER_TRACE_URL", "https://tempo.example/t/{nope}")
+        status, body = await page.get("/keys/ok%3A1/timeline")  # a bad template: no urls
+        assert status == 200 and body["traces"]["touches"][0]["url"] is None
         status, body = await page.get("/keys/ok%3A1/timeline?at=1700000000")
         assert status == 200 and body["key"] == "ok:1" and body["rule"] == "later"
         assert body["at"]["status"] == "pending" and body["at"]["at_ms"] == 1_700_000_000_000
