@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.timeline [--keys N] [--calls C]
 
-One fresh valkey-server; ``N`` keys (1,000,000) are touched through a coalescer
+One fresh valkey-server; ``N`` - 1 keys (999,999: the default ``limits.pending_keys`` is
+1,000,000, and a touch is refused at it) are touched through a coalescer
 (``worker=False``, a window of an hour: they all stay pending), then one of them is run
 now, claimed and acked once (through the scripts: a key gets its timeline at its first
 claim) and gets a full timeline (a re-schedule a call, past the 32 events kept). Then
@@ -74,7 +75,7 @@ async def _loaded(server: Server, n: int) -> tuple[Any, str]:
     with a full timeline."""
     c = coalescer(server, False, window="1h", max_wait="2h")
     await c.start()
-    await touch_distinct(c, [key(i) for i in range(n)])
+    await touch_distinct(c, [key(i) for i in range(n - 1)])  # limits.pending_keys: n
     await c.flush()
     measured = key(n // 2)
     await _claimed_once(c, measured)
