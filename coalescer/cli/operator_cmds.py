@@ -84,6 +84,10 @@ async def _list(args: argparse.Namespace, c: Coalescer, search: KeyFilter) -> in
             found += [f.to_json() for f in page.keys]
             examined += page.examined
             cursor = page.cursor
+            if page.paused is False:
+                print(f"coalescer keys: rule {search.rule} is not paused: no key waits "
+                      f"for a resume ({c.hints.command('pause', search.rule)} pauses it)",
+                      file=sys.stderr)
             if cursor is None or len(found) >= args.limit:
                 break
     except SearchError as exc:

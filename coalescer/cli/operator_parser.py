@@ -29,7 +29,7 @@ def add_operator_commands(sub: Any, common: Callable[[argparse.ArgumentParser], 
     keys = sub.add_parser("keys", help="a rule's keys by capture and state, a page at a "
                                        "time; with an action flag, act on all of them")
     common(keys)
-    keys.add_argument("--rule", required=True, metavar="RULE")
+    keys.add_argument("--rule", required=True, metavar="RULE", help="the rule whose keys to find")
     keys.add_argument("--where", action="append", metavar="CAPTURE=VALUE",
                       help="only keys whose capture CAPTURE is VALUE (repeat: all must hold)")
     keys.add_argument("--state", metavar="STATE",

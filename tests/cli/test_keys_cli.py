@@ -72,6 +72,12 @@ def test_keys_lists_by_capture_and_pages_with_a_cursor(
     assert sorted(rest + [k["key"] for k in first["keys"]]) == sorted(keys[8:])
     assert "5 keys (the pending keys of rule acct where org=2)" in err
     assert "more:" not in err
+    code, out, err = run(capsys, "keys", "--rule", "acct", "--state", "paused", *setup)
+    assert (code, out) == (0, "") and "rule acct is not paused: no key waits" in err
+    assert run(capsys, "pause", "acct", *setup)[0] == 0
+    code, out, err = run(capsys, "keys", "--rule", "acct", "--state", "paused", "-n", "100",
+                         *setup)
+    assert code == 0 and len(out.splitlines()) == 16 and "not paused" not in err
 
 
 def test_a_bulk_retry_counts_first_then_acts_with_yes_and_is_audited(
