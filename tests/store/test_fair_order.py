@@ -237,3 +237,24 @@ async def test_an_adopting_node_claims_in_fair_order_under_the_cap(
     assert batch.served == 1
     assert Counter(c.key.split(":")[1] for c in batch.claims) == {"huge": 4, "quiet": 1}
     assert batch.blocked  # the capped tenant's keys wait for a run to end
+
+
+async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenants(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # two capped tenants' backlogs sit below the sweep point
+    await touch(shard, *keys_of("a", 300), *keys_of("b", 300))
+    await shard.after(await shard.now())
+    assert orgs(await claim(shard, 10, spec(cap=1))) == {"a": 1, "b": 1}
+    # a key put back with a due time as old as theirs, ranked after all of them (as an
+    # ack re-arms a touch that came while it ran), which no sweep indexes
+    await touch(shard, "t:c:1")
+    last_key, last_score = (await shard.r.zrange(shard.keys.due(RULE), -2, -2,
+                                                  withscores=True))[0]
+    assert last_key.startswith("t:b:")
+    await shard.r.zadd(shard.keys.due(RULE), {"t:c:1": last_score})
+    await shard.r.delete(shard.keys.fair(RULE) + "q:c")
+
+    found: Counter[str] = Counter()
+    for _ in range(12):  # rounds of 64 keys over the 599 below the sweep point
+        found += orgs(await claim(shard, 10, spec(cap=1)))
+    assert found == {"c": 1}

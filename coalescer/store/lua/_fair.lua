@@ -12,6 +12,7 @@
 --                          claim, while that is ahead of the virtual time
 --   PREFIX..v        STRING the virtual time: the start tag of the last claim
 --   PREFIX..swept    STRING how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
+--   PREFIX..low      STRING where the round over the keys below that point goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
@@ -23,12 +24,13 @@
 -- The index is a hint, checked at each claim: an entry whose key left due:RULE
 -- (claimed by a drain, cancelled, moved) is dropped, and a key whose due time moved
 -- later (a re-touch) goes back to due:RULE at that time (claim_keys). Each call
--- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), plus the
--- FAIR_LOW lowest of due:RULE below that point: a key put back with a due time
--- already past (a touch that came while it ran, a claim given back) is found there
--- once the keys due before it are claimed, as it would be without `fair`.
+-- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), and FAIR_LOW
+-- of the keys below that point, going round them call after call (PREFIX..low: the
+-- rank it goes on from): a key put back with a due time already past (a touch that
+-- came while it ran, a claim given back) is found there within a round, however many
+-- keys are due before it.
 
-local FAIR_SWEEP, FAIR_LOW = 5000, 32
+local FAIR_SWEEP, FAIR_LOW = 5000, 64
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -129,9 +131,12 @@ local function fair_sweep(c, f, due_key)
   while n > 0 and tonumber(got[n]) > c.now do n = n - 2 end
   for i = #got, n + 1, -1 do got[i] = nil end
   fair_index(f, got)
-  if score then
-    fair_index(f, redis.call('ZRANGEBYSCORE', due_key, '-inf', '(' .. int(score),
-                             'WITHSCORES', 'LIMIT', 0, FAIR_LOW))
+  if start > 0 then  -- the keys below the sweep point, FAIR_LOW a call, round and round
+    local at = tonumber(redis.call('GET', f.prefix .. 'low')) or 0
+    if at >= start then at = 0 end
+    local stop = math.min(at + FAIR_LOW, start) - 1
+    fair_index(f, redis.call('ZRANGE', due_key, at, stop, 'WITHSCORES'))
+    redis.call('SET', f.prefix .. 'low', stop + 1 >= start and 0 or stop + 1)
   end
   if n == 2 * FAIR_SWEEP then
     mark = got[n] .. '|' .. got[n - 1]
