@@ -52,6 +52,7 @@ from coalescer.web.connections import (
     ConnectionLimits,
     GuardedSite,
 )
+from coalescer.web.fair_api import fair_settings
 from coalescer.web.guards import (
     cross_site_guard,
     host_guard,
@@ -260,6 +261,8 @@ class HttpApi:
         app.router.add_post("/rules/{rule}/pause", self._pause)
         app.router.add_post("/rules/{rule}/resume", self._resume)
         app.router.add_delete("/rules/{rule}/scheduled", self._cancel_scheduled)
+        app.router.add_get("/rules/{rule}/fair", self._fair)
+        app.router.add_post("/rules/{rule}/fair", self._fair)
         page.register(app)
         app.router.add_get("/whoami", whoami)
         OperatorRoutes(self._c, self._read_body, self._who).register(app)
@@ -470,6 +473,11 @@ class HttpApi:
         return await cancel_scheduled(request, self._c.cancel_scheduled,
                                       [r.name for r in self._c.config.rules],
                                       self._who(request))
+
+    async def _fair(self, request: web.Request) -> web.Response:
+        """GET/POST /rules/{rule}/fair: a fair rule's weights and cap (web/fair_api.py)."""
+        body = await self._read_body(request) if request.method == "POST" else None
+        return await fair_settings(request, self._c, body, self._who(request))
 
     async def _pause(self, request: web.Request) -> web.Response:
         """POST /rules/{rule}/pause (`coalescer pause RULE`); 404 for no such rule."""
