@@ -124,18 +124,25 @@ def page_size(rate: int) -> int:
 async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act | None,
                    on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
     """Act (``act``; None: count only) on every key of ``progress.search``, a page at a
-    time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set."""
+    time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set.
+    The next page is read while the action runs on this one (it starts after this
+    page's last entry, which the action does not move past); a stop drops it unread."""
     size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate),
                     captures=False)
-    began, cursor = time.monotonic(), None
+
+    def read(cursor: str | None) -> asyncio.Task[KeysPage]:
+        return asyncio.ensure_future(search_page(redis, config, progress.search, cursor, size))
+
+    began = time.monotonic()
+    ahead: asyncio.Task[KeysPage] | None = read(None)
     try:
-        while True:
-            page = await search_page(redis, config, progress.search, cursor, size)
+        while ahead is not None:
+            page = await ahead
+            ahead = read(page.cursor) if page.cursor is not None else None
             await _apply(page, act, progress, config.namespace)
             if on_page is not None:
                 on_page(progress)
-            cursor = page.cursor
-            if cursor is None:
+            if ahead is None:
                 progress.status = "done"
                 break
             if await _paused_for_rate(progress, began):
@@ -146,6 +153,9 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
         raise
     finally:
         progress.ended = time.time()
+        if ahead is not None:  # read ahead, not acted on: dropped, its outcome unread
+            ahead.cancel()
+            ahead.add_done_callback(lambda t: t.cancelled() or t.exception())
     return progress
 
 
