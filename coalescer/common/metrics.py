@@ -284,6 +284,17 @@ class Metrics:
             "1 while an operator has paused the rule (its keys collect touches and no "
             "node runs them), else 0, as this worker node last read it", ["rule"],
             registry=r)
+        fair = ("per group of a fair rule: the top groups by backlog as status shows "
+                "them, the rest summed in group=\"(other)\", as of the scrape")
+        self.fair_backlog = Gauge(
+            "coalescer_fair_backlog_keys", f"due keys waiting, {fair}", ["rule", "group"],
+            registry=r)
+        self.fair_share = Gauge(
+            "coalescer_fair_share", f"share of the claims while backlogged, {fair}",
+            ["rule", "group"], registry=r)
+        self.fair_running = Gauge(
+            "coalescer_fair_running", f"keys in flight (what max_running caps), {fair}",
+            ["rule", "group"], registry=r)
 
     def hold(self, rule: str, shard: int, keys: int) -> None:
         """Shard ``shard`` holds ``keys`` due keys of ``rule`` back for its rate."""

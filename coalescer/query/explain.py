@@ -21,6 +21,7 @@ from coalescer.common.printable import printable_values
 from coalescer.config.durations import format_duration
 from coalescer.config.rules import Config, Rule
 from coalescer.config.schema import MAX_HISTORY
+from coalescer.query.fair_status import explain_fair, explain_fair_lines
 from coalescer.query.history import (
     CANCELLED,
     HistoryQuery,
@@ -163,6 +164,7 @@ async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]
             and info["due_ms"] <= now and not info["no_worker"]:
         info["rate_wait"] = {"rate": str(rule.rate), "due_now": await redis.zcount(
             sk.due(rule.name), "-inf", now)}
+    info["fair"] = await explain_fair(redis, config, rule, key, space)
     info["last_refreshes"] = [r.to_json() for r in mine[:LAST_REFRESHES]]
     info["rule_paused"] = await redis.sismember(key_names.paused_rules(config.namespace),
                                                 rule.name) == 1
@@ -292,6 +294,7 @@ def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -
     state += explain_worker_lines(info, hints or CommandHints())
     lines.append(f"state      {state[0]}")
     lines += [f"           {line}" for line in state[1:]]
+    lines += [f"fair       {line}" for line in explain_fair_lines(info.get("fair"))]
     if info["first_touch_ms"] is not None:
         lines.append(f"burst      first touch {_ago(info['first_touch_ms'], now)}, last touch "
                      f"{_ago(info['last_touch_ms'], now)}; attempts so far {info['attempts']}")

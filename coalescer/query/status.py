@@ -9,6 +9,7 @@ from coalescer.common.plural import plural
 from coalescer.common.printable import printable_values
 from coalescer.config.rules import Config
 from coalescer.query.controls import paused_rules
+from coalescer.query.fair_status import add_fair, format_fair
 from coalescer.query.history import RECENT, recent_by_rule
 from coalescer.query.layout_read import read_layout
 from coalescer.query.rate_status import add_rates, format_rates
@@ -94,6 +95,7 @@ async def gather_status(redis: Any, config: Config) -> dict[str, Any]:
     await add_sources(redis, config, status)
     mark_unread(status)
     await add_rates(redis, config, status)
+    await add_fair(redis, config, status)
     status["memory"] = await policy_status(redis)
     status["durability"] = await durability_status(redis, config.durability)
     return status
@@ -180,6 +182,7 @@ def format_status(status: dict[str, Any], now_ms: int, *, every_shard: bool = Fa
     lines += status_worker_lines(status, hints or CommandHints())
     lines += _scheduled_lines(status, now_ms)
     lines += format_rates(status)
+    lines += format_fair(status)
     lines += format_registry(status)
     lines += _recent_lines(status)
     lines += format_sources(status)
