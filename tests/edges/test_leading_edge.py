@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from coalescer import Claim
+from coalescer.query.explain import format_explain
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
 from tests.helpers.servers import wait_until
@@ -178,3 +179,22 @@ async def test_drain_runs_a_leading_burst_once(
     claims = await c.drain()
     assert [(cl.key, sorted(cl.items)) for cl in claims] == [("lead:1", ["a", "b"])]
     assert await c.drain() == []
+
+
+async def test_explain_says_a_leading_key_is_due_at_its_first_touch(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    path, _ = setup(tmp_path, namespace)
+    c = await start(path, redis_url=redis_url, node_id="n1", worker=False)
+    c.touch("lead:1")
+    c.touch("trail:1")
+    await c.flush()
+    info = await c.query.explain("lead:1")
+    assert (info["state"], info["due_reason"], info["rule"]["edge"]) == (
+        "pending", "leading", "leading")
+    assert info["due_ms"] == info["first_touch_ms"]
+    text = format_explain(info)
+    assert "the leading edge: the first touch of a quiet key runs at once" in text
+    assert "edge: leading" in text
+    trailing = await c.query.explain("trail:1")
+    assert (trailing["due_reason"], trailing["rule"]["edge"]) == ("window", "trailing")
+    assert "edge: leading" not in format_explain(trailing)
