@@ -43,6 +43,7 @@ from coalescer.errors import (
     UnknownKeyError,
 )
 from coalescer.query.controls import RunNowOutcome
+from coalescer.query.fair_status import fair_gauges
 from coalescer.web import openapi
 from coalescer.web.connections import (
     DEFAULT_BODY_TIMEOUT,
@@ -554,6 +555,7 @@ class HttpApi:
             metrics.pending.labels(rule).set(entry.get("pending", 0))
             metrics.in_flight.labels(rule).set(entry.get("in_flight", 0))
             metrics.dead.labels(rule).set(entry.get("dead", 0))
+        fair_gauges(metrics, status)
 
 
 def _over_quota(exc: QuotaExceededError) -> Refusal:
