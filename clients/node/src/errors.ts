@@ -96,7 +96,7 @@ export class UnwrittenTouchesError extends CoalescerError {
     const sorted = [...keys].sort();
     const more = sorted.length > 5 ? ` and ${sorted.length - 5} more` : "";
     super(`close(): ${sorted.length} touched keys were not written to Redis (${reason}): ` +
-          `${sorted.slice(0, 5).map(shown).join(", ")}${more}`);
+          `${sorted.slice(0, 5).map((k) => shown(k)).join(", ")}${more}`);
     this.count = sorted.length;
     this.keys = sorted;
   }

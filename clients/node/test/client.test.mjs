@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import {
   BackpressureError, ClosedError, Coalescer, EvictionPolicyError, InvalidItemError,
   InvalidKeyError, InvalidScheduleError, KeySpace, ProtocolVersionError, QuotaExceededError,
-  RedisRefusesWritesError, UnknownKeyError, UnwrittenTouchesError,
+  RedisRefusesWritesError, RedisUnreachableError, UnknownKeyError, UnwrittenTouchesError,
 } from "../dist/index.js";
 import { rulesFile, startServer } from "./servers.mjs";
 
@@ -299,4 +299,15 @@ rules:
   await c.flush(); // flush writes held keys too
   assert.equal(c.stats().written, 2);
   await c.close();
+});
+
+test("Redis gone: flush rejects with RedisUnreachableError, close names the keys not written", async () => {
+  const other = await startServer();
+  const c = await Coalescer.connect({ rulesYaml: rules(), redisUrl: other.url, logger: quiet });
+  await other.stop();
+  c.touch("stats:user:gone-with-redis");
+  await assert.rejects(c.flush(), RedisUnreachableError);
+  assert.equal(c.stats().buffered, 1); // kept, for when Redis answers again
+  await assert.rejects(c.close(), (e) => e instanceof UnwrittenTouchesError &&
+    /"stats:user:gone-with-redis"/.test(e.message) && e.count === 1);
 });
