@@ -2,8 +2,9 @@
 which refresh covered a write made at a given time.
 
 One pipelined round trip to the key's shard (both of its shards while a reshard runs)
-reads the server clock, its state, its timeline (at most ``EVENTS`` entries) and its kept
-trace contexts: the answer takes the same time whatever the number of keys pending.
+reads the server clock (apart on a Redis Cluster, whose pipelines refuse TIME), its
+state, its timeline (at most ``EVENTS`` entries) and its kept trace contexts: the answer
+takes the same time whatever the number of keys pending.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import datetime
 import math
 from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from coalescer.config.rules import Config, Rule
 from coalescer.query.explain import describe_state, due_reason
@@ -81,14 +84,18 @@ async def gather_timeline(redis: Any, config: Config, key: str, *, at_ms: int | 
     home = await home_of(redis, space, key)
     sk = space.shard(home)
     pipe = redis.pipeline(transaction=False)
-    pipe.time()
+    cluster = isinstance(redis, RedisCluster)  # a Cluster's pipeline refuses TIME
+    if not cluster:
+        pipe.time()
     pipe.hget(sk.meta, key)
     pipe.zscore(sk.inflight(rule.name), key)
     pipe.zscore(sk.dead(rule.name), key)
     pipe.get(sk.traces(key))
     for n in space.homes(key):
         pipe.lrange(space.shard(n).timeline(key), 0, -1)
-    (sec, usec), value, inflight, dead, traces, *lists = await pipe.execute()
+    answers = await pipe.execute()
+    sec, usec = await redis.time() if cluster else answers.pop(0)
+    value, inflight, dead, traces, *lists = answers
     now = int(sec) * 1000 + int(usec) // 1000
     raw = [entry for entries in lists for entry in entries]
     events = build_events(raw, _pending_burst(value), _reason(rule))

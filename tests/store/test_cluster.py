@@ -76,6 +76,11 @@ async def test_three_nodes_share_six_shards_evenly_and_refresh_everything(
         await wait_until(lambda: {k for k, _ in refreshed} == set(keys), timeout=20,
                          message="every key refreshed")
         assert len(refreshed) == len(keys), "each key refreshed exactly once"
+
+        async def timeline_done() -> bool:  # the scripts wrote it in the key's own slot
+            info = await nodes[1].query.timeline("stats:7")
+            return [r["outcome"] for r in info["runs"]] == ["success"]
+        await wait_until(timeline_done, message="stats:7's timeline: a claim and its success")
     finally:
         for node in nodes:
             await node.close()
