@@ -255,6 +255,6 @@ async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenan
     await shard.r.delete(shard.keys.fair(RULE) + "q:c")
 
     found: Counter[str] = Counter()
-    for _ in range(12):  # rounds of 64 keys over the 599 below the sweep point
+    for _ in range(40):  # a round, 16 keys a call, over the 599 below the sweep point
         found += orgs(await claim(shard, 10, spec(cap=1)))
     assert found == {"c": 1}

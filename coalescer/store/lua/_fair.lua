@@ -30,7 +30,7 @@
 -- came while it ran, a claim given back) is found there within a round, however many
 -- keys are due before it.
 
-local FAIR_SWEEP, FAIR_LOW = 5000, 64
+local FAIR_SWEEP, FAIR_LOW = 5000, 16
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
