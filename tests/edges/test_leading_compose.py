@@ -9,11 +9,16 @@ from typing import Any
 from coalescer import Claim, Coalescer
 from coalescer.config.code_rules import Rule, Rules
 from tests.conftest import Start
-from tests.edges.test_leading_edge import setup
-from tests.helpers.e2e import settled
+from tests.edges.test_leading_edge import RULES, setup
+from tests.helpers.e2e import recorder_rules, settled
 from tests.helpers.servers import wait_until
 
 CALLS: list[list[Claim]] = []
+
+
+async def group_made(r: Any, stream: str) -> bool:
+    """Whether the source has made its group on ``stream`` (it reads new entries only)."""
+    return bool(await r.exists(stream)) and bool(await r.xinfo_groups(stream))
 
 
 async def batch_refresh(claims: list[Claim]) -> None:
@@ -55,3 +60,21 @@ async def test_run_now_starts_a_waiting_trailing_refresh_of_a_leading_rule(
     await wait_until(lambda: len(rec.of("lead:1")) == 2, timeout=3,
                      message="the trailing refresh, made due now")
     assert list(rec.of("lead:1")[1].items) == ["b"]
+
+
+async def test_a_stream_entry_refreshes_a_quiet_leading_key_at_once(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    stream = f"{namespace}-app:orders"
+    text = RULES.format(ns=namespace, window="5s", max_wait="10s") + (
+        f'sources:\n  - name: orders\n    stream: "{stream}"\n'
+        '    key: "lead:{customer_id}"\n')
+    path, rec = recorder_rules(tmp_path, f"leadsrc_{namespace}", text)
+    c = await start(path, redis_url=redis_url, node_id="n1")
+    await wait_until(lambda: group_made(redis_client, stream), message="the source's group")
+    await redis_client.xadd(stream, {"customer_id": "7"})
+    await wait_until(lambda: len(rec.of("lead:7")) == 1, timeout=3,
+                     message="the leading refresh, well before the window")
+    claim = rec.of("lead:7")[0]
+    assert claim.due_ms == claim.first_touch_ms
+    assert c.config.rule_for("lead:7").leading
