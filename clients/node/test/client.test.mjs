@@ -311,3 +311,25 @@ test("Redis gone: flush rejects with RedisUnreachableError, close names the keys
   await assert.rejects(c.close(), (e) => e instanceof UnwrittenTouchesError &&
     /"stats:user:gone-with-redis"/.test(e.message) && e.count === 1);
 });
+
+test("a key Redis refuses for itself is dropped and logged, every other key is written", async () => {
+  const logged = [];
+  const c = await client("", { logger: (level, m) => logged.push(`${level} ${m}`) });
+  const s = shard0(c);
+  await server.redis.hset(s.meta, "stats:user:corrupt", "not a state"); // a script error on it
+  await server.redis.set(s.itemsPrefix + "orders:a:wrongtype", "a string"); // WRONGTYPE on SADD
+  c.touchMany(["stats:user:corrupt", "stats:user:fine"]);
+  c.touchItems([["orders:a:wrongtype", "i1"], ["orders:a:fine", "i2"]]);
+  await c.flush();
+  assert.ok(await server.redis.zscore(s.due("user-stats"), "stats:user:fine"));
+  assert.ok(await server.redis.zscore(s.due("orders"), "orders:a:fine"));
+  assert.equal(await server.redis.zscore(s.due("user-stats"), "stats:user:corrupt"), null);
+  assert.deepEqual(await server.redis.smembers(s.itemsPrefix + "orders:a:fine"), ["i2"]);
+  // (the WRONGTYPE key's state may be in: a script's writes before its error stay)
+  const drops = logged.filter((m) => m.startsWith("error dropped key"));
+  assert.equal(drops.length, 2, logged.join("\n"));
+  assert.ok(drops.some((m) => m.includes('"stats:user:corrupt"')));
+  assert.ok(drops.some((m) => m.includes('"orders:a:wrongtype"') && m.includes("WRONGTYPE")));
+  assert.equal(c.stats().buffered, 0);
+  await c.close();
+});
