@@ -65,6 +65,7 @@ HERD_LEAD = 2.0  # seconds from the end of scheduling the herd to its due second
 IMPORT_START = 3.0  # seconds an import process may take to start on a loaded machine
 MEMORY_TENANTS = 100
 DRAIN_TIMEOUT = 120.0
+HERD_DRAIN_TIMEOUT = 300.0  # a million keys at a loaded machine's few thousand a second
 INDEX_PER_CALL = 5000  # due keys a claim call indexes by group at most (store/lua/_fair.lua)
 
 
@@ -400,7 +401,7 @@ async def herd(server: Server, sizes: C.Sizes, with_herd: bool = True) -> dict[s
         loop_stalls = asyncio.create_task(_loop_stalls(stop))
         machine: dict[str, Any] = {}
         with stall_probe(machine):
-            drained = await wait_count("herd", n)
+            drained = await wait_count("herd", n, timeout=HERD_DRAIN_TIMEOUT)
             await asyncio.sleep(max(0.0, due_at + fs.herd_lead - time.time()))  # touches after
             stop.set()
         sent = await ticker
