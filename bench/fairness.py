@@ -253,7 +253,8 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
         await wait_count("b", sent, timeout=10)
     out = {"fair": fair, "import_keys": n, "import_touch_s": touched_s, "drained": drained,
            "a": drain_figures("a", n), "b": lag_figures("b"), "b_touches": sent,
-           "b_during_import": _lags_between("b", *_span("a")), **load_note()}
+           "b_during_import": _lags_between("b", *_span("a")),
+           "b_samples": _samples("b", t0), **load_note()}
     out["per_second"] = out["a"]["per_second"]
     return out
 
@@ -293,6 +294,13 @@ async def _quiet_tenant(c: Coalescer, stop: asyncio.Event) -> int:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), B_EVERY)
     return i
+
+
+def _samples(group: str, t0: float) -> list[tuple[float, float]]:
+    """Each start of ``group``: seconds since ``t0`` and its lag (ms), for a look at when
+    the lag came."""
+    pairs = zip(STARTS.times.get(group, []), STARTS.lags_ms.get(group, []), strict=True)
+    return [(round(t - t0, 3), round(lag, 1)) for t, lag in pairs]
 
 
 def _span(group: str) -> tuple[float, float]:
