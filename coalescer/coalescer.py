@@ -27,6 +27,7 @@ from coalescer.common.metrics import Metrics
 from coalescer.common.plural import plural
 from coalescer.common.redact import redact
 from coalescer.config.code_rules import Rules, rules_config
+from coalescer.config.priority import Priority
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay
 from coalescer.errors import ClosedError, UnwrittenTouchesError
@@ -97,7 +98,8 @@ class Coalescer(Core):
     # -- touching (facade/touching.py) -----------------------------------------------
 
     def touch(self, key: str, item: str | None = None, *, at: At | None = None,
-              delay: Delay | None = None, keep_items: bool = False) -> None:
+              delay: Delay | None = None, keep_items: bool = False,
+              priority: Priority | None = None) -> None:
         """Mark ``key`` stale: its rule's handler runs once, a quiet window later.
 
         With ``at`` (an aware datetime, epoch seconds, or ISO-8601 text with an offset)
@@ -110,6 +112,10 @@ class Coalescer(Core):
         InvalidScheduleError (naming the key, the time and the limit) and touches nothing.
         A schedule replaces the key's burst, and the items it had with it (the refresh
         gets only the items touched with or after it); ``keep_items=True`` keeps them.
+        ``priority`` (seconds, a timedelta or "30s"; the rule must be fair or have a
+        ``priority:``): among due keys, the key is claimed as if due that much earlier,
+        never before its due time; its burst keeps the largest priority its touches gave.
+        A bad one raises InvalidPriorityError.
 
         Sync and safe from any thread; it never waits on Redis (a touch of a new key
         pauses 5 ms at most when the background writer fell behind by thousands of
@@ -123,7 +129,7 @@ class Coalescer(Core):
         their refresh reached the rules file's ``limits.pending_keys``), ClosedError
         when the coalescer is not running.
         """
-        self._touching.touch(key, item, at, delay, keep_items)
+        self._touching.touch(key, item, at, delay, keep_items, priority=priority)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = (),
                     at: At | None = None, delay: Delay | None = None,
@@ -135,11 +141,12 @@ class Coalescer(Core):
         self._touching.touch_items(pairs, keys, at, delay, keep_items)
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
-                   delay: Delay | None = None, keep_items: bool = False) -> None:
+                   delay: Delay | None = None, keep_items: bool = False,
+                   priority: Priority | None = None) -> None:
         """Touch every key or none (UnknownKeyError, InvalidKeyError, InvalidScheduleError,
         BackpressureError, ClosedError). ``at``/``delay``, ``keep_items``: the time of
         every one of them (see ``touch``); checked, with every key, before any is buffered."""
-        self._touching.touch_many(keys, at, delay, keep_items)
+        self._touching.touch_many(keys, at, delay, keep_items, priority)
 
     async def touch_wait(self, key: str, item: str | None = None, *,
                          timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,

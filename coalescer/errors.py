@@ -129,6 +129,16 @@ class InvalidScheduleError(CoalescerError, ValueError):
                 f"refused: {self.reason}")
 
 
+class InvalidPriorityError(InvalidScheduleError):
+    """A touch's ``priority`` that was refused: not a duration, negative, beyond a year
+    and a day, or for a rule that neither is fair nor has a ``priority:``. Nothing of
+    the call that carried it was applied."""
+
+    def __str__(self) -> str:
+        return (f"priority {shown_key(self.value)} of the touch of key "
+                f"{shown_key(self.key)} refused: {self.reason}")
+
+
 def shown_key(key: object, limit: int = 80) -> str:
     """``repr(key)``, cut short for a very long key."""
     if isinstance(key, str) and len(key) > limit:

@@ -15,6 +15,7 @@ from typing import Any
 from coalescer.coalescer import CLOSE_FLUSH_TIMEOUT, Coalescer
 from coalescer.common import forksafe
 from coalescer.config.code_rules import Rules
+from coalescer.config.priority import Priority
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, Delay
 from coalescer.errors import ClosedError, UnwrittenTouchesError
@@ -139,18 +140,22 @@ class SyncCoalescer:
         except Exception:  # at exit: close() logged the keys it lost
             log.debug("close() at exit failed", exc_info=True)
 
-    def touch(self, key: str, item: str | None = None, *, at: At | None = None,
-              delay: Delay | None = None, keep_items: bool = False) -> None:
-        """Buffer one touch (with ``item`` and a time ``at``/``delay``, if given); see
-        ``Coalescer.touch``."""
+    def touch(self, key: str, item: str | None = None, *, at: At | None = None,  # noqa: PLR0913
+              delay: Delay | None = None, keep_items: bool = False,
+              priority: Priority | None = None) -> None:
+        """Buffer one touch (with ``item``, a time ``at``/``delay`` and a ``priority``, if
+        given); see ``Coalescer.touch``."""
         self._ready(f"touch({key!r})")
-        self.coalescer.touch(key, item, at=at, delay=delay, keep_items=keep_items)
+        self.coalescer.touch(key, item, at=at, delay=delay, keep_items=keep_items,
+                             priority=priority)
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
-                   delay: Delay | None = None, keep_items: bool = False) -> None:
+                   delay: Delay | None = None, keep_items: bool = False,
+                   priority: Priority | None = None) -> None:
         """Buffer every touch or none; see ``Coalescer.touch_many``."""
         self._ready("touch_many()")
-        self.coalescer.touch_many(keys, at=at, delay=delay, keep_items=keep_items)
+        self.coalescer.touch_many(keys, at=at, delay=delay, keep_items=keep_items,
+                                  priority=priority)
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, at: At | None = None,
                     delay: Delay | None = None, keep_items: bool = False) -> None:

@@ -56,10 +56,10 @@ class FairPolicy:
         return "; ".join(parts)
 
 
-def fair_lines(fair: FairPolicy | None, priority: float) -> list[str]:
+def fair_lines(fair: FairPolicy | None, priority: float | None) -> list[str]:
     """The lines ``check -v`` shows for a rule's ``fair`` and ``priority``."""
     lines = [] if fair is None else ["  " + fair.describe()]
-    if priority:
+    if priority is not None:
         lines.append(f"  priority: {format_duration(priority)} (claimed among due keys as "
                      "if due that much earlier)")
     return lines

@@ -162,7 +162,9 @@ class Rule:
     isolation: ProcessIsolation | None = None  # None: a plain handler runs on threads
     edge: str = "trailing"  # or "leading" (config/edges.py)
     fair: FairPolicy | None = None  # None: due keys claimed in due order (config/fair.py)
-    priority: float = 0.0  # seconds: among due keys, claimed as if due this much earlier
+    # seconds: among due keys, claimed as if due this much earlier; None: not given (a
+    # touch's own priority is then refused unless the rule is fair)
+    priority: float | None = None
 
     @property
     def leading(self) -> bool:

@@ -354,7 +354,7 @@ class RulesSchema(YamlReader):
         items = self.optional(entries, prefix, "items", self.items, None)
         fair = self.optional(entries, prefix, "fair", functools.partial(
             FairReader(self).fair, pattern=pattern), None)
-        priority = self.optional(entries, prefix, "priority", FairReader(self).priority, 0.0)
+        priority = self.optional(entries, prefix, "priority", FairReader(self).priority, None)
         if batch is not None and handler is not None:
             self.attempt(self.batch_handler, handler[0], entries, prefix)
         isolation = (self.optional(entries, prefix, "isolation", self.isolation, None)

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+from coalescer.config.priority import Priority, priority_ms, with_priority
 from coalescer.config.schedule import At, Delay, schedule_spec
 from coalescer.errors import InvalidItemError, UnknownKeyError
 from coalescer.facade.core import Core
@@ -51,14 +52,27 @@ class Touching:
         ahead = self.core.config.limits.max_schedule_ahead
         return Wanted(keys, pairs, _spec(keys + [k for k, _ in pairs], at, delay, ahead))
 
-    def touch(self, key: str, item: str | None, at: At | None, delay: Delay | None,
-              keep_items: bool) -> None:
+    def _with_priority(self, keys: list[str], spec: str | None,
+                       priority: Priority | None) -> str | None:
+        """``spec`` with ``priority`` for every one of ``keys`` (InvalidPriorityError
+        names the first it refuses; UnknownKeyError a key no rule matches)."""
+        if priority is None:
+            return spec
+        ms = 0
+        for key in keys:
+            ms = priority_ms(key, priority, self.core.config.rule_for(key))
+        return with_priority(spec, ms)
+
+    def touch(self, key: str, item: str | None, at: At | None,  # noqa: PLR0913
+              delay: Delay | None, keep_items: bool, *,
+              priority: Priority | None = None) -> None:
         core = self.core
         if core._state != "running":
             raise core._not_running(f"touch({key!r})")
         core._check_quota()
-        if at is not None or delay is not None:
+        if at is not None or delay is not None or priority is not None:
             spec = _spec([key], at, delay, core.config.limits.max_schedule_ahead, keep_items)
+            spec = self._with_priority([key], spec, priority)
             core._absorber.touch_scheduled(key, spec or "", item)
         elif item is None:
             core._absorber.touch(key)
@@ -78,11 +92,12 @@ class Touching:
         self.record_all(touched)
 
     def touch_many(self, keys: Iterable[str], at: At | None, delay: Delay | None,
-                   keep_items: bool) -> None:
+                   keep_items: bool, priority: Priority | None = None) -> None:
         self._ready("touch_many()")
         keys = list(keys)
         ahead = self.core.config.limits.max_schedule_ahead
-        self.core._run.absorber.touch_many(keys, _spec(keys, at, delay, ahead, keep_items))
+        spec = self._with_priority(keys, _spec(keys, at, delay, ahead, keep_items), priority)
+        self.core._run.absorber.touch_many(keys, spec)
         self.record_all(keys)
 
     async def touch_wait(self, key: str, item: str | None, timeout: float | None,

@@ -31,15 +31,18 @@ NO_FAIR: Mapping[str, FairSpec] = {}
 
 
 def fair_rules(rules: Iterable[Rule]) -> dict[str, FairSpec]:
-    """The rules with ``fair:`` (or a ``priority``, which orders due keys the same way)."""
+    """The rules with ``fair:`` or a ``priority:`` (which orders due keys the same way: a
+    rule with a priority and no ``fair`` is one group, its pattern "")."""
     out = {}
     for rule in rules:
-        fair = rule.fair
+        fair, priority_ms = rule.fair, round((rule.priority or 0) * 1000)
         if fair is None:
+            if rule.priority is not None:
+                out[rule.name] = FairSpec("", 0, "", priority_ms)
             continue
         weights = "\0".join(f"{value}\0{weight!r}" for value, weight in fair.weights.items())
         out[rule.name] = FairSpec(fair.lua_pattern, fair.max_running or 0, weights,
-                                  round(rule.priority * 1000))
+                                  priority_ms)
     return out
 
 

@@ -5,7 +5,8 @@
              burst's touches) while one (an older
              "P|FIRST|LAST|ATTEMPTS|DUE" is read too); an "S" in front marks a due
              time set by a touch's own time (``at``/``delay``), whose FIRST and DUE
-             offset are then written in base 36
+             offset are then written in base 36; "!PRIORITY" at the end (base 36 ms)
+             is the burst's priority, the largest its touches gave
     running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE" (RDUE "S"-prefixed
              when the touch it re-arms had a time of its own)
     dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
@@ -18,9 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_PENDING = re.compile(r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?")
+_PENDING = re.compile(
+    r"([0-9a-f]+)\|(-?\d+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?(?:!([0-9a-z]+))?")
 _SCHEDULED = re.compile(
-    r"S([0-9a-z]+)\|(-?[0-9a-z]+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?")
+    r"S([0-9a-z]+)\|(-?[0-9a-z]+)(?:\|(-?\d+)(?:\|(\d+)(?:\|(\d+))?)?)?(?:!([0-9a-z]+))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class Pending:
     due_ms: int
     scheduled: bool = False  # the due time is a touch's own time (at/delay)
     touches: int = 1  # the burst's touches that reached Redis
+    priority_ms: int = 0  # the largest priority the burst's touches gave (0: none)
 
 
 def kind(value: str | None) -> str:
@@ -62,9 +65,9 @@ def pending(value: str) -> Pending | None:
     found = (_SCHEDULED if scheduled else _PENDING).fullmatch(value)
     if found is None:
         return None
-    first_text, due_off, last_off, tries, count = found.groups()
+    first_text, due_off, last_off, tries, count, prio = found.groups()
     start = int(first_text, 36 if scheduled else 16)
     return Pending(first_ms=start, last_ms=start + int(last_off or 0),
                    attempts=int(tries or 0),
                    due_ms=start + int(due_off, 36 if scheduled else 10), scheduled=scheduled,
-                   touches=int(count or 1))
+                   touches=int(count or 1), priority_ms=int(prio, 36) if prio else 0)

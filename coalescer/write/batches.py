@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 
+from coalescer.config.priority import with_older
 from coalescer.config.rules import Rule
 from coalescer.config.schedule import then_plain
 from coalescer.write.backpressure import Backpressure
@@ -183,6 +184,7 @@ class Batches(Backpressure):
         time wins, a plain touch since follows the old one."""
         for key, spec in schedules.items():
             if key in self._schedules:
+                self._schedules[key] = with_older(self._schedules[key], spec)
                 continue
             self._schedules[key] = then_plain(spec) if key in self._pending else spec
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
+from coalescer.config.priority import merged
 from coalescer.config.rules import Rule
 from coalescer.config.schedule import then_plain
 from coalescer.store.script_types import OVERFLOW
@@ -115,8 +116,8 @@ class Buffer:
 
     def _timed_locked(self, key: str, spec: str | None) -> None:
         """A touch of buffered ``key`` with time ``spec`` (None: a plain touch), lock held."""
-        if spec is not None:
-            self._schedules[key] = spec  # the latest schedule wins
+        if spec is not None:  # the latest schedule wins, the largest priority
+            self._schedules[key] = merged(self._schedules.get(key), spec)
         elif self._schedules:
             old = self._schedules.get(key)
             if old is not None:

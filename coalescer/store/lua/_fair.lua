@@ -5,8 +5,10 @@
 -- due:RULE, the truth for every other script). The claim script indexes its due keys
 -- by group, and claims from that index in start-time fair order (SFQ, Goyal et al.):
 --   PREFIX = NS:{NS:N}:fair:RULE: (the shard's; keys.py ShardKeys.fair)
---   PREFIX..q:GROUP  ZSET  due key -> its due score less the rule's priority: the due
---                          keys of one group, indexed (a copy: due:RULE keeps them)
+--   PREFIX..q:GROUP  ZSET  due key -> its due score less its priority (the larger of
+--                          the rule's and the one its touches gave, kept in its
+--                          pending state: _lib.lua): the due keys of one group,
+--                          indexed (a copy: due:RULE keeps them)
 --   PREFIX..groups   ZSET  group with indexed keys -> the start tag of its next claim
 --   PREFIX..tags     ZSET  group without indexed keys -> the finish tag of its last
 --                          claim, while that is ahead of the virtual time
@@ -75,10 +77,26 @@ local function weight_of(f, group)
   return f.weights[group] or 1
 end
 
+-- The priorities (ms) of the keys `got` (key, score, ... of due:RULE): each the larger
+-- of the rule's and its pending state's ("!" and base 36 at the end, _lib.lua).
+local function fair_prios(f, got)
+  local keys = {}
+  for i = 1, #got, 2 do keys[#keys + 1] = got[i] end
+  local vals, out = read_fields(f.meta, keys), {}
+  for i = 1, #keys do
+    local v, p = vals[i], nil
+    if v and string.byte(v, 1) ~= 82 and string.byte(v, 1) ~= 68 then  -- not R, D
+      p = string.match(v, '!([%da-z]+)$')
+    end
+    out[i] = math.max(f.prio, p and tonumber(p, 36) or 0)
+  end
+  return out
+end
+
 -- Index `got` (key, score, key, score, ... of due:RULE) by group.
 local function fair_index(f, got)
   if #got == 0 then return end
-  local by, order = {}, {}
+  local by, order, prios = {}, {}, fair_prios(f, got)
   for i = 1, #got, 2 do
     local key = got[i]
     local group = string.match(key, f.pattern) or ''
@@ -88,7 +106,7 @@ local function fair_index(f, got)
       by[group] = t
       order[#order + 1] = group
     end
-    t[#t + 1], t[#t + 2] = tonumber(got[i + 1]) - f.prio, key
+    t[#t + 1], t[#t + 2] = tonumber(got[i + 1]) - prios[(i + 1) / 2], key
   end
   for _, group in ipairs(order) do
     each_chunk('ZADD', f.prefix .. 'q:' .. group, by[group])
@@ -289,7 +307,7 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  f.v = tonumber(redis.call('GET', f.prefix .. 'v')) or 0
+  f.v, f.meta = tonumber(redis.call('GET', f.prefix .. 'v')) or 0, c.meta
   fair_settings(f)
   fair_sweep(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)

@@ -11,6 +11,9 @@
 --            when zero. A touch counts once per write to Redis (touches of one key
 --            that a process absorbs before its flush count as one).
 --            An older "P|FIRST|LAST|ATTEMPTS|DUE" still decodes.
+--            "!PRIORITY" at the end (base 36 ms) is the burst's priority, the largest
+--            its touches gave (upsert.lua; none: no "!"): "18e2a4c1f00|500!n5c" is
+--            due 500 ms after FIRST, claimed among due keys as if due 30 s earlier.
 --            "S" before it marks a due time set by a touch's own time (upsert.lua):
 --            the next plain touch replaces it instead of keeping the later of the two.
 --            Its FIRST and DUE offset are written in base 36 ("Smx966f40|16v7k00" is
@@ -121,24 +124,24 @@ local function from_b36(s)
   return tonumber(s, 36)
 end
 
--- FIRST, DUE, LAST, ATTEMPTS and COUNT of a pending value of the short form (FIRST and
--- its DUE offset in base 36 after an "S"), else nil (a running or dead value never reads
--- as one: its letter is not lowercase hex, nor S).
+-- FIRST, DUE, LAST, ATTEMPTS, COUNT and PRIORITY (ms, 0: none) of a pending value of the
+-- short form (FIRST and its DUE offset in base 36 after an "S"), else nil (a running or
+-- dead value never reads as one: its letter is not lowercase hex, nor S).
 local function short_pending(v)
-  local first, due, last, attempts, count
+  local first, due, last, attempts, count, prio
   if string.byte(v, 1) == 83 then  -- "S"
-    first, due, last, attempts, count = string.match(
-      v, '^S([%da-z]+)|(%-?[%da-z]+)|?(%-?%d*)|?(%d*)|?(%d*)$')
+    first, due, last, attempts, count, prio = string.match(
+      v, '^S([%da-z]+)|(%-?[%da-z]+)|?(%-?%d*)|?(%d*)|?(%d*)(!?[%da-z]*)$')
     if not first then return nil end
     first, due = tonumber(first, 36), from_b36(due)
   else
-    first, due, last, attempts, count = string.match(
-      v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)|?(%d*)$')
+    first, due, last, attempts, count, prio = string.match(
+      v, '^([%da-f]+)|(%-?%d+)|?(%-?%d*)|?(%d*)|?(%d*)(!?[%da-z]*)$')
     if not first then return nil end
     first, due = tonumber(first, 16), tonumber(due)
   end
   return first, first + due, first + (tonumber(last) or 0), tonumber(attempts) or 0,
-    tonumber(count) or 1
+    tonumber(count) or 1, prio ~= '' and tonumber(string.sub(prio, 2), 36) or 0
 end
 
 local function decode(v)
@@ -159,10 +162,10 @@ local function decode(v)
   -- A pending value that does not read (corrupted by hand) decodes as nil: the claim
   -- script then claims the key as touched now (its ack writes a good state), and
   -- upsert.lua reports the key as one it cannot touch.
-  local first, due, last, attempts, count = short_pending(v)
+  local first, due, last, attempts, count, prio = short_pending(v)
   if not first then return nil end
   return {kind = 'P', first = first, due = due, last = last, attempts = attempts,
-          count = count, sched = kind == 'S' or nil}
+          count = count, sched = kind == 'S' or nil, prio = prio}
 end
 
 -- FIRST, DUE, LAST, ATTEMPTS and COUNT of a pending value `v`, without a table
@@ -177,8 +180,8 @@ local function pending_times(v, now)
 end
 
 -- A pending value (`sched`: the due time is a touch's own, see above; `count`: the
--- burst's touches, 1 when nil).
-local function pending(first, last, attempts, due, sched, count)
+-- burst's touches, 1 when nil; `prio`: the burst's priority in ms, none when nil or 0).
+local function pending(first, last, attempts, due, sched, count, prio)
   local v
   if sched then
     v = 'S' .. b36(first) .. '|' .. b36(due - first)
@@ -186,10 +189,13 @@ local function pending(first, last, attempts, due, sched, count)
     v = string.format('%x|%d', first, due - first)
   end
   if count and count > 1 then
-    return v .. string.format('|%d|%d|%d', last - first, attempts, count)
+    v = v .. string.format('|%d|%d|%d', last - first, attempts, count)
+  elseif attempts > 0 then
+    v = v .. string.format('|%d|%d', last - first, attempts)
+  elseif last ~= first then
+    v = v .. string.format('|%d', last - first)
   end
-  if attempts > 0 then return v .. string.format('|%d|%d', last - first, attempts) end
-  if last ~= first then return v .. string.format('|%d', last - first) end
+  if prio and prio > 0 then return v .. '!' .. b36(prio) end
   return v
 end
 

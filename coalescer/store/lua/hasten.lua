@@ -18,7 +18,7 @@ local function hasten(due_key, key, score)
   local s = decode(redis.call('HGET', meta, key))
   if s and s.kind == 'P' then
     if s.due <= now and score <= now then return 0 end
-    redis.call('HSET', meta, key, pending(s.first, s.last, s.attempts, now, nil, s.count))
+    redis.call('HSET', meta, key, pending(s.first, s.last, s.attempts, now, nil, s.count, s.prio))
   elseif score <= now then
     return 0
   end

@@ -20,7 +20,10 @@
 --           touches, else KEY, TIME, KEY, TIME, ... joined by NUL for the keys of the
 --           group touched with a time of their own: "a" and epoch ms, or "d" and a
 --           delay in ms from now, then "k" to keep the items the key already had,
---           then "+" when a plain touch followed it
+--           then "+" when a plain touch followed it. A KEY's TIME may carry a priority:
+--           "p" and ms before any "+" ("d5000p30000", or "p30000" alone: a plain
+--           touch with a priority); the key's pending state keeps the largest
+--           priority its burst's touches gave (see PRIORITY below)
 -- then, only when some key was touched with items or a time of its own (an empty
 -- section for plain touches):
 --   ITEMS-PREFIX, then per rule with items: ITEMS_MAX and one argument of fields
@@ -42,6 +45,11 @@
 -- with a time of its own, appends an event to the key's timeline (_lib.lua; its bytes
 -- are added) if the key has one (it was claimed in the last hour): a key never claimed
 -- costs nothing more (its state tells its burst: first and last touch, count).
+-- PRIORITY: a touch with a priority (TIMES above) keeps in the key's pending state the
+-- larger of it and the one the state had (_lib.lua); a touch without one keeps the
+-- state's. A new burst (a key idle, dead, or claimed since) starts without one; a touch
+-- while the key runs records no priority for its re-arm. The claim order of _fair.lua
+-- reads it.
 -- LEADING: a plain touch of a quiet key of a leading rule (no state, a dead one, or a
 -- time of its own; and no touch of it within the window before: its marker
 -- QUIET-PREFIX..KEY, holding its last touch, is gone or older than the window) is due
@@ -104,18 +112,24 @@ end
 -- learn it (a dead key starting again, a key whose own time a plain touch replaces),
 -- else nil: a re-touch moves only the due time kept in meta (see _lib.lua); whether
 -- it was dead; and its timeline event (new_second), if any.
-local function retouch(v, window, max_wait)
+local function retouch(v, window, max_wait, prio)
+  if not v then  -- a new key touched with a priority
+    return pending(now, now, 0, now + window, nil, nil, prio), now + window, false
+  end
   local s = decode(v)
   if s.kind == 'R' then
     local ev = new_second(s.rlast, '')
     return touch_running(s, window, max_wait), nil, false, ev
   elseif s.kind == 'P' then
-    if s.sched then return pending(now, now, s.attempts, now + window), now + window, false end
+    local p = math.max(s.prio or 0, prio or 0)
+    if s.sched then
+      return pending(now, now, s.attempts, now + window, nil, nil, p), now + window, false
+    end
     local due = math.max(s.due or 0, math.min(now + window, s.first + max_wait))
-    return pending(s.first, now, s.attempts, due, nil, (s.count or 1) + 1), nil, false,
+    return pending(s.first, now, s.attempts, due, nil, (s.count or 1) + 1, p), nil, false,
       new_second(s.last, s.count or 1)
   end
-  return pending(now, now, 0, now + window), now + window, true
+  return pending(now, now, 0, now + window, nil, nil, prio), now + window, true
 end
 
 -- The due time of a touch's own time `spec` (see TIMES above; a past one is now),
@@ -134,7 +148,7 @@ local added = 0  -- bytes of the new keys and items of this write
 
 -- A touch of `v` (false: no state) with its own time `spec`: the new state, its due
 -- time (its due set learns it) and whether it was dead (see retouch).
-local function timed_state(v, spec, window, max_wait)
+local function timed_state(v, spec, window, max_wait, prio)
   local due, plain_after = spec_due(spec)
   local s = v and decode(v)
   if v and not s then error('unreadable state') end
@@ -144,23 +158,25 @@ local function timed_state(v, spec, window, max_wait)
     return running(s), nil, false
   end
   local attempts = s and s.kind == 'P' and s.attempts or 0
+  local p = math.max(s and s.kind == 'P' and s.prio or 0, prio or 0)
   if plain_after then
-    return pending(now, now, attempts, now + window), now + window, s and s.kind == 'D'
+    return pending(now, now, attempts, now + window, nil, nil, p), now + window,
+      s and s.kind == 'D'
   end
-  return pending(now, now, attempts, due, true), due, s and s.kind == 'D'
+  return pending(now, now, attempts, due, true, nil, p), due, s and s.kind == 'D'
 end
 
 -- timed_state, and the timeline event of a touch with its own time of a key that has a
 -- state (_lib.lua).
-local function timed(v, spec, window, max_wait)
-  local state, due, dead_before = timed_state(v, spec, window, max_wait)
+local function timed(v, spec, window, max_wait, prio)
+  local state, due, dead_before = timed_state(v, spec, window, max_wait, prio)
   return state, due, dead_before, v and 's|' .. int(now) .. '|' .. int(spec_due(spec)) or nil
 end
 
 -- A key's touch: timed when `spec` is given, else a re-touch of its state `v`.
-local function touch_key(v, spec, window, max_wait)
-  if spec then return timed(v, spec, window, max_wait) end
-  return retouch(v, window, max_wait)
+local function touch_key(v, spec, window, max_wait, prio)
+  if spec then return timed(v, spec, window, max_wait, prio) end
+  return retouch(v, window, max_wait, prio)
 end
 
 -- The text of a key's own error; a command's error reply ("CODE message", or a
@@ -177,7 +193,8 @@ end
 -- with a state is worked out under pcall and a failing one goes to `failed`.
 -- `times`: key -> its touch's own time (nil when no key of the group has one).
 -- `leads`: key -> {state, due, dead} of a leading rule's leading touches (nil: none).
-local function plan(keys, vals, window, max_wait, guarded, failed, times, leads)
+-- `prios`: key -> its touch's priority in ms (nil when no key of the group has one).
+local function plan(keys, vals, window, max_wait, guarded, failed, times, leads, prios)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
   local p = {states = states, adds = adds, revived = {}, count = 0, events = {}}
   local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
@@ -186,14 +203,15 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times, leads)
     local state, due, ok, dead_before, ev = fresh, fresh_due, true, false, nil
     local spec = times and times[key]
     local lead = leads and leads[key]
+    local prio = prios and prios[key]
     if lead then
       state, due, dead_before = lead[1], lead[2], lead[3]
       if dead_before then p.revived[#p.revived + 1] = key end
-    elseif v or spec then
+    elseif v or spec or prio then
       if guarded then
-        ok, state, due, dead_before, ev = pcall(touch_key, v, spec, window, max_wait)
+        ok, state, due, dead_before, ev = pcall(touch_key, v, spec, window, max_wait, prio)
       else
-        state, due, dead_before, ev = touch_key(v, spec, window, max_wait)
+        state, due, dead_before, ev = touch_key(v, spec, window, max_wait, prio)
       end
       if ok and ev then p.events[#p.events + 1], p.events[#p.events + 2] = key, ev end
       if ok and dead_before then p.revived[#p.revived + 1] = key end
@@ -253,12 +271,25 @@ local function add_touched_items(at, failed)
   end
 end
 
--- The group's TIMES argument as key -> time, nil when empty.
+-- The group's TIMES argument as key -> time and key -> priority ms (see TIMES above),
+-- each nil when it has none.
 local function times_of(joined)
   if joined == nil or joined == '' then return nil end
-  local f, out = fields_of(joined), {}
-  for i = 1, #f - 1, 2 do out[f[i]] = f[i + 1] end
-  return out
+  local f, out, prios = fields_of(joined), nil, nil
+  for i = 1, #f - 1, 2 do
+    local spec = f[i + 1]
+    local body, ms, plus = string.match(spec, '^(.-)p(%d+)(%+?)$')
+    if body then
+      prios = prios or {}
+      prios[f[i]] = tonumber(ms)
+      spec = body ~= '' and body .. plus or nil
+    end
+    if spec then
+      out = out or {}
+      out[f[i]] = spec
+    end
+  end
+  return out, prios
 end
 
 -- The keys (and their states) this shard holds: the others are asked.
@@ -326,11 +357,11 @@ for g = 0, (#KEYS - 6) / 2 - 1 do
   local keys = split_keys(ARGV[pos + 3], tonumber(ARGV[pos + 2]))
   local vals = read_fields(meta, keys)
   if ARGV[pos + 4] == '1' then keys, vals = held_only(keys, vals, asked) end
-  local times = times_of(ARGV[pos + 5])
+  local times, prios = times_of(ARGV[pos + 5])
   local leads, due_now = nil, 0
   if quiet then leads, due_now = leading_plan(keys, vals, times, window, quiet) end
-  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed, times, leads)
-  if not ok then p = plan(keys, vals, window, max_wait, true, failed, times, leads) end
+  local ok, p = pcall(plan, keys, vals, window, max_wait, false, failed, times, leads, prios)
+  if not ok then p = plan(keys, vals, window, max_wait, true, failed, times, leads, prios) end
   if quiet then
     mark_touched(p.states, quiet, window)
     if due_now > 0 then earliest = min(earliest, now) end
