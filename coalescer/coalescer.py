@@ -133,12 +133,12 @@ class Coalescer(Core):
 
     def touch_items(self, pairs: Iterable[tuple[str, str]], *, keys: Iterable[str] = (),
                     at: At | None = None, delay: Delay | None = None,
-                    keep_items: bool = False) -> None:
+                    keep_items: bool = False, priority: Priority | None = None) -> None:
         """Touch each key of the ``(key, item)`` pairs with its item, and each of ``keys``
         plainly: every one or none (UnknownKeyError, InvalidKeyError, InvalidItemError,
         InvalidScheduleError, BackpressureError, ClosedError). ``at``/``delay``,
         ``keep_items``: the time of every one of them (see ``touch``)."""
-        self._touching.touch_items(pairs, keys, at, delay, keep_items)
+        self._touching.touch_items(pairs, keys, at, delay, keep_items, priority=priority)
 
     def touch_many(self, keys: Iterable[str], *, at: At | None = None,
                    delay: Delay | None = None, keep_items: bool = False,

@@ -81,14 +81,16 @@ class Touching:
         if core._record is not None:
             core._record(key)
 
-    def touch_items(self, pairs: Iterable[tuple[str, str]], keys: Iterable[str],
-                    at: At | None, delay: Delay | None, keep_items: bool) -> None:
+    def touch_items(self, pairs: Iterable[tuple[str, str]],  # noqa: PLR0913
+                    keys: Iterable[str], at: At | None, delay: Delay | None,
+                    keep_items: bool, *, priority: Priority | None = None) -> None:
         self._ready("touch_items()")
         pairs, keys = list(pairs), list(keys)
         touched = [k for k, _ in pairs] + keys
         ahead = self.core.config.limits.max_schedule_ahead
+        spec = _spec(touched, at, delay, ahead, keep_items)
         self.core._run.absorber.touch_items(pairs, keys,
-                                            _spec(touched, at, delay, ahead, keep_items))
+                                            self._with_priority(touched, spec, priority))
         self.record_all(touched)
 
     def touch_many(self, keys: Iterable[str], at: At | None, delay: Delay | None,

@@ -70,6 +70,7 @@ from coalescer.web.requests import (
     check_content_type,
     parse_touch,
     refuse_bad_items,
+    refuse_bad_priority,
     refuse_bad_time,
     refuse_unstorable,
     unreadable,
@@ -348,6 +349,7 @@ class HttpApi:
             raise Refusal(422, f"{plural(len(unknown), 'key')} {verb} no rule; "
                                "nothing was touched",
                           unknown_keys=unknown[:SHOWN_KEYS])
+        refuse_bad_priority(when, [*keys, *(key for key, _ in pairs)], self._c.config.rule_for)
         self._apply(keys, pairs, when)
         traceparent = request.headers.get("traceparent")
         if traceparent:  # the caller's trace: the refreshes link to it (tracing on)

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from coalescer.web.requests import TIME_FIELDS
+from coalescer.web.requests import PRIORITY_FIELD, TIME_FIELDS
 
 PATH = "/openapi.json"
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -57,8 +57,12 @@ TOUCH = {
         "keys": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "items": {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
                                              "items": {"type": "string"}}},
-        **dict.fromkeys(TIME_FIELDS, _TIME)},
-    "description": "keys, items ([KEY, ITEM] pairs) or both; at or delay, not both"}
+        **dict.fromkeys(TIME_FIELDS, _TIME),
+        PRIORITY_FIELD: {"oneOf": [{"type": "string"}, {"type": "number"}],
+                         "description": "seconds or a duration such as \"30s\": among due "
+                                        "keys, claimed as if due that much earlier"}},
+    "description": "keys, items ([KEY, ITEM] pairs) or both; at or delay, not both; "
+                   "priority"}
 
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/touch"): _op(

@@ -7,14 +7,17 @@ Shared by the API's routes and the status page's endpoints.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from aiohttp import web
 
 from coalescer.common.json_depth import TooDeep, loads_bounded
 from coalescer.common.plural import noun, plural
+from coalescer.config.model import Rule
+from coalescer.config.priority import priority_ms
 from coalescer.config.schedule import HORIZON, schedule_spec
-from coalescer.errors import InvalidScheduleError, shown_key
+from coalescer.errors import InvalidPriorityError, InvalidScheduleError, shown_key
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
@@ -111,6 +114,7 @@ _TOUCH_SHAPE = ('the body must be a JSON object {"keys": ["KEY", ...]}, '
                 '{"items": [["KEY", "ITEM"], ...]} or both, and at most one of "at" '
                 '(epoch seconds or ISO-8601 with an offset) and "delay" (seconds or "30m")')
 TIME_FIELDS = ("at", "delay")
+PRIORITY_FIELD = "priority"  # seconds or a duration string: see Coalescer.touch
 
 
 def _check_pair(index: int, pair: object) -> tuple[str, str]:
@@ -129,12 +133,13 @@ def _check_pair(index: int, pair: object) -> tuple[str, str]:
 
 def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]], dict[str, Any]]:
     """The plain keys, the (key, item) touches and the time (``at`` or ``delay``, as
-    given; empty for none) of a /touch body; Refusal(400) saying what is wrong with it.
+    given, and ``priority``; empty for none) of a /touch body; Refusal(400) saying what
+    is wrong with it.
     Either of keys and items may be left out, not both."""
     body = _decode(raw)
     if not isinstance(body, dict):
         raise Refusal(400, f"{_TOUCH_SHAPE}, got a JSON {type(body).__name__}")
-    extra = sorted(set(body) - {"keys", "items", *TIME_FIELDS})
+    extra = sorted(set(body) - {"keys", "items", *TIME_FIELDS, PRIORITY_FIELD})
     if extra:
         raise Refusal(400, f"unknown {noun(len(extra), 'field')} {', '.join(map(repr, extra))}; "
                            f"{_TOUCH_SHAPE}")
@@ -147,7 +152,8 @@ def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]], dict[str,
     if not isinstance(pairs, list):
         raise Refusal(400, f"'items' must be a list of [KEY, ITEM] pairs, got "
                            f"{type(pairs).__name__}")
-    when = {name: body[name] for name in TIME_FIELDS if body.get(name) is not None}
+    when = {name: body[name] for name in (*TIME_FIELDS, PRIORITY_FIELD)
+            if body.get(name) is not None}
     return ([_check_key(i, key) for i, key in enumerate(keys)],
             [_check_pair(i, pair) for i, pair in enumerate(pairs)], when)
 
@@ -155,6 +161,7 @@ def parse_touch(raw: bytes) -> tuple[list[str], list[tuple[str, str]], dict[str,
 def refuse_bad_time(when: dict[str, Any], keys: list[str], ahead: float = HORIZON) -> None:
     """Refuse (400) a /touch body whose ``at``/``delay`` cannot be used (before 1970,
     more than ``ahead`` seconds ahead, ...), naming it."""
+    when = {name: when[name] for name in TIME_FIELDS if name in when}
     if not when:
         return
     try:
@@ -164,6 +171,21 @@ def refuse_bad_time(when: dict[str, Any], keys: list[str], ahead: float = HORIZO
             "delay" if "at" not in when else "at, delay")
         raise Refusal(400, f"{field} {shown_key(exc.value)} cannot be used: {exc.reason}; nothing "
                            "was touched", field=field) from None
+
+
+def refuse_bad_priority(when: dict[str, Any], keys: list[str],
+                        rule_for: Callable[[str], Rule]) -> None:
+    """Refuse (400) a /touch body whose ``priority`` cannot be used for one of ``keys``
+    (each matching a rule), naming the field, the key and why."""
+    if PRIORITY_FIELD not in when:
+        return
+    try:
+        for key in keys:
+            priority_ms(key, when[PRIORITY_FIELD], rule_for(key))
+    except InvalidPriorityError as exc:
+        raise Refusal(400, f"priority {shown_key(exc.value)} cannot be used for key "
+                           f"{shown_key(exc.key)}: {exc.reason}; nothing was touched",
+                      field=PRIORITY_FIELD) from None
 
 
 def refuse_bad_items(bad: list[dict[str, Any]]) -> None:

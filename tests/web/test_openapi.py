@@ -13,7 +13,7 @@ import pytest_asyncio
 from coalescer import Coalescer
 from coalescer.web import openapi
 from coalescer.web.api import HttpApi
-from coalescer.web.requests import TIME_FIELDS
+from coalescer.web.requests import PRIORITY_FIELD, TIME_FIELDS
 
 RULES = """\
 namespace: {ns}
@@ -76,7 +76,7 @@ async def test_the_document_is_openapi_3_with_its_parameters_and_answers(
                 assert ref is None or ref.split("/")[-1] in doc["components"]["schemas"]
     touch = operations(doc)[("post", "/touch")]
     body = touch["requestBody"]["content"]["application/json"]["schema"]
-    assert set(body["properties"]) == {"keys", "items", *TIME_FIELDS}  # what it reads
+    assert set(body["properties"]) == {"keys", "items", *TIME_FIELDS, PRIORITY_FIELD}
     assert {"202", "400", "422", "429"} <= set(touch["responses"])
 
 
