@@ -26,6 +26,7 @@ from coalescer.cli.check_details import (
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
 from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
+from coalescer.cli.touch_priority import refuse_priority
 from coalescer.coalescer import Coalescer
 from coalescer.common.audit_log import keys_target, local_user, operator_action
 from coalescer.common.plural import plural
@@ -110,14 +111,15 @@ async def cmd_touch(args: argparse.Namespace) -> int:
         print("coalescer touch: nothing was touched", file=sys.stderr)
         return EXIT_UNKNOWN_KEY
     pairs = [(key, item) for key in args.keys for item in args.items]
-    if _refuse_items(c, pairs) or _refuse_time(args, c.config.limits.max_schedule_ahead):
+    if (_refuse_items(c, pairs) or _refuse_time(args, c.config.limits.max_schedule_ahead)
+            or refuse_priority(args.keys, args.priority, c.config)):
         return EXIT_UNKNOWN_KEY
     async with c:
         _say_using(args, c)
         if pairs:
-            c.touch_items(pairs, at=args.at, delay=args.delay)
+            c.touch_items(pairs, at=args.at, delay=args.delay, priority=args.priority)
         else:
-            c.touch_many(args.keys, at=args.at, delay=args.delay)
+            c.touch_many(args.keys, at=args.at, delay=args.delay, priority=args.priority)
         await c.flush()
     print(_touched(args.json, len(args.keys), len(args.items)) + _when(args))
     return 0

@@ -92,6 +92,9 @@ def build_parser(prog: str = "coalescer") -> argparse.ArgumentParser:
     when.add_argument("--delay", default=None, metavar="DURATION",
                       help="make every KEY due this long from now (30m, 1.5s, 2h, or "
                            "seconds), by the Redis server's clock")
+    touch.add_argument("--priority", default=None, metavar="DURATION",
+                       help="among due keys, claim every KEY as if due this much earlier "
+                            "(30s, 2m; its rule needs priority: or fair:)")
     _json_flag(touch)
     check = sub.add_parser("check", help="validate a rules file (or rules built in code)")
     check.add_argument("path", nargs="?", default=None, metavar=RULES_METAVAR)
