@@ -32,7 +32,8 @@ only that fencing tokens grow for every key is checked. Each takes some 10 s: on
 of each runs by default, the other with the slow tests (``pytest -m slow``).
 
 A sixth rule is fair between the values of a capture (weights, a cap of one run of a
-value in flight, a priority): every check above holds for it, and no value of it ever has
+value in flight, a priority, and touches with priorities of their own): every check
+above holds for it, and no value of it ever has
 more runs going at once than its cap (the runs' start and end, server clock).
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
@@ -230,6 +231,10 @@ KEYS = ("plain:1", "plain:2", "quick:1", "quick:2", "lazy:a:b", "lazy:c", "paced
 ITEM_KEYS = ("plain:1", "plain:2", "bunch:1", "bunch:2", "bunch:3",  # rules with items
              "early:1")
 OUTCOMES = ("ok", "slow", "slow", "fail", "timeout")
+# The fair rule's keys are touched with priorities of their own (the first, then the
+# second touch of a step): one ahead of the rule's 50 ms, one below it, one none
+PRIORITIES: dict[str, tuple[float | str | None, ...]] = {
+    "tenant:a:1": ("400ms", 0), "tenant:a:2": (None, "1s"), "tenant:b:1": (0.02, None)}
 STEPS = 45
 # How a cancel step goes: at once; right after a touch still in the toucher's buffer; or
 # while a key runs, after a touch during its run (which queued a re-run)
@@ -341,8 +346,10 @@ class World:
 
     async def touch(self, keys: list[str], times: int = 1) -> None:
         t0 = await self.now_us()
-        for _ in range(times):
-            self.toucher.touch_many(keys)
+        for n in range(times):
+            self.toucher.touch_many([k for k in keys if k not in PRIORITIES])
+            for key in (k for k in keys if k in PRIORITIES):  # a priority of its own
+                self.toucher.touch(key, priority=PRIORITIES[key][n % 2])
         await self.toucher.flush()
         t1 = await self.now_us()
         self.history.touches.extend(_touches(keys, t0, t1))
