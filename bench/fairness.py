@@ -232,9 +232,22 @@ def load_note() -> dict[str, Any]:
 # -- (a) one tenant's import against a quiet tenant ------------------------------------
 
 
-async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
+IMPORT_RULE = """\
+  - name: u
+    match: "u:{org}:{id}"
+    window: 100ms
+    max_wait: 1s
+    handler: bench.fairness:started
+"""
+
+
+async def skew(server: Server, sizes: C.Sizes, fair: bool,
+               apart: bool = False) -> dict[str, Any]:
+    """``apart``: the import goes to another rule (``u:{org}:{id}``, no ``fair``), the
+    quiet tenant's rule keeps only its own keys: what the import's writing alone costs
+    the quiet tenant, rules being apart."""
     fs = sizes_of(sizes)
-    text = tenant_rules(fair_block() if fair else "")
+    text = tenant_rules(fair_block() if fair else "") + (IMPORT_RULE if apart else "")
     if fair and (why := fair_refused(text)):
         return {"skipped": why}
     STARTS.reset(await C.clock_offset_ms(server.url))
@@ -244,7 +257,7 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
         quiet = asyncio.create_task(_quiet_tenant(c, stop))
         await asyncio.sleep(4 * B_EVERY)  # the quiet tenant's lag before the import
         t0 = time.time()
-        await import_keys(server, text, "t:a:{}", n)
+        await import_keys(server, text, "u:a:{}" if apart else "t:a:{}", n)
         touched_s = time.time() - t0
         drained = await wait_count("a", n)
         await asyncio.sleep(4 * B_EVERY)  # and after it

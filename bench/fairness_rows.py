@@ -65,6 +65,9 @@ def _skew_rows(t: Table, fs: FR.FairSizes) -> None:
                  t.spread("fair_skew.coalescer", f"b.{p}"),
                  t.spread("fair_skew.baseline", f"b.{p}"), fmt=_ms,
                  target="<= 50 ms" if gate else "-", ok=(lambda c: c <= 50) if gate else None)
+    t.figure(f"{head}: b's start lag p99 with the import in another rule, no fair (beside: "
+             "the import in b's rule, fair off)", t.spread("fair_skew.apart", "b.p99"),
+             t.spread("fair_skew.baseline", "b.p99"), fmt=_ms)
     off = t.spread("fair_skew.baseline", "a.per_second")
     floor = 0.95 * off.median if off else float("inf")
     t.figure(f"{head}: a's import drained, keys/s, fair (beside: fair off)",
