@@ -125,3 +125,17 @@ async def test_a_bad_priority_is_refused_naming_the_key_and_value(  # noqa: PLR0
     assert text.startswith(f"priority {priority!r} of the touch of key {key!r} refused: ")
     assert reason in text
     assert await redis_client.hlen(KeySpace(namespace, 1).shard(0).meta) == 0
+
+
+async def test_explain_reads_the_re_arm_of_a_running_key_touched_with_a_priority(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    path, _ = recorder_rules(tmp_path, f"prio_{namespace}", RULES.format(ns=namespace))
+    writer = await start(path, redis_url=redis_url, worker=False)
+    meta = KeySpace(namespace, 1).shard(0).meta
+    await redis_client.hset(meta, "job:1", "R|5|100|200|1|300|900!n5c|800|850|n1")
+
+    again = (await writer.query.explain("job:1"))["running"]["touched_again"]
+
+    assert again == {"first_touch_ms": 800, "last_touch_ms": 850, "due_ms": 900,
+                     "scheduled_ms": None}

@@ -99,7 +99,7 @@ def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
     token, first, last, attempt, due, rdue, rfirst, rlast, node = states.fields(value, 9)
     again = None
     scheduled = rdue.startswith("S")  # the touch had a time of its own
-    rdue = rdue.removeprefix("S")
+    rdue = rdue.removeprefix("S").split("!")[0]  # "!PRIORITY": the re-arm's priority
     if _num(rdue) is not None:
         again = {"first_touch_ms": _num(rfirst), "last_touch_ms": _num(rlast),
                  "due_ms": _num(rdue), "scheduled_ms": _num(rdue) if scheduled else None}

@@ -8,7 +8,8 @@
              offset are then written in base 36; "!PRIORITY" at the end (base 36 ms)
              is the burst's priority, the largest its touches gave
     running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE" (RDUE "S"-prefixed
-             when the touch it re-arms had a time of its own)
+             when the touch it re-arms had a time of its own, "!PRIORITY" after it when
+             those touches gave a priority)
     dead     "D|FIRST|LAST|ATTEMPTS|ERROR"
 
 Times are server-clock epoch milliseconds. store/lua/_lib.lua writes and reads the same forms.

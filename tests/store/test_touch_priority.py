@@ -9,7 +9,7 @@ from coalescer.config.fair import lua_pattern
 from coalescer.config.patterns import KeyPattern
 from coalescer.store import key_states as states
 from coalescer.store.fair_args import FairSpec
-from coalescer.store.script_types import ClaimBatch, UpsertGroup
+from coalescer.store.script_types import ClaimBatch, Failure, UpsertGroup
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
 
 RULE = "t"
@@ -144,3 +144,35 @@ async def test_a_priority_costs_a_pending_key_at_most_8_bytes(shard: Shard) -> N
     assert plain is not None and most is not None
     assert len(most) - len(plain) <= 8
     assert await priority_of(shard, "t:a:most") == 366 * 86_400_000
+
+
+async def test_a_touch_while_the_key_runs_keeps_its_priority_for_the_re_arm(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1")
+    await shard.after(await shard.now())
+    (running,) = (await claim(shard, 1)).claims
+    await touch(shard, "t:a:1", priority_ms=7_000)  # while it runs
+    await touch(shard, "t:a:1", priority_ms=3_000)
+    value = await shard.state("t:a:1")
+    assert value is not None and value.startswith("R|")
+
+    assert await shard.ack(running.key, running.token, rule=RULE) == []
+
+    assert await priority_of(shard, "t:a:1") == 7_000  # the re-arm's, the larger
+
+
+async def test_a_failed_run_retries_with_the_priority_touched_while_it_ran(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1")
+    await shard.after(await shard.now())
+    (running,) = (await claim(shard, 1)).claims
+    await touch(shard, "t:a:1", priority_ms=9_000)
+
+    retried, died, _ = await shard.scripts.fail(
+        shard.keys, [(RULE, 3, [Failure(running.key, running.token, 0, "boom")])])
+
+    assert (retried, died) == (1, [])
+    assert await priority_of(shard, "t:a:1") == 9_000
+    assert await shard.r.zscore(shard.keys.due(RULE), "t:a:1") is not None

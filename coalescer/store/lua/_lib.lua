@@ -23,7 +23,8 @@
 --   running  "R|TOKEN|FIRST|LAST|ATTEMPT|DUE|RDUE|RFIRST|RLAST|NODE"
 --            (the key is in inflight:RULE; the R* part, empty when there is
 --            none, is a touch that came while it ran, re-armed by ack, fail or
---            recovery; RDUE is "S"-prefixed when that touch had a time of its own; NODE, last as it may hold '|', is the node that claimed
+--            recovery; RDUE is "S"-prefixed when that touch had a time of its own, and
+--            followed by "!PRIORITY" when the touches gave one (as a pending state's); NODE, last as it may hold '|', is the node that claimed
 --            it. An older "R|TOKEN|FIRST|LAST|ATTEMPT|DUE[|RDUE|RFIRST|RLAST]"
 --            still decodes, with no node)
 --   dead     "D|FIRST|LAST|ATTEMPTS|ERROR"   (the key is in dead:RULE)
@@ -93,16 +94,20 @@ end
 
 local function decode_running(v)
   local t, f, l, a, d, rd, rf, rl, node = string.match(
-    v, '^R|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(S?%d*)|(%d*)|(%d*)|(.*)$')
+    v, '^R|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(S?%d*!?[%da-z]*)|(%d*)|(%d*)|(.*)$')
   if not t then  -- the older form, without the node
     local o = split(string.sub(v, 3), 8)
     t, f, l, a, d, rd, rf, rl = o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   end
   local sched = rd ~= nil and string.sub(rd, 1, 1) == 'S'
   if sched then rd = string.sub(rd, 2) end
+  local rprio = nil  -- the re-arm's priority: "!" and base 36 ms after RDUE
+  local bang = rd and string.find(rd, '!', 1, true)
+  if bang then rd, rprio = string.sub(rd, 1, bang - 1), tonumber(string.sub(rd, bang + 1), 36) end
   return {kind = 'R', token = tonumber(t), first = tonumber(f), last = tonumber(l),
           attempt = tonumber(a), due = tonumber(d), rdue = tonumber(rd),
-          rfirst = tonumber(rf), rlast = tonumber(rl), node = node, rsched = sched or nil}
+          rfirst = tonumber(rf), rlast = tonumber(rl), node = node, rsched = sched or nil,
+          rprio = rprio}
 end
 
 local B36 = '0123456789abcdefghijklmnopqrstuvwxyz'
@@ -201,8 +206,8 @@ end
 
 -- Make `key` pending, due at `due`, in meta and in its rule's due set (`sched`: a
 -- due time set by a touch's own time; `count`: the burst's touches, 1 when nil).
-local function schedule(meta, due_key, key, first, last, attempts, due, sched, count)
-  redis.call('HSET', meta, key, pending(first, last, attempts, due, sched, count))
+local function schedule(meta, due_key, key, first, last, attempts, due, sched, count, prio)
+  redis.call('HSET', meta, key, pending(first, last, attempts, due, sched, count, prio))
   redis.call('ZADD', due_key, due, key)
 end
 
@@ -210,8 +215,9 @@ local function running(r)
   local v = 'R|' .. int(r.token) .. '|' .. int(r.first) .. '|' .. int(r.last) .. '|'
     .. int(r.attempt) .. '|' .. int(r.due)
   if r.rdue then
-    v = v .. '|' .. (r.rsched and 'S' or '') .. int(r.rdue) .. '|' .. int(r.rfirst) .. '|'
-      .. int(r.rlast)
+    local p = r.rprio and r.rprio > 0 and '!' .. b36(r.rprio) or ''
+    v = v .. '|' .. (r.rsched and 'S' or '') .. int(r.rdue) .. p .. '|' .. int(r.rfirst)
+      .. '|' .. int(r.rlast)
   else
     v = v .. '|||'
   end
@@ -233,7 +239,7 @@ end
 -- Returns the new due time, or nil when nothing was touched while it ran.
 local function rearm(meta, due_key, key, r)
   if not r.rdue then return nil end
-  schedule(meta, due_key, key, r.rfirst, r.rlast, 0, r.rdue, r.rsched)
+  schedule(meta, due_key, key, r.rfirst, r.rlast, 0, r.rdue, r.rsched, nil, r.rprio)
   return r.rdue
 end
 

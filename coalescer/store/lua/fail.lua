@@ -25,7 +25,7 @@ local function retry(due_key, key, r, delay)
   local first, last = r.first, r.last
   if r.rdue then first, last = math.min(first, r.rfirst), math.max(last, r.rlast) end
   local due = r.rsched and math.max(r.rdue, now) or now + delay
-  schedule(meta, due_key, key, first, last, r.attempt, due, r.rsched)
+  schedule(meta, due_key, key, first, last, r.attempt, due, r.rsched, nil, r.rprio)
   return due
 end
 

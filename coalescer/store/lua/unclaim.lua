@@ -24,7 +24,8 @@ for r = 0, (#KEYS - 2) / 2 - 1 do
       if s.rdue then first, last = math.min(first, s.rfirst), math.max(last, s.rlast) end
       local due = s.rsched and s.rdue or s.due  -- a time a touch set while it was held
       redis.call('ZREM', inflight_key, key)
-      schedule(meta, due_key, key, first, last, math.max(0, s.attempt - 1), due, s.rsched)
+      schedule(meta, due_key, key, first, last, math.max(0, s.attempt - 1), due, s.rsched,
+               nil, s.rprio)
       earliest = min(earliest, due)
       given = given + 1
     end

@@ -47,9 +47,9 @@
 -- costs nothing more (its state tells its burst: first and last touch, count).
 -- PRIORITY: a touch with a priority (TIMES above) keeps in the key's pending state the
 -- larger of it and the one the state had (_lib.lua); a touch without one keeps the
--- state's. A new burst (a key idle, dead, or claimed since) starts without one; a touch
--- while the key runs records no priority for its re-arm. The claim order of _fair.lua
--- reads it.
+-- state's. A new burst (a key idle, dead, or claimed since) starts without one; the
+-- touches while the key runs keep theirs for its re-arm (the running state's RDUE,
+-- _lib.lua). The claim order of _fair.lua reads it.
 -- LEADING: a plain touch of a quiet key of a leading rule (no state, a dead one, or a
 -- time of its own; and no touch of it within the window before: its marker
 -- QUIET-PREFIX..KEY, holding its last touch, is gone or older than the window) is due
@@ -119,6 +119,7 @@ local function retouch(v, window, max_wait, prio)
   local s = decode(v)
   if s.kind == 'R' then
     local ev = new_second(s.rlast, '')
+    if prio and prio > (s.rprio or 0) then s.rprio = prio end  -- for its re-arm
     return touch_running(s, window, max_wait), nil, false, ev
   elseif s.kind == 'P' then
     local p = math.max(s.prio or 0, prio or 0)
@@ -154,6 +155,7 @@ local function timed_state(v, spec, window, max_wait, prio)
   if v and not s then error('unreadable state') end
   if s and s.kind == 'R' then
     s.rfirst, s.rlast, s.rdue, s.rsched = now, now, due, true
+    if prio and prio > (s.rprio or 0) then s.rprio = prio end
     if plain_after then return touch_running(s, window, max_wait), nil, false end
     return running(s), nil, false
   end
