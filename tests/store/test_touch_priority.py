@@ -9,6 +9,8 @@ from coalescer.config.fair import lua_pattern
 from coalescer.config.patterns import KeyPattern
 from coalescer.store import key_states as states
 from coalescer.store.fair_args import FairSpec
+from coalescer.store.keys import ShardKeys
+from coalescer.store.layout import Layouts
 from coalescer.store.script_types import ClaimBatch, Failure, UpsertGroup
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
 
@@ -176,3 +178,21 @@ async def test_a_failed_run_retries_with_the_priority_touched_while_it_ran(
     assert (retried, died) == (1, [])
     assert await priority_of(shard, "t:a:1") == 9_000
     assert await shard.r.zscore(shard.keys.due(RULE), "t:a:1") is not None
+
+
+async def test_a_reshard_moves_a_keys_priority_with_it_and_a_merge_keeps_the_larger(
+        shard: Shard) -> None:  # noqa: F811
+    await touch(shard, "t:a:1", priority_ms=12_000, window=LONG)
+    await touch(shard, "t:a:2", priority_ms=4_000, window=LONG)
+    new = ShardKeys(shard.keys.namespace, 1)
+    group = UpsertGroup(RULE, LONG, 10 * LONG, ["t:a:2"], schedules={"t:a:2": "p9000"})
+    assert await shard.scripts.upsert(new, [group]) == 1  # touched there while it moved
+    layouts = Layouts(shard.scripts, shard.keys.namespace, 1)
+
+    taken = await layouts.take(shard.keys, 2, ["t:a:1", "t:a:2"], [1, 1], [RULE])
+    assert taken is not None
+    assert await layouts.put(new, taken.seq, list(taken.bundles.values())) == 2
+
+    moved = {k: states.pending(str(await shard.r.hget(new.meta, k))) for k in ("t:a:1", "t:a:2")}
+    assert {k: p.priority_ms for k, p in moved.items() if p} == {"t:a:1": 12_000,
+                                                                 "t:a:2": 9_000}

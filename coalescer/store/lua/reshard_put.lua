@@ -11,7 +11,8 @@
 -- A key this shard already holds was touched here while it moved (a writer found it
 -- gone from its old shard): the two merge as one burst would. Pending and pending:
 -- first and last touch widen, the later due time and the higher attempt count win, and
--- their touches add up; the due time kept keeps its mark of a touch's own time.
+-- their touches add up; the due time kept keeps its mark of a touch's own time, and
+-- the larger priority is kept (_lib.lua).
 -- Pending into running: a re-arm for when the run ends. Pending into dead: pending
 -- again. A dead bundle into a key with a state: dropped (the newer touch revived it).
 -- Items and claimed items go to the key's items (its next claim gets them all).
@@ -31,7 +32,8 @@ local function merge_pending(b, e, due_key, key)
   local due = math.max(b.due, e.due)
   local sched = (b.due == due and b.sched) or (e.due == due and e.sched) or nil
   redis.call('HSET', meta, key, pending(first, last, math.max(b.attempts, e.attempts), due,
-                                        sched, (b.count or 1) + (e.count or 1)))
+                                        sched, (b.count or 1) + (e.count or 1),
+                                        math.max(b.prio or 0, e.prio or 0)))
   redis.call('ZADD', due_key, due, key)
   return due
 end
@@ -41,6 +43,7 @@ local function rearm_running(b, r, key)
   r.rlast = math.max(r.rlast or 0, b.last)
   if b.due >= (r.rdue or 0) then r.rsched = b.sched end
   r.rdue = math.max(r.rdue or 0, b.due)
+  r.rprio = math.max(r.rprio or 0, b.prio or 0)
   redis.call('HSET', meta, key, running(r))
 end
 
@@ -50,7 +53,7 @@ local function put_pending(key, b, e, rule)
   if e and e.kind == 'P' then return merge_pending(b, e, due_key, key) end
   if e and e.kind == 'R' then return rearm_running(b, e, key) end
   if e and e.kind == 'D' then redis.call('ZREM', prefix .. ':dead:' .. rule, key) end
-  schedule(meta, due_key, key, b.first, b.last, b.attempts, b.due, b.sched, b.count)
+  schedule(meta, due_key, key, b.first, b.last, b.attempts, b.due, b.sched, b.count, b.prio)
   return b.due
 end
 
