@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from coalescer import InvalidPriorityError, SyncCoalescer
+from coalescer.query.explain import format_explain
 from coalescer.store import key_states as states
 from coalescer.store.keys import KeySpace
 from tests.conftest import Start
@@ -139,3 +140,19 @@ async def test_explain_reads_the_re_arm_of_a_running_key_touched_with_a_priority
 
     assert again == {"first_touch_ms": 800, "last_touch_ms": 850, "due_ms": 900,
                      "scheduled_ms": None}
+
+
+async def test_explain_shows_the_priority_a_pending_keys_touches_gave(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    path, _ = recorder_rules(tmp_path, f"prio_{namespace}", RULES.format(ns=namespace))
+    writer = await start(path, redis_url=redis_url, worker=False)
+    writer.touch("job:1", priority="30s")
+    writer.touch("job:2")
+    await writer.flush()
+
+    info, plain = await writer.query.explain("job:1"), await writer.query.explain("job:2")
+
+    assert info["priority_ms"] == 30_000 and plain["priority_ms"] is None
+    assert "priority   30s (its touches': claimed among due keys as if due that much " \
+           "earlier)" in format_explain(info)
+    assert "priority" not in format_explain(plain)

@@ -92,7 +92,8 @@ def _pending(value: str, rule: Rule) -> dict[str, Any]:
             "attempts": attempts, "due_ms": due,
             "due_reason": "scheduled" if p.scheduled else due_reason(rule, first, last,
                                                                       attempts, due),
-            "scheduled_ms": due if p.scheduled else None}
+            "scheduled_ms": due if p.scheduled else None,
+            "priority_ms": p.priority_ms or None}  # a touch's own: see docs/concepts.md
 
 
 def _running(value: str, lease_until: float | None, now: int) -> dict[str, Any]:
@@ -298,6 +299,9 @@ def format_explain(info: dict[str, Any], *, hints: CommandHints | None = None) -
     if info["first_touch_ms"] is not None:
         lines.append(f"burst      first touch {_ago(info['first_touch_ms'], now)}, last touch "
                      f"{_ago(info['last_touch_ms'], now)}; attempts so far {info['attempts']}")
+    if info.get("priority_ms"):
+        lines.append(f"priority   {format_duration(info['priority_ms'] / 1000)} (its touches'"
+                     ": claimed among due keys as if due that much earlier)")
     if info.get("items"):
         lines.append(f"items      {_items_line(info['items'])}")
     refreshes = info["last_refreshes"]
