@@ -25,7 +25,7 @@ from coalescer.common.redact import redact
 from coalescer.config.rules import Config
 from coalescer.config.rules_source import load_rules
 from coalescer.store.embedded import project_root
-from coalescer.store.keys import KeySpace, drained, layout
+from coalescer.store.keys import namespace_glob
 
 USERS = 50
 HOT_TOUCHES = 10_000
@@ -77,16 +77,18 @@ def demo_config(rules: str) -> Config:
     return dataclasses.replace(config, namespace=f"demo-{secrets.token_hex(4)}")
 
 
-def demo_keys(config: Config) -> list[str]:
-    """Every Redis key a run of the demo can leave in its namespace."""
-    found: list[str] = [layout(config.namespace), drained(config.namespace)]
-    for sk in KeySpace(config.namespace, config.shards).all_shards():
-        found += [sk.leader, sk.epoch, sk.seq, sk.next_wake, sk.nodes, sk.rules,
-                  sk.rule_names, sk.meta, sk.history, sk.layout, sk.moving, sk.arrived,
-                  sk.acked(DEMO_NODE), sk.bytes]
-        for rule in config.rules:
-            found += [sk.due(rule.name), sk.inflight(rule.name), sk.dead(rule.name)]
-    return found
+async def delete_demo_keys(keeper: Coalescer, config: Config) -> None:
+    """Delete every key the run left in its namespace (a namespace of its own): its
+    shards', its keys' timelines and quiet markers, its audit stream, all of them."""
+    batch: list[str] = []
+    async for key in keeper.redis.scan_iter(match=namespace_glob(config.namespace),
+                                            count=DELETE_BATCH):
+        batch.append(key)
+        if len(batch) == DELETE_BATCH:
+            await keeper.redis.delete(*batch)
+            batch.clear()
+    if batch:
+        await keeper.redis.delete(*batch)
 
 
 async def run_demo(rules: str | None, redis_url: str | None) -> int:
@@ -102,9 +104,7 @@ async def run_demo(rules: str | None, redis_url: str | None) -> int:
         try:
             await _show(config, redis_url, root)
         finally:
-            keys = demo_keys(config)
-            for start in range(0, len(keys), DELETE_BATCH):
-                await keeper.redis.delete(*keys[start:start + DELETE_BATCH])
+            await delete_demo_keys(keeper, config)
     return 0
 
 

@@ -400,3 +400,10 @@ def audit_log(namespace: str) -> str:
     """The namespace's audit log: a capped stream of the operator actions (who, what,
     when, how many), on a slot of its own (store/audit_stream.py)."""
     return f"{namespace}:{{{namespace}:audit}}:log"
+
+
+def namespace_glob(name: str) -> str:
+    """A SCAN pattern (not a key) matching every key of the namespace ``name``, its glob
+    characters escaped: for cleaning up a namespace of its own, such as the demo's."""
+    escaped = "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in name)
+    return f"{escaped}:*"
