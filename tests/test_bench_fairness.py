@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import common as C
 from bench import fairness as FR
 from bench import fairness_cap as FC
@@ -26,6 +28,7 @@ def fair_known() -> bool:
     return FR.fair_refused(FR.tenant_rules(FR.fair_block())) is None
 
 
+@pytest.mark.slow  # six groups, three node processes among them: ~30 s
 async def test_every_fairness_group_runs_and_fills_its_rows(tmp_path: Path) -> None:
     results: dict[str, Any] = {}
     for group in GROUPS:
