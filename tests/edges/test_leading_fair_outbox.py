@@ -1,7 +1,8 @@
 """``edge: leading`` with ``fair`` (and a touch's priority) and with the outbox, on a node
 on a real server: each tenant's quiet key leads at once, a touch during a run makes
 exactly one more, a tenant's backlog does not hold another's leading refresh behind it,
-``max_running`` still holds; rows of an outbox lead and trail as touches do."""
+``max_running`` still holds (a touch of a key waiting at the cap joins its leading run);
+rows of an outbox lead and trail as touches do."""
 
 from __future__ import annotations
 
@@ -165,7 +166,11 @@ async def test_max_running_holds_for_a_leading_rule_and_other_tenants_go_on(
                      message="the quiet tenant's leading runs, the import's held at its cap")
     assert running.now["import"] == 2 and len(rec.calls) == 4
     held = rec.calls[0].key
+    waiting = next(f"t:import:{i}" for i in range(10)
+                   if f"t:import:{i}" not in {call.key for call in rec.calls})
+    before = await server_ms(redis_client)
     c.touch(held)  # during its leading run
+    c.touch(waiting)  # its leading run waits at the cap: the touch joins it
     await c.flush()
     gate.set()
     await quiet_down(redis_client, namespace)
@@ -177,6 +182,8 @@ async def test_max_running_holds_for_a_leading_rule_and_other_tenants_go_on(
     assert leads(first) and not leads(second)
     assert second.due_ms >= second.last_touch_ms + WINDOW_MS
     assert sum(not leads(claim) for claim in rec.calls) == 1
+    (joined,) = rec.of(waiting)
+    assert leads(joined) and joined.first_touch_ms <= before <= joined.last_touch_ms
 
 
 # -- the outbox -------------------------------------------------------------------------
@@ -200,8 +207,10 @@ def write_rows(outbox: OutboxDb, *rows: tuple[str, str]) -> None:
 
 
 async def test_outbox_rows_of_a_quiet_key_lead_and_rows_during_its_run_make_one_more(
-        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any, start: Start,
-        *, outbox: OutboxDb) -> None:
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        *, outbox: OutboxDb, start: Start) -> None:
+    # ``outbox`` before ``start``: the node stops before the table is dropped (a DROP
+    # waits for the node's claim, whose COMMIT waits for this thread's event loop)
     text = RULES.format(ns=namespace, window="300ms", max_wait="2s") + outbox.source(
         poll="20ms")
     path, rec = recorder_rules(tmp_path, f"leadoutbox_{namespace}_{outbox.kind}", text)
