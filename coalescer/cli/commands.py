@@ -9,7 +9,6 @@ import errno
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -17,12 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from coalescer.cli.check_details import (
-    describe_sources,
-    handler_lines,
-    source_errors,
-    source_json,
-)
+from coalescer.cli.check_cmd import EXIT_ERROR, namespace_noted
 from coalescer.cli.errors import UsageError, http_address
 from coalescer.cli.parser import http_limit_argv, http_limits
 from coalescer.cli.stopping import Stopping, at_once_line, still_line, waiting_line
@@ -32,9 +26,8 @@ from coalescer.common.audit_log import keys_target, local_user, operator_action
 from coalescer.common.plural import plural
 from coalescer.common.printable import printable
 from coalescer.common.redact import redact
-from coalescer.config.namespace_env import namespace_origin
-from coalescer.config.rules import CheckReport, Config
-from coalescer.config.rules_source import check_rules, is_module_ref, load_rules
+from coalescer.config.rules import Config
+from coalescer.config.rules_source import is_module_ref, load_rules
 from coalescer.config.schedule import schedule_spec
 from coalescer.errors import ConfigError, InvalidScheduleError
 from coalescer.store.embedded import ENV_REDIS_URL
@@ -42,8 +35,6 @@ from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 log = logging.getLogger(__name__)
 
-
-EXIT_ERROR = 1
 
 
 EXIT_UNKNOWN_KEY = 2
@@ -172,20 +163,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(_namespace_noted(format_status(status, int(time.time() * 1000),
+        print(namespace_noted(format_status(status, int(time.time() * 1000),
                                              every_shard=args.all_shards, hints=c.hints),
                                c.config.namespace))
     return 0
-
-
-def _namespace_noted(text: str, namespace: str) -> str:
-    """``text`` saying, on its line "namespace[:] NAME", that the namespace came from
-    $COALESCER_NAMESPACE when it did."""
-    origin = namespace_origin(namespace)
-    if origin is None:
-        return text
-    return re.sub(rf"^(namespace:? {re.escape(namespace)})", rf"\1 {origin}", text, count=1,
-                  flags=re.MULTILINE)
 
 
 async def cmd_retry(args: argparse.Namespace) -> int:
@@ -497,64 +478,6 @@ def _refuse_unset_secrets(config: Config) -> None:
     problems = config.unset_secrets(os.environ)
     if problems:
         raise ConfigError.combine(problems)
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """Every error and warning of the rules file, one line each, in file order; exit 1
-    when there are errors."""
-    path = args.path or args.rules
-    report = _with_source_errors(check_rules(path, os.environ,
-                                             import_handlers=args.import_handlers))
-    if args.json:
-        print(json.dumps(_check_json(path, report), indent=2))
-        return EXIT_ERROR if report.errors or report.config is None else 0
-    found = [(e.line or 0, str(e)) for e in report.errors]
-    found += [(w.line or 0, str(w)) for w in report.warnings]
-    for _, text in sorted(found, key=lambda item: item[0]):
-        print(redact(text), file=sys.stderr)
-    warned = f", {plural(len(report.warnings), 'warning')}" if report.warnings else ""
-    if report.errors or report.config is None:
-        print(f"{plural(len(report.errors), 'error')}{warned} in {path}", file=sys.stderr)
-        return EXIT_ERROR
-    print(f"{report.config.source}: OK" + (f" ({warned[2:]})" if warned else ""))
-    print(_namespace_noted(report.config.describe(), report.config.namespace))
-    _print_details(args, report.config)
-    return 0
-
-
-def _with_source_errors(report: CheckReport) -> CheckReport:
-    """``report`` with the errors that make `run` refuse its sources here (a driver
-    not installed): such a file fails the check too."""
-    extra = source_errors(report)
-    if not extra:
-        return report
-    return dataclasses.replace(report, config=None, errors=(*report.errors, *extra))
-
-
-def _print_details(args: argparse.Namespace, config: Config) -> None:
-    """After the rules: a line per source; with ``-v``, how each handler runs."""
-    sources = describe_sources(config)
-    if sources:
-        print(sources)
-    if getattr(args, "verbose", False):
-        print("handlers:")
-        print(handler_lines(config))
-
-
-def _problem(problem: Any) -> dict[str, Any]:
-    return {"file": problem.file, "line": problem.line, "field": problem.field,
-            "message": redact(problem.message)}
-
-
-def _check_json(path: str, report: Any) -> dict[str, Any]:
-    """``check --json``: ok, every error and warning, and the rules understood."""
-    config = report.config
-    return {"file": path, "ok": not report.errors and config is not None,
-            "errors": [_problem(e) for e in report.errors],
-            "warnings": [_problem(w) for w in report.warnings],
-            "rules": [{"name": r.name, "match": r.pattern.source} for r in config.rules]
-            if config is not None else [],
-            "sources": source_json(config.sources, config.namespace) if config is not None else []}
 
 
 async def cmd_scheduled(args: argparse.Namespace) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from coalescer.cli.check_cmd import EXIT_ERROR, cmd_check
 from coalescer.cli.closed_stdout import leave_quietly, stdout_closed
-from coalescer.cli.commands import COMMANDS, EXIT_ERROR, cmd_check
+from coalescer.cli.commands import COMMANDS
 from coalescer.cli.errors import check_redis_url, redis_failure
 from coalescer.cli.parser import build_parser
 from coalescer.cli.refresh_lines import show_refreshes

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from coalescer.cli.commands import EXIT_ERROR
+from coalescer.cli.check_cmd import EXIT_ERROR
 from coalescer.cli.main import main
 from coalescer.cli.parser import IN_CODE, build_parser
 from coalescer.config.rules_source import is_module_ref, load_rules
