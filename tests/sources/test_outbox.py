@@ -195,8 +195,12 @@ def outbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OutboxDb]
 
 
 @pytest_asyncio.fixture
-async def nodes() -> AsyncIterator[Any]:
-    """nodes(rules_path, redis_url, **options) -> a started Coalescer, closed at teardown."""
+async def nodes(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """nodes(rules_path, redis_url, **options) -> a started Coalescer, closed at teardown:
+    before the test's outbox table is dropped (a node left in its claim's transaction
+    would hold the drop, with the event loop, until the database's idle timeout)."""
+    if "outbox" in request.fixturenames:
+        request.getfixturevalue("outbox")  # set up first, so torn down last
     async with AsyncExitStack() as stack:
         async def make(path: Path, url: str, **options: Any) -> Coalescer:
             options.setdefault("grace", 2.0)
