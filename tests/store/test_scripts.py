@@ -637,6 +637,23 @@ async def test_requeue_brings_dead_keys_back_and_leaves_other_keys_alone(shard: 
     assert (await shard.claim_one("d1")).attempt == 1
 
 
+async def test_requeue_reports_a_key_named_twice_and_a_dead_state_outside_the_dead_set(
+        shard: Shard) -> None:
+    await shard.lead()
+    for key in ("d1", "d2", "stray"):
+        await dead_letter(shard, key)
+    await shard.r.zrem(shard.keys.dead(RULE), "stray")  # dead in meta, not in dead:RULE
+
+    done, not_dead = await shard.scripts.requeue_each(
+        shard.keys, RULE, ["d1", "stray", "d1", "unknown", "d2"])
+
+    assert (done, not_dead) == (2, ["stray", "d1", "unknown"])
+    assert await shard.dead("d1") is None and await shard.dead("d2") is None
+    assert (await shard.fields("d2"))[0::3] == ["P", "0"]
+    assert (await shard.fields("stray"))[0] == "D" and await shard.due("stray") is None
+    assert await shard.scripts.requeue_each(shard.keys, RULE, []) == (0, [])
+
+
 # -- recover -------------------------------------------------------------------------------
 
 
