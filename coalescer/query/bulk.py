@@ -99,10 +99,16 @@ def scripted_act(action: str, redis: Any, scripts: Scripts, rule: str,
     """The per-page step of ``action`` on keys of ``rule``."""
     async def retry(shard: ShardKeys, keys: list[str]) -> int:
         # Calls of a few hundred keys, sent together: none holds the server long, so
-        # other clients' commands run between them.
-        done = await asyncio.gather(*(scripts.requeue_each(shard, rule, part)
-                                      for part in _parts(keys, REQUEUE_AT_ONCE)))
-        return sum(n for n, _not_dead in done)
+        # other clients' commands run between them; the last one, once the others are
+        # done, wakes the shard's poller (once a page, not once a call).
+        *first, last = _parts(keys, REQUEUE_AT_ONCE)
+        done = await asyncio.gather(*(scripts.requeue_each(shard, rule, part, wake=False)
+                                      for part in first))
+        early = sum(n for n, _ in done)
+        late = (await scripts.requeue_each(shard, rule, last))[0]
+        if early and not late:  # the last call woke no poller: wake it for the others
+            await scripts.requeue_each(shard, rule, [])
+        return early + late
 
     async def purge(shard: ShardKeys, keys: list[str]) -> int:
         return (await scripts.purge(shard, rule, keys))[0]

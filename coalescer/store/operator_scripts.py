@@ -22,11 +22,14 @@ class OperatorScripts(ScriptCalls):
         result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
         return int(result[0])
 
-    async def requeue_each(self, shard: ShardKeys, rule: str,
-                           dead_keys: Sequence[str]) -> tuple[int, list[str]]:
-        """Bring dead-lettered keys of ``rule`` back: (how many, the keys that were not dead)."""
+    async def requeue_each(self, shard: ShardKeys, rule: str, dead_keys: Sequence[str],
+                           *, wake: bool = True) -> tuple[int, list[str]]:
+        """Bring dead-lettered keys of ``rule`` back: (how many, the keys that were not dead).
+        ``wake`` False leaves the shard's poller asleep (a later call of the same batch
+        wakes it)."""
         keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
-        result = await self._run("requeue", keys, [shard.wake_channel, *dead_keys])
+        channel = shard.wake_channel if wake else ""
+        result = await self._run("requeue", keys, [channel, *dead_keys])
         return int(result[0]), [str(k) for k in result[1:]]
 
     async def purge(self, shard: ShardKeys, rule: str,

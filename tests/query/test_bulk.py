@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from coalescer import Coalescer
-from coalescer.query.bulk import BulkProgress, action_state
+from coalescer.query.bulk import REQUEUE_AT_ONCE, BulkProgress, action_state, scripted_act
 from coalescer.query.key_search import SearchError, make_filter
 from coalescer.store.keys import KeySpace
+from coalescer.store.scripts import Scripts
 from tests.conftest import Start
 from tests.query.test_key_search import started
 
@@ -94,6 +95,30 @@ async def test_a_stop_ends_the_action_after_the_page_under_way(
     assert (done.status, len(pages), done.done) == ("aborted", 2, 20)
     assert (await c.query.status())["rules"]["acct"]["dead"] == 180
     assert done.to_json()["status"] == "aborted"
+
+
+async def test_a_retry_in_several_calls_wakes_the_poller_once_after_its_keys_are_due(
+        namespace: str, redis_client: Any) -> None:
+    sk = KeySpace(namespace, 1).shard(0)
+    dead = [f"acct:1:{u}" for u in range(REQUEUE_AT_ONCE + 5)]
+    for key in dead:
+        await redis_client.hset(sk.meta, key, "D|1|1|5|boom")
+        await redis_client.zadd(sk.dead("acct"), {key: NOW_MS})
+    far = str(NOW_MS + 3_600_000)
+
+    async def no_cancel(keys: list[str]) -> int:
+        return 0
+
+    retry = scripted_act("retry", redis_client, Scripts(redis_client), "acct", no_cancel)
+    for keys, done in ((dead[:REQUEUE_AT_ONCE + 1], REQUEUE_AT_ONCE + 1),  # two calls
+                       (dead[REQUEUE_AT_ONCE + 1:] + ["acct:1:gone"] * REQUEUE_AT_ONCE, 4)):
+        await redis_client.set(sk.next_wake, far)
+        before = int(float((await redis_client.time())[0])) * 1000
+        assert await retry(sk, keys) == done
+        woken = await redis_client.get(sk.next_wake)
+        assert woken is not None and before <= int(woken) < int(far)  # the poller was woken
+    assert await redis_client.zcard(sk.dead("acct")) == 0
+    assert await redis_client.zcard(sk.due("acct")) == len(dead)
 
 
 def test_an_action_refuses_a_state_it_does_not_act_on() -> None:

@@ -651,7 +651,22 @@ async def test_requeue_reports_a_key_named_twice_and_a_dead_state_outside_the_de
     assert await shard.dead("d1") is None and await shard.dead("d2") is None
     assert (await shard.fields("d2"))[0::3] == ["P", "0"]
     assert (await shard.fields("stray"))[0] == "D" and await shard.due("stray") is None
+    assert await shard.scripts.requeue_each(shard.keys, RULE, [], wake=False) == (0, [])
+
+
+async def test_requeue_without_wake_leaves_the_poller_asleep_and_a_call_with_no_keys_wakes_it(
+        shard: Shard) -> None:
+    await shard.lead()
+    await dead_letter(shard, "d1")
+    far = str(await shard.now() + 10 * LONG)
+    await shard.r.set(shard.keys.next_wake, far)
+
+    assert await shard.scripts.requeue_each(shard.keys, RULE, ["d1"], wake=False) == (1, [])
+    assert await shard.r.get(shard.keys.next_wake) == far
+    before = await shard.now()
     assert await shard.scripts.requeue_each(shard.keys, RULE, []) == (0, [])
+    woken = await shard.r.get(shard.keys.next_wake)
+    assert woken is not None and before <= int(woken) < int(far)
 
 
 # -- recover -------------------------------------------------------------------------------

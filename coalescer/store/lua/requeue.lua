@@ -2,7 +2,8 @@
 -- requeue.lua: bring dead-lettered keys of one rule back (coalescer retry).
 --
 -- KEYS[1] meta   KEYS[2] next-wake   KEYS[3] due:RULE   KEYS[4] dead:RULE
--- ARGV[1] wake channel; ARGV[2...] the keys
+-- ARGV[1] wake channel ('': wake no poller, a later call of the caller's does);
+-- ARGV[2...] the keys (none: only wake the poller, for keys earlier calls re-queued)
 --
 -- Each key that is dead goes back to pending, due now, with fresh attempts.
 -- Keys that are not dead (and a key named twice, the second time) are left alone
@@ -15,7 +16,10 @@ local meta, next_key, due_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, not_dead = now_ms(), {}
 local keys = {}
 for i = 2, #ARGV do keys[i - 1] = ARGV[i] end
-if #keys == 0 then return {0} end
+if #keys == 0 then
+  if ARGV[1] ~= '' then wake(next_key, ARGV[1], now) end
+  return {0}
+end
 
 local states = read_fields(meta, keys)
 local scores = {}
@@ -43,6 +47,6 @@ if #back > 0 then
   each_chunk('ZREM', dead_key, back)
   each_chunk('HSET', meta, fields)
   each_chunk('ZADD', due_key, entries)
-  wake(next_key, ARGV[1], now)
+  if ARGV[1] ~= '' then wake(next_key, ARGV[1], now) end
 end
 return {#back, unpack(not_dead)}
