@@ -68,6 +68,7 @@ from coalescer.web.requests import (
     SHOWN_KEYS,
     Refusal,
     check_content_type,
+    key_read_refusals,
     parse_touch,
     refuse_bad_items,
     refuse_bad_priority,
@@ -427,16 +428,10 @@ class HttpApi:
     async def _explain(self, request: web.Request) -> web.Response:
         """GET /keys/{key}: the JSON of `coalescer explain KEY --json`."""
         key = request.match_info["key"]
-        try:
+        with key_read_refusals(key, f"key {key!r}"):
             async with asyncio.timeout(STATUS_TIMEOUT):
-                return web.json_response(await self._c.query.explain(key))
-        except UnknownKeyError:
-            raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
-        except InvalidKeyError as exc:
-            raise Refusal(422, str(exc), key=exc.key, invalid_keys=[
-                {"key": exc.key, "error": exc.reason}]) from None
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise Refusal(503, f"cannot read key {key!r} from Redis: {exc!r}") from None
+                found = await self._c.query.explain(key)
+        return web.json_response(found)
 
     async def _timeline(self, request: web.Request) -> web.Response:
         """GET /keys/{key}/timeline: the JSON of `coalescer timeline KEY --json`."""

@@ -7,17 +7,25 @@ Shared by the API's routes and the status page's endpoints.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from coalescer.common.json_depth import TooDeep, loads_bounded
 from coalescer.common.plural import noun, plural
 from coalescer.config.model import Rule
 from coalescer.config.priority import priority_ms
 from coalescer.config.schedule import HORIZON, schedule_spec
-from coalescer.errors import InvalidPriorityError, InvalidScheduleError, shown_key
+from coalescer.errors import (
+    InvalidKeyError,
+    InvalidPriorityError,
+    InvalidScheduleError,
+    UnknownKeyError,
+    shown_key,
+)
 from coalescer.store.keycheck import unstorable_keys, unstorable_message
 
 SHOWN_KEYS = 100  # unknown keys listed in a 422 answer at most
@@ -227,3 +235,18 @@ def unreadable(request: web.Request, exc: Exception) -> Refusal:
     refusal.close = True
     request.content.feed_eof()
     return refusal
+
+
+@contextmanager
+def key_read_refusals(key: str, what: str) -> Iterator[None]:
+    """A failed read of ``key`` as its HTTP answer: 404 for a key no rule matches, 422
+    for one that cannot be stored, 503 naming ``what`` when Redis cannot be read."""
+    try:
+        yield
+    except UnknownKeyError:
+        raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
+    except InvalidKeyError as exc:
+        raise Refusal(422, str(exc), key=exc.key, invalid_keys=[
+            {"key": exc.key, "error": exc.reason}]) from None
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise Refusal(503, f"cannot read {what} from Redis: {exc!r}") from None

@@ -10,12 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from redis.exceptions import RedisError
 
-from coalescer.errors import InvalidKeyError, UnknownKeyError
 from coalescer.query.timeline import parse_at
 from coalescer.query.trace_links import ENV_TRACE_URL, check_template
-from coalescer.web.requests import Refusal
+from coalescer.web.requests import Refusal, key_read_refusals
 
 TIMEOUT = 10.0  # seconds
 
@@ -44,14 +42,7 @@ async def timeline(request: web.Request, read: ReadTimeline,
     for a key that cannot be stored (too long); 503 when Redis cannot be read."""
     key = request.match_info["key"]
     at_ms = _at(request)
-    try:
+    with key_read_refusals(key, f"the timeline of key {key!r}"):
         async with asyncio.timeout(TIMEOUT):
-            return web.json_response(await read(key, at_ms=at_ms, trace_url=trace_url))
-    except UnknownKeyError:
-        raise Refusal(404, f"no rule matches key {key!r}", key=key) from None
-    except InvalidKeyError as exc:
-        raise Refusal(422, str(exc), key=exc.key, invalid_keys=[
-            {"key": exc.key, "error": exc.reason}]) from None
-    except (RedisError, OSError, TimeoutError) as exc:
-        raise Refusal(503, f"cannot read the timeline of key {key!r} from Redis: "
-                           f"{exc!r}") from None
+            found = await read(key, at_ms=at_ms, trace_url=trace_url)
+    return web.json_response(found)
