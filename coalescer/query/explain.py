@@ -12,6 +12,7 @@ rule's due, in-flight and dead sets, the server clock, and the shard's history.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -34,6 +35,7 @@ from coalescer.query.workers import add_workers, explain_worker_lines
 from coalescer.store import key_states as states
 from coalescer.store import keys as key_names
 from coalescer.store.hints import CommandHints
+from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.script_types import OVERFLOW
 
 LAST_REFRESHES = 5
@@ -132,25 +134,51 @@ def describe_state(value: str | None, rule: Rule, scores: dict[str, float | None
     return _pending(value, rule)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KeyRead:
+    """One pipelined read of a key's place: its rule, the layout, its shard, and a
+    pipeline holding the server clock (where the pipeline may send TIME), the key's
+    state and its scores in the rule's in-flight and dead sets; a caller adds its own
+    commands, then ``execute()``."""
+
+    redis: Any
+    rule: Rule
+    space: KeySpace
+    shard: ShardKeys
+    pipe: Any
+    cluster: bool
+
+    @classmethod
+    async def start(cls, redis: Any, config: Config, key: str) -> KeyRead:
+        rule = config.rule_for(key)
+        space = await current_space(redis, config)
+        sk = space.shard(await home_of(redis, space, key))
+        pipe = redis.pipeline(transaction=False)
+        cluster = isinstance(redis, RedisCluster)  # a Cluster's pipeline refuses TIME
+        if not cluster:
+            pipe.time()
+        pipe.hget(sk.meta, key)
+        pipe.zscore(sk.inflight(rule.name), key)
+        pipe.zscore(sk.dead(rule.name), key)
+        return cls(redis=redis, rule=rule, space=space, shard=sk, pipe=pipe,
+                   cluster=cluster)
+
+    async def execute(self) -> tuple[int, list[Any]]:
+        """The server's time in ms, and the answers (state, in-flight, dead, then the
+        caller's)."""
+        answers = await self.pipe.execute()
+        sec, usec = await self.redis.time() if self.cluster else answers.pop(0)
+        return int(sec) * 1000 + int(usec) // 1000, answers
+
+
 async def gather_explain(redis: Any, config: Config, key: str) -> dict[str, Any]:
     """Everything about ``key``; UnknownKeyError if no rule matches it."""
-    rule = config.rule_for(key)
-    space = await current_space(redis, config)
-    sk = space.shard(await home_of(redis, space, key))
-    pipe = redis.pipeline(transaction=False)
-    cluster = isinstance(redis, RedisCluster)  # a Cluster's pipeline refuses TIME
-    if not cluster:
-        pipe.time()
-    pipe.hget(sk.meta, key)
-    pipe.zscore(sk.inflight(rule.name), key)
-    pipe.zscore(sk.dead(rule.name), key)
+    read = await KeyRead.start(redis, config, key)
+    rule, space, sk = read.rule, read.space, read.shard
     if rule.items is not None:
-        pipe.smembers(sk.items(key))
-        pipe.smembers(sk.claimed_items(key))
-    answers = await pipe.execute()
-    sec, usec = await redis.time() if cluster else answers.pop(0)
-    value, inflight, dead, *item_sets = answers
-    now = int(sec) * 1000 + int(usec) // 1000
+        read.pipe.smembers(sk.items(key))
+        read.pipe.smembers(sk.claimed_items(key))
+    now, (value, inflight, dead, *item_sets) = await read.execute()
     # the key's entries in every stream that may hold them (a reshard leaves them behind)
     mine = await read_history(redis, config, HistoryQuery(key=key, limit=EVERY_ENTRY))
     info: dict[str, Any] = {"key": key, "shard": sk.shard, "now_ms": now,

@@ -13,12 +13,9 @@ import datetime
 import math
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-
 from coalescer.config.rules import Config, Rule
-from coalescer.query.explain import describe_state, due_reason
+from coalescer.query.explain import KeyRead, describe_state, due_reason
 from coalescer.query.history import clock
-from coalescer.query.layout_read import current_space, home_of
 from coalescer.query.timeline_events import (
     EVENTS,
     KEEP_MS,
@@ -79,24 +76,12 @@ async def gather_timeline(redis: Any, config: Config, key: str, *, at_ms: int | 
     """``key``'s timeline; UnknownKeyError if no rule matches it, InvalidKeyError for a
     key over the length limit. ``at_ms``: also answer which refresh covered a write then.
     ``trace_url``: a checked template (query/trace_links.py) for trace links."""
-    rule = config.rule_for(key)
-    space = await current_space(redis, config)
-    home = await home_of(redis, space, key)
-    sk = space.shard(home)
-    pipe = redis.pipeline(transaction=False)
-    cluster = isinstance(redis, RedisCluster)  # a Cluster's pipeline refuses TIME
-    if not cluster:
-        pipe.time()
-    pipe.hget(sk.meta, key)
-    pipe.zscore(sk.inflight(rule.name), key)
-    pipe.zscore(sk.dead(rule.name), key)
-    pipe.get(sk.traces(key))
+    read = await KeyRead.start(redis, config, key)
+    rule, space, home = read.rule, read.space, read.shard.shard
+    read.pipe.get(read.shard.traces(key))
     for n in space.homes(key):
-        pipe.lrange(space.shard(n).timeline(key), 0, -1)
-    answers = await pipe.execute()
-    sec, usec = await redis.time() if cluster else answers.pop(0)
-    value, inflight, dead, traces, *lists = answers
-    now = int(sec) * 1000 + int(usec) // 1000
+        read.pipe.lrange(space.shard(n).timeline(key), 0, -1)
+    now, (value, inflight, dead, traces, *lists) = await read.execute()
     raw = [entry for entries in lists for entry in entries]
     events = build_events(raw, _pending_burst(value), _reason(rule))
     info: dict[str, Any] = {
