@@ -16,6 +16,7 @@ from coalescer.store.keys import KeySpace
 from coalescer.web.roles import ApiToken, TokenFileError, parse_token_file, tokens_from_env
 from tests.helpers.servers import wait_until
 from tests.web.test_api import TOKEN, Node, NodeFactory, make_node  # noqa: F401 (a fixture)
+from tests.web.test_guards import raw_http
 
 OPS, VIEW = "ops-secret-123", "view-secret-123"
 TOKENS = [ApiToken("ops", "operator", OPS), ApiToken("viewer", "read", VIEW)]
@@ -226,3 +227,32 @@ def test_run_refuses_a_bad_token_file_before_starting(
                  "127.0.0.1:0"])
     err = capsys.readouterr().err
     assert code == 1 and "line 1: the role 'root' of 'ops' is none of read, operator" in err
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "http://127.0.0.1:{port}", "Sec-Fetch-Site": "cross-site"},
+], ids=["other-site", "cross-site-fetch"])
+async def test_a_bulk_action_from_another_origin_is_refused_and_acts_on_nothing(
+        make_node: NodeFactory, headers: dict[str, str]) -> None:  # noqa: F811
+    node = await make_node(worker=False)
+    await kill(node, ["stats:user:1"])
+    sent = {k: v.format(port=node.api.port) for k, v in headers.items()}
+    status, body, _ = await node.request("POST", "/rules/user-stats/bulk",
+                                         json={"action": "purge"}, headers=sent)
+    assert status == 403, body
+    status, listed, _ = await node.request("GET", "/bulk")
+    assert listed["jobs"] == []
+    assert (await node.c.query.explain("stats:user:1"))["state"] == "dead"
+
+
+async def test_a_bulk_action_behind_a_rebinding_host_is_refused_and_acts_on_nothing(
+        make_node: NodeFactory) -> None:  # noqa: F811
+    node = await make_node(worker=False)
+    await kill(node, ["stats:user:1"])
+    body = b'{"action": "purge"}'
+    status, _, text = await raw_http(node.api.port, (
+        f"POST /rules/user-stats/bulk HTTP/1.1\r\nHost: attacker.example:{node.api.port}\r\n"
+        "Content-Type: application/json\r\n"), body)
+    assert status == 421, text
+    assert (await node.c.query.explain("stats:user:1"))["state"] == "dead"
