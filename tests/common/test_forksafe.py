@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from coalescer.common import forksafe
-from tests.helpers.forks import LIBC_FORK, child_exit_code
+from tests.helpers.forks import LIBC_FORK, child_exit_code, exit_code_in_fresh_interpreter
 
 
 class Records(logging.Handler):
@@ -29,7 +29,7 @@ def listening() -> Records:
     return records
 
 
-def test_a_libc_fork_gets_pythons_after_fork_repair_once() -> None:
+def hooks_run_once_after_a_libc_fork() -> int:
     hook_ran_in: list[int] = []
     os.register_at_fork(after_in_child=lambda: hook_ran_in.append(os.getpid()))
 
@@ -41,7 +41,11 @@ def test_a_libc_fork_gets_pythons_after_fork_repair_once() -> None:
         assert hook_ran_in == [os.getpid()]
         assert records.messages == [
             f"process {os.getpid()}: forked without Python's fork hooks; ran them now"]
-    assert child_exit_code(child, LIBC_FORK) == 0
+    return child_exit_code(child, LIBC_FORK)
+
+
+def test_a_libc_fork_gets_pythons_after_fork_repair_once() -> None:
+    assert exit_code_in_fresh_interpreter(hooks_run_once_after_a_libc_fork) == 0
 
 
 def test_nothing_to_repair_after_os_fork_or_in_the_parent() -> None:
@@ -51,8 +55,7 @@ def test_nothing_to_repair_after_os_fork_or_in_the_parent() -> None:
     assert child_exit_code(child, os.fork) == 0
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
-def test_a_libc_forked_child_already_running_threads_is_left_alone_with_a_warning() -> None:
+def a_threaded_libc_child_is_left_alone() -> int:
     def child() -> None:
         records = listening()
         release = threading.Event()
@@ -67,4 +70,9 @@ def test_a_libc_forked_child_already_running_threads_is_left_alone_with_a_warnin
         assert "without Python's fork hooks and has 2 threads" in records.messages[0]
         assert "py-call-osafterfork" in records.messages[0]
         assert forksafe.repair_after_foreign_fork() is False  # warned once
-    assert child_exit_code(child, LIBC_FORK) == 0
+    return child_exit_code(child, LIBC_FORK)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_libc_forked_child_already_running_threads_is_left_alone_with_a_warning() -> None:
+    assert exit_code_in_fresh_interpreter(a_threaded_libc_child_is_left_alone) == 0

@@ -6,12 +6,16 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.helpers.servers import poll_until
 
 LIBC_FORK: Callable[[], int] = ctypes.PyDLL(None).fork  # PyDLL: the GIL stays held
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def in_child(body: Callable[[], None], fork: Callable[[], int] = os.fork) -> int:
@@ -46,3 +50,18 @@ def exit_code(pid: int, timeout: float = 60.0) -> int:
 def child_exit_code(body: Callable[[], None], fork: Callable[[], int]) -> int:
     """Fork with ``fork``, run ``body`` in the child and return its exit code."""
     return exit_code(in_child(body, fork))
+
+
+def exit_code_in_fresh_interpreter(scenario: Callable[[], int], timeout: float = 60.0) -> int:
+    """Run the module-level ``scenario`` in a new interpreter and return what it returns.
+
+    A libc fork copies every lock held by another thread at that instant, and a test
+    worker runs threads of its own (and leftovers of earlier tests) that log: a child that
+    logs before its repair could wait forever. A fresh interpreter has only its own."""
+    code = (f"import sys\nfrom {scenario.__module__} import {scenario.__name__} as scenario\n"
+            "sys.exit(scenario())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        print(done.stdout, done.stderr, sep="\n")  # shown by pytest when the test fails
+    return done.returncode
