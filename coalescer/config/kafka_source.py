@@ -28,6 +28,7 @@ from coalescer.config.sources import (
     SourceItem,
     _item_template,
     _template,
+    env_string,
     read_group,
 )
 from coalescer.config.templates import KeyTemplate
@@ -41,8 +42,6 @@ MAX_KAFKA_BATCH = 100_000
 # seconds a source may go without a partition on any node (or without reading while
 # messages wait) before /healthz fails
 DEFAULT_STALLED_AFTER = 60.0
-_ENV_REF = re.compile(r"\$\{([^}]*)\}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ADDRESS = re.compile(r"[^\s,:]+:[0-9]{1,5}")
 # Kafka's own limit: letters, digits, '.', '_' and '-', at most 249 characters.
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -54,7 +53,7 @@ class KafkaSource(SourceConfig):
     of its value (a JSON object), read in the consumer group ``group``."""
 
     type: ClassVar[str] = "kafka"
-    env_field: ClassVar[str] = "bootstrap"  # the field where ${NAME} may stand
+    env_field: ClassVar[str] = "bootstrap"
     bootstrap: str = field(repr=False)  # may hold ${NAME} references
     topics: tuple[str, ...]
     group: str = DEFAULT_GROUP
@@ -64,20 +63,9 @@ class KafkaSource(SourceConfig):
     batch: int = DEFAULT_KAFKA_BATCH
     stalled_after: float = DEFAULT_STALLED_AFTER
 
-    @property
-    def env_names(self) -> list[str]:
-        """The environment variables ``bootstrap`` refers to, in order."""
-        return _ENV_REF.findall(self.bootstrap)
-
     def resolved_bootstrap(self, environ: Mapping[str, str]) -> str:
-        """``bootstrap`` with each ``${NAME}`` replaced by its value in ``environ``;
-        KeyError naming the first one not set (or empty)."""
-        def value(match: re.Match[str]) -> str:
-            found = environ.get(match.group(1))
-            if not found:
-                raise KeyError(match.group(1))
-            return found
-        return _ENV_REF.sub(value, self.bootstrap)
+        """``bootstrap`` with its ``${NAME}`` resolved (see ``resolved``)."""
+        return self.resolved(environ)
 
 
 def bootstrap_problem(bootstrap: str) -> str | None:
@@ -115,11 +103,7 @@ def _kafka(reader: YamlReader, item: SourceItem) -> KafkaSource:
 
 
 def _bootstrap(reader: YamlReader, node: Node, field: str) -> str:
-    raw = reader.string(node, field, "bootstrap")
-    for name in _ENV_REF.findall(raw):
-        if _ENV_NAME.fullmatch(name) is None:
-            raise reader.error(f"${{{name}}} must name an environment variable (letters, "
-                               "digits and '_')", node, field)
+    raw = env_string(reader, node, field, "bootstrap")
     # an address with ${NAME} in it is checked when a node starts, once resolved
     known = ",".join(part for part in raw.split(",") if "${" not in part)
     problem = bootstrap_problem(known) if known else None

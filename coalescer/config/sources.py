@@ -54,6 +54,7 @@ class SourceConfig:
     type (the ``type:`` field)."""
 
     type: ClassVar[str] = ""
+    env_field: ClassVar[str | None] = None  # the field where ${NAME} may stand, if any
     name: str
     line: int
     # the time each event's touch carries, filled from its fields (at most one is set):
@@ -66,6 +67,22 @@ class SourceConfig:
         """The event fields the source's ``at:``/``delay:`` template reads."""
         template = self.at or self.delay
         return template.fields if template is not None else ()
+
+    @property
+    def env_names(self) -> list[str]:
+        """The environment variables its ``env_field`` (a type's address, if it has one)
+        refers to as ``${NAME}``, in order."""
+        return [] if self.env_field is None else _ENV_REF.findall(getattr(self, self.env_field))
+
+    def resolved(self, environ: Mapping[str, str]) -> str:
+        """Its ``env_field`` with each ``${NAME}`` replaced by its value in ``environ``;
+        KeyError naming the first one not set (or empty)."""
+        def value(match: re.Match[str]) -> str:
+            found = environ.get(match.group(1))
+            if not found:
+                raise KeyError(match.group(1))
+            return found
+        return _ENV_REF.sub(value, getattr(self, self.env_field or ""))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,26 +110,11 @@ class OutboxSource(SourceConfig):
     NOTIFY wakes the node sooner)."""
 
     type: ClassVar[str] = "outbox"
-    env_field: ClassVar[str] = "url"  # the field where ${NAME} may stand
+    env_field: ClassVar[str] = "url"
     url: str = field(repr=False)  # may hold a password
     table: str = DEFAULT_OUTBOX_TABLE
     batch: int = DEFAULT_OUTBOX_BATCH
     poll: float = DEFAULT_OUTBOX_POLL
-
-    @property
-    def env_names(self) -> list[str]:
-        """The environment variables ``url`` refers to, in order."""
-        return _ENV_REF.findall(self.url)
-
-    def resolved_url(self, environ: Mapping[str, str]) -> str:
-        """``url`` with each ``${NAME}`` replaced by its value in ``environ``; KeyError
-        naming the first one not set (or empty)."""
-        def value(match: re.Match[str]) -> str:
-            found = environ.get(match.group(1))
-            if not found:
-                raise KeyError(match.group(1))
-            return found
-        return _ENV_REF.sub(value, self.url)
 
 
 def default_group(namespace: str, source_name: str) -> str:
@@ -179,11 +181,7 @@ def unset_env_warnings(file: str, sources: Sequence[SourceConfig],
 
 def _env_refs(source: SourceConfig) -> list[tuple[str, list[str]]]:
     """The field of ``source`` that may name environment variables, and those names."""
-    field_name: str | None = getattr(source, "env_field", None)
-    if field_name is None:
-        return []
-    names: list[str] = getattr(source, "env_names")  # noqa: B009  (any type's)
-    return [(field_name, names)]
+    return [] if source.env_field is None else [(source.env_field, source.env_names)]
 
 
 def source_error(source: SourceConfig, index: int, file: str, message: str,
@@ -393,12 +391,19 @@ def _outbox(reader: YamlReader, item: SourceItem) -> OutboxSource:
                         line=line_of(node))
 
 
-def _outbox_url(reader: YamlReader, node: Node, field: str) -> str:
-    url = reader.string(node, field, "url")
-    for name in _ENV_REF.findall(url):
+def env_string(reader: YamlReader, node: Node, field: str, what: str) -> str:
+    """The string ``what`` at ``node``, each of its ``${NAME}`` naming an environment
+    variable."""
+    raw = reader.string(node, field, what)
+    for name in _ENV_REF.findall(raw):
         if _ENV_NAME.fullmatch(name) is None:
             raise reader.error(f"${{{name}}} must name an environment variable (letters, "
                                "digits and '_')", node, field)
+    return raw
+
+
+def _outbox_url(reader: YamlReader, node: Node, field: str) -> str:
+    url = env_string(reader, node, field, "url")
     if url.startswith("${"):  # the scheme comes from the environment: checked at start
         return url
     problem = outbox_url_problem(_ENV_REF.sub("x", url))

@@ -332,7 +332,7 @@ def open_outboxes(sources: Sequence[SourceConfig], context: NodeContext) -> Outb
     first claim, so a database that is down delays the source, never the node)."""
     loops, outboxes = [], []
     for source in _outboxes(sources):
-        url = source.resolved_url(os.environ)
+        url = source.resolved(os.environ)
         outbox = open_outbox(source, url, rules_dir(context.config))
         loops.append(OutboxLoop(source, outbox, context, redact(url)))
         outboxes.append(outbox)
@@ -351,7 +351,7 @@ def check_outbox(source: SourceConfig, index: int, config: Config,
                                  f"{{{name}}} must name a column of the outbox table "
                                  "(letters, digits and '_')", which)]
     try:
-        url = source.resolved_url(environ)
+        url = source.resolved(environ)
     except KeyError as exc:
         return [source_error(source, index, config.source,
                              f"url uses the environment variable {exc.args[0]}, which is "
