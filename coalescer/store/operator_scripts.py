@@ -9,9 +9,6 @@ from coalescer.store.keys import ShardKeys
 from coalescer.store.script_calls import ScriptCalls
 from coalescer.store.script_types import Hastened
 
-# What run_now.lua found a key in: the first two run next (see run_now.lua).
-RUN_NOW_STATES = ("hastened", "due", "running", "dead", "idle")
-
 
 class OperatorScripts(ScriptCalls):
     """What an operator asks of a shard's keys."""
@@ -50,8 +47,8 @@ class OperatorScripts(ScriptCalls):
         return Hastened(int(now), int(hastened), int(pending), int(in_flight))
 
     async def run_now(self, shard: ShardKeys, rule: str, key: str) -> str:
-        """Make pending ``key`` due now and wake the shard's poller; what it found: one
-        of RUN_NOW_STATES ("hastened" or "due": it runs next)."""
+        """Make pending ``key`` due now and wake the shard's poller; what it found (see
+        run_now.lua: "hastened" or "due" run next)."""
         _now, state = await self._run("run_now", [shard.meta, shard.due(rule), shard.next_wake],
                                       [key, shard.wake_channel])
         return str(state)
