@@ -177,17 +177,46 @@ async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
 
 async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reached(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # one write: 7,000 keys and the quiet one share one due time
-    keys = [*keys_of("huge", 7000), "t:quiet:1"]
-    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == 7001
+    await shard.lead()  # one write: 9,001 keys share one due time; t:m:1 sorts amid them
+    await claim(shard, 10, spec())  # (a claim before: the fast lane looks at new keys only)
+    keys = [*keys_of("aaa", 3000), "t:m:1", *keys_of("zzz", 6000)]
+    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == 9001
     await shard.after(await shard.now())
     scores = await shard.r.zrange(shard.keys.due(RULE), 0, -1, withscores=True)
     assert len({score for _, score in scores}) == 1
 
     first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
 
-    assert orgs(first) == {"huge": 10}  # a sweep indexes 5,000 keys a call
-    assert orgs(second) == {"huge": 9, "quiet": 1}
+    # the fast lane looks at the newest 5,000 (zzz: 64 of them indexed), the sweep at
+    # 2,000 a call: the second call goes on inside the same millisecond, past t:m:1
+    assert orgs(first) == {"aaa": 5, "zzz": 5}
+    assert orgs(second)["m"] == 1
+
+
+async def test_a_trickle_falling_due_behind_a_backlog_is_indexed_at_the_next_call(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # a backlog many calls deep: the catch-up sweep is far behind
+    await touch(shard, *keys_of("huge", 20_000))
+    await shard.after(await shard.now())
+    assert orgs(await claim(shard, 10, spec())) == {"huge": 10}
+    await touch(shard, "t:quiet:1")
+    await shard.after(await shard.now())
+
+    assert orgs(await claim(shard, 10, spec())) == {"huge": 9, "quiet": 1}
+
+
+async def test_a_burst_falling_due_faster_than_one_call_indexes_loses_no_key(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await claim(shard, 10, spec())  # the index is up to date: nothing due
+    await touch(shard, "t:first:1")
+    await touch(shard, *keys_of("huge", 9000))  # due after t:first:1, more than one call
+    await shard.after(await shard.now())
+
+    claimed: Counter[str] = Counter()
+    for _ in range(12):
+        claimed += orgs(await claim(shard, 1000, spec()))
+    assert claimed == {"huge": 9000, "first": 1}
 
 
 async def test_weights_and_a_cap_set_at_runtime_hold_for_the_next_claim(

@@ -14,6 +14,7 @@
 --                          claim, while that is ahead of the virtual time
 --   PREFIX..v        STRING the virtual time: the start tag of the last claim
 --   PREFIX..swept    STRING how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
+--   PREFIX..head     STRING the score up to which the fast lane looked (fair_fast)
 --   PREFIX..low      STRING where the round over the keys below that point goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
@@ -31,8 +32,15 @@
 -- rank it goes on from): a key put back with a due time already past (a touch that
 -- came while it ran, a claim given back) is found there within a round, however many
 -- keys are due before it.
+--
+-- When a call's sweep is cut (a backlog poured in faster than it indexes), a fast lane
+-- looks at the keys that fell due since the last call, newest first (at most FAIR_FAST
+-- of them, read and matched only), and indexes at once those of groups with fewer
+-- than FAIR_SHORT keys in their queue: a quiet group's new key is claimable at the
+-- next call, however far behind the backlog of another group keeps the sweep. The
+-- sweep indexes them again when it gets there (the same entry: no harm).
 
-local FAIR_SWEEP, FAIR_LOW = 5000, 16
+local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT = 2000, 16, 5000, 64
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -133,6 +141,29 @@ local function rank_after(due_key, score, member)
   return lo
 end
 
+-- The fast lane (see the header): from the keys due in (PREFIX..head, now], newest
+-- first, index those of groups with a short queue. Only when this call's sweep was cut
+-- (else it indexed them all); the first call looks at every due key.
+local function fair_fast(c, f, due_key, cut)
+  local head = tonumber(redis.call('GET', f.prefix .. 'head'))
+  redis.call('SET', f.prefix .. 'head', int(c.now))
+  if not cut then return end
+  if head and head > c.now then head = nil end  -- the clock stepped back
+  local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
+                         'BYSCORE', 'REV', 'LIMIT', 0, FAIR_FAST, 'WITHSCORES')
+  local queued, picked = {}, {}
+  for i = 1, #got, 2 do
+    local group = string.match(got[i], f.pattern) or ''
+    local n = queued[group] or redis.call('ZCARD', f.prefix .. 'q:' .. group)
+    if n < FAIR_SHORT then
+      picked[#picked + 1], picked[#picked + 2] = got[i], got[i + 1]
+      n = n + 1
+    end
+    queued[group] = n
+  end
+  fair_index(f, picked)
+end
+
 -- Index the keys of due:RULE due since the last sweep (see the header). PREFIX..swept
 -- holds "SCORE|MEMBER": the last entry indexed when a sweep was cut, else "NOW|".
 local function fair_sweep(c, f, due_key)
@@ -162,6 +193,7 @@ local function fair_sweep(c, f, due_key)
     mark = int(c.now) .. '|'
   end
   redis.call('SET', f.prefix .. 'swept', mark)
+  fair_fast(c, f, due_key, n == 2 * FAIR_SWEEP)
 end
 
 -- How many more claims of `group` its cap allows (a large number without a cap). The
