@@ -67,7 +67,7 @@ SCHEDULE_RATE = 20_000  # keys/s a loaded machine schedules at least (measured: 
 MEMORY_TENANTS = 100
 DRAIN_TIMEOUT = 120.0
 HERD_DRAIN_TIMEOUT = 300.0  # a million keys at a loaded machine's few thousand a second
-INDEX_PER_CALL = 2000  # due keys a claim call's catch-up sweep indexes at least (store/lua/_fair.lua)
+INDEX_PER_CALL = 2000  # due keys a claim call's sweep indexes (store/lua/_fair.lua)
 
 
 @dataclass
