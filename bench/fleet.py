@@ -240,6 +240,18 @@ class Load:
         await self._task
         await self._writer.flush()
 
+    def refreshed(self, records: dict[str, list[tuple[float, int, str]]]) -> dict[str, Any]:
+        """What the nodes' ``records`` say of the touches: how many, refreshes, and the
+        keys lost (none of their refreshes started after their last touch)."""
+        latest: dict[str, float] = {}
+        for rows in records.values():
+            for t, _, k in rows:
+                latest[k] = max(latest.get(k, 0.0), t)
+        lost = [k for k, touched in self.last.items() if latest.get(k, 0.0) <= touched]
+        return {"touches": self.touches, "keys": len(self.last),
+                "refreshes": sum(len(v) for v in records.values()), "lost": len(lost),
+                "lost_sample": lost[:5]}
+
 
 async def drained(writer: Coalescer, config: Config) -> bool:
     """Nothing pending or in flight in any shard (as `coalescer status` reads it)."""
@@ -319,16 +331,9 @@ async def grow(fleet: Fleet, r: Any, writer: Coalescer, plan: Plan, *, nodes: in
     empty = await drained(writer, fleet.config)
     fleet.stop_all()  # their last records are written at exit
     records = fleet.records(names)
-    latest: dict[str, float] = {}
-    for rows in records.values():
-        for t, _, k in rows:
-            latest[k] = max(latest.get(k, 0.0), t)
-    lost = [k for k, touched in feed.last.items() if latest.get(k, 0.0) <= touched]
     return {"from": GROW_FROM, "to": nodes, "start": start, "grown": grown,
-            "touches": feed.touches, "keys": len(feed.last),
-            "refreshes": sum(len(v) for v in records.values()),
-            "per_node": {n: len(v) for n, v in records.items()}, "lost": len(lost),
-            "lost_sample": lost[:5], "drained": empty}
+            **feed.refreshed(records), "per_node": {n: len(v) for n, v in records.items()},
+            "drained": empty}
 
 
 async def reshard_under_load(cluster: Cluster, r: Any, tmp: Path, plan: Plan, *,
@@ -360,18 +365,10 @@ async def reshard_under_load(cluster: Cluster, r: Any, tmp: Path, plan: Plan, *,
             records = fleet.records(names)
     finally:
         fleet.stop_all()
-    latest: dict[str, float] = {}
-    lags = []
-    for rows in records.values():
-        for t, due_ms, k in rows:
-            latest[k] = max(latest.get(k, 0.0), t)
-            lags.append(t * 1000 - due_ms)
-    lost = [k for k, touched in feed.last.items() if latest.get(k, 0.0) <= touched]
+    lags = [t * 1000 - due_ms for rows in records.values() for t, due_ms, _ in rows]
     return {"from": RESHARD_FROM, "to": RESHARD_TO, "nodes": nodes, "start": start,
             "reshard_s": done["seconds"], "resharded": done["done"], "moved": done["moved"],
-            "touches": feed.touches, "keys": len(feed.last),
-            "refreshes": sum(len(v) for v in records.values()), "lost": len(lost),
-            "lost_sample": lost[:5], "drained": empty, "lag_p99_ms": _pct(lags, 0.99)}
+            **feed.refreshed(records), "drained": empty, "lag_p99_ms": _pct(lags, 0.99)}
 
 
 async def until_resharded(r: Any, t0: float) -> dict[str, Any]:
