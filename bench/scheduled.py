@@ -95,41 +95,50 @@ async def slice_lag_baseline(b: Baseline, n: int) -> dict[str, Any]:
     return {**C.percentiles(REC.lags_ms), "slice": len(slice_keys), "started": REC.count}
 
 
+async def load(c: Coalescer, sync: Any, keys: list[str], times: list[float]) -> dict[str, float]:
+    """Schedule ``keys`` at ``times`` through ``c`` (after one key: scripts loaded, shard
+    keys created): Redis bytes per key (``used_memory`` before and after), keys/s."""
+    c.touch(C.key(-1), delay="1h")
+    await c.flush()
+    mem0 = used_memory(sync)
+    t0 = time.perf_counter()
+    await schedule(c, keys, times)
+    await c.flush()
+    load_s = time.perf_counter() - t0
+    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
+            "load_keys_per_second": len(keys) / load_s}
+
+
+async def load_baseline(b: Baseline, sync: Any, keys: list[str],
+                        times: list[float]) -> dict[str, float]:
+    """``load`` for the baseline: the due times added to its ZSET, 10,000 a ``ZADD``."""
+    await b.redis.zadd(b.zset, {C.key(-1): time.time() + 3600})
+    mem0 = used_memory(sync)
+    t0 = time.perf_counter()
+    for i in range(0, len(keys), 10_000):
+        await b.redis.zadd(b.zset, dict(zip(keys[i:i + 10_000], times[i:i + 10_000],
+                                            strict=True)))
+    load_s = time.perf_counter() - t0
+    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
+            "load_keys_per_second": len(keys) / load_s}
+
+
 async def scheduled_coalescer(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
-    keys = [C.key(i) for i in range(n)]
     sync = server.client(timeout=60)
     kw = {"window": "100ms", "max_wait": "200ms", "concurrency": F.LAG_CONCURRENCY}
     async with C.coalescer(server, False, **kw) as c:
-        c.touch(C.key(-1), delay="1h")  # scripts loaded, shard keys created
-        await c.flush()
-        mem0 = used_memory(sync)
-        t0 = time.perf_counter()
-        await schedule(c, keys, far_times(n))
-        await c.flush()
-        load_s = time.perf_counter() - t0
-        mem1 = used_memory(sync)
+        loaded = await load(c, sync, [C.key(i) for i in range(n)], far_times(n))
     sync.close()
     REC.reset(offset_ms=await C.clock_offset_ms(server.url))
     async with C.coalescer(server, True, **kw) as w:
         lag = await slice_lag(w, n)
-    return {**lag, "keys": n, "bytes_per_key": (mem1 - mem0) / n,
-            "load_keys_per_second": n / load_s}
+    return {**lag, "keys": n, **loaded}
 
 
 async def scheduled_baseline(server: Server, sizes: C.Sizes, n: int) -> dict[str, Any]:
-    keys = [C.key(i) for i in range(n)]
-    times = far_times(n)
     sync = server.client(timeout=60)
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
-        await b.redis.zadd(b.zset, {C.key(-1): time.time() + 3600})
-        mem0 = used_memory(sync)
-        t0 = time.perf_counter()
-        for i in range(0, n, 10_000):
-            await b.redis.zadd(b.zset, dict(zip(keys[i:i + 10_000], times[i:i + 10_000],
-                                                strict=True)))
-        load_s = time.perf_counter() - t0
-        mem1 = used_memory(sync)
+        loaded = await load_baseline(b, sync, [C.key(i) for i in range(n)], far_times(n))
         lag = await slice_lag_baseline(b, n)
     sync.close()
-    return {**lag, "keys": n, "bytes_per_key": (mem1 - mem0) / n,
-            "load_keys_per_second": n / load_s}
+    return {**lag, "keys": n, **loaded}

@@ -43,6 +43,8 @@ from bench.probe import REC
 from bench.scheduled import (
     DAY,
     far_times,
+    load,
+    load_baseline,
     schedule,
     slice_due,
     slice_lag,
@@ -145,32 +147,15 @@ async def _baseline_ops(server: Server, keys: list[str]) -> dict[str, Any]:
 
 
 async def _load_coalescer(server: Server, keys: list[str]) -> dict[str, Any]:
-    sync = server.client(timeout=60)
     async with _coalescer(server, False, window="100ms", max_wait="200ms") as c:
-        c.touch(C.key(-1), delay="1h")  # scripts loaded, shard keys created
-        await c.flush()
-        mem0 = used_memory(sync)
-        t0 = time.perf_counter()
-        await schedule(c, keys, far_times(len(keys), days=365, seed=365))
-        await c.flush()
-        load_s = time.perf_counter() - t0
-    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
-            "load_keys_per_second": len(keys) / load_s}
+        return await load(c, server.client(timeout=60), keys,
+                          far_times(len(keys), days=365, seed=365))
 
 
 async def _load_baseline(server: Server, keys: list[str]) -> dict[str, Any]:
-    sync = server.client(timeout=60)
-    times = far_times(len(keys), days=365, seed=365)
     async with Baseline(server.url, probe.refresh, delay=0.0) as b:
-        await b.redis.zadd(b.zset, {C.key(-1): time.time() + 3600})
-        mem0 = used_memory(sync)
-        t0 = time.perf_counter()
-        for i in range(0, len(keys), 10_000):
-            await b.redis.zadd(b.zset, dict(zip(keys[i:i + 10_000], times[i:i + 10_000],
-                                                strict=True)))
-        load_s = time.perf_counter() - t0
-    return {"bytes_per_key": (used_memory(sync) - mem0) / len(keys),
-            "load_keys_per_second": len(keys) / load_s}
+        return await load_baseline(b, server.client(timeout=60), keys,
+                                   far_times(len(keys), days=365, seed=365))
 
 
 async def _lag_coalescer(server: Server, n: int) -> dict[str, Any]:
