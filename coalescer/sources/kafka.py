@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from coalescer.common.log_once import LogOnce
@@ -76,6 +76,17 @@ def _kafka() -> Any:
     import aiokafka  # type: ignore[import-untyped]
 
     return aiokafka
+
+
+@contextlib.asynccontextmanager
+async def _stopped_if_failed(consumer: Any) -> AsyncIterator[None]:
+    """Stop ``consumer`` (quietly) when the block raises; the error goes on."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        raise
 
 
 def _refused(touches: Touches, why: str) -> Touches:
@@ -256,13 +267,9 @@ class KafkaLoop:
             client_id=f"coalescer-{self._context.node_id}", enable_auto_commit=False,
             auto_offset_reset=self.source.start, max_partition_fetch_bytes=1 << 20,
             fetch_max_bytes=8 << 20, heartbeat_interval_ms=1000)
-        try:
+        async with _stopped_if_failed(consumer):
             consumer.subscribe(list(self.source.topics), listener=_listener(self))
             await consumer.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-            raise
         self._consumer = consumer
         log.info("source %s: reading topics %s in group %r", self.source.name,
                  ", ".join(self.source.topics), self.source.group)
@@ -274,12 +281,8 @@ class KafkaLoop:
             consumer = _kafka().AIOKafkaConsumer(
                 bootstrap_servers=self._bootstrap, enable_auto_commit=False,
                 client_id=f"coalescer-{self._context.node_id}-offsets")
-            try:
+            async with _stopped_if_failed(consumer):
                 await consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
-                raise
             self._offsets = consumer
         found = await asyncio.wait_for(self._offsets.end_offsets(partitions), COMMIT_TIMEOUT)
         return dict(found)
@@ -294,17 +297,13 @@ class KafkaLoop:
             client_id=f"coalescer-{self._context.node_id}", enable_auto_commit=False,
             auto_offset_reset=self.source.start, max_partition_fetch_bytes=1 << 20,
             fetch_max_bytes=8 << 20)
-        try:
+        async with _stopped_if_failed(consumer):
             await consumer.start()
             known = await asyncio.wait_for(consumer.topics(), COMMIT_TIMEOUT)
             consumer.assign([aiokafka.TopicPartition(topic, partition)
                              for topic in self.source.topics if topic in known
                              for partition in sorted(consumer.partitions_for_topic(topic)
                                                      or ())])
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-            raise
         self._consumer = consumer
 
     async def _probe(self) -> bool:
