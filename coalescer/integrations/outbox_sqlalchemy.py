@@ -98,7 +98,7 @@ def touch_in_transaction(session: Any, *keys: str, item: str | None = None,
     if not rows:
         return
     session = getattr(session, "sync_session", session)  # an AsyncSession
-    current = _innermost(session) or session.begin()
+    current = innermost(session) or session.begin()
     buffers = _buffers(session)
     pending = buffers.setdefault(current, {}).setdefault(
         table if table is not None else _DEFAULT, {})
@@ -115,7 +115,8 @@ def pending_rows(session: Any) -> int:
     return sum(len(rows) for tables in buffers.values() for rows in tables.values())
 
 
-def _innermost(session: Session) -> SessionTransaction | None:
+def innermost(session: Session) -> SessionTransaction | None:
+    """The session's innermost transaction (a SAVEPOINT's, else its own), if any."""
     return session.get_nested_transaction() or session.get_transaction()
 
 
@@ -137,7 +138,7 @@ def _before_commit(session: Session) -> None:
     so the parent's touches are as safe there. Higher ones wait for a commit closer
     to them, so a savepoint rolled back between never takes them along.
     """
-    current = _innermost(session)
+    current = innermost(session)
     if current is None:
         return
     buffers: Buffers = session.info.get(_STATE, {})

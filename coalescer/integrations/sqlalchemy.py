@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from coalescer.integrations import Toucher, checked_keys
 from coalescer.integrations.outbox_sqlalchemy import (
+    innermost,
     outbox_ddl,
     outbox_table,
     touch_in_transaction,
@@ -62,16 +63,12 @@ def touch_after_commit(session: Any, coalescer: Toucher, *keys: str) -> None:
     """
     session = getattr(session, "sync_session", session)  # an AsyncSession
     checked = checked_keys(coalescer, keys)
-    current = _innermost(session)
+    current = innermost(session)
     if current is None:
         for key in checked:
             coalescer.touch(key)
         return
     _touches(session).by_transaction[current].extend((coalescer, k) for k in checked)
-
-
-def _innermost(session: Session) -> SessionTransaction | None:
-    return session.get_nested_transaction() or session.get_transaction()
 
 
 def _touches(session: Session) -> _Touches:
@@ -88,13 +85,13 @@ def _touches(session: Session) -> _Touches:
 def _after_commit(session: Session) -> None:
     # Fired just before the ending transaction's after_transaction_end, while it is
     # still the session's innermost one (a released savepoint or the outermost).
-    current = _innermost(session)
+    current = innermost(session)
     if current is not None:
         _touches(session).committed.add(current)
 
 
 def _after_rollback(session: Session) -> None:
-    current = _innermost(session)
+    current = innermost(session)
     if current is not None:
         _touches(session).rolled_back.add(current)
 
