@@ -37,6 +37,7 @@ from . import common as C
 from . import fairness as FR
 from . import fairness_cap as FC
 from . import fairness_rows as FRows
+from . import fairness_shards as FS
 from . import figures as F
 from . import fleet as FL
 from . import idle_shards as S
@@ -119,6 +120,12 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     "fair_cap": [("coalescer", FC.cap, ("TMP", True)), ("baseline", FC.cap, ("TMP", False))],
     "herd": [("coalescer", FR.herd, ()), ("baseline", FR.herd, (False,))],
     "fair_memory": [("coalescer", FR.memory, (True,)), ("baseline", FR.memory, (False,))],
+    # fair across shards: each shard count beside shards: 1, the cap on a server and a Cluster
+    "fair_shards": [*((f"{t}_{n}", FS.shares, (t, n)) for t in ("weighted", "equal")
+                      for n in FS.SHARD_COUNTS),
+                    *((f"quiet_{n}", FS.quiet, (n,)) for n in FS.SHARD_COUNTS),
+                    (f"cap_{FS.CAP_SHARDS}", FS.cap, ("TMP", FS.CAP_SHARDS, False)),
+                    (f"cap_cluster_{FS.CAP_SHARDS}", FS.cap, ("TMP", FS.CAP_SHARDS, True))],
     # edge: leading (the coalescer column) beside edge: trailing (baseline) in the same run
     "leading": [("coalescer", LE.bursts, ("leading",)), ("baseline", LE.bursts, ("trailing",))],
     # a key's timeline beside explain of the same key, with N keys pending
@@ -630,7 +637,7 @@ def rows(res: dict[str, Any], sizes: C.Sizes) -> list[dict[str, Any]]:
     for part in (_lost_rows, _write_path_rows, _worker_rows, _pending_rows, _scheduled_rows,
                  _failover_rows,
                  _idle_shards_rows, _throttle_rows, _items_rows, _outbox_rows, _kafka_rows,
-                 _fleet_rows, FRows.rows, LE.rows, TL.rows, BO.rows):
+                 _fleet_rows, FRows.rows, FS.rows, LE.rows, TL.rows, BO.rows):
         part(t)
     return t.out
 
