@@ -187,8 +187,8 @@ class ShardKeys:
     def fair(self, rule: str) -> str:
         """The prefix of a fair rule's order in this shard (store/lua/_fair.lua): its
         groups' due keys (``q:GROUP``), their start tags (``groups``), finish tags
-        (``tags``), virtual time (``v``), how far its due keys are indexed (``head``,
-        and ``swept`` up to ``gap`` for a backlog still to catch up), the runtime weights
+        (``tags``), virtual time (``v``), sweep point (``swept``), where the fast lane
+        looked up to (``head``), the runtime weights
         and cap (``conf``, a copy of ``fair_settings``) and, on a Redis Cluster, the
         groups' runs in flight (``run:GROUP``)."""
         return f"{self.prefix}:fair:{rule}:"

@@ -5,6 +5,7 @@ tenant's runs in flight, and that a rule without ``fair`` keeps its due order.""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from coalescer.config.fair import lua_pattern
@@ -12,6 +13,7 @@ from coalescer.config.patterns import KeyPattern
 from coalescer.store.fair_args import FairSpec
 from coalescer.store.fair_settings import FairChange, record_in_flight, write_overrides
 from coalescer.store.keys import fair_runs
+from coalescer.store.script_calls import script_source
 from coalescer.store.script_types import ClaimBatch, UpsertGroup
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
 
@@ -39,6 +41,14 @@ async def claim(s: Shard, limit: int, fair: FairSpec | None = None) -> ClaimBatc
     return await s.scripts.claim(s.keys, leader=s.leader, node_id="n1", claim_lease_ms=LONG,
                                  sleep_cap_ms=1000, limits=[(RULE, limit)],
                                  fair={RULE: fair} if fair else {})
+
+
+def fair_constant(name: str) -> int:
+    """One of the fair order's sizes, as the claim script has it."""
+    found = re.search(r"local (FAIR_\w+(?:, FAIR_\w+)*) = ([\d, ]+)\n", script_source("claim"))
+    assert found, "the claim script's fair sizes"
+    sizes = dict(zip(found[1].split(", "), found[2].split(", "), strict=True))
+    return int(sizes[name])
 
 
 def orgs(batch: ClaimBatch) -> Counter[str]:
@@ -177,17 +187,18 @@ async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
 
 async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reached(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # one write: 9,001 keys share one due time; t:m:1 sorts amid them
+    await shard.lead()  # one write: its keys share one due time; t:m:1 sorts amid them
     await claim(shard, 10, spec())  # (a claim before: the fast lane looks at new keys only)
-    keys = [*keys_of("aaa", 3000), "t:m:1", *keys_of("zzz", 6000)]
-    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == 9001
+    beyond_fast_lane = fair_constant("FAIR_FAST") + 1000
+    keys = [*keys_of("aaa", 3000), "t:m:1", *keys_of("zzz", beyond_fast_lane)]
+    assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == len(keys)
     await shard.after(await shard.now())
     scores = await shard.r.zrange(shard.keys.due(RULE), 0, -1, withscores=True)
     assert len({score for _, score in scores}) == 1
 
     first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
 
-    # the fast lane looks at the newest 5,000 (zzz: 64 of them indexed), the sweep at
+    # the fast lane looks at the newest zzz keys only (64 of them indexed), the sweep at
     # 2,000 a call: the second call goes on inside the same millisecond, past t:m:1
     assert orgs(first) == {"aaa": 5, "zzz": 5}
     assert orgs(second)["m"] == 1

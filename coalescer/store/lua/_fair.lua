@@ -40,7 +40,7 @@
 -- next call, however far behind the backlog of another group keeps the sweep. The
 -- sweep indexes them again when it gets there (the same entry: no harm).
 
-local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT = 2000, 16, 5000, 64
+local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT = 2000, 16, 10000, 64
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -315,11 +315,12 @@ local function fair_take(c, f, r, due_key, inflight_key, cands)
   if #ready == 0 then return got end
   redis.call('ZREM', due_key, unpack(ready))
   local before_n = #c.claims
+  c.ckeys, c.ctokens = {}, {}  -- claim_keys notes each claim's key and token there
   claim_keys(c, r, due_key, inflight_key, ready)
   local runs = {}
   for i = before_n + 1, #c.claims do
-    local p = split(c.claims[i], 8)
-    local g = group_of[p[8]]
+    local key = c.ckeys[i]
+    local g = group_of[key]
     got[g] = (got[g] or 0) + 1
     if f.cap and f.cap > 0 then
       local t = runs[g]
@@ -327,9 +328,10 @@ local function fair_take(c, f, r, due_key, inflight_key, cands)
         t = {}
         runs[g] = t
       end
-      t[#t + 1], t[#t + 2] = p[8], p[2] .. '|' .. c.meta
+      t[#t + 1], t[#t + 2] = key, int(c.ctokens[i]) .. '|' .. c.meta
     end
   end
+  c.ckeys, c.ctokens = nil, nil
   for _, x in ipairs(cands) do
     if runs[x.g] then redis.call('HSET', f.run .. x.g, unpack(runs[x.g])) end
   end

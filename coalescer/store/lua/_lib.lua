@@ -511,6 +511,7 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
     states_out[i], states_out[i + 1] = key, 'R|' .. head .. tail
     leases[i], leases[i + 1] = c.lease_until, key
     claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. counts[i] .. '|' .. key
+    if c.ckeys then c.ckeys[#claims], c.ctokens[#claims] = key, token end
   end
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
