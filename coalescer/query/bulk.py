@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coalescer.config.rules import Config
-from coalescer.query.key_search import KeyFilter, KeysPage, PageSize, SearchError, search_page
+from coalescer.query.key_search import (
+    Cursor,
+    KeyFilter,
+    KeysPage,
+    PageSize,
+    SearchError,
+    search_page,
+)
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.scripts import Scripts
 
@@ -34,6 +41,8 @@ ACTION_STATES = {
     "retry": ("dead",),
     "purge": ("dead",),
 }
+# actions that take the keys they change out of the set a page is read from
+REMOVES = ("retry", "purge", "cancel")
 DEFAULT_RATE = 10_000  # keys a second
 PAGE = 1000  # keys a page reads at most
 RUN_NOW_AT_ONCE = 64  # run_now.lua calls in flight at once
@@ -140,26 +149,24 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
                    on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
     """Act (``act``; None: count only) on every key of ``progress.search``, a page at a
     time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set.
-    The next page is read while the action runs on this one (it starts after this
-    page's last entry, which the action does not move past); a stop drops it unread."""
+    A page is read once its page before was acted on, right after that page's last
+    entry; an action that takes the keys it changed out of the set read (retry, purge,
+    cancel) moves the cursor's rank back by as many, so the read starts where it is."""
     size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate),
                     captures=False)
-
-    def read(cursor: str | None) -> asyncio.Task[KeysPage]:
-        return asyncio.ensure_future(search_page(redis, config, progress.search, cursor, size))
-
+    removes = act is not None and progress.action in REMOVES
     began = time.monotonic()
-    ahead: asyncio.Task[KeysPage] | None = read(None)
+    at: Cursor | None = None
     try:
-        while ahead is not None:
-            page = await ahead
-            ahead = read(page.cursor) if page.cursor is not None else None
-            await _apply(page, act, progress, config.namespace)
+        while True:
+            page = await search_page(redis, config, progress.search, at, size)
+            done = await _apply(page, act, progress, config.namespace)
             if on_page is not None:
                 on_page(progress)
-            if ahead is None:
+            if page.next is None:
                 progress.status = "done"
                 break
+            at = page.next.moved_back(done.get(page.next.shard, 0) if removes else 0)
             if await _paused_for_rate(progress, began):
                 progress.status = "aborted"
                 break
@@ -168,24 +175,25 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
         raise
     finally:
         progress.ended = time.time()
-        if ahead is not None:  # read ahead, not acted on: dropped, its outcome unread
-            ahead.cancel()
-            ahead.add_done_callback(lambda t: t.cancelled() or t.exception())
     return progress
 
 
 async def _apply(page: KeysPage, act: Act | None, progress: BulkProgress,
-                 namespace: str) -> None:
+                 namespace: str) -> dict[int, int]:
+    """Act on the page's keys, shard by shard: how many changed in each shard."""
     progress.examined += page.examined
     progress.matched += len(page.keys)
+    done: dict[int, int] = {}
     if act is None or not page.keys:
-        return
+        return done
     by_shard: dict[int, list[str]] = {}
     for found in page.keys:
         by_shard.setdefault(found.shard, []).append(found.key)
     space = KeySpace(namespace, 1)
     for shard, keys in by_shard.items():
-        progress.done += await act(space.shard(shard), keys)
+        done[shard] = await act(space.shard(shard), keys)
+        progress.done += done[shard]
+    return done
 
 
 async def _paused_for_rate(progress: BulkProgress, began: float) -> bool:

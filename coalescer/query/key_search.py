@@ -132,6 +132,16 @@ class Cursor:
         raw = json.dumps(body, separators=(",", ":")).encode("utf-8", "surrogatepass")
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
+    def moved_back(self, removed: int) -> Cursor:
+        """This cursor once ``removed`` entries of its shard's set at or before its entry
+        have left the set (a bulk action took them out): its rank that much lower, so
+        the next page starts where it is read, with no search for it. A wrong guess
+        costs that search, never a key (``set_page`` checks where it reads)."""
+        if self.after is None or removed <= 0:
+            return self
+        score, member, rank = self.after
+        return Cursor(self.shard, (score, member, max(-1, rank - removed)))
+
 
 def decode_cursor(text: str, flt: KeyFilter) -> Cursor:
     """The cursor ``text`` of a page of this search; SearchError("cursor") otherwise."""
@@ -193,6 +203,7 @@ class KeysPage:
     examined: int = 0
     cursor: str | None = None
     paused: bool | None = None  # for state "paused": whether the rule is paused
+    next: Cursor | None = None  # the cursor, not encoded (a bulk action goes on from it)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"keys": [f.to_json() for f in self.keys],
@@ -249,11 +260,15 @@ class PageSize:
 DEFAULT_PAGE = PageSize()
 
 
-async def search_page(redis: Any, config: Config, flt: KeyFilter, cursor: str | None = None,
+async def search_page(redis: Any, config: Config, flt: KeyFilter,
+                      cursor: str | Cursor | None = None,
                       size: PageSize = DEFAULT_PAGE) -> KeysPage:
-    """One page of the search ``flt`` from ``cursor`` (None: the start), as big as
-    ``size`` says. SearchError for a bad cursor."""
-    at = decode_cursor(cursor, flt) if cursor else Cursor(0, None)
+    """One page of the search ``flt`` from ``cursor`` (None: the start; a Cursor: a
+    page's ``next``), as big as ``size`` says. SearchError for a bad cursor."""
+    if isinstance(cursor, Cursor):
+        at = cursor
+    else:
+        at = decode_cursor(cursor, flt) if cursor else Cursor(0, None)
     if flt.state != "paused":
         return await _fill(redis, config, flt, at, size)
     if not await redis.sismember(key_names.paused_rules(config.namespace), flt.rule):
@@ -285,7 +300,8 @@ async def _fill(redis: Any, config: Config, flt: KeyFilter, at: Cursor,
         if read == len(entries) < want:  # the end of this shard's set
             shard, after = shard + 1, None
     if shard < space.span:
-        page.cursor = Cursor(shard, after).encode(flt)
+        page.next = Cursor(shard, after)
+        page.cursor = page.next.encode(flt)
     return page
 
 

@@ -69,10 +69,13 @@ async def set_page(redis: Any, set_key: str, after: After | None,
     key = _order(member, float(score))
     start = rank + 1
     got: list[tuple[str, float]] = []
+    follows = False
     for _ in range(TRIES):
-        got = await _read(redis, set_key, max(0, start - 1), count + (1 if start else 0))
-        if _follows(got, start, key):
+        got = await _read(redis, set_key, max(0, start - 1), count + (1 if start > 0 else 0))
+        if follows := _follows(got, start, key):
             break
         start = int(await _script(redis)(keys=[set_key], args=[score, member]))
-    rest = [(m, s) for m, s in (got[1:] if start > 0 and got else got) if _order(m, s) > key]
-    return [(m, _score_text(s)) for m, s in rest[:count]], start
+    rest = got[1:] if start > 0 and got else got
+    if not follows:  # still moving: keep only what sorts after ``after``
+        rest = [(m, s) for m, s in rest if _order(m, s) > key]
+    return [(m, _score_text(s)) for m, s in rest[:count]], max(0, start)

@@ -121,6 +121,39 @@ async def test_a_retry_in_several_calls_wakes_the_poller_once_after_its_keys_are
     assert await redis_client.zcard(sk.due("acct")) == len(dead)
 
 
+async def test_a_retry_reads_each_page_once_from_where_the_last_ended(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    dead = [f"acct:1:{u}" for u in range(120)]
+    await kill(redis_client, namespace, dead)
+    space = KeySpace(namespace, 3)
+    stale = dead[5::20]  # in the dead set, no state: left where they are
+    for key in stale:
+        await redis_client.hdel(space.shard(space.shard_of(key)).meta, key)
+    await redis_client.config_resetstat()
+    done = await bulk(c, "retry", [], rate=40)  # pages of 10
+    stats = await redis_client.info("commandstats")
+    assert (done.status, done.matched, done.done) == ("done", 120, 114)
+    left = [k for shard in range(3) for k in await redis_client.zrange(
+        space.shard(shard).dead("acct"), 0, -1)]
+    assert sorted(left) == sorted(stale)
+    assert "cmdstat_zrank" not in stats  # no page had to search for where it starts
+    assert stats["cmdstat_zrange"]["calls"] <= 12 + 3  # a read a page (and a shard's end)
+
+
+async def test_a_dead_value_in_its_short_form_is_requeued(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await kill(redis_client, namespace, ["acct:1:1", "acct:1:2"])
+    sk = KeySpace(namespace, 3).shard(KeySpace(namespace, 3).shard_of("acct:1:2"))
+    await redis_client.hset(sk.meta, "acct:1:2", "D|1|1")  # no attempts, no error
+    done = await bulk(c, "retry", [])
+    assert (done.matched, done.done) == (2, 2)
+    assert (await c.query.explain("acct:1:2"))["state"] == "pending"
+
+
 def test_an_action_refuses_a_state_it_does_not_act_on() -> None:
     with pytest.raises(SearchError, match="retry acts on dead keys, not on --state pending"):
         action_state("retry", "pending")

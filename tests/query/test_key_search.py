@@ -18,6 +18,7 @@ from coalescer.query.key_search import (
     SearchError,
     decode_cursor,
     make_filter,
+    search_page,
 )
 from coalescer.store.keys import KeySpace
 from tests.conftest import Start
@@ -106,6 +107,29 @@ async def test_keys_removed_between_pages_neither_repeat_nor_hide_the_rest(
                                 between=cancel_some)
     assert len(found) == len(set(found))
     assert set(keys) - cancelled <= set(found)
+
+
+async def test_a_cursor_moved_back_by_a_wrong_count_still_finds_every_key_once(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    keys = [f"acct:1:{user:03d}" for user in range(60)]
+    c.touch_many(keys)
+    await c.flush()
+    search = make_filter(c.config, "acct")
+    space = KeySpace(namespace, 3)
+    found: list[str] = []
+    guesses = iter([0, 1, 5, 100, 2, 3] * 20)  # right, too few, too many
+    at = None
+    while True:
+        page = await search_page(redis_client, c.config, search, at, PageSize(scan=4, limit=4))
+        found += [f.key for f in page.keys]
+        for f in page.keys[::2]:  # take some of the page's keys out of the set
+            await redis_client.zrem(space.shard(f.shard).due("acct"), f.key)
+        if page.next is None:
+            break
+        at = page.next.moved_back(next(guesses))
+    assert sorted(found) == keys
 
 
 async def test_states_scheduled_dead_in_flight_and_paused(

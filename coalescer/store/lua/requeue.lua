@@ -28,17 +28,27 @@ for i = 1, #keys, CHUNK do
   for j = 1, #part do scores[i + j - 1] = part[j] end
 end
 
-local back, fields, entries, seen = {}, {}, {}, {}
+-- FIRST and LAST of a dead value (nil for any other): one pattern match for the usual
+-- form, the general decode for any other (a table and a split a key cost ~1 us more).
+local function dead_times(v)
+  local f, l = string.match(v, '^D|(%d+)|(%d+)|')
+  if f then return tonumber(f), tonumber(l) end
+  local s = decode(v)
+  if s and s.kind == 'D' then return s.first, s.last end
+  return nil
+end
+
+local back, fields, entries, seen, n = {}, {}, {}, {}, 0
 for i = 1, #keys do
   local key = keys[i]
-  local s = (scores[i] and not seen[key]) and decode(states[i]) or nil
-  if s and s.kind == 'D' then
+  local first, last
+  if scores[i] and states[i] and not seen[key] then first, last = dead_times(states[i]) end
+  if first then
     seen[key] = true
-    back[#back + 1] = key
-    fields[#fields + 1] = key
-    fields[#fields + 1] = pending(s.first, s.last, 0, now)
-    entries[#entries + 1] = now
-    entries[#entries + 1] = key
+    n = n + 1
+    back[n] = key
+    fields[2 * n - 1], fields[2 * n] = key, pending(first, last, 0, now)
+    entries[2 * n - 1], entries[2 * n] = now, key
   else
     not_dead[#not_dead + 1] = key
   end
