@@ -187,8 +187,8 @@ class ShardKeys:
     def fair(self, rule: str) -> str:
         """The prefix of a fair rule's order in this shard (store/lua/_fair.lua): its
         groups' due keys (``q:GROUP``), their start tags (``groups``), finish tags
-        (``tags``), virtual time (``v``), sweep point (``swept``), where the fast lane
-        looked up to (``head``), the runtime weights
+        (``tags``), virtual time and how far its due keys are indexed (``state``), the
+        runtime weights
         and cap (``conf``, a copy of ``fair_settings``) and, on a Redis Cluster, the
         groups' runs in flight (``run:GROUP``)."""
         return f"{self.prefix}:fair:{rule}:"

@@ -12,10 +12,11 @@
 --   PREFIX..groups   ZSET  group with indexed keys -> the start tag of its next claim
 --   PREFIX..tags     ZSET  group without indexed keys -> the finish tag of its last
 --                          claim, while that is ahead of the virtual time
---   PREFIX..v        STRING the virtual time: the start tag of the last claim
---   PREFIX..swept    STRING how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
---   PREFIX..head     STRING the score up to which the fast lane looked (fair_fast)
---   PREFIX..low      STRING where the round over the keys below that point goes on
+--   PREFIX..state    HASH  read once and written once a call (f.state):
+--                          v      the virtual time: the start tag of the last claim
+--                          swept  how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
+--                          head   the score up to which the fast lane looked (fair_fast)
+--                          low    where the round over the keys below that point goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
@@ -28,7 +29,7 @@
 -- (claimed by a drain, cancelled, moved) is dropped, and a key whose due time moved
 -- later (a re-touch) goes back to due:RULE at that time (claim_keys). Each call
 -- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), and FAIR_LOW
--- of the keys below that point, going round them call after call (PREFIX..low: the
+-- of the keys below that point, going round them call after call (state low: the
 -- rank it goes on from): a key put back with a due time already past (a touch that
 -- came while it ran, a claim given back) is found there within a round, however many
 -- keys are due before it.
@@ -167,12 +168,12 @@ local function rank_after(due_key, score, member)
   return lo
 end
 
--- The fast lane (see the header): from the keys due in (PREFIX..head, now], newest
+-- The fast lane (see the header): from the keys due in (state head, now], newest
 -- first, index those of groups with a short queue. Only when this call's sweep was cut
 -- (else it indexed them all); the first call looks at every due key.
 local function fair_fast(c, f, due_key, cut)
-  local head = tonumber(redis.call('GET', f.prefix .. 'head'))
-  redis.call('SET', f.prefix .. 'head', int(c.now))
+  local head = tonumber(f.state.head)
+  f.state.head = int(c.now)
   if not cut then return end
   if head and head > c.now then head = nil end  -- the clock stepped back
   local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
@@ -190,10 +191,10 @@ local function fair_fast(c, f, due_key, cut)
   fair_index(f, picked)
 end
 
--- Index the keys of due:RULE due since the last sweep (see the header). PREFIX..swept
+-- Index the keys of due:RULE due since the last sweep (see the header). State swept
 -- holds "SCORE|MEMBER": the last entry indexed when a sweep was cut, else "NOW|".
 local function fair_sweep(c, f, due_key)
-  local mark = redis.call('GET', f.prefix .. 'swept')
+  local mark = f.state.swept
   local score, member = nil, ''
   if mark then
     local bar = string.find(mark, '|', 1, true)
@@ -207,18 +208,18 @@ local function fair_sweep(c, f, due_key)
   for i = #got, n + 1, -1 do got[i] = nil end
   fair_index(f, got)
   if start > 0 then  -- the keys below the sweep point, FAIR_LOW a call, round and round
-    local at = tonumber(redis.call('GET', f.prefix .. 'low')) or 0
+    local at = tonumber(f.state.low) or 0
     if at >= start then at = 0 end
     local stop = math.min(at + FAIR_LOW, start) - 1
     fair_index(f, fair_missing(f, redis.call('ZRANGE', due_key, at, stop, 'WITHSCORES')))
-    redis.call('SET', f.prefix .. 'low', stop + 1 >= start and 0 or stop + 1)
+    f.state.low = stop + 1 >= start and 0 or stop + 1
   end
   if n == 2 * FAIR_SWEEP then
     mark = got[n] .. '|' .. got[n - 1]
   else
     mark = int(c.now) .. '|'
   end
-  redis.call('SET', f.prefix .. 'swept', mark)
+  f.state.swept = mark
   fair_fast(c, f, due_key, n == 2 * FAIR_SWEEP)
 end
 
@@ -367,7 +368,9 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  f.v, f.meta = tonumber(redis.call('GET', f.prefix .. 'v')) or 0, c.meta
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low')
+  f.state = {swept = st[2] or nil, head = st[3] or nil, low = st[4] or nil}
+  f.v, f.meta = tonumber(st[1]) or 0, c.meta
   fair_settings(f)
   fair_sweep(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
@@ -385,6 +388,10 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
       end
     end
   end
-  redis.call('SET', f.prefix .. 'v', tostring(f.v))
+  local out = {'v', tostring(f.v)}
+  for _, field in ipairs({'swept', 'head', 'low'}) do
+    if f.state[field] then out[#out + 1], out[#out + 2] = field, f.state[field] end
+  end
+  redis.call('HSET', f.prefix .. 'state', unpack(out))
   return capped
 end
