@@ -13,6 +13,10 @@ action applies only to the states where it means something):
 
 A key that left the state between its page being read and the action (claimed, say)
 is counted in ``matched`` but not in ``done``: the scripts act only on keys still in it.
+
+A retry of every dead key of a rule (no filter) goes faster and lighter: no key goes
+through the client; requeue_first.lua re-queues the next RANKS_AT_ONCE entries of a
+shard's dead set in Redis, one call at a time (``retry_by_rank``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from coalescer.query.key_search import (
     SearchError,
     search_page,
 )
+from coalescer.query.layout_read import current_space
 from coalescer.store.keys import KeySpace, ShardKeys
 from coalescer.store.scripts import Scripts
 
@@ -47,6 +52,8 @@ DEFAULT_RATE = 10_000  # keys a second
 PAGE = 1000  # keys a page reads at most
 RUN_NOW_AT_ONCE = 64  # run_now.lua calls in flight at once
 REQUEUE_AT_ONCE = 250  # keys a requeue.lua call takes: ~1 ms of the server's time
+RANKS_AT_ONCE = 100  # dead-set entries a requeue_first.lua call reads: ~0.4 ms of the server
+WAKE_EVERY = 0.1  # seconds: how often a whole-rule retry wakes a shard's poller at most
 
 # Acts on a page's keys, all of one shard: how many it changed.
 Act = Callable[[ShardKeys, list[str]], Awaitable[int]]
@@ -145,13 +152,21 @@ def page_size(rate: int) -> int:
     return PAGE if rate <= 0 else max(1, min(PAGE, rate // 4))
 
 
+def by_rank(progress: BulkProgress) -> bool:
+    """Whether the action runs in Redis by ranks of the set (``retry_by_rank``): a retry
+    of every dead key of a rule (no ``where``), not a dry run."""
+    return (progress.action == "retry" and progress.search.state == "dead"
+            and not progress.search.where and not progress.dry_run)
+
+
 async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act | None,
                    on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
     """Act (``act``; None: count only) on every key of ``progress.search``, a page at a
     time, at ``progress.rate`` keys a second, until done or ``progress.stop`` is set.
     A page is read once its page before was acted on, right after that page's last
     entry; an action that takes the keys it changed out of the set read (retry, purge,
-    cancel) moves the cursor's rank back by as many, so the read starts where it is."""
+    cancel) moves the cursor's rank back by as many, so the read starts where it is.
+    A retry of a whole rule runs faster by ranks (``by_rank``, ``retry_by_rank``)."""
     size = PageSize(scan=page_size(progress.rate), limit=page_size(progress.rate),
                     captures=False)
     removes = act is not None and progress.action in REMOVES
@@ -176,6 +191,69 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
     finally:
         progress.ended = time.time()
     return progress
+
+
+async def retry_by_rank(redis: Any, config: Config, scripts: Scripts, progress: BulkProgress,
+                        on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress:
+    """Retry every dead key of ``progress.search.rule``, shard by shard, with
+    requeue_first.lua calls of at most RANKS_AT_ONCE entries, one at a time (other
+    clients' commands run between them), at ``progress.rate`` keys a second, until done
+    or ``progress.stop`` is set. No key goes through this client: each call reads the
+    next entries of the dead set in Redis, from the rank past the entries that stayed
+    (a state that is not dead). Each shard's poller is woken at most every WAKE_EVERY
+    seconds while its keys come back, and once after its last."""
+    run = _RankRetry(scripts, progress, on_page)
+    try:
+        space = await current_space(redis, config)
+        for shard in range(space.span):
+            if not await run.shard(space.shard(shard)):
+                progress.status = "aborted"
+                break
+        else:
+            progress.status = "done"
+    except Exception as exc:
+        progress.status, progress.error = "failed", repr(exc)
+        raise
+    finally:
+        progress.ended = time.time()
+    return progress
+
+
+@dataclass(slots=True)
+class _RankRetry:
+    scripts: Scripts
+    progress: BulkProgress
+    on_page: Callable[[BulkProgress], None] | None
+    began: float = field(default_factory=time.monotonic)
+
+    @property
+    def count(self) -> int:
+        rate = self.progress.rate
+        return RANKS_AT_ONCE if rate <= 0 else max(1, min(RANKS_AT_ONCE, rate // 4))
+
+    async def shard(self, shard: ShardKeys) -> bool:
+        """Every dead key of one shard: whether it ran to the end (False: stopped)."""
+        rule, count, progress = self.progress.search.rule, self.count, self.progress
+        start, woken, unannounced = 0, time.monotonic(), False
+        while True:
+            wake = time.monotonic() - woken >= WAKE_EVERY
+            back, read = await self.scripts.requeue_first(shard, rule, start, count, wake=wake)
+            if back and wake:  # this call woke the poller
+                woken, unannounced = time.monotonic(), False
+            elif back:
+                unannounced = True
+            start += read - back
+            progress.examined += read
+            progress.matched += read
+            progress.done += back
+            if self.on_page is not None:
+                self.on_page(progress)
+            if read < count:
+                if unannounced:  # keys came back since the last wake: wake the poller
+                    await self.scripts.requeue_each(shard, rule, [])
+                return True
+            if await _paused_for_rate(progress, self.began):
+                return False
 
 
 async def _apply(page: KeysPage, act: Act | None, progress: BulkProgress,

@@ -13,7 +13,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coalescer.config.rules import Config
-from coalescer.query.bulk import BulkProgress, Cancel, run_bulk, scripted_act
+from coalescer.query.bulk import (
+    BulkProgress,
+    Cancel,
+    by_rank,
+    retry_by_rank,
+    run_bulk,
+    scripted_act,
+)
 from coalescer.query.controls import RunNowOutcome, paused_rules, run_now, set_paused
 from coalescer.query.dead_letters import (
     Action,
@@ -183,6 +190,8 @@ class Query:
         redis, scripts = self._connected()
         act = None if progress.dry_run else scripted_act(
             progress.action, redis, scripts, progress.search.rule, cancel)
+        if by_rank(progress):  # a whole rule's retry: in Redis, no key through here
+            return await retry_by_rank(redis, self._config(), scripts, progress, on_page)
         return await run_bulk(redis, self._config(), progress, act, on_page)
 
     @_explained

@@ -29,6 +29,16 @@ class OperatorScripts(ScriptCalls):
         result = await self._run("requeue", keys, [channel, *dead_keys])
         return int(result[0]), [str(k) for k in result[1:]]
 
+    async def requeue_first(self, shard: ShardKeys, rule: str, start: int, count: int,
+                            *, wake: bool = True) -> tuple[int, int]:
+        """Bring back the dead keys at ranks ``start`` to ``start + count - 1`` of
+        ``rule``'s dead set: (how many came back, entries read). The entries that did not
+        come back stay at the ranks from ``start``; ``wake`` False leaves the poller asleep."""
+        keys = [shard.meta, shard.next_wake, shard.due(rule), shard.dead(rule)]
+        channel = shard.wake_channel if wake else ""
+        back, read = await self._run("requeue_first", keys, [channel, start, count])
+        return int(back), int(read)
+
     async def purge(self, shard: ShardKeys, rule: str,
                     dead_keys: Sequence[str]) -> tuple[int, list[str]]:
         """Delete dead-lettered keys of ``rule``: (how many, the keys that were not dead)."""

@@ -36,11 +36,13 @@ SCRIPT_NAMES = (
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
     "limits", "run_now", "traces_put", "traces_take",
+    "requeue_first",
 )
 
 
 # helpers only some scripts need, prepended after _lib.lua: the fair order (_fair.lua)
 EXTRA_LIBS: dict[str, tuple[str, ...]] = {"claim": ("_fair",), "adopt": ("_fair",)}
+EXTRA_LIBS |= {"requeue": ("_requeue",), "requeue_first": ("_requeue",)}  # dead keys back
 
 
 def script_source(name: str) -> str:

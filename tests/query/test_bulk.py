@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from coalescer import Coalescer
-from coalescer.query.bulk import REQUEUE_AT_ONCE, BulkProgress, action_state, scripted_act
+from coalescer.query.bulk import (
+    RANKS_AT_ONCE,
+    REQUEUE_AT_ONCE,
+    BulkProgress,
+    action_state,
+    scripted_act,
+)
 from coalescer.query.key_search import SearchError, make_filter
 from coalescer.store.keys import KeySpace
 from coalescer.store.scripts import Scripts
@@ -126,20 +132,65 @@ async def test_a_retry_reads_each_page_once_from_where_the_last_ended(
         start: Start) -> None:
     c = await started(tmp_path, namespace, redis_url, start)
     dead = [f"acct:1:{u}" for u in range(120)]
-    await kill(redis_client, namespace, dead)
+    await kill(redis_client, namespace, [*dead, "acct:2:1"])
     space = KeySpace(namespace, 3)
     stale = dead[5::20]  # in the dead set, no state: left where they are
     for key in stale:
         await redis_client.hdel(space.shard(space.shard_of(key)).meta, key)
     await redis_client.config_resetstat()
-    done = await bulk(c, "retry", [], rate=40)  # pages of 10
+    done = await bulk(c, "retry", ["org=1"], rate=40)  # pages of 10
     stats = await redis_client.info("commandstats")
     assert (done.status, done.matched, done.done) == ("done", 120, 114)
     left = [k for shard in range(3) for k in await redis_client.zrange(
         space.shard(shard).dead("acct"), 0, -1)]
-    assert sorted(left) == sorted(stale)
+    assert sorted(left) == sorted([*stale, "acct:2:1"])
     assert "cmdstat_zrank" not in stats  # no page had to search for where it starts
     assert stats["cmdstat_zrange"]["calls"] <= 12 + 3  # a read a page (and a shard's end)
+
+
+async def test_a_whole_rules_retry_moves_at_most_its_chunk_a_call_and_steps_over_what_stays(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await retry_whole_rule(c, redis_client, namespace, 0, RANKS_AT_ONCE)
+
+
+async def test_a_whole_rules_retry_at_a_rate_moves_a_quarter_seconds_worth_a_call(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await retry_whole_rule(c, redis_client, namespace, 200, 50)
+
+
+async def retry_whole_rule(c: Coalescer, redis_client: Any, namespace: str, rate: int,
+                           most: int) -> None:
+    """A retry of every dead key of rule acct (1,200, a few stale) at ``rate``: no call
+    reads more than ``most`` entries, every dead key comes back, the stale ones stay."""
+    dead = [f"acct:{u % 7}:{u}" for u in range(1200)]
+    await kill(redis_client, namespace, dead)
+    space = KeySpace(namespace, 3)
+    stale = dead[3::50]  # in the dead set, no state: stepped over, left there
+    for key in stale:
+        await redis_client.hdel(space.shard(space.shard_of(key)).meta, key)
+    far = str(NOW_MS + 3_600_000)
+    for shard in range(3):
+        await redis_client.set(space.shard(shard).next_wake, far)
+    calls: list[tuple[int, int]] = []  # (read, re-queued) by each call
+
+    def seen(progress: BulkProgress) -> None:
+        before = (sum(r for r, _ in calls), sum(d for _, d in calls))
+        calls.append((progress.examined - before[0], progress.done - before[1]))
+
+    done = await bulk(c, "retry", [], rate=rate, on_page=seen)
+    assert (done.status, done.matched, done.done) == ("done", 1200, 1200 - len(stale))
+    assert max(read for read, _ in calls) == most
+    assert len(calls) >= 1200 // most
+    left = [k for shard in range(3) for k in await redis_client.zrange(
+        space.shard(shard).dead("acct"), 0, -1)]
+    assert sorted(left) == sorted(stale)
+    assert (await c.query.status())["rules"]["acct"]["pending"] == 1200 - len(stale)
+    for shard in range(3):  # each shard's poller was woken for its keys
+        assert int(await redis_client.get(space.shard(shard).next_wake)) < int(far)
 
 
 async def test_a_dead_value_in_its_short_form_is_requeued(
