@@ -79,7 +79,8 @@ class Node:
 
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
-        poller = Poller(ctx, shard=keys, runner=self.runner)
+        poller = Poller(ctx, shard=keys, runner=self.runner,
+                        others_wait=lambda: self._others_wait(shard))
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap,
                           clock=poller.clock)
         return Leadership(ctx, poller=poller, standing=self.standing, adopter=adopter,
@@ -188,11 +189,20 @@ class Node:
         return sorted(self.led)
 
     def slot_freed(self) -> None:
-        """The runner freed handler slots: wake the pollers and starved adopters."""
-        for ls_ in self.leaderships:
+        """The runner freed handler slots: wake the pollers and starved adopters. The
+        first poller woken takes the slot, so the one that claimed least recently is
+        woken first: shards with keys waiting are claimed from at even rates (a fair
+        rule's order then holds across them), not one shard's backlog before the others'."""
+        led = self.leaderships
+        for ls_ in sorted(led, key=lambda x: x.poller.served) if len(led) > 1 else led:
             ls_.poller.slots_freed()
             if ls_.adopter is not None and ls_.adopter.starved:
                 ls_.adopter.poke()
+
+    def _others_wait(self, shard: int) -> bool:
+        """Whether the poller of another shard waits for a slot to free."""
+        return any(ls_.poller.waits_for_slots for ls_ in self.leaderships
+                   if ls_.poller.shard_keys.shard != shard)
 
     def poke_all(self) -> None:
         """Wake the poller of every shard led (the wake channel reconnected, or a rule

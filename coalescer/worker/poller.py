@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -57,7 +58,8 @@ NEVER_MS = 10 * 365 * 86_400_000  # "the poller looks again" this far ahead: whe
 class Poller:
     """Claims due keys of one shard while this node leads it."""
 
-    def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner) -> None:
+    def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner,
+                 others_wait: Callable[[], bool] = lambda: False) -> None:
         self.shard_keys = shard
         self._shard = shard
         self._scripts = ctx.scripts
@@ -80,10 +82,17 @@ class Poller:
         self._lapsed = LapsedClaims(ctx.scripts, shard, self.clock, ctx.claim_lease)
         self._lapse_wait: float | None = None
         self._paused = ctx.paused
+        self.served = 0.0  # when a claim of this poller last took slots (monotonic)
+        self._others_wait = others_wait  # another shard's poller waits for a slot
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
         self._wake.set()
+
+    @property
+    def waits_for_slots(self) -> bool:
+        """Whether due keys of this shard wait, the poller asleep, for a slot to free."""
+        return bool(self._waiting)
 
     def slots_freed(self) -> None:
         """Slots were freed: wake the poller if due keys of their rules wait for one."""
@@ -139,6 +148,8 @@ class Poller:
                 item_rules=self._item_rules, fair=self._fair)
         batch, limits, taken = await claim_into_slots(
             self._runner, self._shard.shard, self._rules, MAX_CLAIM, call, clock=self.clock)
+        if any(taken):
+            self.served = time.monotonic()
         if self._gate:
             await self._gate.settle(batch)
         return batch, [n if t == n else -1 for n, t in zip(limits, taken, strict=True)]
@@ -148,8 +159,9 @@ class Poller:
 
         ``limited[i]`` is rule i's limit if it took that many keys, else -1. A claim
         cut by the per-call cap claims again at once. Keys left because a rule's free
-        slots ran out wait for a slot: at once if one freed during the call, else the
-        sleep waits for ``slots_freed`` (or the capped delay).
+        slots ran out wait for a slot: at once if one freed during the call (unless
+        another shard's poller waits for one: it was woken as it freed), else the sleep
+        waits for ``slots_freed`` (or the capped delay).
         """
         if not batch.blocked:
             return False
@@ -162,8 +174,10 @@ class Poller:
             return True
         # a rated rule with no slot to run a claim in at once waits for one too
         full += [i for i in self._gate.slot_bound if i not in full]
-        if any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i] for i in full):
-            return True
+        freed = any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i]
+                    for i in full)
+        if freed and not self._others_wait():
+            return True  # else the slots are the waiting shards' (woken as they freed)
         self._waiting = full
         return False
 

@@ -74,3 +74,33 @@ async def test_equal_tenants_over_four_shards_share_the_first_claims_within_a_ba
         assert max(off.values()) <= bound, counts
     else:
         assert counts["a"] - FIRST // len(TENANTS) > bound, counts
+
+
+WEIGHTS = {"a": 5, "b": 3, "c": 2}
+WEIGHED_FIRST = 3000  # claims counted: a's share is 1,500
+WEIGHED_PER_TENANT = 2400  # 600 a shard: none runs out in the first WEIGHED_FIRST claims
+
+
+async def test_weights_hold_over_four_shards_as_the_node_takes_its_shards_in_turn(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    # A shard drained to its end hands out every tenant's keys in it, whatever the
+    # weights: the node must claim from its shards at even rates for 5:3:2 to hold.
+    weights = ", ".join(f"{org}: {w}" for org, w in WEIGHTS.items())
+    text = RULES.format(ns=namespace, shards=SHARDS, concurrency=CONCURRENCY,
+                        fair=f'fair: {{by: "{{org}}", weights: {{{weights}}}}}')
+    path, rec = recorder_rules(tmp_path, f"fairweights_{namespace}", text)
+    c = await start(path, redis_url=redis_url, worker=True)
+    await wait_until(lambda: leads_every_shard(c, namespace), timeout=30,
+                     message="the node leads every shard")
+    due = await server_s(c) + 2.0
+    c.touch_many([f"t:{org}:{i}" for org in TENANTS for i in range(WEIGHED_PER_TENANT)],
+                 at=due)
+    await c.flush()
+    assert await server_s(c) < due, "every key written before any fell due"
+    await wait_until(lambda: len(rec.calls) >= WEIGHED_FIRST, timeout=60,
+                     message=f"{WEIGHED_FIRST} refreshes started")
+
+    counts = Counter(claim.params["org"] for claim in rec.calls[:WEIGHED_FIRST])
+    total = sum(WEIGHTS.values())
+    off = {org: abs(counts[org] - WEIGHED_FIRST * w // total) for org, w in WEIGHTS.items()}
+    assert max(off.values()) <= SHARDS * BATCH, counts
