@@ -159,9 +159,11 @@ class Poller:
 
         ``limited[i]`` is rule i's limit if it took that many keys, else -1. A claim
         cut by the per-call cap claims again at once. Keys left because a rule's free
-        slots ran out wait for a slot: at once if one freed during the call (unless
-        another shard's poller waits for one: it was woken as it freed), else the sleep
-        waits for ``slots_freed`` (or the capped delay).
+        slots ran out wait for a slot: at once if one freed during the call (unless, with
+        a fair rule, another shard's poller waits for one: it was woken as it freed, and
+        shards claimed from at even rates keep the fair order across them; it costs
+        smaller claim batches), else the sleep waits for ``slots_freed`` (or the capped
+        delay).
         """
         if not batch.blocked:
             return False
@@ -176,8 +178,8 @@ class Poller:
         full += [i for i in self._gate.slot_bound if i not in full]
         freed = any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i]
                     for i in full)
-        if freed and not self._others_wait():
-            return True  # else the slots are the waiting shards' (woken as they freed)
+        if freed and not (self._fair and self._others_wait()):
+            return True  # else (fair rules) the slots are the waiting shards' (woken first)
         self._waiting = full
         return False
 
