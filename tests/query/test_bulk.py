@@ -193,6 +193,25 @@ async def retry_whole_rule(c: Coalescer, redis_client: Any, namespace: str, rate
         assert int(await redis_client.get(space.shard(shard).next_wake)) < int(far)
 
 
+async def test_a_whole_rules_retry_stopped_after_one_call_wakes_that_shards_poller(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await kill(redis_client, namespace, [f"acct:{u % 7}:{u}" for u in range(600)])
+    space = KeySpace(namespace, 3)
+    far = str(NOW_MS + 3_600_000)
+    for shard in range(3):
+        await redis_client.set(space.shard(shard).next_wake, far)
+
+    def stop(progress: BulkProgress) -> None:
+        progress.stop.set()
+
+    done = await bulk(c, "retry", [], on_page=stop)  # --rate 0: no pause, no wake yet
+    assert (done.status, done.done) == ("aborted", RANKS_AT_ONCE)
+    assert int(await redis_client.get(space.shard(0).next_wake)) < int(far)
+    assert await redis_client.get(space.shard(1).next_wake) == far  # not reached
+
+
 async def test_a_dead_value_in_its_short_form_is_requeued(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         start: Start) -> None:
