@@ -91,10 +91,8 @@ class BulkSizes:
 
 
 def sizes_of(sizes: C.Sizes) -> BulkSizes:
-    found = getattr(sizes, "bulk_ops", None)
-    if isinstance(found, BulkSizes):
-        return found
-    return BulkSizes.quick() if sizes.million < C.Sizes().million else BulkSizes()
+    """The bulk ops sizes of a run (see common.module_sizes)."""
+    return C.module_sizes(sizes, "bulk_ops", BulkSizes)
 
 
 LAGS: list[float] = []  # tick's start lags, ms (this host's clock, offset to the server's)

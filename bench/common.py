@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 from redis.asyncio import Redis
 
@@ -117,6 +117,27 @@ class Sizes:
                    lag_seconds=2.0, lag_settle=4.0, churn_seconds=2.0, drain_keys=20_000,
                    drain_baseline_seconds=2.0, idle_seconds=3.0, million=200_000, cost_reps=5,
                    peer_hot_touches=3_000, throttle_keys=1_000, items_per_key=10)
+
+
+class ModuleSizes(Protocol):
+    """A bench module's own sizes: full by default, ``quick()`` smaller."""
+
+    def __init__(self) -> None: ...
+
+    @classmethod
+    def quick(cls) -> Self: ...
+
+
+SizesT = TypeVar("SizesT", bound=ModuleSizes)
+
+
+def module_sizes(sizes: Sizes, name: str, kind: type[SizesT]) -> SizesT:
+    """The sizes of a bench module for this run: those a test set on it
+    (``sizes.NAME``, the module's tiny ones), else quick on a quick run, else full."""
+    found = getattr(sizes, name, None)
+    if isinstance(found, kind):
+        return found
+    return kind.quick() if sizes.million < Sizes().million else kind()
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -95,11 +95,8 @@ class FairSizes:
 
 
 def sizes_of(sizes: C.Sizes) -> FairSizes:
-    """The fairness sizes of a run: quick when the run's sizes are the quick ones."""
-    found = getattr(sizes, "fair", None)
-    if isinstance(found, FairSizes):
-        return found
-    return FairSizes.quick() if sizes.million < C.Sizes().million else FairSizes()
+    """The fair sizes of a run (see common.module_sizes)."""
+    return C.module_sizes(sizes, "fair", FairSizes)
 
 
 # -- what the handler records ----------------------------------------------------------

@@ -85,10 +85,8 @@ class ShardSizes:
 
 
 def sizes_of(sizes: C.Sizes) -> ShardSizes:
-    found = getattr(sizes, "fair_shards", None)
-    if isinstance(found, ShardSizes):
-        return found
-    return ShardSizes.quick() if sizes.million < C.Sizes().million else ShardSizes()
+    """The fair shards sizes of a run (see common.module_sizes)."""
+    return C.module_sizes(sizes, "fair_shards", ShardSizes)
 
 
 # -- what the handlers record ----------------------------------------------------------

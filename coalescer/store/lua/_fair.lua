@@ -102,23 +102,35 @@ local function fair_prios(f, got)
   return out
 end
 
--- Index `got` (key, score, key, score, ... of due:RULE) by group.
-local function fair_index(f, got)
-  if #got == 0 then return end
-  local by, order, prios = {}, {}, fair_prios(f, got)
+-- The entries of `got` (key, score, key, score, ... of due:RULE) by group: group ->
+-- the indices of their keys in `got`, and the groups in the order first met.
+local function by_group(f, got)
+  local by, order = {}, {}
   for i = 1, #got, 2 do
-    local key = got[i]
-    local group = string.match(key, f.pattern) or ''
+    local group = string.match(got[i], f.pattern) or ''
     local t = by[group]
     if not t then
       t = {}
       by[group] = t
       order[#order + 1] = group
     end
-    t[#t + 1], t[#t + 2] = tonumber(got[i + 1]) - prios[(i + 1) / 2], key
+    t[#t + 1] = i
   end
+  return by, order
+end
+
+-- Index `got` (key, score, key, score, ... of due:RULE) by group.
+local function fair_index(f, got)
+  if #got == 0 then return end
+  local prios = fair_prios(f, got)
+  local by, order = by_group(f, got)
   for _, group in ipairs(order) do
-    each_chunk('ZADD', f.prefix .. 'q:' .. group, by[group])
+    local entries = {}
+    for _, i in ipairs(by[group]) do
+      entries[#entries + 1] = tonumber(got[i + 1]) - prios[(i + 1) / 2]
+      entries[#entries + 1] = got[i]
+    end
+    each_chunk('ZADD', f.prefix .. 'q:' .. group, entries)
     if not redis.call('ZSCORE', f.prefix .. 'groups', group) then
       local start = f.v
       local finish = tonumber(redis.call('ZSCORE', f.prefix .. 'tags', group))
@@ -132,17 +144,8 @@ end
 -- below the sweep looks for keys put back, and most of what it reads is indexed already
 -- (one ZMSCORE a group instead of indexing them all again).
 local function fair_missing(f, got)
-  local by, order, out = {}, {}, {}
-  for i = 1, #got, 2 do
-    local group = string.match(got[i], f.pattern) or ''
-    local t = by[group]
-    if not t then
-      t = {}
-      by[group] = t
-      order[#order + 1] = group
-    end
-    t[#t + 1] = i
-  end
+  local by, order = by_group(f, got)
+  local out = {}
   for _, group in ipairs(order) do
     local at, keys = by[group], {}
     for j = 1, #at do keys[j] = got[at[j]] end
