@@ -28,11 +28,11 @@
 -- The index is a hint, checked at each claim: an entry whose key left due:RULE
 -- (claimed by a drain, cancelled, moved) is dropped, and a key whose due time moved
 -- later (a re-touch) goes back to due:RULE at that time (claim_keys). Each call
--- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), and FAIR_LOW
--- of the keys below that point, going round them call after call (state low: the
--- rank it goes on from): a key put back with a due time already past (a touch that
--- came while it ran, a claim given back) is found there within a round, however many
--- keys are due before it.
+-- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), and reads
+-- FAIR_LOW of the keys below that point, going round them call after call (state low:
+-- the rank it goes on from), indexing those missing from their queue: a key put back
+-- with a due time already past (a touch that came while it ran, a claim given back) is
+-- found there within a round, however many keys are due before it.
 --
 -- When a call's sweep is cut (a backlog poured in faster than it indexes), a fast lane
 -- looks at the keys that fell due since the last call, newest first (at most FAIR_FAST
