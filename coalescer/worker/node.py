@@ -193,9 +193,12 @@ class Node:
         first poller woken takes the slot, so the one that claimed least recently is
         woken first: shards with keys waiting are claimed from at even rates (a fair
         rule's order then holds across them), not one shard's backlog before the others'."""
-        led = self.leaderships
-        for ls_ in sorted(led, key=lambda x: x.poller.served) if len(led) > 1 else led:
+        waiting = [ls_ for ls_ in self.leaderships if ls_.poller.waits_for_slots]
+        if len(waiting) > 1:
+            waiting.sort(key=lambda x: x.poller.served)
+        for ls_ in waiting:
             ls_.poller.slots_freed()
+        for ls_ in self.leaderships:
             if ls_.adopter is not None and ls_.adopter.starved:
                 ls_.adopter.poke()
 
