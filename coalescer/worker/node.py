@@ -80,7 +80,7 @@ class Node:
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
         poller = Poller(ctx, shard=keys, runner=self.runner,
-                        others_wait=lambda: self._others_wait(shard))
+                        others_wait=lambda rules: self._others_wait(shard, rules))
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap,
                           clock=poller.clock)
         return Leadership(ctx, poller=poller, standing=self.standing, adopter=adopter,
@@ -202,9 +202,9 @@ class Node:
             if ls_.adopter is not None and ls_.adopter.starved:
                 ls_.adopter.poke()
 
-    def _others_wait(self, shard: int) -> bool:
-        """Whether the poller of another shard waits for a slot to free."""
-        return any(ls_.poller.waits_for_slots for ls_ in self.leaderships
+    def _others_wait(self, shard: int, rules: list[int]) -> bool:
+        """Whether the poller of another shard waits for a slot of one of ``rules``."""
+        return any(ls_.poller.waits_for(rules) for ls_ in self.leaderships
                    if ls_.poller.shard_keys.shard != shard)
 
     def poke_all(self) -> None:

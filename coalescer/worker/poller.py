@@ -59,7 +59,7 @@ class Poller:
     """Claims due keys of one shard while this node leads it."""
 
     def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner,
-                 others_wait: Callable[[], bool] = lambda: False) -> None:
+                 others_wait: Callable[[list[int]], bool] = lambda rules: False) -> None:
         self.shard_keys = shard
         self._shard = shard
         self._scripts = ctx.scripts
@@ -83,7 +83,7 @@ class Poller:
         self._lapse_wait: float | None = None
         self._paused = ctx.paused
         self.served = 0.0  # when a claim of this poller last took slots (monotonic)
-        self._others_wait = others_wait  # another shard's poller waits for a slot
+        self._others_wait = others_wait  # another shard's poller waits for these rules' slots
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -93,6 +93,10 @@ class Poller:
     def waits_for_slots(self) -> bool:
         """Whether due keys of this shard wait, the poller asleep, for a slot to free."""
         return bool(self._waiting)
+
+    def waits_for(self, rules: list[int]) -> bool:
+        """Whether this poller sleeps waiting for a slot of one of ``rules`` (indices)."""
+        return any(i in self._waiting for i in rules)
 
     def slots_freed(self) -> None:
         """Slots were freed: wake the poller if due keys of their rules wait for one."""
@@ -176,9 +180,8 @@ class Poller:
             return True
         # a rated rule with no slot to run a claim in at once waits for one too
         full += [i for i in self._gate.slot_bound if i not in full]
-        freed = any(self._runner.freed(self._rules[i]) != self._freed_at_claim[i]
-                    for i in full)
-        if freed and not (self._fair and self._others_wait()):
+        freed = [i for i in full if self._runner.freed(self._rules[i]) != self._freed_at_claim[i]]
+        if freed and not (self._fair and self._others_wait(freed)):
             return True  # else (fair rules) the slots are the waiting shards' (woken first)
         self._waiting = full
         return False
