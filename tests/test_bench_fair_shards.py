@@ -13,6 +13,7 @@ import pytest
 from bench import common as C
 from bench import fairness_shards as FS
 from bench import run as R
+from tests.helpers.bench_tables import figure_names
 
 WEIGHTS = {"x": 5, "y": 3, "z": 2}
 
@@ -72,21 +73,5 @@ async def test_the_fair_shards_group_runs_and_fills_its_rows(tmp_path: Path) -> 
     assert all(r["coalescer"] != "n/a" for r in rows)
 
 
-class Collect:
-    """Names the figures the fair_shards rows add (a table with no results)."""
-
-    def __init__(self) -> None:
-        self.sizes = Tiny()
-        self.names: set[str] = set()
-
-    def spread(self, where: str, field: str) -> None:
-        return None
-
-    def figure(self, figure: str, c: Any, b: Any, **_kw: Any) -> None:
-        self.names.add(figure)
-
-
 def _figures() -> set[str]:
-    table = Collect()
-    FS.rows(table)
-    return table.names
+    return figure_names(FS.rows, Tiny())

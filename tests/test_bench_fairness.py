@@ -16,6 +16,7 @@ from bench import fairness as FR
 from bench import fairness_cap as FC
 from bench import fairness_rows
 from bench import run as R
+from tests.helpers.bench_tables import figure_names
 
 GROUPS = ("fair_skew", "fair_balanced", "fair_weights", "fair_cap", "herd", "fair_memory")
 
@@ -69,21 +70,5 @@ def _check_counts(runs: dict[str, dict[str, Any]], skipped: set[str]) -> None:
     assert sum(weights["counts"].values()) == fs.fair_weights
 
 
-class Collect:
-    """Names the figures the fairness rows add (a table with no results)."""
-
-    def __init__(self) -> None:
-        self.sizes = Tiny()
-        self.names: set[str] = set()
-
-    def spread(self, where: str, field: str) -> None:
-        return None
-
-    def figure(self, figure: str, c: Any, b: Any, **_kw: Any) -> None:
-        self.names.add(figure)
-
-
 def _fair_figures() -> set[str]:
-    table = Collect()
-    fairness_rows.rows(table)
-    return table.names
+    return figure_names(fairness_rows.rows, Tiny())

@@ -22,8 +22,9 @@ shard's dead set in Redis, one call at a time (``retry_by_rank``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +173,7 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
     removes = act is not None and progress.action in REMOVES
     began = time.monotonic()
     at: Cursor | None = None
-    try:
+    with _recorded(progress):
         while True:
             page = await search_page(redis, config, progress.search, at, size)
             done = await _apply(page, act, progress, config.namespace)
@@ -185,11 +186,6 @@ async def run_bulk(redis: Any, config: Config, progress: BulkProgress, act: Act 
             if await _paused_for_rate(progress, began):
                 progress.status = "aborted"
                 break
-    except Exception as exc:
-        progress.status, progress.error = "failed", repr(exc)
-        raise
-    finally:
-        progress.ended = time.time()
     return progress
 
 
@@ -205,7 +201,7 @@ async def retry_by_rank(redis: Any, config: Config, scripts: Scripts, progress: 
     Each shard's poller is woken at most every WAKE_EVERY seconds while its keys come
     back, and once after its last (a stop included)."""
     run = _RankRetry(scripts, progress, on_page)
-    try:
+    with _recorded(progress):
         space = await current_space(redis, config)
         for shard in range(space.span):
             if not await run.shard(space.shard(shard)):
@@ -213,12 +209,20 @@ async def retry_by_rank(redis: Any, config: Config, scripts: Scripts, progress: 
                 break
         else:
             progress.status = "done"
+    return progress
+
+
+@contextlib.contextmanager
+def _recorded(progress: BulkProgress) -> Iterator[None]:
+    """Around a bulk action: a failure is recorded in ``progress`` (and raised), and
+    its end time in any case."""
+    try:
+        yield
     except Exception as exc:
         progress.status, progress.error = "failed", repr(exc)
         raise
     finally:
         progress.ended = time.time()
-    return progress
 
 
 @dataclass(slots=True)

@@ -224,6 +224,43 @@ async def test_a_dead_value_in_its_short_form_is_requeued(
     assert (await c.query.explain("acct:1:2"))["state"] == "pending"
 
 
+async def test_a_whole_rules_retry_that_meets_a_redis_error_is_recorded_failed(
+        tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
+        start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    await kill(redis_client, namespace, ["acct:1:1"])
+    space = KeySpace(namespace, 3)
+    broken = space.shard(0).dead("acct")
+    await redis_client.delete(broken)
+    await redis_client.set(broken, "not a sorted set")  # every read of it is refused
+    search = make_filter(c.config, "acct", state="dead", where=[])
+    progress = BulkProgress("retry", search, rate=0)
+
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        await c.query.bulk(progress, await cancel_count(c))
+    assert (progress.status, progress.done) == ("failed", 0)
+    assert progress.error  # what failed, for the page and GET /bulk/{id}
+    assert progress.ended is not None
+
+
+async def test_an_action_that_fails_on_a_page_is_recorded_failed_and_stops(
+        tmp_path: Path, namespace: str, redis_url: str, start: Start) -> None:
+    c = await started(tmp_path, namespace, redis_url, start)
+    c.touch_many([f"acct:1:{u}" for u in range(5)])
+    await c.flush()
+
+    async def refused(keys: list[str]) -> int:
+        raise RuntimeError("cancel refused")
+
+    search = make_filter(c.config, "acct", state="pending", where=["org=1"])
+    progress = BulkProgress("cancel", search, rate=0)
+    with pytest.raises(RuntimeError, match="cancel refused"):
+        await c.query.bulk(progress, refused)
+    assert (progress.status, progress.done) == ("failed", 0)
+    assert progress.error == "RuntimeError('cancel refused')"
+    assert progress.ended is not None
+
+
 def test_an_action_refuses_a_state_it_does_not_act_on() -> None:
     with pytest.raises(SearchError, match="retry acts on dead keys, not on --state pending"):
         action_state("retry", "pending")
