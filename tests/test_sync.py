@@ -17,7 +17,7 @@ from coalescer import ClosedError, Coalescer, SyncCoalescer, UnknownKeyError
 from coalescer.store.embedded import EmbeddedServer
 from coalescer.store.keys import KeySpace
 from tests.helpers.e2e import line_rules
-from tests.helpers.forks import LIBC_FORK, exit_code, in_child
+from tests.helpers.forks import LIBC_FORK, exit_code, exit_code_in_fresh_interpreter, in_child
 from tests.helpers.servers import wait_until
 
 RULES = """\
@@ -358,13 +358,10 @@ def test_sync_coalescer_on_the_embedded_server_in_a_forked_child(
     assert users(root) == []
 
 
-@pytest.mark.parametrize("fork", ["os.fork", "libc fork"])
 def test_start_in_a_forked_child_like_a_post_fork_hook(
-        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis, fork: str) -> None:
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
     """gunicorn's post_fork, uwsgi's @postfork and Celery's worker_process_init call
-    start() in the child. uwsgi's master forks from C without running Python's fork
-    hooks (unless py-call-osafterfork is set): start() sees the new pid itself."""
-    forker = os.fork if fork == "os.fork" else LIBC_FORK
+    start() in the child."""
     with SyncCoalescer.from_yaml(fork_rules(tmp_path, namespace), redis_url=redis_url) as sc:
         sc.touch("item:parent")
         sc.flush()
@@ -375,11 +372,41 @@ def test_start_in_a_forked_child_like_a_post_fork_hook(
             sc.flush(timeout=10)
             sc.close(timeout=10)
 
-        pid = in_child(child, fork=forker)
+        pid = in_child(child)
         assert exit_code(pid) == 0
         sc.touch("item:parent-after")
         sc.flush()
     assert scheduled(r, namespace, 1, ["item:parent", "item:child", "item:parent-after"]) == []
+
+
+def started_in_a_child_forked_from_c(rules: str, redis_url: str) -> int:
+    """uwsgi's master (without py-call-osafterfork) imports the app, then forks its
+    workers from C, skipping Python's fork hooks, before it serves anything: the
+    coalescer exists, with no thread yet. start() in the child sees the new pid itself;
+    the master's own coalescer works after."""
+    sc = SyncCoalescer.from_yaml(rules, redis_url=redis_url)
+
+    def child() -> None:
+        sc.start()
+        sc.touch("item:child")
+        sc.flush(timeout=10)
+        sc.close(timeout=10)
+
+    code = exit_code(in_child(child, fork=LIBC_FORK))
+    with sc:
+        sc.touch("item:parent-after")
+        sc.flush()
+    return code
+
+
+def test_start_in_a_child_forked_from_c_like_uwsgis_master(
+        tmp_path: Path, namespace: str, redis_url: str, r: redis.Redis) -> None:
+    # In a fresh interpreter: a libc fork copies every lock another thread holds at that
+    # instant, and a test worker runs threads of its own.
+    rules = str(fork_rules(tmp_path, namespace))
+    assert exit_code_in_fresh_interpreter(started_in_a_child_forked_from_c, rules,
+                                          redis_url) == 0
+    assert scheduled(r, namespace, 1, ["item:child", "item:parent-after"]) == []
 
 
 def test_a_sync_coalescer_never_closed_writes_its_touches_at_exit(

@@ -80,7 +80,8 @@ class Node:
     def _shard(self, ctx: NodeContext, shard: int) -> Leadership:
         keys = ctx.keyspace.shard(shard)
         poller = Poller(ctx, shard=keys, runner=self.runner,
-                        others_wait=lambda rules: self._others_wait(shard, rules))
+                        hand_over=lambda rules: self._hand_over(shard, rules),
+                        others_claiming=lambda: self._others_claiming(shard))
         adopter = Adopter(ctx, shard=keys, runner=self.runner, sleep_cap=poller.sleep_cap,
                           clock=poller.clock)
         return Leadership(ctx, poller=poller, standing=self.standing, adopter=adopter,
@@ -202,9 +203,18 @@ class Node:
             if ls_.adopter is not None and ls_.adopter.starved:
                 ls_.adopter.poke()
 
-    def _others_wait(self, shard: int, rules: list[int]) -> bool:
-        """Whether the poller of another shard waits for a slot of one of ``rules``."""
-        return any(ls_.poller.waits_for(rules) for ls_ in self.leaderships
+    def _hand_over(self, shard: int, rules: list[int]) -> bool:
+        """Wake the pollers of other shards that wait for a slot of one of ``rules``,
+        the one that claimed least recently first; whether there was one."""
+        waiting = [ls_.poller for ls_ in self.leaderships
+                   if ls_.poller.shard_keys.shard != shard and ls_.poller.waits_for(rules)]
+        for poller in sorted(waiting, key=lambda p: p.served):
+            poller.poke()
+        return bool(waiting)
+
+    def _others_claiming(self, shard: int) -> bool:
+        """Whether the poller of another shard has a claim call under way."""
+        return any(ls_.poller.claiming for ls_ in self.leaderships
                    if ls_.poller.shard_keys.shard != shard)
 
     def poke_all(self) -> None:

@@ -59,7 +59,8 @@ class Poller:
     """Claims due keys of one shard while this node leads it."""
 
     def __init__(self, ctx: NodeContext, *, shard: ShardKeys, runner: Runner,
-                 others_wait: Callable[[list[int]], bool] = lambda rules: False) -> None:
+                 hand_over: Callable[[list[int]], bool] = lambda rules: False,
+                 others_claiming: Callable[[], bool] = lambda: False) -> None:
         self.shard_keys = shard
         self._shard = shard
         self._scripts = ctx.scripts
@@ -83,7 +84,11 @@ class Poller:
         self._lapse_wait: float | None = None
         self._paused = ctx.paused
         self.served = 0.0  # when a claim of this poller last took slots (monotonic)
-        self._others_wait = others_wait  # another shard's poller waits for these rules' slots
+        # wakes other shards' pollers waiting for these rules' slots: whether one was
+        self._hand_over = hand_over
+        self._others_claiming = others_claiming  # another shard's claim call is under way
+        self.claiming = False  # a claim call of this poller is under way
+        self._got_none = False  # its last claim call got no slot at all
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -150,8 +155,13 @@ class Poller:
                 claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=NEVER_MS, limits=limits,
                 item_rules=self._item_rules, fair=self._fair)
-        batch, limits, taken = await claim_into_slots(
-            self._runner, self._shard.shard, self._rules, MAX_CLAIM, call, clock=self.clock)
+        self.claiming = True
+        try:
+            batch, limits, taken = await claim_into_slots(
+                self._runner, self._shard.shard, self._rules, MAX_CLAIM, call, clock=self.clock)
+        finally:
+            self.claiming = False
+        self._got_none = not any(limits)
         if any(taken):
             self.served = time.monotonic()
         if self._gate:
@@ -181,10 +191,17 @@ class Poller:
         # a rated rule with no slot to run a claim in at once waits for one too
         full += [i for i in self._gate.slot_bound if i not in full]
         freed = [i for i in full if self._runner.freed(self._rules[i]) != self._freed_at_claim[i]]
-        if freed and not (self._fair and self._others_wait(freed)):
-            return True  # else (fair rules) the slots are the waiting shards' (woken first)
+        if freed and not (self._fair and self._leaves_slots(freed)):
+            return True
         self._waiting = full
         return False
+
+    def _leaves_slots(self, freed: list[int]) -> bool:
+        """A fair rule's poller leaves the slots freed during its call to other shards:
+        to those waiting for them (woken now), or, when it got no slot at all, to the
+        one whose call is under way (it hands them over as it ends). It then waits its
+        turn, woken by a slot that frees: shards are claimed from at even rates."""
+        return self._hand_over(freed) or (self._got_none and self._others_claiming())
 
     async def _recover_expired(self, batch: ClaimBatch) -> bool:
         recovered, self._lapse_wait = await self._lapsed.check(

@@ -52,15 +52,17 @@ def child_exit_code(body: Callable[[], None], fork: Callable[[], int]) -> int:
     return exit_code(in_child(body, fork))
 
 
-def exit_code_in_fresh_interpreter(scenario: Callable[[], int], timeout: float = 60.0) -> int:
-    """Run the module-level ``scenario`` in a new interpreter and return what it returns.
+def exit_code_in_fresh_interpreter(scenario: Callable[..., int], *args: str,
+                                   timeout: float = 60.0) -> int:
+    """Run the module-level ``scenario(*args)`` in a new interpreter and return what it
+    returns.
 
     A libc fork copies every lock held by another thread at that instant, and a test
     worker runs threads of its own (and leftovers of earlier tests) that log: a child that
     logs before its repair could wait forever. A fresh interpreter has only its own."""
     code = (f"import sys\nfrom {scenario.__module__} import {scenario.__name__} as scenario\n"
-            "sys.exit(scenario())\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False,
+            "sys.exit(scenario(*sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, check=False,
                           capture_output=True, text=True, timeout=timeout)
     if done.returncode:
         print(done.stdout, done.stderr, sep="\n")  # shown by pytest when the test fails
