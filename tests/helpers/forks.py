@@ -53,17 +53,27 @@ def child_exit_code(body: Callable[[], None], fork: Callable[[], int]) -> int:
 
 
 def exit_code_in_fresh_interpreter(scenario: Callable[..., int], *args: str,
-                                   timeout: float = 60.0) -> int:
+                                   timeout: float = 90.0) -> int:
     """Run the module-level ``scenario(*args)`` in a new interpreter and return what it
     returns.
 
     A libc fork copies every lock held by another thread at that instant, and a test
     worker runs threads of its own (and leftovers of earlier tests) that log: a child that
-    logs before its repair could wait forever. A fresh interpreter has only its own."""
+    logs before its repair could wait forever. A fresh interpreter has only its own. It
+    runs in a process group of its own, killed whole past ``timeout`` (longer than the
+    scenario's own wait for its child), so no child it forked outlives the test."""
     code = (f"import sys\nfrom {scenario.__module__} import {scenario.__name__} as scenario\n"
             "sys.exit(scenario(*sys.argv[1:]))\n")
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, check=False,
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode:
-        print(done.stdout, done.stderr, sep="\n")  # shown by pytest when the test fails
-    return done.returncode
+    with subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            print(output)
+            raise
+    if proc.returncode:
+        print(output)  # shown by pytest when the test fails
+    return proc.returncode
