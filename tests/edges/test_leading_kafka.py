@@ -45,7 +45,7 @@ sources:
 
 async def test_kafka_messages_lead_at_once_and_those_during_the_run_make_one_more(
         tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
-        redis_client: Any, start: Start) -> None:
+        *, redis_client: Any, start: Start) -> None:
     topic = await new_topic(kafka)
     text = RULES.format(ns=namespace, bootstrap=kafka.bootstrap, topic=topic)
     path, rec = recorder_rules(tmp_path, f"leadkafka_{namespace}", text)
