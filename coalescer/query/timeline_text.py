@@ -11,7 +11,8 @@ from coalescer.query.history import clock, format_duration_ms
 
 _REASONS = {"window": "by its window", "max_wait": "forced by max_wait (the burst kept "
             "going)", "retry": "a retry", "scheduled": "at its own time",
-            "requeued": "re-queued"}
+            "requeued": "re-queued",
+            "leading": "at once: the first touch of a quiet key (the leading edge)"}
 
 
 def _touches(e: dict[str, Any]) -> str:

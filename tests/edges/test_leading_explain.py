@@ -1,7 +1,8 @@
 """``edge: leading`` as a user reads it: `coalescer explain KEY` (text and ``--json``)
 and the HTTP API's ``GET /keys/{key}`` name the rule's edge and say a quiet key's
-refresh is due at its first touch; a trailing key of the same rules says neither. A
-real server; no worker runs, so each key stays pending while it is read."""
+refresh is due at its first touch; a trailing key of the same rules says neither (no
+worker runs, so each key stays pending while it is read). A key's timeline says its
+leading refresh was due at once. A real server."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ import pytest_asyncio
 
 from coalescer import Coalescer
 from coalescer.cli.main import main
+from coalescer.query.timeline_text import format_timeline
 from coalescer.web.api import HttpApi
+from tests.conftest import Start
+from tests.helpers.e2e import settled
 from tests.helpers.inspection import write
+from tests.helpers.servers import wait_until
 
 RULES = """\
 namespace: {ns}
@@ -104,3 +109,20 @@ async def test_http_get_key_shows_the_edge_and_a_leading_due_time(
     assert (found["state"], found["due_reason"], found["rule"]["edge"]) == (
         "pending", "window", "trailing")
     assert found["due_ms"] == found["last_touch_ms"] + 60_000
+
+
+async def test_the_timeline_says_a_leading_refresh_was_due_at_once(
+        tmp_path: Path, redis_url: str, redis_client: Any, namespace: str,
+        start: Start) -> None:
+    rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
+    c = await start(rules, redis_url=redis_url, node_id="n1")
+    c.touch("lead:1")
+    await c.flush()
+    await wait_until(lambda: settled(redis_client, namespace), timeout=10,
+                     message="the leading refresh done and acked")
+    info = await c.query.timeline("lead:1")
+    [claim] = [e for e in info["events"] if e["type"] == "claim"]
+    assert claim["due_reason"] == "leading"
+    assert claim["due_ms"] == claim["first_touch_ms"]
+    assert "at once: the first touch of a quiet key (the leading edge)" in format_timeline(
+        info)
