@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Start
-from tests.helpers.e2e import REPO, Recorder, recorder_rules, server_ms
-
-CLIENT = REPO / "clients" / "node"
+from tests.helpers.e2e import Recorder, recorder_rules, server_ms
+from tests.helpers.node_client import CLIENT, unavailable
 
 RULES = """\
 namespace: {ns}
@@ -58,23 +55,9 @@ process.stdout.write(JSON.stringify({{ states: outcome.states }}));
 """
 
 
-def _built() -> str | None:
-    """Why the client cannot run here (None: it can), building it when needed."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        return "node/npm not found on PATH"
-    if (CLIENT / "dist" / "index.js").exists() and (CLIENT / "node_modules").exists():
-        return None
-    for command in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
-        done = subprocess.run(command, cwd=CLIENT, capture_output=True, text=True,
-                              timeout=600, check=False)
-        if done.returncode != 0:
-            return f"{' '.join(command)} failed in clients/node: {done.stderr.strip()[-300:]}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def node_client() -> Path:
-    why = _built()
+    why = unavailable()
     if why is not None:
         pytest.skip(f"the Node client cannot run here: {why}")
     return CLIENT / "dist" / "index.js"
