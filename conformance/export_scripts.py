@@ -15,7 +15,7 @@ from pathlib import Path
 from coalescer.store.protocol_version import VERSION
 from coalescer.store.script_calls import script_source
 
-CLIENT_SCRIPTS = ("layout", "upsert", "cancel", "limits", "pending_bytes")
+CLIENT_SCRIPTS = ("layout", "upsert", "cancel", "limits", "pending_bytes", "reshard_put")
 
 
 def export(folder: Path) -> dict[str, object]:

@@ -19,7 +19,7 @@ from coalescer.config.patterns import KeyPattern
 from coalescer.store import keys as key_names
 from coalescer.store.byte_count import ByteCount
 from coalescer.store.keys import KeySpace, ShardKeys
-from coalescer.store.layout import Layouts
+from coalescer.store.layout import Layouts, put_bundles
 from coalescer.store.protocol_version import VERSION
 from coalescer.store.script_types import CancelGroup, UpsertGroup
 from coalescer.store.write_scripts import WriteScripts
@@ -164,7 +164,8 @@ def positions(rows: list[list[str]], what: str) -> dict[str, str]:
     return {code(r[0]).removeprefix(f"{what}[").removesuffix("]"): r[1] for r in rows}
 
 
-@pytest.mark.parametrize("script", ["layout", "upsert", "cancel", "limits", "pending_bytes"])
+@pytest.mark.parametrize("script", ["layout", "upsert", "cancel", "limits", "pending_bytes",
+                                    "reshard_put"])
 def test_each_script_documents_the_fixed_keys_and_argv_its_header_names(script: str) -> None:
     keys, args = script_tables(script)
     for what, rows in (("KEYS", keys), ("ARGV", args)):
@@ -280,6 +281,25 @@ async def test_layout_and_pending_bytes_are_called_as_documented() -> None:
     assert layout._keys() == [key_names.layout("NS"), key_names.drained("NS")]
     assert [code(r[1]) for r in script_tables("layout")[0]] == [
         "NS:{NS:nodes}:layout", "NS:{NS:nodes}:drained"]
+
+
+async def test_reshard_put_is_called_as_documented() -> None:
+    sent: list[tuple[str, list[str], list[Any]]] = []
+
+    class Scripts:
+        async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+            sent.append((name, keys, args))
+            return 2
+
+    bundles = ['{"d":0,"k":"stats:1"}', '{"d":0,"k":"stats:2"}']
+    assert await put_bundles(Scripts(), SHARD, 7, bundles) == 2  # type: ignore[arg-type]
+    ((name, keys, args),) = sent
+    assert name == "reshard_put"
+    assert keys == documented_keys("reshard_put", 0, [])
+    documented = positions(script_tables("reshard_put")[1], "ARGV")
+    assert [resolve(code(documented[p])) for p in ("1", "2")] == [SHARD.wake_channel,
+                                                                  SHARD.prefix]
+    assert args == [SHARD.wake_channel, SHARD.prefix, 7, *bundles]
 
 
 # -- refusals as the conformance adapters name them -------------------------------------

@@ -61,7 +61,8 @@ test("every key this client builds is one the document lists for a client", () =
   const built = [shard.meta, shard.nextWake, shard.wakeChannel, shard.layout, shard.seq,
     shard.moving, shard.bytes, shard.history, shard.due("RULE"), shard.dead("RULE"),
     `${shard.itemsPrefix}KEY`, `${shard.claimedPrefix}KEY`, `${shard.tracesPrefix}KEY`,
-    `${shard.quietPrefix}KEY`, layoutKey("NS"), drainedKey("NS"), protocolKey("NS")];
+    `${shard.quietPrefix}KEY`, shard.arrived, shard.ruleNames, layoutKey("NS"), drainedKey("NS"),
+    protocolKey("NS")];
   for (const key of built) {
     assert.ok(listed.has(key), `docs/protocol.md does not list ${key}`);
     assert.notEqual(listed.get(key), "-", `docs/protocol.md says a client never uses ${key}`);
