@@ -185,6 +185,17 @@ test("the protocol version is written once and another major is refused, naming 
   await later.close();
 });
 
+test("an unreadable stored protocol version is refused, naming it, and nothing is written", async () => {
+  const ns = `t${n + 1}`;
+  const key = `${ns}:{${ns}:nodes}:protocol`;
+  await server.redis.set(key, "v1");
+  await assert.rejects(client(), (e) => e instanceof ProtocolVersionError && e.found === "v1" &&
+    /an unreadable version "v1"/.test(e.message) && /speaks version 1\.0/.test(e.message) &&
+    e.message.includes(key));
+  assert.equal(await server.redis.get(key), "v1");
+  assert.deepEqual(await server.redis.keys(`${ns}:*`), [key]);
+});
+
 test("an error reply keeps the touches buffered; they are written once Redis takes them", async () => {
   const c = await client();
   await server.redis.config("SET", "min-replicas-to-write", "1");
