@@ -1,45 +1,15 @@
-"""The claim protocol: how a due key becomes one exclusive run of its refresh.
+"""The claim protocol's Python side: the per-call limits and ``claim_into_slots``, the one
+way a claim call's grants enter a process's handler slots (the slot bookkeeping itself
+is the runner's).
 
-A key's life in Redis, per shard and rule (``due:RULE`` and ``inflight:RULE``):
-
-* **due** — pending in ``due:RULE``, scored by its due time (the window after its
-  last touch, capped by the max wait, or a retry's backoff).
-* **claimed** — moved to ``inflight:RULE`` by the ``claim_due`` function of
-  ``store/lua/_lib.lua``, which every claiming script shares: due keys only, lowest
-  first, each with a **fencing token** from the shard's counter (it grows with every
-  claim, so a stale holder can be told apart) and a **claim lease** (its score in
-  the in-flight set), with the claiming node kept in the claim. Three scripts call
-  it: ``claim.lua`` (the shard's leader, checking and renewing its leader lease in
-  the same script, so an ex-leader can never claim), ``adopt.lua`` (during a rolling
-  deploy, the one live node that knows a rule the leader lacks claims its keys) and
-  ``take.lua`` (a drain: claims for its own process, whoever leads the shard).
-* **renewed** — every third of the claim lease the holder extends the leases of
-  what it runs (``renew.lua``, only for the holder of the token); a claim it no
-  longer holds is cancelled here, and a holder cut off from Redis stops its
-  refreshes before the lease can lapse.
-* **acked** or **failed** — the result is recorded by the holder of the token only
-  (``ack.lua``, ``fail.lua``): a success finishes the claim, a failure is retried
-  after its backoff or dead-lettered after the last attempt; a key touched while
-  it ran goes back to due. A result carrying an older token is refused as stale.
-* **items** — for a rule with ``items:`` each claiming script also moves the key's
-  pending items into its claimed set and returns them with the claim (``ClaimedKey.items``,
-  ``overflowed``); a success ack deletes that set, a failure and a recovery keep it for
-  the next claim. The scripts get an items section only when a rule of the call has
-  items (``item_rules``): other rules pay nothing.
-* **recovered** — a claim whose holder stopped renewing it goes back to due with its
-  attempt counted (``recover.lua``). The leader and an adopter judge that by their own
-  clock (``worker.lapsed``: the lease score unchanged for a full lease as they measure
-  time, so a step of the server's clock expires nothing early); a drain (a test
-  process) by the server's clock.
-
-The scripts are registered once, with typed wrappers, as methods of
-``store.scripts.Scripts``: ``claim``, ``adopt``, ``take``, ``renew``, ``ack``,
-``fail`` and ``recover``. Their result types (``ClaimedKey``, ``ClaimBatch``,
-``AdoptBatch``, ``Failure``, ``AckItem``) are built there, where the replies are
-decoded, and are named here for the worker. This module holds the rest of the
-Python side: the per-call limits and ``claim_into_slots``, the
-one way a claim call's grants enter a process's handler slots (the slot
-bookkeeping itself is the runner's).
+A key's life in Redis (due, claimed with a fencing token and a claim lease, renewed,
+acked or failed, recovered once its holder stops renewing) is told in docs/concepts.md
+("Poller", "Runner", "Recovery") and in each script's header (``claim_due`` in
+``store/lua/_lib.lua``; ``claim.lua``, ``adopt.lua``, ``take.lua``, ``renew.lua``,
+``ack.lua``, ``fail.lua``, ``recover.lua``). Their typed wrappers are methods of
+``store.scripts.Scripts``, which builds the result types named here for the worker.
+A rule's items travel with its claims only when a rule of the call has items
+(``item_rules``): other rules pay nothing.
 """
 
 from __future__ import annotations
