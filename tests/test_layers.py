@@ -146,7 +146,7 @@ WITHIN: dict[str, dict[str, int]] = {
         "__init__"),  # the registry of types
     "query": tiers(
         "query",
-        "__init__ layout_read rate_status rule_counts scheduled source_status"
+        "__init__ layout_read rate_status rule_counts source_status"
         " timeline_events trace_links",
         "controls dead_letters due history registry_status scheduled_keys key_search",
         "workers bulk",

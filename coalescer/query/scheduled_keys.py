@@ -1,26 +1,31 @@
-"""The keys waiting for a time a touch set itself (``at``/``delay``), listed with their
-times, soonest first (``coalescer scheduled``, ``Query.scheduled_keys``).
+"""The keys waiting for a time a touch set itself (``at``/``delay``): listed with their
+times, soonest first (``coalescer scheduled``, ``Query.scheduled_keys``), and counted per
+rule with the next one due (``coalescer status``, the status page).
 
-A scheduled key sits in its rule's due set like any pending key; only its state says
-so (an "S" in front, store/key_states.py). Each shard's due set of each rule is read
-from its start a page at a time (``ZRANGE`` by rank, then ``HMGET`` of the page's
-states), until ``limit`` scheduled keys were found there or ``SCAN_CAP`` keys were
-looked at: never a blocking scan. Past the cap (many plain keys due before the
-scheduled ones), ``capped`` says the list may miss some.
+A scheduled key sits in its rule's due set like any pending key; only its state in the
+shard's meta hash says so (an "S" in front, store/key_states.py). A list reads each
+shard's due set of each rule from its start a page at a time (``ZRANGE`` by rank, then
+``HMGET`` of the page's states) until ``limit`` scheduled keys were found there or
+``SCAN_CAP`` keys were looked at; a count is an ``HSCAN`` of the shards' meta hashes, a
+page of every shard per round trip, until ``COUNT_CAP`` states were looked at in all.
+Never a blocking scan: past a cap, ``capped`` (``scheduled_capped``) says the list may
+miss some (the count is a lower bound).
 """
-
 from __future__ import annotations
 
 from typing import Any
 
 from coalescer.config.rules import Config
+from coalescer.errors import UnknownKeyError
 from coalescer.query.layout_read import current_space
 from coalescer.store import key_states as states
-from coalescer.store.keys import ShardKeys
+from coalescer.store.keys import KeySpace, ShardKeys
 
 PAGE = 1000  # due-set entries per round trip
 SCAN_CAP = 100_000  # entries of one due set looked at, at most
 MAX_SHOWN = 10_000
+COUNT_CAP = 200_000  # states a count looks at in all, at most (the last round may pass it)
+COUNT_PAGE = 2000  # states per HSCAN call of a count
 
 
 def _text(value: Any) -> str:
@@ -74,3 +79,52 @@ async def scheduled_keys(redis: Any, config: Config, rule: str | None = None,
     secs, micros = await redis.time()
     return {"now_ms": int(secs) * 1000 + int(micros) // 1000, "keys": keys[:limit],
             "capped": capped}
+
+
+def _count(rules: dict[str, dict[str, Any]], config: Config, key: str, due_ms: int) -> None:
+    try:
+        name = config.rule_for(key).name
+    except UnknownKeyError:  # a key of rules this file no longer has
+        return
+    entry = rules.get(name)
+    if entry is None:
+        return
+    entry["scheduled"] += 1
+    if entry["next_scheduled_ms"] is None or due_ms < entry["next_scheduled_ms"]:
+        entry["next_scheduled_ms"] = due_ms
+
+
+def _count_page(page: dict[Any, Any], config: Config,
+                rules: dict[str, dict[str, Any]]) -> None:
+    for key, value in page.items():
+        text = _text(value)
+        if text.startswith("S"):
+            found = states.pending(text)
+            if found is not None:
+                _count(rules, config, _text(key), found.due_ms)
+
+
+async def add_scheduled(redis: Any, config: Config, space: KeySpace,
+                        rules: dict[str, dict[str, Any]]) -> None:
+    """Add ``scheduled``, ``next_scheduled_ms`` and ``scheduled_capped`` to each rule's
+    entry of ``rules``: one pipelined ``HSCAN`` page of every shard a round trip, until
+    every shard is read or ``COUNT_CAP`` states were looked at in all."""
+    for entry in rules.values():
+        entry.update(scheduled=0, next_scheduled_ms=None, scheduled_capped=False)
+    cursors = {sk.meta: 0 for sk in space.all_shards()}
+    seen = 0
+    while cursors and seen < COUNT_CAP:
+        pipe = redis.pipeline(transaction=False)
+        for meta, cursor in cursors.items():
+            pipe.hscan(meta, cursor, count=COUNT_PAGE)
+        replies = await pipe.execute()
+        for meta, (cursor, page) in zip(list(cursors), replies, strict=True):
+            _count_page(page, config, rules)
+            seen += len(page)
+            if int(cursor) == 0:
+                del cursors[meta]
+            else:
+                cursors[meta] = int(cursor)
+    if cursors:
+        for entry in rules.values():
+            entry["scheduled_capped"] = True

@@ -15,7 +15,7 @@ from coalescer.query.layout_read import read_layout
 from coalescer.query.rate_status import add_rates, format_rates
 from coalescer.query.registry_status import add_registry, format_registry
 from coalescer.query.rule_counts import DEAD_LISTED, new_entry, queue_rule, read_rule
-from coalescer.query.scheduled import add_scheduled
+from coalescer.query.scheduled_keys import add_scheduled
 from coalescer.query.source_status import add_sources, format_sources
 from coalescer.query.workers import NO_WORKER, mark_unread, status_worker_lines
 from coalescer.store.eviction import policy_lines, policy_status
