@@ -22,15 +22,15 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from coalescer.common.audit_log import AuditSink, http_caller, keys_target, operator_action
-from coalescer.common.metrics import Metrics
+from coalescer.coalescer import Coalescer
+from coalescer.common.audit_log import http_caller, keys_target, operator_action
 from coalescer.common.plural import noun, plural
 from coalescer.common.printable import printable
 from coalescer.errors import (
@@ -42,7 +42,6 @@ from coalescer.errors import (
     QuotaExceededError,
     UnknownKeyError,
 )
-from coalescer.query.controls import RunNowOutcome
 from coalescer.query.fair_status import fair_gauges
 from coalescer.web import openapi
 from coalescer.web.connections import (
@@ -62,8 +61,8 @@ from coalescer.web.guards import (
     page_csp,
     security_headers,
 )
-from coalescer.web.operator_api import OperatorNode, OperatorReads, OperatorRoutes
-from coalescer.web.page import PageNode, PageReads, PageRoutes
+from coalescer.web.operator_api import OperatorRoutes
+from coalescer.web.page import PageRoutes
 from coalescer.web.requests import (
     SHOWN_KEYS,
     Refusal,
@@ -79,7 +78,6 @@ from coalescer.web.requests import (
 from coalescer.web.roles import ApiToken, all_tokens, caller, roles_middleware, whoami
 from coalescer.web.scheduled_api import cancel_scheduled
 from coalescer.web.timeline_api import timeline, trace_url_from_env
-from coalescer.write.cancel import CancelOutcome
 
 log = logging.getLogger(__name__)
 
@@ -92,62 +90,6 @@ DEFAULT_MAX_UNWRITTEN_AGE = 10.0  # /healthz is 503 once a touch waits this long
 OPEN_PATHS = ("/healthz", "/")  # served without the token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class Reads(PageReads, OperatorReads, Protocol):
-    """What the HTTP API reads through a coalescer's ``query``."""
-
-    async def status(self) -> dict[str, Any]: ...
-
-    async def explain(self, key: str) -> dict[str, Any]: ...
-
-    async def timeline(self, key: str, *, at_ms: int | None = None,
-                       trace_url: str | None = None) -> dict[str, Any]: ...
-
-    async def pause(self, rule: str) -> bool: ...
-
-    async def resume(self, rule: str) -> bool: ...
-
-    async def run_now(self, keys: Sequence[str]) -> RunNowOutcome: ...
-
-
-class Node(PageNode, OperatorNode, Protocol):
-    """What the HTTP API needs of a coalescer."""
-
-    @property
-    def metrics(self) -> Metrics: ...
-
-    @property
-    def query(self) -> Reads: ...
-
-    def touch_many(self, keys: list[str], *, at: Any = None, delay: Any = None) -> None: ...
-
-    def touch_items(self, pairs: list[tuple[str, str]], *, keys: list[str], at: Any = None,
-                    delay: Any = None) -> None: ...
-
-    def refused_items(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]: ...
-
-    def link_trace(self, keys: list[str], traceparent: str) -> None: ...
-
-    def unwritten_age(self) -> float | None: ...
-
-    def dropped_keys(self) -> list[dict[str, Any]]: ...
-
-    def health_problems(self) -> list[str]: ...
-
-    def sync_metrics(self) -> None: ...
-
-    def unknown_keys(self, keys: list[str]) -> list[str]: ...
-
-    @property
-    def audit(self) -> AuditSink: ...
-
-    async def cancel(self, key: str) -> CancelOutcome: ...
-
-    async def cancel_scheduled(self, rule: str, *, after: Any, dry_run: bool = False,
-                               who: str | None = None) -> int: ...
-
-    async def ping(self) -> bool: ...
 
 
 # --- middlewares -----------------------------------------------------------------------
@@ -194,7 +136,7 @@ def refuse_open(host: str, port: int, token: str | None, *, allowed: str) -> Non
 class HttpApi:
     """The aiohttp server of one coalescer node."""
 
-    def __init__(self, coalescer: Node, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+    def __init__(self, coalescer: Coalescer, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
                  max_unwritten_age: float = DEFAULT_MAX_UNWRITTEN_AGE,
                  allow_open: bool = False,

@@ -27,18 +27,17 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from coalescer.common.audit_log import AuditSink, operator_action
+from coalescer.coalescer import Coalescer
+from coalescer.common.audit_log import operator_action
 from coalescer.common.json_depth import TooDeep, loads_bounded
-from coalescer.config.rules import Config
 from coalescer.errors import ClosedError
-from coalescer.query.bulk import DEFAULT_RATE, BulkProgress, Cancel, action_state
-from coalescer.query.key_search import KeyFilter, KeysPage, PageSize, SearchError, make_filter
-from coalescer.store.audit_stream import AuditRecord
+from coalescer.query.bulk import DEFAULT_RATE, BulkProgress, action_state
+from coalescer.query.key_search import PageSize, SearchError, make_filter
 from coalescer.web.requests import Refusal
 
 TIMEOUT = 10.0
@@ -46,31 +45,6 @@ KEPT = 50  # finished jobs kept
 MAX_RUNNING = 4  # jobs running at once on a node
 MAX_RATE = 1_000_000
 _IDS = itertools.count(1)
-
-
-class OperatorReads(Protocol):
-    async def keys(self, search: KeyFilter, cursor: str | None = None,
-                   size: PageSize = ...) -> KeysPage: ...
-
-    async def bulk(self, progress: BulkProgress, cancel: Cancel,
-                   on_page: Callable[[BulkProgress], None] | None = None) -> BulkProgress: ...
-
-    async def audit(self, limit: int = 50, before: str | None = None) -> list[AuditRecord]: ...
-
-
-class OperatorNode(Protocol):
-    """What these routes need of a coalescer."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def query(self) -> OperatorReads: ...
-
-    @property
-    def audit(self) -> AuditSink: ...
-
-    async def cancel_many(self, keys: list[str]) -> Any: ...
 
 
 @dataclass
@@ -113,7 +87,7 @@ def _searched(exc: SearchError) -> Refusal:
 class OperatorRoutes:
     """The handlers of the key search, the bulk jobs and the audit log."""
 
-    def __init__(self, node: OperatorNode,
+    def __init__(self, node: Coalescer,
                  read_body: Callable[[web.Request], Awaitable[bytes]],
                  who: Callable[[web.Request], str]) -> None:
         self._node = node

@@ -25,18 +25,16 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Protocol
 
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from coalescer.common.audit_log import AuditSink, keys_target, operator_action
+from coalescer.coalescer import Coalescer
+from coalescer.common.audit_log import keys_target, operator_action
 from coalescer.common.plural import noun, plural
-from coalescer.config.rules import Config
 from coalescer.errors import ClosedError
-from coalescer.query.dead_letters import DeadOutcome
 from coalescer.query.due import DEFAULT_SHOWN, MAX_SHOWN
-from coalescer.query.history import HistoryQuery, Refresh
+from coalescer.query.history import HistoryQuery
 from coalescer.web.requests import Refusal, parse_keys, refuse_unstorable
 
 DEFAULT_HISTORY = 200
@@ -45,33 +43,6 @@ TIMEOUT = 10.0
 SHOWN_KEYS = 100  # keys listed in a 422 answer at most
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no", "")
-
-
-class PageReads(Protocol):
-    """What the page's endpoints read through a coalescer's ``query``."""
-
-    async def history(self, query: HistoryQuery | None = None) -> list[Refresh]: ...
-
-    async def next_due(self, per_rule: int = DEFAULT_SHOWN) -> dict[str, Any]: ...
-
-    async def retry_dead(self, keys: Sequence[str] | None = None, *,
-                         rule: str | None = None) -> DeadOutcome: ...
-
-
-class PageNode(Protocol):
-    """What the page's endpoints need of a coalescer."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def query(self) -> PageReads: ...
-
-    def unknown_keys(self, keys: list[str]) -> list[str]: ...
-
-    @property
-    def audit(self) -> AuditSink: ...
-
 
 def page_html() -> bytes:
     """The status page, read from the package."""
@@ -123,7 +94,7 @@ async def _reading(what: str) -> AsyncIterator[None]:
 class PageRoutes:
     """The handlers of GET /, /history, /due and POST /dead/retry."""
 
-    def __init__(self, node: PageNode,
+    def __init__(self, node: Coalescer,
                  read_body: Callable[[web.Request], Awaitable[bytes]],
                  who: Callable[[web.Request], str]) -> None:
         self._node = node
