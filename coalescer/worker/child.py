@@ -21,7 +21,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import queue
 import signal
 import socket
 import struct
@@ -35,6 +34,7 @@ from typing import Any
 
 from coalescer.config.handler_import import HandlerImport, resolve
 from coalescer.worker.node_death import die_with_parent, exit_at_eof
+from coalescer.worker.threads import HandlerThreads
 
 # An exception as the child sends it: the pickled exception (None when it does not
 # pickle), its type's name, its message and its formatted traceback.
@@ -92,40 +92,26 @@ class _Replies:
 
 
 class _Runs:
-    """Up to ``size`` threads, started as calls come and kept for the next ones."""
+    """Runs requests on up to ``size`` threads (``HandlerThreads``), each handler
+    imported once."""
 
     def __init__(self, size: int, replies: _Replies) -> None:
-        self._size = size
+        self._threads = HandlerThreads("run", size)
         self._replies = replies
-        self._calls: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
         self._handlers: dict[tuple[str, str | None], Handler] = {}
 
     def submit(self, request: Request) -> None:
-        with self._lock:
-            self._calls.put(request)
-            if self._idle:
-                self._idle -= 1
-                return
-            if self._threads >= self._size:  # only past a bug in the node's counts
-                return
-            self._threads += 1
-        threading.Thread(target=self._work, daemon=True, name="coalescer-run").start()
+        self._threads.submit(self._run, request)
 
-    def _work(self) -> None:
-        while True:
-            run_id, ref, base_dir, arg = self._calls.get()
-            try:
-                handler = self._handler(ref, base_dir)
-            except BaseException as exc:  # sent to the node, which reports it
-                self._replies.send((run_id, "error", pack(exc)))
-            else:
-                self._replies.send((run_id, *_call(handler, arg)))
-            del arg
-            with self._lock:
-                self._idle += 1
+    def _run(self, request: Request) -> None:
+        run_id, ref, base_dir, arg = request
+        try:
+            handler = self._handler(ref, base_dir)
+        except BaseException as exc:  # sent to the node, which reports it
+            self._replies.send((run_id, "error", pack(exc)))
+        else:
+            self._replies.send((run_id, *_call(handler, arg)))
 
     def _handler(self, ref: str, base_dir: str | None) -> Handler:
         found = self._handlers.get((ref, base_dir))
