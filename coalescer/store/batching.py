@@ -19,24 +19,17 @@ refuses scripts in a Redis Cluster pipeline). On a single server a connection
 error disconnects it (the next use reconnects) and the pipeline is sent once more
 on the fresh connection, as redis-py's own retry would.
 
-In a cluster the fast path is never needed for correctness: a call whose reply is
-a redirection (MOVED, ASK) or a cluster state error (TRYAGAIN, CLUSTERDOWN), every
-call of a pipeline whose connection failed, and a call whose slot has no known
-master go once more through redis-py's own cluster execution, which refreshes the
-slot map, follows redirections and retries (at most ``MAX_CLUSTER_CALLS`` such
-calls at once, below the pool bound of a node).
+In a cluster a call whose reply is a redirection (MOVED, ASK) or a cluster state error
+(TRYAGAIN, CLUSTERDOWN), every call of a pipeline whose connection failed, and a call
+whose slot has no known master go once more through redis-py's own cluster execution
+(at most ``MAX_CLUSTER_CALLS`` at once), as docs/concepts.md ("Connections") says.
 
-With ``durability: replicas: N`` (N > 0) a pipeline that holds a durable call (an
-upsert, a claim, an ack) ends with ``WAIT N TIMEOUT`` on the same connection: the
-primary answers it once N replicas hold every write the connection made before it.
-When fewer did in time, each durable call of the pipeline fails with
-``ReplicationError`` (which carries what the primary answered: the write ran there, it
-is only not known to be replicated). A durable call that has to go alone is sent
-with ``EVAL`` and ``WAIT`` on a held connection on a single server; in a Redis
-Cluster it goes through redis-py's own path, on a connection coalescer does not hold,
-so it cannot be confirmed and fails with ``ReplicationError`` (0 acknowledged) after
-it ran: the writer writes it again, a node leaves such a claim to its lease. With
-``replicas: 0`` nothing of this is sent.
+With ``durability: replicas: N`` (N > 0) a pipeline that holds a durable call ends
+with ``WAIT N TIMEOUT`` on the same connection (docs/durability.md); when fewer
+replicas did in time, each durable call of it fails with ``ReplicationError``. A
+durable call that goes alone is sent with ``EVAL`` and ``WAIT`` on a held connection
+on a single server; in a Redis Cluster it goes through redis-py's own path, so it
+cannot be confirmed and fails with ``ReplicationError`` (0 acknowledged) after it ran.
 """
 
 from __future__ import annotations

