@@ -1,38 +1,18 @@
 """Fork safety: a forked child never uses, closes or collects what its parent owns.
 
-After ``fork()`` the child holds copies of the parent's event loop, its epoll
-instance and its Redis sockets, but none of its threads. These are the parent's:
-writing to a socket would interleave with the parent's commands, and even closing
-one through asyncio (as redis-py's connection finalizer does when garbage
-collected under a running loop) unregisters it from the epoll instance the two
-processes share, so the parent stops hearing its replies. The child therefore
-*parks* them: it keeps a reference for the rest of its life and never touches
-them again. Their file descriptors close when the child exits.
+After ``fork()`` the child holds copies of the parent's event loop, its epoll instance
+and its Redis sockets, but none of its threads; it *parks* them (keeps a reference and
+never touches them again) until it exits. Why, and what a child made from C without
+Python's fork hooks needs (``repair_after_foreign_fork()``, which runs
+``PyOS_AfterFork_Child()`` while the calling thread is the process's only one): docs/
+operations.md, "Forking servers". (The hang it avoids: a thread of the parent waiting
+for the GIL at the fork leaves the child's GIL condition variable counting a waiter that
+does not exist, and the first hand-over between two of the child's threads blocks both.)
 
-Objects that hold such resources register with ``track()``; in a forked child
-their ``after_fork()`` runs at once, from ``os.register_at_fork``. That hook costs
-nothing on the hot path; ``os.getpid()`` is a system call, so it is checked only
-on the slow paths (start, flush) for forks made without the hook.
-
-A fork made from C without Python's hooks (libc ``fork()``, as uwsgi's master
-does unless ``py-call-osafterfork`` is set) also skips the interpreter's own
-repair of its state: the GIL, the thread states and the locks of threading,
-logging and concurrent.futures stay as the parent's other threads had them. If
-one of those threads was waiting for the GIL at the fork (the loop thread of a
-started SyncCoalescer often is), the child's GIL condition variable counts a
-waiter that does not exist, and the first time two threads of the child hand
-the GIL over, both block inside it for good. ``repair_after_foreign_fork()``,
-called before a coalescer starts a thread, detects such a fork by pid and runs
-``PyOS_AfterFork_Child()`` there, the repair ``os.fork()`` would have run (it
-also runs every ``os.register_at_fork`` hook, ours included). That is only safe
-while the calling thread is the process's only one, so with other threads
-already running it logs a warning and does nothing.
-
-What it cannot repair is a child that hangs before it gets there: if the waiting
-thread had also asked for the GIL to be handed over, the child's only thread
-gives it up at its first chance and waits for a taker that never comes, before
-any of our code runs. Only running ``PyOS_AfterFork_Child()`` right after the
-fork avoids that (``os.fork()`` does; uwsgi with ``py-call-osafterfork``).
+Objects that hold such resources register with ``track()``; in a forked child their
+``after_fork()`` runs at once, from ``os.register_at_fork``. That hook costs nothing on
+the hot path; ``os.getpid()`` is a system call, so it is checked only on the slow paths
+(start, flush) for forks made without the hook.
 """
 
 from __future__ import annotations
