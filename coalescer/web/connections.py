@@ -6,22 +6,9 @@ aiohttp closes idle keep-alive connections itself (``keepalive_timeout``, given
 ``idle_timeout``) but has no deadline on reading request headers and no cap on
 connections, so every socket accepted (by the ``Listener`` of ``listener.py``, which
 also keeps asyncio from logging a traceback for each failed accept) is wrapped in a
-``GuardedConnection`` before aiohttp sees it:
-
-- at the cap, a new connection closes the oldest connection that is *idle* (no
-  request started) or *unfinished* (headers still arriving) to make room; only when
-  every connection is running a request is the new one closed at once;
-- a request whose headers are not complete ``header_timeout`` seconds after its first
-  byte is closed;
-- ``reserve`` slots are kept for ``/healthz``: a request on another path that finds
-  ``max_connections - reserve`` requests running is answered 503 at once, so running
-  requests never fill every slot and a health probe always finds an idle or unfinished
-  connection to displace.
-
-A flood of stalled sockets therefore costs the node at most ``max_connections`` file
-descriptors, and the connections it keeps are the youngest: a client that sends its
-request promptly (before ``max_connections`` newer connections arrive) is served while
-the flood runs. A body's deadline (``body_timeout``) is applied where the API reads it.
+``GuardedConnection`` before aiohttp sees it. What happens at the cap, the slots kept
+for ``/healthz`` and the deadlines: docs/http.md, "Limits: slow clients and connection
+floods". A body's deadline (``body_timeout``) is applied where the API reads it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""Guards of a node's HTTP API against a browser used by an attacker.
-
-Middlewares, registered by ``HttpApi.make_app``:
-
-- ``host_guard`` (a node without a token only): answers 421 to a request whose
-  ``Host`` is neither a loopback name nor the address the node is bound to, so a page
-  that rebinds its own DNS name to 127.0.0.1 reads nothing. The port is not compared
-  (an SSH tunnel or a port forward changes it; a rebinding page cannot change the name).
-- ``cross_site_guard``: a request that may change something (any method but GET, HEAD
-  and OPTIONS) is refused (403) when the browser says it comes from another site
-  (``Sec-Fetch-Site``) or names an ``Origin`` other than the ``Host`` it was sent to.
-  No ``Origin`` at all is a client that is not a browser (curl, another server): allowed.
-- ``json_body_guard``: such a request that carries a body must declare it
-  ``application/json`` (415), which a page on another origin cannot send without the
-  browser asking first (CORS preflight, which this API never grants).
-- ``security_headers``: ``nosniff``, no framing, no referrer on every answer; the
-  status page gets a Content-Security-Policy allowing its own inline script and style
-  by hash (``page_csp``), every other answer ``default-src 'none'``.
+"""Guards of a node's HTTP API against a browser used by an attacker: the middlewares
+``host_guard`` (DNS rebinding, a node without a token only), ``cross_site_guard``,
+``json_body_guard`` and ``security_headers`` (with the page's ``page_csp``), registered
+by ``HttpApi.make_app``. What each refuses and why: docs/http.md, "Exposing the HTTP
+API safely".
 """
 
 from __future__ import annotations

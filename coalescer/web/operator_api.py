@@ -1,17 +1,7 @@
-"""The operator's reach over HTTP: a rule's keys by capture and state, bulk actions as
-jobs, and the audit log.
-
-- ``GET /rules/{rule}/keys?where=CAPTURE=VALUE&state=S&cursor=C&limit=N&scan=N``: one
-  page (query/key_search.py): ``{"rule", "state", "where", "keys": [...], "examined",
-  "cursor"}``; ``cursor`` null once the search is done. ``where`` may repeat.
-- ``POST /rules/{rule}/bulk`` ``{"action": "retry", "where": {"org": "42"}, "state":
-  "dead", "dry_run": false, "rate": 10000}``: starts a bulk action on this node, 202
-  with its job (``id``, progress, ``url``). A dry run counts only; the page runs one
-  and asks the operator to confirm the count before it starts the action.
-- ``GET /bulk``: this node's jobs, newest first; ``GET /bulk/{id}``: one job's
-  progress; ``DELETE /bulk/{id}``: stop it after the page under way (``status``
-  becomes ``aborted``).
-- ``GET /audit?n=N&before=ID``: the audit log, newest first.
+"""The operator's reach over HTTP: a rule's keys by capture and state
+(``GET /rules/{rule}/keys``), bulk actions as jobs (``POST /rules/{rule}/bulk``,
+``GET /bulk``, ``GET`` and ``DELETE /bulk/{id}``) and the audit log (``GET /audit``);
+their parameters and answers: docs/http.md, "Key search, bulk actions and the audit log".
 
 A job lives in the memory of the node that runs it (the last ``KEPT`` are kept): a
 node that stops ends its jobs, which an operator starts again (the keys they changed

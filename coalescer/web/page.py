@@ -1,22 +1,9 @@
-"""The status page of a node's HTTP API, and the JSON it reads besides GET /status.
-
-- ``GET /``: one self-contained HTML page (inline CSS and JS, no external assets)
-  that polls the endpoints below every 2 s. It is served without a token; the
-  page asks for one when the API answers 401, and sends it as a bearer token.
-- ``GET /history?n=N&rule=RULE&failed=1``: recent refreshes, newest first, across
-  every shard (``n`` 1 to 1000, default 200).
-- ``GET /due?n=N``: the earliest ``n`` pending keys of each rule (1 to 100, default 5)
-  and the server clock.
-- ``POST /dead/retry`` ``{"keys": [...]}``: re-queue those dead-lettered keys, due
-  now with fresh attempts; answers ``{"retried": N, "not_dead": [...]}``. Like every
-  state change, only from the page's own origin and as ``application/json``
-  (``coalescer.web.guards``).
-
-The page is served with a Content-Security-Policy that allows its inline script and
-style by hash (``coalescer.web.guards.page_csp``), so it loads nothing else.
-
-Every error is JSON with an ``error`` field: 400 for a bad query or body, 422 for
-keys no rule matches (or an unknown rule), 503 when Redis cannot be read.
+"""The status page of a node's HTTP API (``GET /``: one self-contained HTML page, served
+without a token, that polls the API every 2 s) and the JSON it reads besides
+GET /status: ``GET /history``, ``GET /due`` and ``POST /dead/retry`` (their parameters,
+answers and errors: docs/http.md, "The endpoints the page reads"). The page is served
+with a Content-Security-Policy that allows its inline script and style by hash
+(``coalescer.web.guards.page_csp``), so it loads nothing else.
 """
 
 from __future__ import annotations

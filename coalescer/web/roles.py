@@ -1,23 +1,8 @@
-"""Who may do what over HTTP: bearer tokens, each with a name (the audit log's "who")
-and a role.
-
-- ``read``: every GET (status, explain, timeline, key search, history, metrics, the
-  audit log, a bulk action's progress);
-- ``operator``: everything, the state-changing methods (POST, PUT, PATCH, DELETE:
-  touches, pause, resume, run-now, cancel, retry, purge, fairness settings, bulk
-  actions) included.
-
-Where the tokens come from (``tokens_from_env``; all may be given together):
-
-- ``COALESCER_TOKEN``: one operator token, as before (the audit names it ``token``);
-- ``COALESCER_READ_TOKEN``: one read-only token (named ``read``);
-- ``COALESCER_TOKEN_FILE``: a file of ``name:role:secret`` lines (``#`` comments and
-  blank lines skipped; a name is letters, digits, ``.``, ``_``, ``-``; the secret is the
-  rest of the line and may hold ``:``).
-
-A read-only token on a state-changing route gets 403 naming the role it needs; no token,
-or one that is not known, gets 401. ``GET /whoami`` answers the caller's name and role
-(the page hides its actions from a read-only viewer).
+"""Who may do what over HTTP: bearer tokens, each with a name (the audit log's "who") and
+a role, ``read`` (every GET) or ``operator`` (everything), from ``COALESCER_TOKEN``,
+``COALESCER_READ_TOKEN`` and ``COALESCER_TOKEN_FILE`` (``tokens_from_env``). What each
+role may do, the file's format and the answers (401, 403 naming the role needed,
+``GET /whoami``): docs/http.md, "Tokens and roles".
 """
 
 from __future__ import annotations
