@@ -1,21 +1,11 @@
 """Kafka sources: every message of the source's topics touches the key its value fills in.
 
 Each worker node reads each Kafka source in the source's consumer group (aiokafka),
-``batch`` messages at most at a time. A batch is touched, flushed (Redis then holds
-every due time) and only then are its offsets committed: at least once, so a node
-killed mid-batch loses nothing (the group hands its partitions to another node, which
-reads from the last commit; a message read twice costs one more touch, which a
-debounce absorbs). While a batch is flushed the node's partitions are paused, so a node
-holds at most ``batch`` messages read and not flushed, whatever the backlog.
-
-A message that cannot become a touch (``kafka_values`` says which) is counted as
-rejected, logged, and committed with its batch: it never blocks a partition. Before the
-group takes partitions away (a node joins or leaves), the batch in hand is flushed and
-committed; a commit the group refuses because the partitions moved already is dropped
-(their new owner reads those messages again). A flush that fails rewinds the batch's
-partitions to its first messages. The loop survives a broker that is down (retried with
-backoff, logged once) and says so in ``/healthz`` and ``coalescer status``; what a node
-last saw (each partition's lag, its error) is kept in Redis for ``coalescer status``.
+``batch`` messages at most at a time; a batch is touched, flushed and only then are its
+offsets committed, with the node's partitions paused meanwhile. What a message that
+cannot become a touch (``kafka_values``), a rebalance, a failed flush and a broker that
+is down do: docs/sources.md, "The Kafka source", "Guarantees". What a node last saw
+(each partition's lag, its error) is kept in Redis for ``coalescer status``.
 
 ``drain()`` reads a Kafka source once (``KafkaLoop.read_now``), up to each partition's
 end offset as the drain starts. A worker's drain lets the node's own loop read (it

@@ -1,24 +1,17 @@
 """Outbox sources: rows that the application wrote in its own transactions become touches.
 
 Each worker node claims each outbox source's rows, ``batch`` at a time, in id order;
-touches their keys, flushes (Redis then holds every due time) and only then deletes the
-rows (``coalescer.sources.outbox_db`` says how, per database). A crash, a database error
-or Redis being down leaves the rows in the table, where the next claim (this node's or
-another's) finds them; a row may so be touched twice, which a debounce absorbs. A row
-whose key cannot be stored or matches no rule is deleted too, logged and counted as
-rejected: it never blocks the others. A source with ``at:`` or ``delay:`` reads the
-columns its template names with each row (a column the application adds to the
-table) and touches each key with that time; a row whose time cannot be made is
-rejected the same way.
+touches their keys, flushes and only then deletes the rows (``outbox_db`` says how, per
+database); a row that cannot become a touch is deleted too and counted as rejected (the
+guarantees: docs/sources.md, "The outbox source"). A source with ``at:`` or ``delay:``
+reads the columns its template names with each row.
 
 ``drain()`` reads an outbox once (``OutboxLoop.read_now``): every row whose id is at most
 the highest one in the table when it starts, claimed, touched and deleted batch by
 batch as above, never at the same time as the node's own loop (they share a lock).
 
-An idle outbox is looked at every ``poll`` (one cheap query); on PostgreSQL the
-table's NOTIFY trigger wakes the node at once. A loop survives its own errors (logs
-once, backs off, connects again). What a node last saw (backlog, lag, error) is kept in
-Redis for ``coalescer status``: written when it changes, and every 30 s at least.
+What a node last saw (backlog, lag, error) is kept in Redis for ``coalescer status``:
+written when it changes, and every 30 s at least.
 """
 
 from __future__ import annotations

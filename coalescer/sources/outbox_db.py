@@ -2,18 +2,10 @@
 (aiosqlite). Each claims rows, keeps them until told the touches are in Redis, and
 then deletes them (``done``) or leaves them for the next claim (``undo``).
 
-PostgreSQL: the claim is ``DELETE ... WHERE id IN (SELECT id ... ORDER BY id LIMIT n
-FOR UPDATE SKIP LOCKED) RETURNING ...`` in a transaction committed only by ``done``:
-nodes sharing the table claim disjoint rows, and a node that dies (or whose
-transaction idles past the server's ``idle_in_transaction_session_timeout``, set per
-session) gives its rows back. A second connection LISTENs to the table's channel.
-
-SQLite: writers take turns, and a write lock held across a Redis round trip would
-stall the application's writes. So the claim only reads the first rows; ``done``
-deletes up to the highest id read, in a short transaction of its own. SQLite hands out
-ids in commit order (one writer at a time; ``AUTOINCREMENT`` never reuses one), so no
-row that was not read can be deleted. Two nodes may read the same rows and both touch
-them: a touch applied twice is harmless.
+How each claims (PostgreSQL: ``DELETE ... FOR UPDATE SKIP LOCKED ... RETURNING`` in a
+transaction committed only by ``done``, with a second connection that LISTENs; SQLite:
+a read, then ``done`` deletes up to the highest id read in a short transaction of its
+own) and why that loses nothing: docs/sources.md, "The outbox source", "Guarantees".
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Stream sources: every entry of a Redis Stream touches the key its fields fill in.
 
-Each worker node reads each source's stream in the source's consumer group, as
-the consumer named by its node id (``XREADGROUP``, ``COUNT`` ``BATCH``, blocking
-a few seconds when there is nothing to read). A batch is touched, flushed (Redis
-then holds every due time) and only then acknowledged, so a crash loses nothing:
-entries read but not acknowledged stay pending, and any node claims those idle
-longer than ``claim_lease`` (``XAUTOCLAIM``). An entry that cannot become a touch
-(a field missing, not UTF-8, holding ``:`` or longer than a key may be; a key no
-rule matches or Redis cannot store; an entry trimmed away; a batch refused because
-the pending keys reached ``limits``) is acknowledged too,
-logged with its id and counted as rejected: it never blocks the stream. A source
-with ``item:`` touches each key with the item its template fills in from the same
-entry; an entry whose item cannot be made (a field missing, too long for an item,
-a key whose rule has no ``items:``) is rejected the same way, and so is one whose
-time (``at:``/``delay:``, sources/times.py) cannot be made.
-
-Entries are read as bytes, on a client of the sources' own: a field of any bytes
-is rejected rather than failing the read, and a blocked read never holds one of
-the connections the scripts share. A loop survives its own errors (logs once,
-backs off); a missing stream or group (deleted, or lost in a Redis restart) is
-created again, from the stream's start so that nothing added since is missed.
+Each worker node reads each source's stream in the source's consumer group, as the
+consumer named by its node id; a batch is touched, flushed and only then acknowledged,
+and an entry that cannot become a touch is acknowledged too and counted as rejected
+(what is rejected, idle entries claimed, a lost stream or group made again:
+docs/sources.md, "Guarantees"). Entries are read as bytes, on a client of the sources'
+own: a field of any bytes is rejected rather than failing the read, and a blocked read
+never holds one of the connections the scripts share.
 
 ``drain()`` reads a stream once (``SourceLoop.read_now``), as the same consumer: the
 entries it was handed and has not acknowledged, then new entries up to the stream's
