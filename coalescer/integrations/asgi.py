@@ -1,17 +1,8 @@
-"""A coalescer for a Starlette or FastAPI app: started with the app, closed with it.
-
-``lifespan(factory, *args, **options)`` is a lifespan for ``FastAPI(lifespan=...)`` or
-``Starlette(lifespan=...)``; ``running(app, factory, *args, **options)`` is the same as
-an ``async with`` block inside an app's own lifespan. At each start-up both call
-``factory(*args, **options)`` (``Coalescer.from_yaml`` with the rules file, say) and
-start what it returns, so settings read from the environment when a coalescer is built
-(``$COALESCER_NAMESPACE``, ``$COALESCER_REDIS_URL``) are those of that start-up: each
-``TestClient(app)`` of a test gets the test's own. At shutdown the coalescer closes,
-writing the touches still buffered.
-
-The coalescer is ``app.state.coalescer`` and, for each request, ``request.state.coalescer``
-(the lifespan's state); ``get_coalescer`` returns it, as a FastAPI dependency
-(``Depends(get_coalescer)``) or called with the request.
+"""A coalescer for a Starlette or FastAPI app: started with the app, closed with it
+(``lifespan``, or ``running`` inside an app's own lifespan), as ``app.state.coalescer``
+and each request's ``request.state.coalescer`` (``get_coalescer``, also a FastAPI
+dependency). Each start-up calls the factory again, so settings read from the
+environment are those of that start-up. How to use it: docs/fastapi.md.
 
 Needs Starlette (FastAPI brings it).
 """

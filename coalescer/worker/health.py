@@ -1,30 +1,15 @@
 """Leadership follows health: a node whose refreshes fail as a whole gives its shards up.
 
-Every finished run of this node goes into its failure window (``failure_window``): the
-node is unhealthy when, over its last 100 finished runs (those of the last 60 s), at
-least 10 ran, at least 90% failed (raised, timed out or never started: a handler that
-cannot even start counts) and the failures span at least 5 distinct keys. One bad key,
-or a few, failing however often, never makes a node unhealthy; a node on which nearly
-every key fails (a leaking process, a broken import, a dead local dependency) does.
-
-An unhealthy node gives up the shards it leads, but only to a node that can take them:
-the bench call (``bench.lua``) benches it only if another node it counts live still has
-a lease and is not benched itself, in one atomic step, so of two failing nodes that
-judge themselves at once one keeps leading, and a lone node keeps leading (it logs once
-why, and says so in its ``coalescer_node_unhealthy`` gauge). A benched node logs one
-WARNING line with its counts, hands back every shard it leads (a standby takes each over
-at once, as at a rebalance), counts them in ``coalescer_shards_given_up_total``, and
-lets the claims it holds run to their end. It asks for no shard during its cool-off,
-``COOL_OFF_LEASES`` leader leases, doubled at each consecutive bench up to
-``MAX_COOL_OFF_LEASES``, timed by its own clock; it asks again once the cool-off ended
-if the runs it finished meanwhile do not make it unhealthy (else it benches again), or
-at once if no live node that is not benched is left. The consecutive benches count
-from zero again once a full window of its runs is healthy.
-
-The other nodes leave a benched node out of their fair share of the shards until its
-cool-off ends (the bench key holds its end, server time): they read the benched nodes
-when one announces its bench and before handing back shards above their share, so the
-shards a benched node gave up are not handed back to it.
+Every finished run of this node goes into its failure window (``failure_window``), which
+judges it unhealthy; the rule (most of its recent runs failed, over enough distinct
+keys), the hand-over, the cool-off and what the other nodes do meanwhile:
+docs/operations.md, "A node whose refreshes fail". Here: the bench call
+(``bench.lua``) benches this node only if another node it counts live still has a lease
+and is not benched itself, in one atomic step, so of two failing nodes that judge
+themselves at once one keeps leading; the cool-off (``COOL_OFF_LEASES`` leader leases,
+doubled up to ``MAX_COOL_OFF_LEASES``) is timed by this node's own clock, and the other
+nodes read the benched ones (the bench key holds each one's end, server time) when one
+announces its bench and before handing back shards above their share.
 """
 
 from __future__ import annotations

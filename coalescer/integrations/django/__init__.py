@@ -1,29 +1,14 @@
 """Touch keys in a Django database transaction (the outbox), or once it commits.
 
 ``touch_in_transaction(*keys, using=None)`` writes the touches as rows of the outbox
-model (``coalescer.integrations.django.models.OutboxTouch``, table
-``coalescer_outbox``) in the current transaction of the database ``using``: one
-multi-row ``INSERT`` per call, committed or rolled back with the data (a rolled-back
-savepoint takes its rows along, as the database does). Django has no hook just before
-a commit, so a view that touches keys in several places collects them with
-``outbox_touches(using=None)``, a block that writes them all as one ``INSERT`` when it
-ends: one per transaction, however many keys. A node reads the table as a
-``type: outbox`` source. Add ``"coalescer.integrations.django"`` to ``INSTALLED_APPS``
-and run ``migrate``: the migration creates the table and, on PostgreSQL, the trigger
-that NOTIFYs the nodes. Outside ``atomic()`` (autocommit) the rows commit at once.
-
-``touch_on_commit(*keys, coalescer=c, using=None)`` hands the touch to Django's
-``transaction.on_commit`` for the database ``using`` (the default one if None). So
-it behaves as every on-commit callback does: inside ``transaction.atomic()`` the
-keys are touched once the outermost block commits, and never if it rolls back; a
-rolled-back inner block (a savepoint) drops the keys it recorded; outside any
-atomic block (autocommit) they are touched at once. ``coalescer`` is typically
-``get_coalescer()``: the process's own ``SyncCoalescer``, made from
-``settings.COALESCER_RULES`` on first use (``coalescer.integrations.django.process``,
-with ``drain()`` for tests and ``close_coalescer()``).
-
-``python manage.py coalescer ...`` (this app's management command) is the
-``coalescer`` command with Django set up first.
+model (``models.OutboxTouch``, table ``coalescer_outbox``) in the current transaction,
+one multi-row ``INSERT`` per call; Django has no hook just before a commit, so
+``outbox_touches(using=None)`` collects a block's touches into one ``INSERT`` when it
+ends. ``touch_on_commit(*keys, coalescer=c, using=None)`` hands the touch to
+``transaction.on_commit``; ``c`` is typically ``get_coalescer()``, the process's own
+``SyncCoalescer`` (``process``, with ``drain()`` for tests and ``close_coalescer()``).
+``python manage.py coalescer ...`` is the ``coalescer`` command with Django set up
+first. How each behaves with savepoints, autocommit and migrations: docs/django.md.
 """
 
 from __future__ import annotations
