@@ -113,7 +113,7 @@ WITHIN: dict[str, dict[str, int]] = {
         " script_types",
         # one family of scripts each
         "byte_count claim_scripts embedded_watch hints lease_scripts operator_scripts"
-        " schedule_scripts write_scripts audit_stream search_scripts",
+        " write_scripts audit_stream search_scripts",
         "scripts",  # joins the families
         "layout"),
     "write": tiers(

@@ -50,5 +50,5 @@ class Cancelling:
         run = core._running("cancel_scheduled()")
         assert run.scripts is not None
         bulk = bulk_cancel(core.config, rule, after, core.node_id, dry_run)
-        return await cancel_rule_scheduled(run.scripts.client, core.keyspace, bulk,
+        return await cancel_rule_scheduled(run.scripts, core.keyspace, bulk,
                                            who or local_user(), core.audit)

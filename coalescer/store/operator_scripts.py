@@ -1,5 +1,6 @@
 """An operator's script wrappers: dead letters brought back or purged, pending keys
-made due now (all of a rule's, or one key)."""
+made due now (all of a rule's, or one key), a rule's keys scheduled after a time
+cancelled."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 from coalescer.store.keys import ShardKeys
 from coalescer.store.script_calls import ScriptCalls
-from coalescer.store.script_types import Hastened
+from coalescer.store.script_types import BulkCancel, CancelPage, Hastened
 
 
 class OperatorScripts(ScriptCalls):
@@ -62,3 +63,14 @@ class OperatorScripts(ScriptCalls):
         _now, state = await self._run("run_now", [shard.meta, shard.due(rule), shard.next_wake],
                                       [key, shard.wake_channel])
         return str(state)
+
+    async def cancel_scheduled(self, shard: ShardKeys, bulk: BulkCancel, offset: int,
+                               page: int) -> CancelPage:
+        """One page of ``bulk`` in ``shard``: at most ``page`` keys looked at, after the
+        ``offset`` kept by the pages before (see cancel_scheduled.lua)."""
+        keys = [shard.meta, shard.due(bulk.rule), shard.history]
+        args = [bulk.after_ms, offset, page, shard.items_prefix, shard.claimed_prefix,
+                shard.traces(""), bulk.rule, bulk.node, bulk.history_length,
+                1 if bulk.dry_run else 0]
+        cancelled, examined, kept = await self._run("cancel_scheduled", keys, args)
+        return CancelPage(int(cancelled), int(examined), int(kept))

@@ -36,7 +36,7 @@ SCRIPT_NAMES = (
     "purge", "hasten", "take", "take_rate", "cancel",
     "layout", "reshard_begin", "reshard_drained", "reshard_take", "reshard_put", "bench",
     "limits", "run_now", "traces_put", "traces_take",
-    "requeue_first",
+    "requeue_first", "cancel_scheduled",
 )
 
 

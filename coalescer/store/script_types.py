@@ -233,3 +233,26 @@ class Peer:
     node: str
     last_seen_ms: int
     rules: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BulkCancel:
+    """A bulk cancel: the keys of ``rule`` scheduled after ``after_ms`` (epoch ms);
+    ``node`` is who the history names; ``history_length`` 0 records nothing; with
+    ``dry_run`` they are only counted."""
+
+    rule: str
+    after_ms: int
+    node: str
+    history_length: int
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPage:
+    """What one page of a bulk cancel did: keys cancelled (or counted, in a dry run),
+    keys looked at, keys kept (the next page skips them)."""
+
+    cancelled: int
+    examined: int
+    kept: int

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
 
 from coalescer.common.audit_log import AuditSink, operator_action
 from coalescer.common.printable import printable
 from coalescer.config.rules import Config
 from coalescer.config.schedule import At, at_ms
 from coalescer.store.keys import KeySpace
-from coalescer.store.schedule_scripts import BulkCancel, ScheduleScripts
+from coalescer.store.script_types import BulkCancel
+from coalescer.store.scripts import Scripts
 
 PAGE = 1000  # keys looked at per script call: about a millisecond of Redis time
 
@@ -39,11 +39,11 @@ def bulk_cancel(config: Config, rule: str, after: At, node_id: str,
                       history_length=config.history, dry_run=dry_run)
 
 
-async def cancel_rule_scheduled(redis: Any, space: KeySpace, bulk: BulkCancel,
+async def cancel_rule_scheduled(scripts: Scripts, space: KeySpace, bulk: BulkCancel,
                                 who: str, sink: AuditSink | None = None) -> int:
     """Cancel (count, in a dry run) the keys of ``bulk``; how many. Logs the action
     (``who`` did it) at INFO, and writes it to ``sink`` (the audit log)."""
-    done = await cancel_scheduled(ScheduleScripts(redis), space, bulk)
+    done = await cancel_scheduled(scripts, space, bulk)
     if not bulk.dry_run:
         after = datetime.fromtimestamp(bulk.after_ms / 1000, UTC).isoformat()
         operator_action("cancel", f"the keys of rule {printable(bulk.rule)} scheduled "
@@ -51,7 +51,7 @@ async def cancel_rule_scheduled(redis: Any, space: KeySpace, bulk: BulkCancel,
     return done
 
 
-async def cancel_scheduled(scripts: ScheduleScripts, space: KeySpace, bulk: BulkCancel,
+async def cancel_scheduled(scripts: Scripts, space: KeySpace, bulk: BulkCancel,
                            page: int = PAGE) -> int:
     """Cancel (or count) the keys of ``bulk`` in every shard of ``space``; how many."""
     total = 0
