@@ -72,74 +72,92 @@ def _token(text: str, names: list[str], source: str) -> Token:
     return Token(CAPTURE)
 
 
-# --- which keys a pattern matches, compared between patterns ---------------------------
+# --- which keys a pattern matches, compared between patterns (and key templates) ---------
 #
-# A pattern is a sequence of steps: a literal character, a capture (one or more characters
-# other than ':'), or a wildcard (any characters). Whether every key one list of patterns
-# matches is also matched by another is decided exactly on an alphabet of the literal
-# characters, ':' and one stand-in for every other character (which no step tells apart).
+# A pattern is a sequence of atoms, each one character of a set (a literal character, any
+# character but ':' or any character at all), once or repeated (zero or more): a capture
+# is one non-':' character then any more. Whether every key one list of patterns matches
+# is also matched by another is decided exactly on an alphabet of the literal characters,
+# ':' and one stand-in for every other character (which no atom tells apart).
 
+ANY = "any"  # any character but NUL
+SEGMENT = "segment"  # any character but NUL and ':'
 _OTHER = ""  # the stand-in: equal to no character of a key
 _MAX_STATES = 20_000  # past this many, give up and answer "not certainly covered"
-Step = tuple[str, str]  # ("lit", c), ("char", "") a non-':' character, ("loop", ":"|"")
 
 
-def _steps(pattern: KeyPattern) -> tuple[Step, ...]:
-    steps: list[Step] = []
+@dataclass(frozen=True, slots=True)
+class Atom:
+    chars: str  # one literal character, or ANY / SEGMENT
+    repeat: bool  # True: zero or more; False: exactly one
+
+
+def overlap(a: str, b: str) -> bool:
+    """Whether two character sets (or a set and a character) share a character."""
+    if a in (ANY, SEGMENT) and b in (ANY, SEGMENT):
+        return True
+    if a in (ANY, SEGMENT):
+        a, b = b, a
+    if b == ANY:
+        return a != "\0"
+    if b == SEGMENT:
+        return a not in ("\0", ":")
+    return a == b
+
+
+def atoms(pattern: KeyPattern) -> list[Atom]:
+    found: list[Atom] = []
     for token in _TOKEN_RE.findall(pattern.source):
         if token.startswith("*"):
-            steps.append(("loop", ""))
+            found.append(Atom(ANY, True))
         elif token.startswith("{"):
-            steps += [("char", ""), ("loop", ":")]
+            found += [Atom(SEGMENT, False), Atom(SEGMENT, True)]
         else:
-            steps += [("lit", c) for c in token]
-    return tuple(steps)
-
-
-def _accepts(step: Step, char: str) -> bool:
-    kind, arg = step
-    if kind == "lit":
-        return char == arg
-    return char != ":" or (kind == "loop" and arg == "")
-
-
-def _closure(steps: tuple[Step, ...], at: int) -> set[int]:
-    """``at`` and every later position reachable by skipping loops."""
-    found = {at}
-    while at < len(steps) and steps[at][0] == "loop":
-        at += 1
-        found.add(at)
+            found += [Atom(char, False) for char in token]
     return found
+
+
+def closure(line: list[Atom], at: int) -> list[int]:
+    """``at`` and every later position reachable by skipping repeated atoms."""
+    found = [at]
+    while at < len(line) and line[at].repeat:
+        at += 1
+        found.append(at)
+    return found
+
+
+def after(line: list[Atom], at: int) -> int:
+    """Where atom ``at`` goes after consuming one character."""
+    return at if line[at].repeat else at + 1
 
 
 State = frozenset[tuple[int, int]]  # (pattern number, position)
 
 
-def _start(machines: list[tuple[Step, ...]]) -> State:
-    return frozenset((m, p) for m, steps in enumerate(machines) for p in _closure(steps, 0))
+def _start(machines: list[list[Atom]]) -> State:
+    return frozenset((m, p) for m, line in enumerate(machines) for p in closure(line, 0))
 
 
-def _advance(machines: list[tuple[Step, ...]], state: State, char: str) -> State:
-    after: set[tuple[int, int]] = set()
+def _advance(machines: list[list[Atom]], state: State, char: str) -> State:
+    found: set[tuple[int, int]] = set()
     for m, position in state:
-        steps = machines[m]
-        if position == len(steps) or not _accepts(steps[position], char):
-            continue
-        following = position if steps[position][0] == "loop" else position + 1
-        after |= {(m, p) for p in _closure(steps, following)}
-    return frozenset(after)
+        line = machines[m]
+        if position < len(line) and overlap(line[position].chars, char):
+            found |= {(m, p) for p in closure(line, after(line, position))}
+    return frozenset(found)
 
 
-def _accepting(machines: list[tuple[Step, ...]], state: State) -> bool:
+def _accepting(machines: list[list[Atom]], state: State) -> bool:
     return any(position == len(machines[m]) for m, position in state)
 
 
 def covers(earlier: list[KeyPattern], later: KeyPattern) -> bool:
     """True when every key ``later`` matches is matched by one of ``earlier`` (so a rule
     with ``later`` listed after them never matches). False when unsure."""
-    firsts = [_steps(p) for p in earlier]
-    mine = [_steps(later)]
-    alphabet = {c for steps in [*firsts, *mine] for kind, c in steps if kind == "lit"}
+    firsts = [atoms(p) for p in earlier]
+    mine = [atoms(later)]
+    alphabet = {a.chars for line in [*firsts, *mine] for a in line
+                if a.chars not in (ANY, SEGMENT)}
     alphabet |= {":", _OTHER}
     todo = [(_start(mine), _start(firsts))]
     seen = set(todo)

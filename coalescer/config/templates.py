@@ -18,44 +18,15 @@ import re
 from dataclasses import dataclass
 
 from coalescer.common.key_limits import MAX_KEY_BYTES
-from coalescer.config.patterns import KeyPattern
+from coalescer.config.patterns import ANY, Atom, KeyPattern, after, atoms, closure, overlap
 
 _TOKEN_RE = re.compile(r"\{[^{}]*\}|[{}]|[^{}]+")
-_PATTERN_TOKEN_RE = re.compile(r"\{[^{}]*\}|\*+|[^{}*]+")
 MAX_FILLED = MAX_KEY_BYTES  # characters a filled template may have at most
 ALLOWED = "a key template is literal text with {field} placeholders, each naming a field"
-
-# A character set is a literal character, or one of these classes (NUL never matches:
-# no key may hold one).
-_ANY = "any"  # any character but NUL
-_SEGMENT = "segment"  # any character but NUL and ':'
 
 
 class TemplateOverflow(ValueError):
     """A template whose fields would fill it past ``MAX_FILLED`` characters."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Atom:
-    chars: str  # one literal character, or _ANY / _SEGMENT
-    repeat: bool  # True: zero or more; False: exactly one
-
-    @property
-    def literal(self) -> bool:
-        return self.chars not in (_ANY, _SEGMENT)
-
-
-def _overlap(a: str, b: str) -> bool:
-    """Whether two character sets share a character."""
-    if a in (_ANY, _SEGMENT) and b in (_ANY, _SEGMENT):
-        return True
-    if a in (_ANY, _SEGMENT):
-        a, b = b, a
-    if b == _ANY:
-        return a != "\0"
-    if b == _SEGMENT:
-        return a not in ("\0", ":")
-    return a == b
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +65,15 @@ class KeyTemplate:
 
     def could_match(self, pattern: KeyPattern) -> bool:
         """Whether some field values would make a key that ``pattern`` matches."""
-        return _intersects(self._atoms(), _pattern_atoms(pattern.source))
+        return _intersects(self._atoms(), atoms(pattern))
 
-    def _atoms(self) -> list[_Atom]:
-        atoms: list[_Atom] = []
+    def _atoms(self) -> list[Atom]:
+        atoms: list[Atom] = []
         for text, is_field in self.parts:
             if is_field:
-                atoms.append(_Atom(_ANY, True))
+                atoms.append(Atom(ANY, True))
             else:
-                atoms += [_Atom(char, False) for char in text]
+                atoms += [Atom(char, False) for char in text]
         return atoms
 
     def __str__(self) -> str:
@@ -122,36 +93,10 @@ def shown(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
 
 
-def _pattern_atoms(source: str) -> list[_Atom]:
-    atoms: list[_Atom] = []
-    for token in _PATTERN_TOKEN_RE.findall(source):
-        if token.startswith("*"):
-            atoms.append(_Atom(_ANY, True))
-        elif token.startswith("{"):
-            atoms += [_Atom(_SEGMENT, False), _Atom(_SEGMENT, True)]
-        else:
-            atoms += [_Atom(char, False) for char in token]
-    return atoms
-
-
-def _closure(atoms: list[_Atom], i: int) -> list[int]:
-    """Positions reachable from ``i`` by skipping repeated atoms (matching nothing)."""
-    out = [i]
-    while i < len(atoms) and atoms[i].repeat:
-        i += 1
-        out.append(i)
-    return out
-
-
-def _steps(atoms: list[_Atom], i: int) -> list[int]:
-    """Where atom ``i`` goes after consuming one character."""
-    return [i] if atoms[i].repeat else [i + 1]
-
-
-def _intersects(a: list[_Atom], b: list[_Atom]) -> bool:
+def _intersects(a: list[Atom], b: list[Atom]) -> bool:
     """Whether some string is matched by both atom sequences."""
     seen: set[tuple[int, int]] = set()
-    todo = [(i, j) for i in _closure(a, 0) for j in _closure(b, 0)]
+    todo = [(i, j) for i in closure(a, 0) for j in closure(b, 0)]
     while todo:
         i, j = todo.pop()
         if (i, j) in seen:
@@ -159,8 +104,7 @@ def _intersects(a: list[_Atom], b: list[_Atom]) -> bool:
         seen.add((i, j))
         if i == len(a) and j == len(b):
             return True
-        if i == len(a) or j == len(b) or not _overlap(a[i].chars, b[j].chars):
+        if i == len(a) or j == len(b) or not overlap(a[i].chars, b[j].chars):
             continue
-        todo += [(x, y) for ni in _steps(a, i) for nj in _steps(b, j)
-                 for x in _closure(a, ni) for y in _closure(b, nj)]
+        todo += [(x, y) for x in closure(a, after(a, i)) for y in closure(b, after(b, j))]
     return False
