@@ -35,7 +35,7 @@ ACTIONS = ("run_now", "retry", "cancel", "purge")
 PROGRESS_EVERY = 1.0  # seconds between progress lines
 
 
-def _iso(ms: int) -> str:
+def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
@@ -98,7 +98,7 @@ async def _list(args: argparse.Namespace, c: Coalescer, search: KeyFilter) -> in
         return 0
     for entry in found:
         captures = " ".join(f"{k}={printable(v)}" for k, v in entry["captures"].items())
-        print(f"{printable(entry['key'])}  {entry['state']}  {_iso(entry['at_ms'])}  {captures}")
+        print(f"{printable(entry['key'])}  {entry['state']}  {iso(entry['at_ms'])}  {captures}")
     print(f"{plural(len(found), 'key')} ({search.describe()}), "
           f"{plural(examined, 'entry', 'entries')} read", file=sys.stderr)
     if cursor is not None:
@@ -149,12 +149,7 @@ def _detail(progress: BulkProgress) -> str:
 
 
 def _report(args: argparse.Namespace, progress: BulkProgress) -> int:
-    if args.json:
-        print(json.dumps(progress.to_json(), indent=2))
-    elif progress.dry_run:
-        print(progress.summary())
-    else:
-        print(progress.summary())
+    print(json.dumps(progress.to_json(), indent=2) if args.json else progress.summary())
     if progress.dry_run and not args.dry_run:
         print(f"coalescer keys: nothing was done: pass --yes to {progress.action} "
               f"{plural(progress.matched, 'key')}", file=sys.stderr)
@@ -181,7 +176,7 @@ async def audit_command(args: argparse.Namespace, c: Coalescer, say_using: SayUs
         return 0
     for r in found:
         detail = f"  {printable(r.detail)}" if r.detail else ""
-        print(f"{_iso(r.at_ms)}  {printable(r.who)}  {printable(r.action)} "
+        print(f"{iso(r.at_ms)}  {printable(r.who)}  {printable(r.action)} "
               f"{printable(r.target)}: {r.count} changed{detail}")
     if not found:
         print("no operator action recorded", file=sys.stderr)

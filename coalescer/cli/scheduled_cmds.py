@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from datetime import UTC, datetime
 
+from coalescer.cli.operator_cmds import SayUsing, iso
 from coalescer.coalescer import Coalescer
 from coalescer.common.audit_log import local_user
 from coalescer.common.plural import plural
@@ -17,11 +16,6 @@ from coalescer.errors import InvalidScheduleError
 
 EXIT_ERROR = 1  # as the other commands: an unknown rule
 EXIT_REFUSED = 2  # nothing done: the arguments or the time cannot be used
-SayUsing = Callable[[argparse.Namespace, Coalescer], None]  # the server line (commands.py)
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 def _in(ms: int) -> str:
@@ -48,7 +42,7 @@ async def list_scheduled(args: argparse.Namespace, c: Coalescer,
         return 0
     now = found["now_ms"]
     for entry in found["keys"]:
-        print(f"{_iso(entry['due_ms'])}  in {_in(entry['due_ms'] - now):>5}  "
+        print(f"{iso(entry['due_ms'])}  in {_in(entry['due_ms'] - now):>5}  "
               f"{printable(entry['rule'])}  {printable(entry['key'])}")
     more = " (at least: a due set was read only in part)" if found["capped"] else ""
     print(f"{plural(len(found['keys']), 'scheduled key')} shown{more}", file=sys.stderr)
