@@ -1,12 +1,9 @@
 """One log line per operator action (pause, resume, run-now, cancel, retry, dead purge),
 naming the action, its target, how many it changed, and who asked.
 
-Who: for the commands, the local user (``local user alice (uid 1000)``); for the HTTP
-API, ``token`` when the API takes a bearer token (every caller that got through holds
-it), else ``anonymous from <peer address>``. The lines go to the logger
-``coalescer.common.audit_log`` at INFO: a node logs them as it logs the rest; the one-shot
-commands show them with ``-v`` (or wherever the application's logging sends INFO).
-Keys and rule names are escaped (``common.printable``): no key can forge a line.
+Who (the local user; over HTTP, the token's name) and where the lines go:
+docs/cli.md, "audit". The lines go to the logger ``coalescer.common.audit_log`` at INFO;
+keys and rule names are escaped (``common.printable``): no key can forge a line.
 
 Given a ``sink`` (a coalescer's ``audit``: ``store/audit_stream.py``), each action is
 also written to the namespace's audit log, a capped Redis stream that ``coalescer

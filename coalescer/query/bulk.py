@@ -5,14 +5,9 @@ named keys (run_now.lua, requeue.lua, cancel.lua, purge.lua).
 A bulk action is rate-limited (``rate`` keys a second, 0 for no limit), reports its
 progress after each page, and stops cleanly when ``stop`` is set: the page under way
 finishes and nothing after it starts. ``dry_run`` only counts what it would act on.
-Which states an action takes (as Oban Web's and Temporal's batch operations do, an
-action applies only to the states where it means something):
-
-- ``run-now``, ``cancel``: ``pending`` (the default), ``scheduled``, ``paused``;
-- ``retry``, ``purge``: ``dead`` (the default).
-
-A key that left the state between its page being read and the action (claimed, say)
-is counted in ``matched`` but not in ``done``: the scripts act only on keys still in it.
+An action applies only to the states where it means something (``ACTION_STATES``), and
+a key that left the state between its page being read and the action is matched but
+not changed (docs/cli.md, "keys").
 
 A retry of every dead key of a rule (no filter) goes faster and lighter: no key goes
 through the client; requeue_first.lua re-queues the next RANKS_AT_ONCE entries of a

@@ -2,14 +2,8 @@
 ``GET /rules/{rule}/keys``, the page's search box, and the bulk actions).
 
 A search names a rule, zero or more ``CAPTURE=VALUE`` filters (every one must hold: the
-key's captured segment equals VALUE) and a state:
-
-- ``pending``: waiting in the rule's due set (its window, max wait, own time or a
-  retry's backoff), ``scheduled`` keys included;
-- ``scheduled``: those pending keys whose due time a touch set itself (``at``/``delay``);
-- ``in-flight``: claimed, their refresh running;
-- ``dead``: dead-lettered;
-- ``paused``: the pending keys of a paused rule (none while the rule runs).
+key's captured segment equals VALUE) and a state (``STATES``; what each holds:
+docs/cli.md, "keys").
 
 Each page reads at most ``scan`` entries of the rule's per-shard set (a ZRANGE from where
 the page before ended, O(log N + scan): ``store/search_scripts.py``), shard by shard, and
