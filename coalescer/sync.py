@@ -32,14 +32,8 @@ class SyncCoalescer:
     ``touch()`` is as cheap as the async one and safe from any thread;
     ``flush()`` blocks until Redis holds every earlier touch. Use as ``with``
     (or call ``start()`` and ``close()``), e.g. once per Django or Flask process.
-
-    Fork-safe: in a process forked from one where it was started (gunicorn
-    ``--preload``, uwsgi, Celery prefork), the first ``touch()`` or ``flush()``
-    starts it again there, on a loop, thread and connections of the child's own.
-    The child starts with an empty buffer: touches buffered before the fork are
-    the parent's, written by the parent.
-    In a child forked from C without Python's fork hooks, call ``start()`` first:
-    it repairs the interpreter's state there (see ``coalescer.common.forksafe``).
+    Fork-safe: in a forked process the first ``touch()`` or ``flush()`` starts it
+    again there, with an empty buffer (docs/operations.md, "Forking servers").
     """
 
     def __init__(self, coalescer: Coalescer | None = None, *,
@@ -166,13 +160,9 @@ class SyncCoalescer:
     def touch_wait(self, key: str, item: str | None = None, *,
                    timeout: float | None = DEFAULT_TIMEOUT, at: At | None = None,
                    delay: Delay | None = None) -> None:
-        """``touch(key)`` that blocks this thread while the buffer is full.
-
-        For bulk writers (an import, a backfill): returns once the touch is buffered;
-        while the buffer is full it waits until keys are written to Redis, for at most
-        ``timeout`` seconds (None: no bound), then raises BackpressureError. Request
-        paths that must never block call ``touch``, which refuses at once.
-        """
+        """``touch(key)`` that blocks this thread while the buffer is full, for bulk
+        writers; see ``Coalescer.touch_wait``. Request paths that must never block call
+        ``touch``, which refuses at once."""
         what = f"touch_wait({key!r})"
         self._ready(what)
         keys, pairs = one_touch(key, item)

@@ -1,30 +1,16 @@
 """Runs claimed refreshes: per-rule concurrency, timeouts, retries, leases.
 
-Each claim runs as one task; the claims of one rule that start together share
-one timeout timer. A node holds up to twice a rule's ``concurrency`` claims (at
-most ``MAX_QUEUED`` more): ``concurrency`` of them run, the others wait in
-process for a slot and start the moment one frees, while the poller's next claim
-call is already on its way. Claim calls then overlap with the refreshes instead
-of alternating with them; at most ``concurrency`` refreshes of a rule ever run at
-once on a node. A claim's outcome goes to its shard's results box, which is
-group-committed to Redis (one ack and one fail call per shard). While a claim
-is held (running, or finished but not yet acked) its lease is renewed every
-quarter of ``claim_lease`` (``worker.claim_leases``); a claim that Redis says this
-node lost, or that could not be renewed in time, is cancelled.
-
-A batch rule (``batch: {max, wait}``) runs its claims as handler calls of up to
-``max`` claims each; ``concurrency`` then counts calls. Claimed keys wait in
-process until ``max`` of them are there or the oldest has waited ``wait``; each
-key keeps its own outcome (the handler's answer says which failed, see
-``worker.batches``), and the call's timeout and cancellation apply to all of them.
-
-A handler that goes on past its run (a plain function's thread, which nothing can
-stop, or a child process being killed: see ``worker.invoke``) keeps the run's slot
-until it has ended: its timeout or loss is recorded at once (the key is retried per its
-backoff, here or elsewhere), but the rule runs one refresh fewer meanwhile, and this
-node starts no other run of that key: a new claim of it waits in process, and fails as
-"never started" if the old run has not ended within the rule's timeout. At shutdown,
-``drain`` waits for them within the grace too, then names the ones it abandons.
+Each claim runs as one task; the claims of one rule that start together share one
+timeout timer. A node holds up to twice a rule's ``concurrency`` claims (at most
+``MAX_QUEUED`` more), so claim calls overlap with the refreshes; its outcomes go to its
+shard's results box, group-committed to Redis, and its lease is renewed while it is
+held (``worker.claim_leases``): docs/concepts.md, "Runner". A batch rule runs its
+claims as handler calls of up to ``max`` claims each (docs/batches.md; each key keeps
+its own outcome: ``worker.batches``). A handler that goes on past its run (a plain
+function's thread, or a child process being killed: ``worker.invoke``) keeps the run's
+slot until it has ended, and this node starts no other run of that key meanwhile
+(docs/rules.md, "What a handler that never returns costs"); at shutdown ``drain``
+waits for them within the grace too, then names the ones it abandons.
 """
 
 from __future__ import annotations
