@@ -22,23 +22,25 @@ MAX_KEY_BYTES = key_limits.MAX_KEY_BYTES
 MAX_ITEM_BYTES = 256  # an item is short: a changed row's id, not the row
 
 
+def _unstorable(text: object, what: str, limit: int) -> str | None:
+    """Why Redis cannot store ``text`` (a key or an item), or None when it can."""
+    if not isinstance(text, str):
+        return f"{what} must be a str, not {type(text).__name__}"
+    try:
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (f"character {text[exc.start]!r} at index {exc.start} cannot be encoded "
+                "as UTF-8 (a lone surrogate)")
+    if "\0" in text:
+        return f"it contains a NUL character (at index {text.index(chr(0))})"
+    if size > limit:
+        return f"it is {size} bytes long in UTF-8, over the limit of {limit}"
+    return None
+
+
 def key_problem(key: object) -> str | None:
     """Why Redis cannot store ``key``, or None when it can."""
-    if not isinstance(key, str):
-        return f"a key must be a str, not {type(key).__name__}"
-    if key.isascii():
-        size = len(key)
-    else:
-        try:
-            size = len(key.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            return (f"character {key[exc.start]!r} at index {exc.start} cannot be encoded "
-                    "as UTF-8 (a lone surrogate)")
-    if "\0" in key:
-        return f"it contains a NUL character (at index {key.index(chr(0))})"
-    if size > MAX_KEY_BYTES:
-        return f"it is {size} bytes long in UTF-8, over the limit of {MAX_KEY_BYTES}"
-    return None
+    return _unstorable(key, "a key", MAX_KEY_BYTES)
 
 
 def check_key(key: str) -> None:
@@ -52,20 +54,9 @@ def item_problem(item: object) -> str | None:
     """Why ``item`` cannot go with a touch, or None when it can: an item is a non-empty
     str of at most ``MAX_ITEM_BYTES`` in UTF-8, without NUL (items travel NUL-joined,
     and the empty string marks an overflow in Redis)."""
-    if not isinstance(item, str):
-        return f"an item must be a str, not {type(item).__name__}"
-    if not item:
+    if item == "":
         return "an item must not be empty"
-    try:
-        size = len(item) if item.isascii() else len(item.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        return (f"character {item[exc.start]!r} at index {exc.start} cannot be encoded "
-                "as UTF-8 (a lone surrogate)")
-    if "\0" in item:
-        return f"it contains a NUL character (at index {item.index(chr(0))})"
-    if size > MAX_ITEM_BYTES:
-        return f"it is {size} bytes long in UTF-8, over the limit of {MAX_ITEM_BYTES}"
-    return None
+    return _unstorable(item, "an item", MAX_ITEM_BYTES)
 
 
 def check_item(key: str, item: object, rule_name: str, takes_items: bool) -> None:
