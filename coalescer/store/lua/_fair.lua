@@ -160,15 +160,16 @@ end
 -- The rank in `due_key` of the first entry after (`score`, `member`) in its order (by
 -- score, then member, bytewise): a binary search within the entries of that score, so
 -- a sweep cut inside thousands of keys due in the same millisecond goes on from there.
+-- Also returns how many entries sort before `score`.
 local function rank_after(due_key, score, member)
-  local lo = redis.call('ZCOUNT', due_key, '-inf', '(' .. score)
-  if member == '' then return lo end
-  local hi = lo + redis.call('ZCOUNT', due_key, score, score)
+  local below = redis.call('ZCOUNT', due_key, '-inf', '(' .. score)
+  if member == '' then return below, below end
+  local lo, hi = below, below + redis.call('ZCOUNT', due_key, score, score)
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     if redis.call('ZRANGE', due_key, mid, mid)[1] <= member then lo = mid + 1 else hi = mid end
   end
-  return lo
+  return lo, below
 end
 
 -- The fast lane (see the header): from the keys due in (state head, now], newest
@@ -204,11 +205,12 @@ local function fair_sweep(c, f, due_key)
     score, member = tonumber(string.sub(mark, 1, bar - 1)), string.sub(mark, bar + 1)
   end
   if score and score > c.now then score = nil end  -- the clock stepped back: all again
-  local start = score and rank_after(due_key, int(score), member) or 0
-  local got = redis.call('ZRANGE', due_key, start, start + FAIR_SWEEP - 1, 'WITHSCORES')
+  local start, below = 0, 0
+  if score then start, below = rank_after(due_key, int(score), member) end
+  -- only keys due by now are read: the many due later cost nothing
+  local got = redis.call('ZRANGE', due_key, score and int(score) or '-inf', int(c.now),
+                         'BYSCORE', 'LIMIT', start - below, FAIR_SWEEP, 'WITHSCORES')
   local n = #got
-  while n > 0 and tonumber(got[n]) > c.now do n = n - 2 end
-  for i = #got, n + 1, -1 do got[i] = nil end
   fair_index(f, got)
   if start > 0 then  -- the keys below the sweep point, FAIR_LOW a call, round and round
     local at = tonumber(f.state.low) or 0
