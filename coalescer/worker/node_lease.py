@@ -1,10 +1,9 @@
 """This node's lease: one per node, however many shards it leads.
 
-A shard's leader key names its holder and never expires (acquire.lua); it counts while
-the holder's node lease lives. So an idle node renews one lease with one script call
-(``node_lease.lua``) every ``RENEW_SHARE`` of ``leader_lease``, whatever the number of
-shards (on a Redis Cluster the leases key has a tag of its own: one call to one master),
-and learns from the same call every other node's lease end. Renewals start the periods
+Why one lease per node (a shard's leader key never expires and counts while its holder's
+node lease lives): docs/concepts.md. A node renews it with one ``node_lease.lua`` call
+every ``RENEW_SHARE`` of ``leader_lease`` and learns from the same call every other
+node's lease end. Renewals start the periods
 of the server clock (multiples of the period), so every node's lease ends at the same
 instant. Between calls a node sleeps until its next renewal or until just after the
 earliest other lease would lapse: a standby hears of a dead leader within

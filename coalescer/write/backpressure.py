@@ -6,20 +6,12 @@ A full buffer refuses ``touch`` (BackpressureError). Writers that would rather w
 both woken when a write ends and its keys leave the buffer (``written``, ``discard``),
 never by polling; ``write/room.py`` bounds the wait.
 
-The flusher runs on an event loop in a thread of its own (``SyncCoalescer``) or the
-application's. Threads that touch without pause hold the GIL in turns of 5 ms
-(``sys.getswitchinterval()``), and the loop's thread, back from each wait for Redis,
-queues behind all of them: with 16 such threads it ran about once in 80 ms (at times
-once in 600 ms), keys piled up unwritten until the buffer was full, and Redis sat idle
-meanwhile. Yielding the GIL (``time.sleep(0)``) hands it to any waiting thread, most
-often another writer, and each yield cost a thread switch. So once more than
-``GATE_BACKLOG`` new keys came in since the flusher last took what was ready, a touch
-of a new key waits (at most ``GATE_WAIT``) until it takes again: the touching threads stop
-asking for the GIL, and the loop's thread is the one that gets it. Touches wait only
-while writes succeed: after a failed write (Redis down or refusing, the keys given
-back) none waits until a write succeeds again, so an outage never slows ``touch``;
-the full buffer refuses instead. The flusher's own thread never waits (its loop would
-be the one to take).
+The gate: threads that touch without pause keep the GIL from the flusher's loop (docs/
+python-api.md, "Many threads", says what that cost and what a touch then does). So once
+more than ``GATE_BACKLOG`` new keys came in since the flusher last took what was ready,
+a touch of a new key waits (at most ``GATE_WAIT``) until it takes again; yielding the
+GIL instead (``time.sleep(0)``) most often handed it to another writer. Touches wait
+only while writes succeed, and the flusher's own thread never waits.
 """
 
 from __future__ import annotations
