@@ -1,16 +1,7 @@
-"""`coalescer run --processes N`: N node processes on one machine, supervised.
-
-Each child is an ordinary `coalescer run` node: shards spread over the children as
-over any nodes. Child ``k`` gets node id ``ID-k`` when ``--node-id ID`` is given
-(else its own ``HOST:PID``) and the HTTP port ``PORT + k`` (``off`` stays off).
-SIGTERM and SIGINT are forwarded to every child, and the supervisor waits for them
-to drain; a second SIGINT is forwarded too (each child then stops at once) and the
-group exits 130. The children run in a process group of their own, so a
-Ctrl-C in the terminal reaches them once, through the supervisor. A child that exits
-without being told to (a crash, a SIGKILL, the OOM killer) is restarted after a
-backoff; one that keeps crashing soon after its start stops the whole group with a
-non-zero exit. On Linux a child also gets SIGTERM when the supervisor itself dies, so
-no node outlives it unnoticed.
+"""`coalescer run --processes N`: N node processes on one machine, supervised: node ids,
+ports, signals forwarded, restarts and when the group gives up are docs/cli.md's
+"Every core: run --processes N". The children run in a process group of their own, so
+a Ctrl-C in the terminal reaches them once, through the supervisor.
 """
 
 from __future__ import annotations

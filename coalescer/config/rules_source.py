@@ -1,16 +1,10 @@
 """Rules named by a string (the commands' ``--rules``, Django's
 ``settings.COALESCER_RULES``): a rules file, or, as ``module.path:attribute``, a
-``Rules(...)`` (or a ``Config``) built in code.
-
-A value that is an existing file is a rules file. Otherwise a value of the form
-``dotted.module:attribute`` (identifiers only) is imported from ``sys.path`` as the
-environment sets it (installed packages, ``$PYTHONPATH``; under Django, the project, as
-``manage.py`` puts it there). Only a module found nowhere there is looked for in the
-working folder, added last (so it never shadows an installed module), and only when no
-other user could have planted it: a folder of this user's (or root's) that neither its
-group nor others may write to. Every command
-loads its rules here: ``load_rules`` for those that use them, ``check_rules`` for
-``coalescer check``, which reports the same errors and warnings either way.
+``Rules(...)`` (or a ``Config``) built in code, imported as docs/cli.md's "Rules built
+in code" says (from ``sys.path``; the working folder last, and only when no other user
+could have planted the module there). Every command loads its rules here:
+``load_rules`` for those that use them, ``check_rules`` for ``coalescer check``, which
+reports the same errors and warnings either way.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""An operator's controls: pause and resume a rule, run keys now.
+"""An operator's controls: pause and resume a rule, run keys now (what each does:
+docs/operations.md, "Operator controls").
 
 Pausing is cluster-wide and survives restarts: the rule's name goes into the
 namespace's paused set (``store.keys.paused_rules``) and into every shard's copy of it
 (``store.paused_copies``), which the claim scripts read as they claim, and the change
 is announced on ``paused_channel``, where every worker node hears it and reads the set
 again (``worker.paused``). Once a pause returns, no node claims the rule's keys, even
-one that has not heard of it yet (cut off from the announcement, say). A paused
-rule's keys keep collecting touches (each touch arms or extends its key's burst as
-usual) and no node claims them; once resumed, every key
-that is due runs, so no touch made while paused is lost. A drain (``drain()``) runs
-what is pending whatever is paused: it is a request to run this process's work now.
-
-Running a key now makes its pending refresh due at once (its window, max wait, time
-or retry backoff skipped) and wakes its shard's poller. A key of a paused rule is made
-due too, and runs once the rule is resumed.
+one that has not heard of it yet (cut off from the announcement, say).
 """
 
 from __future__ import annotations
