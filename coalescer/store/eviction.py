@@ -1,18 +1,7 @@
-"""Redis's ``maxmemory-policy``: one that may evict coalescer's keys is refused.
-
-Every key coalescer keeps (a shard's due sets and meta hash, claims, leases, the
-registry, items) is written without a TTL, so only an ``allkeys-*`` policy can
-evict one: pending touches, claims and leases would vanish without a trace once
-Redis reaches ``maxmemory``. ``volatile-*`` policies evict only keys with a TTL,
-and the only ones coalescer sets a TTL on are rules' rate buckets (an evicted one
-lets one bucket's worth of starts through early) and ack receipts (an evicted one
-costs at most a false "taken over" log line). ``noeviction`` answers writes with
-OOM at ``maxmemory``: the touches stay buffered and are retried.
-
-A writer and a node read the policy at start (``CONFIG GET``, else ``INFO memory``
-where CONFIG is refused, as on managed Redis or for an ACL user; on a Redis Cluster,
-every master) and refuse to start on an evicting one (EvictionPolicyError); a
-running one reads it again every ``CHECK_EVERY`` seconds and reports a change loudly.
+"""Redis's ``maxmemory-policy``: one that may evict coalescer's keys (``allkeys-*``) is
+refused at start (EvictionPolicyError) and watched while running. Why, which keys have a
+TTL (so ``volatile-*`` is fine) and how the policy is read: docs/operations.md, "Redis
+memory". A running node reads it again every ``CHECK_EVERY`` seconds.
 """
 
 from __future__ import annotations

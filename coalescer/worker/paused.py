@@ -1,17 +1,9 @@
-"""A worker node's view of the rules an operator paused (cluster-wide, in Redis).
-
-The paused set (``store.keys.paused_rules``) is read when the node's subscription to
-``paused_channel`` is confirmed (at start and after every reconnect: a change announced
-while the connection was down is read then) and whenever a pause or a resume is
-announced there; a read that fails is made again a second later. Until the first read
-the node claims nothing, so a paused rule never runs for a moment after a node starts.
-An idle node makes no call for it.
-
-The pollers and adopters pass a paused rule's limit as -1 to their claim scripts: its
-due keys stay pending (touches keep arming them), are not claimed and do not wake the
-poller; a resume pokes every poller, which claims them at once. The claim scripts also
-read the shard's own copy of the paused set (``store.paused_copies``), so a node that has
-not heard of a pause yet claims none of those keys either.
+"""A worker node's view of the rules an operator paused (cluster-wide, in Redis): when it
+reads the paused set (``store.keys.paused_rules``) and what a paused rule costs are
+docs/operations.md's "Operator controls". A read that fails is made again a second
+later. The pollers and adopters pass a paused rule's limit as -1 to their claim
+scripts; the scripts also read the shard's own copy of the set (``store.paused_copies``),
+so a node that has not heard of a pause yet claims none of those keys either.
 """
 
 from __future__ import annotations

@@ -3,19 +3,11 @@
 
 Every ``EVERY`` seconds (every shard count / ``SHARDS_PER_SECOND`` seconds with many
 shards) while this node takes touches (and a few seconds after, and while it refuses
-them), else every ``IDLE_EVERY`` seconds (an idle node costs Redis next to nothing), a
-node runs limits.lua on every shard: it counts the shard's pending keys (its due sets)
-and drops the shard's dead letters older than ``dead_letter_ttl``, then its oldest past
-its share of ``dead_letters`` (``dead_letters`` divided by the shard count, rounded up).
-Once the pending keys of all shards reach ``pending_keys``, this node refuses touches
-(QuotaExceededError) until a count finds fewer. With each count it also runs
-pending_bytes.lua on every shard (store/byte_count.py): the bytes the shard holds for its
-keys, read a page of its meta hash per call (a big shard takes several counts to be read
-through), plus what the writes since its last full reading added; once the bytes of all
-shards reach ``pending_bytes``, touches are refused the same way. The upsert script
-never refuses a key, so nothing already accepted is lost; the price is precision: the
-count is up to one period old, so the keys written by every node within one period (and
-those buffered in them) may go past the limit.
+them), else every ``IDLE_EVERY`` seconds, a node runs limits.lua on every shard (counts
+its pending keys, drops its dead letters past their age, then past its share of
+``dead_letters``, the count divided by the shards, rounded up) and pending_bytes.lua
+(store/byte_count.py). What is refused, and why the count may pass the limit by what
+every node writes within one period: docs/rules.md, "Limits".
 """
 
 from __future__ import annotations
