@@ -3,15 +3,9 @@
 ``outbox_table(metadata)`` adds the outbox table to the application's metadata (with,
 on PostgreSQL, a trigger that NOTIFYs the coalescer nodes when rows commit);
 ``touch_in_transaction(session, *keys)`` records touches on the session's current
-transaction. They are written just before that transaction commits, as one multi-row
-``INSERT`` however many calls made them, so they commit or roll back with the data. A
-node reads the table as a ``type: outbox`` source and touches the keys once the rows
-are committed; a transaction that rolls back touches nothing.
-
-Savepoints: touches recorded inside a savepoint are written when it is released (and
-land in the enclosing transaction); a savepoint rolled back drops them. ``AsyncSession``
-works too (its events are those of its ``sync_session``); the call itself never does I/O,
-so it is a plain function for both kinds of session.
+transaction, written just before it commits as one multi-row ``INSERT``. Savepoints,
+``AsyncSession`` and the checks at the call: docs/sources.md, "Writing touches:
+SQLAlchemy".
 """
 
 from __future__ import annotations

@@ -2,22 +2,12 @@
 
 ``touch_in_transaction``, ``outbox_table`` and ``outbox_ddl`` (from
 ``coalescer.integrations.outbox_sqlalchemy``) write touches as rows of an outbox table
-in the transaction itself, read by a node's ``type: outbox`` source: they commit with
-the data, and survive the process. ``touch_after_commit`` (below) hands them to a
-coalescer once the transaction has committed, kept in process until Redis holds them.
-
-``touch_after_commit(session, coalescer, *keys)`` records the keys on the session's
-current transaction (the innermost savepoint, if one is open). When a savepoint is
-released its keys join the enclosing transaction; when it is rolled back they are
-dropped. When the outermost transaction commits, every key still recorded is touched
-(``coalescer.touch``); when it rolls back (or the session closes uncommitted), none
-is. A session with no transaction begun holds nothing uncommitted (``Session.add``
-and every query begin one), so the keys are touched at once. ``AsyncSession`` works
-too: its events are those of its ``sync_session``.
-
-A coalescer whose ``touch`` raises at commit (not running, buffer full) leaves
-the commit done; the error is logged with the keys and raised from ``commit()``
-after the other coalescers' keys were touched.
+in the transaction itself, read by a node's ``type: outbox`` source.
+``touch_after_commit(session, coalescer, *keys)`` (below) records the keys on the
+session's current transaction (the innermost savepoint, if one is open) and touches them
+once the outermost one commits. How it treats savepoints, rollbacks, a session with no
+transaction, ``AsyncSession`` and a ``touch`` that raises at commit: docs/durability.md,
+"Touch after commit", "SQLAlchemy".
 """
 
 from __future__ import annotations

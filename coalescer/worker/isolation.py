@@ -1,22 +1,17 @@
 """The node's process pool: sync handlers (the default, ``isolation: process``) run in
-child processes of the node.
+child processes of the node: one pool per node, shared by its rules, ``RUNS_PER_CHILD``
+runs a child on threads of its own (``worker.child``); how runs are placed, stopped and
+what a stopped run costs its child's others: docs/rules.md, "Where a plain function
+runs: isolation".
 
-One pool per node, shared by its rules: the sum of their ``concurrency`` runs at once
-in at most that sum divided by ``RUNS_PER_CHILD`` (10) children, each running up to 10
-runs on threads of its own (``worker.child``). A run goes to an idle child, else to a
-new one while there may be more, else to the least loaded one. Requests and replies
-cross one pipe per child, tagged with the run's id, several to a message when they
-come together. Children are forked by multiprocessing's fork server, which imported
-the rules' handlers first (``worker.fork_preload``) so that they share those pages;
-each dies with the node (``worker.node_death``). A run whose task is cancelled (its
-timeout, its claim lost, the end of the shutdown grace) kills its child: SIGTERM, then
-SIGKILL ``STOP_WAIT`` seconds later if it is still there, and the invoker's
-cancellation carries the stop, so the runner keeps the run's slot until the child is
-gone. The child's other runs fail then, once it is gone, with ChildDied (retried as
-any failure): a run that must be stopped takes the runs sharing its child with it,
-the price of 10 runs sharing one interpreter's memory. A killed (or crashed) child is
-replaced by a new one at a later run. An exception raised in the child is raised
-again in the node, with the child's traceback as a note.
+Requests and replies cross one pipe per child, tagged with the run's id, several to a
+message when they come together. Children are forked by multiprocessing's fork server,
+which imported the rules' handlers first (``worker.fork_preload``) so that they share
+those pages; each dies with the node (``worker.node_death``). A run whose task is
+cancelled kills its child (SIGTERM, then SIGKILL ``STOP_WAIT`` seconds later), and the
+invoker's cancellation carries the stop, so the runner keeps the run's slot until the
+child is gone. An exception raised in the child is raised again in the node, with the
+child's traceback as a note.
 """
 
 from __future__ import annotations
