@@ -1,18 +1,12 @@
-"""Drain: run everything pending now through this process's handlers, windows skipped.
-
-Meant for users' tests (``await coalescer.drain()``) and one-off catch-ups. Each
-round first reads the rules file's sources once up to now (``read_sources``, lent by
-the façade: the worker layer never imports the sources; outbox rows, stream entries,
-Kafka messages become touches as a running source makes them), then flushes this
-process's touches, makes every pending key of the coalescer's
-rules due now (``hasten.lua``: windows and retry backoff skipped), re-queues claims
-whose holder died, and claims what is due (``take.lua``: as the leader's poller
-claims, fencing tokens and leases included, but whoever leads the shard) into this
-process's runner, within each rule's concurrency (none waits in process: a key
-not yet started stays pending in Redis). Touches made by the handlers (and source
-events they wrote: an outbox row, a stream entry) are read, flushed and drained in
-the next round. It ends once a round finds nothing pending or in flight for the
-coalescer's rules and nothing ran since the round before.
+"""Drain: run everything pending now through this process's handlers, windows skipped
+(``Coalescer.drain`` says what a user gets). Each round reads the rules file's sources
+once up to now (``read_sources``, lent by the façade: the worker layer never imports the
+sources), flushes this process's touches, makes every pending key of the coalescer's
+rules due now (``hasten.lua``), re-queues claims whose holder died, and claims what is
+due (``take.lua``: as the leader's poller claims, whoever leads the shard) into this
+process's runner, within each rule's concurrency (a key not yet started stays pending
+in Redis). It ends once a round finds nothing pending or in flight for the coalescer's
+rules and nothing ran since the round before.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Leadership of one shard: the leader key names its holder, fenced by epoch.
-
-A shard's leader key holds "EPOCH|NODE-ID" and counts while that node's lease lives
-(node_lease.py: one lease per node, renewed with one call whatever the number of
-shards), so a leader renews nothing per shard and an idle shard costs no call at all.
-Every claim checks the key in the same script, so an ex-leader can never claim.
-Standbys sleep until the holder's node lease lapses (then take the shard over with a
-compare-and-set on the holder value they saw), or until a release or take-over is
-announced on the shard's wake channel. Shards spread evenly: a node above its fair
-share (``ceil(shards / live nodes)``) hands back its highest shards, and a node at its
-share lets others try first. A node whose refreshes fail as a whole is benched
-(health.py): it hands back every shard it leads and asks for none during its cool-off,
-and the others leave it out of their fair share meanwhile.
+"""Leadership of one shard: the leader key names its holder, fenced by epoch. How a
+leader key counts while its node's lease lives (``node_lease.py``), how standbys take a
+shard over, how shards spread evenly and what a benched node (``health.py``) does:
+docs/concepts.md, "Leader lease".
 
 Every lease call also registers this node's rules (see registry.py); a standby
 told that the leader lacks some of its rules serves those with its adopter
