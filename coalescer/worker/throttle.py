@@ -3,29 +3,21 @@
 (An adopter, serving on a shard the rules its leader lacks, paces its rules the same
 way: what is said here of a poller and its claim call holds for it and adopt calls.)
 
-A rule with ``rate:`` shares one token bucket (``take_rate.lua``) among the pollers
-of every shard, on every node. Its keys span shards, so the bucket is a key of its
-own, and taking from it is a call of its own before the shard's claim call:
+A rule with ``rate:`` shares one token bucket (``take_rate.lua``) among the pollers of
+every shard, on every node; taking from it is a call of its own before the shard's claim
+call. What a rate does and does not (the excess waits, starts not running refreshes,
+unused tokens given back, bursts): docs/batches.md, "rate". Here:
 
-* a rated rule is claimed only up to the starts its bucket granted. Tokens are
-  asked for only while the rule has keys due now, as the previous claim call
+* tokens are asked for only while the rule has keys due now, as the previous claim call
   reported (``ClaimBatch.held``), and never more than the keys due and the slots
-  reserved that a claim *runs* in at once: a claim waiting in process for a slot
-  would start later, bunched with others, past the rate. A shard with nothing due
-  costs the bucket nothing;
+  reserved that a claim *runs* in at once;
 * a key that newly fell due was held by its first claim call (no tokens yet):
-  ``retry_now`` then asks the poller to claim again at once, with tokens (as it
-  does whenever keys are left due while the bucket may have starts and the rule
-  had slots to run them: each such call claims or learns how long to wait, so it
-  never spins); a rule with keys due and no slot to run one (``slot_bound``) waits
-  for a freed slot, as an unrated rule does;
-* tokens granted and not used (a due key was re-touched, another node took it)
-  go back to the bucket at once, so that two nodes share the rate;
+  ``retry_now`` then asks the poller to claim again at once, with tokens (as it does
+  whenever keys are left due while the bucket may have starts and the rule had slots to
+  run them: each such call claims or learns how long to wait, so it never spins); a rule
+  with keys due and no slot to run one (``slot_bound``) waits for a freed slot;
 * while the bucket is empty the poller sleeps until it holds the starts wanted
   (``wait``), capped as every sleep is; it never asks again before then.
-
-The keys each rule holds back are counted per shard in ``Metrics.rate_held``
-(``coalescer_rate_held_keys``); the waits in ``coalescer_rate_waits_total``.
 """
 
 from __future__ import annotations
