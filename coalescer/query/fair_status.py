@@ -1,21 +1,11 @@
 """Fair rules as `coalescer status`, `explain`, the page and the metrics show them: each
-group's backlog, its share of the claims, its weight, and the cap with its runs in flight.
-
-Read from the claim script's order (``store/lua/_fair.lua``), over every shard:
-
-- a group's *backlog* is its due keys the claim script has indexed and not yet claimed
-  (``PREFIX..q:GROUP``); keys due since the last claim call are indexed by the next;
-- its *share* is the part of the claims it gets while the groups shown stay backlogged:
-  its weight over the sum of the backlogged groups' weights (start-time fair order);
-- *running* is its keys in flight (claimed, running or waiting in a node for a slot:
-  what ``max_running`` caps);
-- weights and the cap are those in force: the rules file's, overridden by those set at
-  runtime (``query/fair_controls.py``).
-
-Bounded whatever the number of tenants: at most ``GROUPS_READ`` groups and
-``GROUPS_READ`` keys in flight of each shard are read (``partial`` says when some were
-left out), and the result keeps the ``TOP`` groups by backlog (then runs), the rest
-summed into one entry, ``other``. One read of each rule's settings, then two pipelined round trips.
+group's backlog, its share of the claims, its weight, and the cap with its runs in flight
+(what each figure means, and the bounds: docs/operations.md, "Fair groups in status, the
+page and metrics"). Read from the claim script's order (``store/lua/_fair.lua``), over
+every shard: at most ``GROUPS_READ`` groups and ``GROUPS_READ`` keys in flight of each
+shard (``partial`` says when some were left out), keeping the ``TOP`` groups by backlog
+(then runs) and the rest summed into ``other``. One read of each rule's settings, then
+two pipelined round trips.
 """
 
 from __future__ import annotations
