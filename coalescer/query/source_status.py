@@ -1,19 +1,10 @@
 """Sources in `coalescer status`: what each source's type shows, and its rejected entries.
 
-Adds ``sources: {NAME: {..., "rejected"}}`` to the status dict (empty without sources):
-``rejected`` is how many entries were rejected since the namespace began. A stream
-source adds ``"stream", "group", "lag", "pending"``: ``lag`` is how many entries of the
-stream the group has not read yet (``XINFO GROUPS``; null when the server cannot tell,
-or the stream or group does not exist), ``pending`` how many were read and not yet
-acknowledged. An outbox source adds ``"type": "outbox", "table", "url"`` (its password
-hidden), ``backlog`` (rows waiting; ``backlog_capped``: at least that many),
-``lag_seconds`` (the oldest row's age), ``nodes`` (how many live nodes reported) and
-``errors`` (node id -> its last error, while failing), as the nodes last saw them
-(null where none has said). A Kafka source adds ``"type": "kafka", "topics", "group",
-"lag"`` (the total), ``partitions`` (``topic/partition`` -> the node reading it, its
-committed and end offsets and lag) and ``errors`` (node id -> why it cannot read), as
-the nodes last reported them. A source of a type not registered here shows its
-``type`` only.
+Adds ``sources: {NAME: {..., "rejected"}}`` to the status dict (empty without sources);
+each type's fields (a stream's lag and pending entries, an outbox's backlog, lag and
+errors, a Kafka source's partitions) are docs/sources.md's "Sources in coalescer
+status", "The outbox in coalescer status" and "The Kafka source in coalescer status". A
+source of a type not registered here shows its ``type`` only.
 """
 
 from __future__ import annotations
