@@ -9,18 +9,9 @@ the claim or the pending state close it): a touch within a second costs no write
 own, and a key never claimed none at all (its burst before its first claim is one
 entry from its first touch to its last, with their count).
 
-Each event read is a dict (the JSON of ``coalescer timeline KEY --json``), ``at_ms``
-its server-clock time:
-
-    touches    second_ms, count (None: not counted, e.g. touches while it ran),
-               until_ms (None, or the last touch when the entry spans several seconds)
-    scheduled  due_ms (a touch's own time: ``at``/``delay``)
-    claim      token, node, attempt, due_ms, due_reason, first_touch_ms,
-               last_touch_ms, touches, items (None: the rule has none), items_overflowed
-    outcome    token, outcome (success, failure, timeout or lost), start_ms,
-               duration_ms, batch, next (what followed: {"kind": "again" (touched while
-               it ran) or "retry", "due_ms"}, {"kind": "dead", "due_ms": None}, or None),
-               error
+Each event read is a dict (the JSON of ``coalescer timeline KEY --json``; its fields:
+docs/http.md, "GET /keys/{key}/timeline"), ``at_ms`` its server-clock time, ``type``
+one of touches, scheduled, claim and outcome.
 """
 
 from __future__ import annotations
