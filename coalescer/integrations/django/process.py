@@ -1,19 +1,8 @@
-"""The ``SyncCoalescer`` of a Django process: ``get_coalescer()``.
-
-Made and started on the first call, from ``settings.COALESCER_RULES`` (a rules file,
-or rules built in code named as ``"module.path:attribute"``; else ``./rules.yaml``)
-with ``worker=False`` (the process only touches keys; ``manage.py coalescer run``
-nodes run the handlers) and ``$COALESCER_REDIS_URL`` (else the embedded
-server); closed at exit, which writes the touches still buffered.
-
-Fork-safe: a gunicorn or uwsgi worker forked from a master that already made it gets
-one of its own, started again on its first touch (``SyncCoalescer`` parks the
-parent's loop and connections in the child and never uses them).
-
-When ``$COALESCER_NAMESPACE`` or ``$COALESCER_REDIS_URL`` changes (the pytest plugin
-sets both for each test) the next call closes the old one and makes a new one, so an
-app's own coalescer follows each test's namespace and server; ``drain()`` runs what
-the test touched.
+"""The ``SyncCoalescer`` of a Django process: ``get_coalescer()``, made and started on the
+first call from ``settings.COALESCER_RULES`` with ``worker=False``, closed at exit,
+started again in a forked worker, and made anew when ``$COALESCER_NAMESPACE`` or
+``$COALESCER_REDIS_URL`` changes (each test's, under the pytest plugin; ``drain()`` runs
+what the test touched): docs/django.md, "The coalescer of a web process".
 """
 
 from __future__ import annotations
