@@ -1,19 +1,10 @@
 """The HTTP surface of a node: POST /touch, GET /healthz, /status, /metrics,
 GET and DELETE /keys/{key} (explain, cancel), POST /keys/{key}/run (run now),
-POST /rules/{rule}/pause and /resume,
-and the status page at GET / with the endpoints it reads (see ``http_page``).
-
-Served with aiohttp on loopback unless told otherwise. With a token, every route but
-/healthz and the page itself (it holds no data) needs ``Authorization: Bearer <token>``.
-Without one, a node answers only requests sent to a loopback name or its own address,
-and refuses to bind elsewhere unless told ``allow_open``. State-changing requests from
-another origin, or with a body that is not ``application/json``, are refused (see
-``coalescer.web.guards``).
-Before any of this, connections are capped and request headers, bodies and idle
-connections have deadlines (see ``coalescer.web.connections``).
-Every answer, errors included, is JSON, except /metrics (Prometheus text) and the page.
-A refused /touch applies nothing: the whole body is validated, unknown keys included,
-before the first key is touched.
+POST /rules/{rule}/pause and /resume, and the status page at GET / with the endpoints
+it reads (``page``), served with aiohttp: docs/http.md. Who may call what (``roles``),
+what a browser on another site is refused (``guards``) and the connection limits
+(``connections``) are their modules'. A refused /touch applies nothing: the whole body
+is validated, unknown keys included, before the first key is touched.
 """
 
 from __future__ import annotations
