@@ -1,16 +1,12 @@
-"""Whether ``durability: {replicas: N}`` can be met, and what to tell an operator when not.
+"""Whether ``durability: {replicas: N}`` can be met, and what to tell an operator when not
+(what the operator sees: docs/durability.md, "When durability cannot be met").
 
-A write that fewer than N replicas acknowledge in time does not count (``batching.py``):
-with no replica left (a failover promoted the only one), nothing is written or claimed.
-``ReplicationWatch`` follows the WAIT answers of this process's durable calls: the first
-one that falls short makes durability unmet (one WARNING line, with the reason, the
-gauge ``coalescer_durability_unmet`` at 1, ``/healthz`` 503), the first that is met
-again clears it (one INFO line). The reason counts the primary's connected replicas
-(``INFO replication``; on a Redis Cluster, each master's), read when durability becomes
-unmet and at most every ``REREAD`` seconds while it stays so.
-
-``coalescer status`` (which makes no durable write) reads the same counts itself:
-``durability_status``.
+``ReplicationWatch`` follows the WAIT answers of this process's durable calls
+(``batching.py``): the first that falls short makes durability unmet, the first that is
+met again clears it. The reason counts the primary's connected replicas (``INFO
+replication``; on a Redis Cluster, each master's), read when durability becomes unmet
+and at most every ``REREAD`` seconds while it stays so. ``coalescer status`` (which
+makes no durable write) reads the same counts itself: ``durability_status``.
 """
 
 from __future__ import annotations
