@@ -1,17 +1,9 @@
 """Commands printed as hints (a dead letter's `coalescer dead retry KEY` in the node log,
 in `coalescer status` and `coalescer explain`), written so that pasting one reaches the
-rules file and the server of the process that printed it.
-
-The rule:
-
-- ``--rules PATH`` (absolute, so it works from any folder) unless the rules file is
-  ``./rules.yaml`` of the working folder, the commands' default; nothing when the rules
-  did not come from a file.
-- ``--redis URL`` when the process was given a URL without a password. A password is
-  never printed (and a redacted ``***`` does not connect), so a URL with one is left
-  out and the hint ends with "(with $COALESCER_REDIS_URL set)"; so does a hint of a
-  process that took its URL from that variable.
-- Neither for the embedded server: the rules file's folder leads to the same one.
+rules file and the server of the process that printed it: ``--rules PATH`` and
+``--redis URL`` as docs/cli.md says (a password never printed); neither for the embedded
+server, which the rules file's folder leads to, nor ``--rules`` for rules that did not
+come from a file.
 """
 
 from __future__ import annotations
