@@ -1,13 +1,8 @@
 """The in-process absorber between ``touch()`` and Redis: the touches.
 
-A touched key waits in ``pending`` until the flusher writes it. While it
-waits, more touches of it cost one dict lookup: they are *absorbed*, never
-dropped, because the write that follows them is what makes Redis schedule the
-refresh (the server stamps the write's own time, which is after every touch it
-carries). A key written lately, or still being written, is *held* (``batches.py``), so
-a hot key costs at most one Redis write per absorb interval. Everything else is sent
-as soon as the flusher has room for another write: writes are group-committed, one Lua
-call per shard.
+A touched key waits in ``pending`` until the flusher writes it; more touches of it are
+*absorbed*, never dropped, and a key written lately is *held* (``batches.py``), so a hot
+key costs at most one Redis write per absorb interval (docs/concepts.md, "Absorber").
 
 A key is checked once, on the touch that brings it into ``pending`` (the same
 place its rule is matched): a key Redis cannot store is refused there. The buffer

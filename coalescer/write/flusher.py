@@ -1,21 +1,8 @@
-"""The flusher: writes the absorber's batches to Redis, one Lua call per shard.
-
-Up to ``MAX_IN_FLIGHT`` writes are in flight at once: the next batch is taken and
-encoded while Redis runs the previous one, so neither side waits for the other.
-A key touched again while a write of it is in flight is held by the absorber until
-that write ends, and written by a later one.
-
-A write that fails for a reason that is not about a key (the connection, or an
-error reply such as MISCONF, READONLY or OOM: see failures.py) is given back and
-retried with backoff, losing nothing; an error reply starts an episode of refused
-writes (refusals.py: logged once, counted, shown by /healthz). A write that fails
-for a key's own sake is split in halves until the keys Redis refuses are found:
-those are dropped (logged once each, counted, listed in ``dropped``) and every
-other key is written.
-
-Items touched with keys travel with their keys, in the same upsert call (the touch
-and its items are one atomic step); a batch without items is grouped and sent
-exactly as before items existed.
+"""The flusher: writes the absorber's batches to Redis, one Lua call per shard, up to
+``MAX_IN_FLIGHT`` at once; what a failed write keeps, retries or drops is
+docs/concepts.md's "Flusher" (the kinds of failure: failures.py; an episode of refused
+writes: refusals.py). Items touched with keys travel with their keys, in the same
+upsert call (the touch and its items are one atomic step).
 """
 
 from __future__ import annotations
