@@ -6,12 +6,10 @@ The wire form is ``a<epoch ms>`` for an absolute time, ``d<ms>`` for a delay (Re
 its own clock at the write); the absorber appends ``+`` when a plain touch of the key
 followed the scheduled one before both were written (the plain touch then decides the
 due time, see store/lua/upsert.lua). A schedule replaces the key's burst, and the
-items it had with it, unless ``keep_items`` puts a ``k`` before that ``+``. A time is
-refused (InvalidScheduleError naming the key and the value) when it cannot be read, is
-a naive datetime, a negative delay, lies
-before the epoch (1970-01-01T00:00:00Z), or more than ``ahead`` seconds ahead (the
-rules file's ``limits.max_schedule_ahead``; ``HORIZON`` when no rules file says):
-nothing of the call that carried it is applied.
+items it had with it, unless ``keep_items`` puts a ``k`` before that ``+``. Which
+times are refused (InvalidScheduleError naming the key and the value; nothing of the
+call is applied) is ``Coalescer.touch``'s docstring's; ``ahead`` is the rules file's
+``limits.max_schedule_ahead`` (``HORIZON`` when no rules file says).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The namespace's shard layout, kept in Redis, and the steps of a live reshard.
 
-Which shard holds a key is ``crc32(key) % shards``. The count a namespace uses is not
-each process's rules file but the layout in Redis (``keys.layout``), which every
-process reads when it starts: the first process to use a namespace creates it with
-its own count (generation 1). A worker node whose rules file names another count
-begins a reshard (``reshard_begin.lua``): a new generation maps every key with the
-new count, and the old count stays in ``from`` while the old shards are drained.
+Which shard holds a key, where the count a namespace uses lives and what a live reshard
+does for an operator: docs/operations.md, "Changing shards with the fleet running". A
+worker node whose rules file names another count begins a reshard
+(``reshard_begin.lua``): a new generation maps every key with the new count, and the
+old count stays in ``from`` while the old shards are drained.
 
 While a reshard runs, a key lives in exactly one shard: its old shard until it is
 moved, then its new one. Writers write a key whose two shards differ to its old
