@@ -1,16 +1,12 @@
 """What a Kafka message touches: the key (and item) its value's fields fill in, or why not.
 
 A message's value must be a JSON object; a template's ``{field}`` takes the field of that
-name, a string or a number (a whole number is written without a fraction). A message is
-rejected when its value is longer than 1 MiB, not JSON, nested deeper than 32 levels
-(no field is read from a nested value, and JSON that deep costs a deep stack to decode),
-not an object, lacks a field, holds one of another kind (null, true, a list, an object),
-one that would fill more than one segment of a key (``:``), one that would fill its
-template past the longest key (``TemplateOverflow``), or when the key it makes cannot
-be stored or matches no rule (or, with ``item:``, its item cannot go with the key; with
-``at:``/``delay:``, its time cannot be made: see sources/times.py). A message whose
-reading raises anything else is rejected too (a poison message), and logged once a
-minute per kind of error: no message is read twice for failing.
+name, a string or a number (a whole number is written without a fraction). What makes a
+message rejected (too long, not JSON, nested deeper than 32 levels, a field missing or
+of another kind, a ``:``, a key that cannot be stored or matches no rule, ...) is
+docs/sources.md's "A bad message never blocks a partition"; JSON that deep would cost
+a deep stack to decode, so its depth is checked first. A message whose reading raises
+anything else is rejected too (a poison message), logged once a minute per kind.
 """
 
 from __future__ import annotations

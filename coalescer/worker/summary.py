@@ -1,15 +1,10 @@
-"""A worker's periodic INFO line: what it refreshed since the last line.
-
-Successes are logged at DEBUG only, so without this a worker's terminal stays
-silent however much it refreshes. ``tick()`` (about once a second) logs, every
-``EVERY`` seconds and only when something happened since the last line, e.g.
-``coalescer NODE: 52 refreshes in the last 10s (1 failed), start lag p50 <=5 ms,
-max <=10 ms`` (with ", N dead-lettered" in the parentheses when keys died);
-``tick(final=True)`` (at close) logs what is left unreported. While rules' rates
-hold due keys back, the line ends with ", N keys waiting for their rule's rate"
-(their start lag grows meanwhile). The counts are the
-runner's own per-rule figures (``RuleMetrics``); the lags are the upper bounds of
-their histogram buckets.
+"""A worker's periodic INFO line: what it refreshed since the last line (its text and
+when it is logged: docs/cli.md, "What a node logs about refreshes"). Successes are
+logged at DEBUG only, so without this a worker's terminal stays silent however much it
+refreshes. ``tick()`` runs about once a second, ``tick(final=True)`` at close. The
+counts are the runner's own per-rule figures (``RuleMetrics``); the lags are the upper
+bounds of their histogram buckets. While rules' rates hold due keys back, the line ends
+with ", N keys waiting for their rule's rate".
 """
 
 from __future__ import annotations

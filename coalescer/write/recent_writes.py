@@ -1,14 +1,8 @@
-"""The keys written to Redis lately, each remembered for its rule's absorb interval.
-
-A key written at time ``w`` is *recent* until about ``w + absorb``: a touch of it
-meanwhile is held until then, so a hot key costs at most one Redis write per
-absorb interval. Written keys are kept in time slices of an eighth of the absorb
-interval, one cachetools ``TTLCache`` per interval: an entry is one slice (the
-keys written during it), created by the slice's first write and expiring
-``absorb`` later. A key therefore stays recent for between 7/8 of ``absorb`` and
-``absorb`` after its write (never longer, so a held touch is still written within
-``absorb``), and remembering a written batch costs one dict update, not a cache
-entry per key. Only the event loop's thread uses it.
+"""The keys written to Redis lately, each remembered for its rule's absorb interval, in
+time slices of an eighth of it, one cachetools ``TTLCache`` per interval: why, and how
+long a key stays recent, is docs/concepts.md's "Absorber". An entry is one slice (the
+keys written during it), created by the slice's first write and expiring ``absorb``
+later. Only the event loop's thread uses it.
 """
 
 from __future__ import annotations
