@@ -1,15 +1,8 @@
-"""Whether a worker runs for a rule: the hint that nothing will refresh its keys.
-
-A rule is served while some live worker node (one that renewed its node lease within
-the lease) lists it in its rules registry entry (see ``registry_status``). When none
-does, nothing claims the rule's keys: `coalescer status`, `coalescer explain`, the
-HTTP API and the page say so, and while no worker node lives at all, that no source
-(outbox, stream, Kafka) is read: its touches do not reach Redis.
-
-Adds to the status dict, per source: ``unread`` (true while no worker node lives);
-per rule ``no_worker`` comes from ``registry_status``. Adds to an explanation:
-``no_worker`` (no live node serves the key's rule) and ``unread_sources`` (the rules
-file's sources, while no worker node lives; else empty).
+"""Whether a worker runs for a rule: the hint that nothing will refresh its keys (what
+`coalescer status`, `explain`, the HTTP API and the page then say: docs/cli.md, under
+`status`). A rule is served while some live worker node lists it in its rules registry
+entry (``registry_status``). Adds to the status dict, per source, ``unread`` (true while
+no worker node lives); to an explanation, ``no_worker`` and ``unread_sources``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """What a Kafka source says when its group refuses, or does not answer, a commit, and
-when Redis does not take a batch's touches in time.
-
-A refused commit (aiokafka's ``CommitFailedError``) is named by its cause, as the
-group coordinator gave it: a rebalance in progress, a member the group does not know
-(it left, or its session ended), or a generation that is over. It is logged as one
-line, at most once a minute per source, group and cause (``LogOnce``), with what
-follows from it: never with aiokafka's advice about ``max_poll_interval_ms``, and
-without aiokafka's own error line per partition for those causes (a filter on its
-coordinator's logger drops them). A commit the coordinator does not answer in time
-raises ``CommitTimeoutError``: it names the group and the wait, so no one reads it as
-a broker that cannot be reached.
+when Redis does not take a batch's touches in time (the lines an operator sees:
+docs/sources.md, "Rebalances"). A refused commit (aiokafka's ``CommitFailedError``) is
+named by its cause as the group coordinator gave it, never with aiokafka's advice about
+``max_poll_interval_ms``, and without aiokafka's own error line per partition for those
+causes (a filter on its coordinator's logger drops them). A commit the coordinator does
+not answer in time raises ``CommitTimeoutError``, naming the group and the wait.
 """
 
 from __future__ import annotations
