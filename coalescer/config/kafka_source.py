@@ -1,14 +1,7 @@
 """The ``type: kafka`` source of a rules file: messages of Kafka topics become touches.
-
-Its fields: ``bootstrap`` (``host:port`` list, comma-separated; ``${NAME}`` stands for
-the environment variable NAME), ``topics`` (a list of topic names), ``group`` (the
-consumer group, ``coalescer.NAMESPACE.SOURCE`` when not given), ``start``
-(``earliest`` or ``latest``: where a group with no committed offset begins), ``key``
-and optional ``item`` (templates filled from the fields of each message's value, a JSON
-object), ``batch`` (how many messages a node holds read and not yet flushed, at
-most) and ``stalled_after`` (how long the group may give no node a partition, or a node
-read nothing while messages wait, before /healthz fails). Importing this module adds
-the type to the ``sources:`` block's readers.
+Its fields (``bootstrap``, ``topics``, ``group``, ``start``, ``key``, ``item``,
+``batch``, ``stalled_after``) and how each is checked: docs/sources.md, "The Kafka
+source". Importing this module adds the type to the ``sources:`` block's readers.
 """
 
 from __future__ import annotations
