@@ -1,14 +1,9 @@
 """Text safe to print to a terminal or a log: control and invisible characters shown
-escaped.
-
-Every character Python does not count as printable is written ``\\x1b``, ``\\u200f``,
-``\\U000e0001`` style: C0 and C1 controls (newline and tab included), DEL, the line and
-paragraph separators, the format characters (Unicode category Cf: the bidirectional
-marks, overrides and isolates, zero-width characters, the byte order mark U+FEFF),
-spaces other than the plain space, surrogates, private-use and unassigned code points.
-A backslash is doubled, so the escaped text is unambiguous: no key or error can move the
-cursor, clear the screen, set the clipboard, start a forged log line, reorder what is
-shown or make two different keys look the same.
+escaped (``\x1b``, ``\u200f``, ``\U000e0001`` style; which characters, and why:
+docs/cli.md, "What a node logs about refreshes"): every character Python does not count
+as printable, spaces other than the plain space included. A backslash is doubled, so
+the escaped text is unambiguous: no key or error can forge a log line or make two
+different keys look the same.
 """
 
 from __future__ import annotations
