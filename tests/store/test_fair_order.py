@@ -216,6 +216,25 @@ async def test_a_trickle_falling_due_behind_a_backlog_is_indexed_at_the_next_cal
     assert orgs(await claim(shard, 10, spec())) == {"huge": 9, "quiet": 1}
 
 
+async def test_a_trickle_key_just_before_a_write_larger_than_the_fast_lane_is_not_left_behind(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # a backlog many calls deep: the catch-up sweep is far behind
+    await touch(shard, *keys_of("huge", 20_000))
+    await shard.after(await shard.now())
+    assert orgs(await claim(shard, 10, spec())) == {"huge": 10}
+    await touch(shard, "t:quiet:1")
+    await shard.after(await shard.now())  # then, later, more keys than the lane reads
+    await touch(shard, *keys_of("huge", fair_constant("FAIR_FAST") + 500, start=20_000))
+    await shard.after(await shard.now())
+
+    first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
+
+    # the lane reads the newest keys first: the write fills the first call's look, and
+    # the second looks at what it left out, however far behind the sweep is
+    assert "quiet" not in orgs(first)
+    assert orgs(second) == {"huge": 9, "quiet": 1}
+
+
 async def test_a_burst_falling_due_faster_than_one_call_indexes_loses_no_key(
         shard: Shard) -> None:  # noqa: F811
     await shard.lead()

@@ -16,6 +16,9 @@
 --                          v      the virtual time: the start tag of the last claim
 --                          swept  how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
 --                          head   the score up to which the fast lane looked (fair_fast)
+--                          gap_from, gap_to   the gap: the keys due from one mark
+--                                 "SCORE|MEMBER" to another that the fast lane has yet
+--                                 to look at (fair_gap)
 --                          low    where the round over the keys below that point goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
@@ -39,7 +42,11 @@
 -- of them, read and matched only), and indexes at once those of groups with fewer
 -- than FAIR_SHORT keys in their queue: a quiet group's new key is claimable at the
 -- next call, however far behind the backlog of another group keeps the sweep. The
--- sweep indexes them again when it gets there (the same entry: no harm).
+-- sweep indexes them again when it gets there (the same entry: no harm). When more
+-- than FAIR_FAST keys fell due since the last call, the older ones it did not read
+-- make a gap, which the lane walks newest first with what is left of its FAIR_FAST
+-- (a call's reads stay within FAIR_FAST): a quiet group's key that fell due just
+-- before a large write is found a call or two later, not when the sweep gets there.
 
 local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT = 2000, 16, 10000, 64
 
@@ -172,17 +179,24 @@ local function rank_after(due_key, score, member)
   return lo, below
 end
 
--- The fast lane (see the header): from the keys due in (state head, now], newest
--- first, index those of groups with a short queue. Only when this call's sweep was cut
--- (else it indexed them all); the first call looks at every due key.
-local function fair_fast(c, f, due_key, cut)
-  local head = tonumber(f.state.head)
-  f.state.head = int(c.now)
-  if not cut then return end
-  if head and head > c.now then head = nil end  -- the clock stepped back
-  local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
-                         'BYSCORE', 'REV', 'LIMIT', 0, FAIR_FAST, 'WITHSCORES')
-  local queued, picked = {}, {}
+-- A mark "SCORE|MEMBER" (a place in due:RULE's order) as its score and member.
+local function parse_mark(mark)
+  local bar = string.find(mark, '|', 1, true)
+  if not bar then return tonumber(mark), '' end
+  return tonumber(string.sub(mark, 1, bar - 1)), string.sub(mark, bar + 1)
+end
+
+-- Whether mark `a` is later in due:RULE's order than mark `b` (see parse_mark).
+local function later(a, b)
+  local sa, ma = parse_mark(a)
+  local sb, mb = parse_mark(b)
+  if sa ~= sb then return sa > sb end
+  return ma > mb
+end
+
+-- Of `got` (key, score, ... of due:RULE), appended to `picked`: the keys of groups with
+-- fewer than FAIR_SHORT keys queued (`queued`: group -> its count, kept across reads).
+local function pick_short(f, got, queued, picked)
   for i = 1, #got, 2 do
     local group = string.match(got[i], f.pattern) or ''
     local n = queued[group] or redis.call('ZCARD', f.prefix .. 'q:' .. group)
@@ -192,6 +206,59 @@ local function fair_fast(c, f, due_key, cut)
     end
     queued[group] = n
   end
+end
+
+-- The gap's walk (see the header): up to `budget` keys of the gap, newest first (a
+-- quiet group's key most likely waits just below the write that hid it), down to its
+-- start or the sweep's mark, whichever is later; moves the gap's end below them, or
+-- closes the gap once it is read down to its start.
+local function fair_gap(f, due_key, budget, queued, picked)
+  local from = f.state.gap_from
+  if later(f.state.swept, from) then from = f.state.swept end
+  local low = parse_mark(from)
+  local score, member = parse_mark(f.state.gap_to)
+  if low > score then
+    f.state.gap_from, f.state.gap_to = nil, nil
+    return
+  end
+  local skip = 0  -- the keys of the end's score after its member: looked at already
+  if member ~= '' then
+    local rank, below = rank_after(due_key, int(score), member)
+    skip = redis.call('ZCOUNT', due_key, score, score) - (rank - below)
+  end
+  local got = redis.call('ZRANGE', due_key, int(score), int(low), 'BYSCORE', 'REV',
+                         'LIMIT', skip, budget, 'WITHSCORES')
+  pick_short(f, got, queued, picked)
+  if #got == 2 * budget then
+    f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
+  else
+    f.state.gap_from, f.state.gap_to = nil, nil
+  end
+end
+
+-- The fast lane (see the header): from the keys due in (state head, now], newest
+-- first, index those of groups with a short queue; keys its read left out (more fell
+-- due since the last call than it reads) join the gap, walked oldest first with what
+-- is left of FAIR_FAST. Only when this call's sweep was cut (else it indexed them all,
+-- and the gap with them); the first call looks at every due key.
+local function fair_fast(c, f, due_key, cut)
+  local head = tonumber(f.state.head)
+  f.state.head = int(c.now)
+  if not cut then
+    f.state.gap_from, f.state.gap_to = nil, nil
+    return
+  end
+  if head and head > c.now then head = nil end  -- the clock stepped back
+  local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
+                         'BYSCORE', 'REV', 'LIMIT', 0, FAIR_FAST, 'WITHSCORES')
+  local queued, picked = {}, {}
+  pick_short(f, got, queued, picked)
+  if #got == 2 * FAIR_FAST then  -- keys from head to the oldest read were not looked at
+    f.state.gap_from = f.state.gap_from or (head and int(head) .. '|' or f.state.swept)
+    f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
+  end
+  local budget = FAIR_FAST - #got / 2
+  if f.state.gap_from and budget > 0 then fair_gap(f, due_key, budget, queued, picked) end
   fair_index(f, picked)
 end
 
@@ -200,10 +267,7 @@ end
 local function fair_sweep(c, f, due_key)
   local mark = f.state.swept
   local score, member = nil, ''
-  if mark then
-    local bar = string.find(mark, '|', 1, true)
-    score, member = tonumber(string.sub(mark, 1, bar - 1)), string.sub(mark, bar + 1)
-  end
+  if mark then score, member = parse_mark(mark) end
   if score and score > c.now then score = nil end  -- the clock stepped back: all again
   local start, below = 0, 0
   if score then start, below = rank_after(due_key, int(score), member) end
@@ -373,8 +437,11 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low')
-  f.state = {swept = st[2] or nil, head = st[3] or nil, low = st[4] or nil}
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low',
+                        'gap_from', 'gap_to')
+  f.state = {swept = st[2] or nil, head = st[3] or nil, low = st[4] or nil,
+             gap_from = st[5] or nil, gap_to = st[6] or nil}
+  local had_gap = f.state.gap_from ~= nil
   f.v, f.meta = tonumber(st[1]) or 0, c.meta
   fair_settings(f)
   fair_sweep(c, f, due_key)
@@ -394,9 +461,12 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
     end
   end
   local out = {'v', tostring(f.v)}
-  for _, field in ipairs({'swept', 'head', 'low'}) do
+  for _, field in ipairs({'swept', 'head', 'low', 'gap_from', 'gap_to'}) do
     if f.state[field] then out[#out + 1], out[#out + 2] = field, f.state[field] end
   end
   redis.call('HSET', f.prefix .. 'state', unpack(out))
+  if had_gap and not f.state.gap_from then
+    redis.call('HDEL', f.prefix .. 'state', 'gap_from', 'gap_to')
+  end
   return capped
 end
