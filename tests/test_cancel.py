@@ -177,13 +177,7 @@ async def _state_is(c: Coalescer, key: str, state: str) -> bool:
 async def first_run_held(start: Start, path: Path, rec: Recorder,
                          redis_url: str) -> tuple[Coalescer, asyncio.Event]:
     """A node running item:1's first refresh, held until the returned gate is set."""
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
+    gate = rec.hold_first()
     c = await start(path, redis_url=redis_url, node_id="n1")
     c.touch("item:1")
     await c.flush()

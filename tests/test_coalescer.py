@@ -107,13 +107,7 @@ async def test_touch_during_refresh_causes_exactly_one_more(
         start: Start) -> None:
     path, rec = setup(tmp_path, namespace, rules_text(namespace))
     rec.clock = lambda: server_ms(redis_client)
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
+    gate = rec.hold_first()
     c = await start(path, redis_url=redis_url, node_id="n1")
     c.touch("item:1")
     await c.flush()

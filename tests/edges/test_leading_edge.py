@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from coalescer import Claim
 from coalescer.query.explain import format_explain
 from tests.conftest import Start
 from tests.helpers.e2e import Recorder, recorder_rules, server_ms, settled
@@ -71,13 +70,7 @@ async def test_touches_after_the_leading_run_started_make_exactly_one_more(
         start: Start) -> None:
     path, rec = setup(tmp_path, namespace)
     rec.clock = lambda: server_ms(redis_client)
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
+    gate = rec.hold_first()
     c = await start(path, redis_url=redis_url, node_id="n1")
     c.touch("lead:1", item="first")
     await c.flush()

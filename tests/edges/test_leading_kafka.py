@@ -4,12 +4,10 @@ item; messages read while that refresh runs make exactly one more, with theirs."
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from bench.kafka_broker import TansuBroker
-from coalescer import Claim
 from tests.conftest import Start
 from tests.edges.test_leading_edge import quiet_down
 from tests.helpers.e2e import recorder_rules, server_ms
@@ -50,13 +48,7 @@ async def test_kafka_messages_lead_at_once_and_those_during_the_run_make_one_mor
     text = RULES.format(ns=namespace, bootstrap=kafka.bootstrap, topic=topic)
     path, rec = recorder_rules(tmp_path, f"leadkafka_{namespace}", text)
     rec.clock = lambda: server_ms(redis_client)
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
+    gate = rec.hold_first()
     c = await start(path, redis_url=redis_url, node_id="n1")
     assert c.config.rule_for("lead:7").leading
     await produce(kafka, topic, [{"customer": "7", "order": "a"}])

@@ -5,11 +5,9 @@ only on a quiet key; a rate holds leading refreshes back (none dropped, none spl
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-from coalescer import Claim
 from tests.conftest import Start
 from tests.edges.test_leading_edge import RULES, quiet_down, setup
 from tests.helpers.e2e import recorder_rules, server_ms
@@ -37,13 +35,7 @@ async def test_an_at_touch_during_the_leading_run_keeps_its_exact_time(
         start: Start) -> None:
     path, rec = setup(tmp_path, namespace)
     rec.clock = lambda: server_ms(redis_client)
-    gate = asyncio.Event()
-
-    async def hold_first(claim: Claim) -> None:
-        if len(rec.calls) == 1:
-            await gate.wait()
-
-    rec.hook = hold_first
+    gate = rec.hold_first()
     c = await start(path, redis_url=redis_url, node_id="n1")
     c.touch("lead:1", item="first")
     await c.flush()

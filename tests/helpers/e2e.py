@@ -8,6 +8,7 @@ one line per refresh start and end to a file: ``PHASE NODE KEY TOKEN ATTEMPT``.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import signal
@@ -51,6 +52,16 @@ class Recorder:
             self.succeeded.append(claim)
         finally:
             self.active[claim.key] -= 1
+
+    def hold_first(self) -> asyncio.Event:
+        """Hold the first refresh until the returned event is set (later ones run)."""
+        gate = asyncio.Event()
+
+        async def hold(claim: Claim) -> None:
+            if len(self.calls) == 1:
+                await gate.wait()
+        self.hook = hold
+        return gate
 
     def of(self, key: str) -> list[Claim]:
         return [c for c in self.calls if c.key == key]
