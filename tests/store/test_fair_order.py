@@ -204,26 +204,27 @@ async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reache
     assert orgs(second)["m"] == 1
 
 
+async def backlog_then_quiet_key(s: Shard) -> None:
+    """A backlog many calls deep (the catch-up sweep far behind), one claim of it, then
+    a quiet tenant's key."""
+    await s.lead()
+    await touch(s, *keys_of("huge", 20_000))
+    await s.after(await s.now())
+    assert orgs(await claim(s, 10, spec())) == {"huge": 10}
+    await touch(s, "t:quiet:1")
+    await s.after(await s.now())
+
+
 async def test_a_trickle_falling_due_behind_a_backlog_is_indexed_at_the_next_call(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # a backlog many calls deep: the catch-up sweep is far behind
-    await touch(shard, *keys_of("huge", 20_000))
-    await shard.after(await shard.now())
-    assert orgs(await claim(shard, 10, spec())) == {"huge": 10}
-    await touch(shard, "t:quiet:1")
-    await shard.after(await shard.now())
+    await backlog_then_quiet_key(shard)
 
     assert orgs(await claim(shard, 10, spec())) == {"huge": 9, "quiet": 1}
 
 
 async def test_a_trickle_key_just_before_a_write_larger_than_the_fast_lane_is_not_left_behind(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # a backlog many calls deep: the catch-up sweep is far behind
-    await touch(shard, *keys_of("huge", 20_000))
-    await shard.after(await shard.now())
-    assert orgs(await claim(shard, 10, spec())) == {"huge": 10}
-    await touch(shard, "t:quiet:1")
-    await shard.after(await shard.now())  # then, later, more keys than the lane reads
+    await backlog_then_quiet_key(shard)  # then, later, more keys than the lane reads
     await touch(shard, *keys_of("huge", fair_constant("FAIR_FAST") + 500, start=20_000))
     await shard.after(await shard.now())
 
