@@ -44,11 +44,12 @@
 -- next call, however far behind the backlog of another group keeps the sweep. The
 -- sweep indexes them again when it gets there (the same entry: no harm). When more
 -- than FAIR_FAST keys fell due since the last call, the older ones it did not read
--- make a gap, which the lane walks newest first with what is left of its FAIR_FAST
--- (a call's reads stay within FAIR_FAST): a quiet group's key that fell due just
--- before a large write is found a call or two later, not when the sweep gets there.
+-- make a gap, which the lane walks newest first with what is left of its FAIR_FAST,
+-- and at least FAIR_GAP keys a call (while each call's newest keys fill FAIR_FAST): a
+-- quiet group's key that fell due just before a large write is found a call or two
+-- later, not when the sweep gets there.
 
-local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT = 2000, 16, 10000, 64
+local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT, FAIR_GAP = 2000, 16, 10000, 64, 2000
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -257,7 +258,7 @@ local function fair_fast(c, f, due_key, cut)
     f.state.gap_from = f.state.gap_from or (head and int(head) .. '|' or f.state.swept)
     f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
   end
-  local budget = FAIR_FAST - #got / 2
+  local budget = math.max(FAIR_FAST - #got / 2, FAIR_GAP)
   if f.state.gap_from and budget > 0 then fair_gap(f, due_key, budget, queued, picked) end
   fair_index(f, picked)
 end
