@@ -225,7 +225,7 @@ local function fair_gap(f, due_key, budget, queued, picked)
   local skip = 0  -- the keys of the end's score after its member: looked at already
   if member ~= '' then
     local rank, below = rank_after(due_key, int(score), member)
-    skip = redis.call('ZCOUNT', due_key, score, score) - (rank - below)
+    skip = redis.call('ZCOUNT', due_key, int(score), int(score)) - (rank - below)
   end
   local got = redis.call('ZRANGE', due_key, int(score), int(low), 'BYSCORE', 'REV',
                          'LIMIT', skip, budget, 'WITHSCORES')
@@ -239,9 +239,10 @@ end
 
 -- The fast lane (see the header): from the keys due in (state head, now], newest
 -- first, index those of groups with a short queue; keys its read left out (more fell
--- due since the last call than it reads) join the gap, walked oldest first with what
--- is left of FAIR_FAST. Only when this call's sweep was cut (else it indexed them all,
--- and the gap with them); the first call looks at every due key.
+-- due since the last call than it reads) join the gap, walked newest first with what
+-- is left of FAIR_FAST, at least FAIR_GAP keys. Only when this call's sweep was cut
+-- (else it indexed them all, and the gap with them); the first call looks at every
+-- due key.
 local function fair_fast(c, f, due_key, cut)
   local head = tonumber(f.state.head)
   f.state.head = int(c.now)
@@ -258,8 +259,9 @@ local function fair_fast(c, f, due_key, cut)
     f.state.gap_from = f.state.gap_from or (head and int(head) .. '|' or f.state.swept)
     f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
   end
-  local budget = math.max(FAIR_FAST - #got / 2, FAIR_GAP)
-  if f.state.gap_from and budget > 0 then fair_gap(f, due_key, budget, queued, picked) end
+  if f.state.gap_from then
+    fair_gap(f, due_key, math.max(FAIR_FAST - #got / 2, FAIR_GAP), queued, picked)
+  end
   fair_index(f, picked)
 end
 
