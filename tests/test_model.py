@@ -34,7 +34,10 @@ of each runs by default, the other with the slow tests (``pytest -m slow``).
 A sixth rule is fair between the values of a capture (weights, a cap of one run of a
 value in flight, a priority, and touches with priorities of their own): every check
 above holds for it, and no value of it ever has
-more runs going at once than its cap (the runs' start and end, server clock).
+more runs going at once than its cap (the runs' start and end, server clock). A seventh,
+fair with weights 3:1 and no cap, gets imports of 20 to 60 keys of one value followed by
+a few of the other: while a key of one value waits, the other gets no more than its
+weight's share of the starts (``model_share``: a first-come order fails it).
 
 A failure prints its seed; ``MODEL_SEED=N pytest tests/test_model.py`` runs that
 program again (timings differ from run to run, the program does not).
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -65,7 +69,7 @@ from redis.backoff import ExponentialBackoff
 from coalescer import Coalescer
 from coalescer.config.rules import Config
 from coalescer.errors import RedisWriteError
-from coalescer.store.keys import KeySpace
+from coalescer.store.keys import KeySpace, key_hash
 from coalescer.store.keys import layout as lay
 from tests.helpers.e2e import NodeProcs, leader_node, line_rules, read_lines
 from tests.helpers.model_history import (
@@ -88,6 +92,7 @@ from tests.helpers.model_history import (
     check_tokens_grow,
     timeline,
 )
+from tests.helpers.model_share import check_share
 from tests.helpers.replicated import ReplicatedRedis
 from tests.helpers.servers import wait_until
 
@@ -139,6 +144,11 @@ rules:
     match: "tenant:{{org}}:{{id}}"
     fair: {{by: "{{org}}", weights: {{a: 3}}, max_running: 1}}
     priority: 50ms
+    handler: handlers:refresh
+  - name: share
+    match: "share:{{org}}:{{id}}"
+    fair: {{by: "{{org}}", weights: {{a: 3}}}}
+    concurrency: 1
     handler: handlers:refresh
 """
 
@@ -242,6 +252,18 @@ CANCELS = ("now", "buffered", "during", "during")
 # A schedule step touches keys with a time of their own: this many ms after now (past too)
 SCHEDULE_OFFSETS = (-300, 0, 150, 600, 1500)
 SEEDS = [int(os.environ["MODEL_SEED"])] if "MODEL_SEED" in os.environ else [1, 2]
+SHARE_WEIGHTS = {"a": 3.0, "b": 1.0}  # the share rule's weights (b's is the default)
+SHARE_STEPS = 3  # imports of one group of the share rule, then a few keys of the other
+
+
+def _share_pool(group: str, size: int = 60) -> list[str]:
+    """Keys of ``group`` that live in shard 0 whatever the shard count (2 at first, then
+    any of SHARD_COUNTS): one shard's fair order, exact, reshards or not."""
+    keys = (f"share:{group}:{n}" for n in itertools.count())
+    return list(itertools.islice((k for k in keys if key_hash(k) % 12 == 0), size))
+
+
+SHARE_KEYS = {group: _share_pool(group) for group in SHARE_WEIGHTS}
 
 Step = tuple[Any, ...]
 
@@ -274,6 +296,11 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
         kind = rng.choice(kinds)
         build = _STEPS.get(kind)
         out.append(build(rng) if build is not None else (kind,))
+    share = random.Random(f"share {seed}")
+    for _ in range(SHARE_STEPS):
+        heavy = share.choice(sorted(SHARE_WEIGHTS))
+        out.insert(share.randint(len(KEYS), len(out)),
+                   ("share", heavy, share.randint(20, 60), share.randint(1, 3)))
     return out
 
 
@@ -353,6 +380,13 @@ class World:
         await self.toucher.flush()
         t1 = await self.now_us()
         self.history.touches.extend(_touches(keys, t0, t1))
+
+    async def share(self, heavy: str, many: int, few: int) -> None:
+        """An import of ``many`` keys of the share rule's group ``heavy``, then ``few``
+        keys of the other group, touched once the import reached Redis (so due after it)."""
+        light = next(g for g in SHARE_KEYS if g != heavy)
+        await self.touch(SHARE_KEYS[heavy][:many])
+        await self.touch(SHARE_KEYS[light][:few])
 
     async def schedule(self, keys: list[str], offset_ms: int) -> None:
         """Touch ``keys`` with ``at``: ``offset_ms`` after the server clock now."""
@@ -559,7 +593,8 @@ def check_history(world: World) -> list[str]:
             *(v for r in world.config.rules if r.rate is not None
               for v in check_rate(runs, rule_of, r.name, r.rate.per_second, r.rate.burst)),
             *(v for r in world.config.rules if r.fair is not None and r.fair.max_running
-              for v in check_group_cap(runs, rule_of, r.name, r.fair.max_running))]
+              for v in check_group_cap(runs, rule_of, r.name, r.fair.max_running)),
+            *check_share(history, runs, rule_of, "share", SHARE_WEIGHTS)]
 
 
 @contextlib.asynccontextmanager
