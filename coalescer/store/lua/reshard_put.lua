@@ -15,7 +15,10 @@
 -- the larger priority is kept (_lib.lua).
 -- Pending into running: a re-arm for when the run ends. Pending into dead: pending
 -- again. A dead bundle into a key with a state: dropped (the newer touch revived it).
--- Items and claimed items go to the key's items (its next claim gets them all).
+-- Items go to the key's items and claimed items (a failed try's) to its claimed items,
+-- as they were in the old shard: its next claim gets them all, and a touch with a time
+-- of its own replaces only the former (upsert.lua). Into a running key both go to its
+-- items (its claimed items are its run's): its re-arm's claim gets them.
 -- A bundle already put (its mover died before deleting it from the old shard) is
 -- skipped: `arrived` holds the id of the last bundle put per key, for as long as the
 -- reshard runs.
@@ -72,10 +75,10 @@ local function put(bundle)
       redis.call('ZADD', prefix .. ':dead:' .. rule, bundle.z, key)
     end
   end
-  local items = {}
-  for _, x in ipairs(bundle.i) do items[#items + 1] = x end
-  for _, x in ipairs(bundle.c) do items[#items + 1] = x end
-  if #items > 0 then each_chunk('SADD', prefix .. ':items:' .. key, items) end
+  local items, claimed = prefix .. ':items:' .. key, prefix .. ':claimed:' .. key
+  if e and e.kind == 'R' then claimed = items end  -- its claim's set is its run's own
+  if #bundle.i > 0 then each_chunk('SADD', items, bundle.i) end
+  if #bundle.c > 0 then each_chunk('SADD', claimed, bundle.c) end
   return 1
 end
 
