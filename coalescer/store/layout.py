@@ -93,25 +93,27 @@ def bundle_shard(bundle: str) -> int:
 
 
 async def put_bundles(scripts: Scripts, shard: ShardKeys, source_seq: int,
-                      bundles: Sequence[str]) -> int:
+                      bundles: Sequence[str], *, durable: bool = False) -> int:
     """Put bundles taken from an old shard (``source_seq``: its fencing tokens so far)
-    into their new shard ``shard``; one put already is skipped. How many were put."""
-    reply = await scripts.call(
-        "reshard_put", [shard.meta, shard.seq, shard.next_wake, shard.rule_names,
-                        shard.arrived],
-        [shard.wake_channel, shard.prefix, source_seq, *bundles])
-    return int(reply)
+    into their new shard ``shard``; one put already is skipped. How many were put.
+    ``durable``: counted only once the replicas hold it (a mover's put, see Layouts)."""
+    keys = [shard.meta, shard.seq, shard.next_wake, shard.rule_names, shard.arrived]
+    args = [shard.wake_channel, shard.prefix, source_seq, *bundles]
+    if durable:
+        return int(await scripts.call("reshard_put", keys, args, durable=True))
+    return int(await scripts.call("reshard_put", keys, args))
 
 
 async def carry(scripts: Scripts, keyspace: KeySpace, source_seq: int,
-                bundles: Sequence[str]) -> None:
+                bundles: Sequence[str], *, durable: bool = False) -> None:
     """Put bundles still in transit (their mover has not put them yet: it died, or is
     slow) into their new shards of ``keyspace``, one call per shard: a writer or a
     cancel that met them in their old shard does so before acting in the new one."""
     by_shard: dict[int, list[str]] = defaultdict(list)
     for bundle in bundles:
         by_shard[bundle_shard(bundle)].append(bundle)
-    await asyncio.gather(*(put_bundles(scripts, keyspace.shard(n), source_seq, part)
+    await asyncio.gather(*(put_bundles(scripts, keyspace.shard(n), source_seq, part,
+                                       durable=durable)
                            for n, part in by_shard.items()))
 
 
@@ -201,15 +203,20 @@ class Layouts:
                                          [gen, shard, moved, self.channel])
         return int(ended) == 1
 
-    async def take(self, shard: ShardKeys, gen: int, keys: Sequence[str],
-                   dests: Sequence[int], rules: Sequence[str]) -> Taken | None:
+    async def take(self, shard: ShardKeys, gen: int, keys: Sequence[str],  # noqa: PLR0913
+                   dests: Sequence[int], rules: Sequence[str], *,
+                   durable: bool = False) -> Taken | None:
         """Take ``keys`` out of ``shard`` for their new shards ``dests`` (see
-        reshard_take.lua); None if the shard follows a newer generation than ``gen``."""
+        reshard_take.lua); None if the shard follows a newer generation than ``gen``.
+        ``durable``: the mover's takes, puts and carries count only once the replicas
+        hold them (``durability: replicas``; else ReplicationError): a shard is
+        reported drained only on moves a failover keeps."""
         reply = await self._scripts.call(
             "reshard_take", [shard.meta, shard.moving, shard.seq, shard.layout,
                              shard.rule_names],
             [gen, shard.prefix, len(keys), KEY_SEPARATOR.join(keys),
-             KEY_SEPARATOR.join(map(str, dests)), KEY_SEPARATOR.join(rules)])
+             KEY_SEPARATOR.join(map(str, dests)), KEY_SEPARATOR.join(rules)],
+            durable=durable)
         if int(reply[0]) == 0:
             return None
         flat = reply[2]
@@ -217,14 +224,17 @@ class Layouts:
                                      for i in range(0, len(flat), 2)},
                      tuple(str(k) for k in reply[3]))
 
-    async def put(self, shard: ShardKeys, source_seq: int, bundles: Sequence[str]) -> int:
+    async def put(self, shard: ShardKeys, source_seq: int, bundles: Sequence[str], *,
+                  durable: bool = False) -> int:
         """Put bundles taken from an old shard into their new shard ``shard`` (one put
-        already is skipped); returns how many were put."""
-        return await put_bundles(self._scripts, shard, source_seq, bundles)
+        already is skipped); returns how many were put. ``durable``: see ``take``."""
+        return await put_bundles(self._scripts, shard, source_seq, bundles, durable=durable)
 
-    async def carry(self, keyspace: KeySpace, source_seq: int, bundles: Sequence[str]) -> None:
-        """Put ``bundles`` into their new shards of ``keyspace`` (see ``carry``)."""
-        await carry(self._scripts, keyspace, source_seq, bundles)
+    async def carry(self, keyspace: KeySpace, source_seq: int, bundles: Sequence[str], *,
+                    durable: bool = False) -> None:
+        """Put ``bundles`` into their new shards of ``keyspace`` (see ``carry``);
+        ``durable``: see ``take``."""
+        await carry(self._scripts, keyspace, source_seq, bundles, durable=durable)
 
     async def scan(self, shard: ShardKeys, cursor: int, count: int) -> tuple[int, list[str]]:
         """One HSCAN step over ``shard``'s keys: the next cursor (0: done) and keys."""

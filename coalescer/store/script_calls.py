@@ -113,7 +113,10 @@ class ScriptCalls:
         return self._redis
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        durable = name in DURABLE
+        return await self._send(name, keys, args, durable=name in DURABLE)
+
+    async def _send(self, name: str, keys: Sequence[str], args: Sequence[Any], *,
+                    durable: bool) -> Any:
         try:
             result = await self._batcher.call(self._scripts[name], list(keys), list(args),
                                               durable=durable)
@@ -129,6 +132,11 @@ class ScriptCalls:
         node's lease renewal would otherwise wait behind its shards' calls, and lapse)."""
         return await self._scripts[name](keys=list(keys), args=list(args))
 
-    async def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run script ``name`` (for the typed wrappers of other modules: store/layout.py)."""
+    async def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *,
+                   durable: bool = False) -> Any:
+        """Run script ``name`` (for the typed wrappers of other modules: store/layout.py);
+        ``durable``: confirmed by the replicas as the DURABLE calls are (a reshard's
+        mover's moves)."""
+        if durable:
+            return await self._send(name, keys, args, durable=True)
         return await self._run(name, keys, args)

@@ -5,10 +5,14 @@ shards the bundles a dead mover left in the shard's ``moving`` hash, then scans 
 shard's keys and takes every key whose new shard is another (``reshard_take.lua``:
 the first call of a pass raises the shard's layout marker, so no writer of the old
 mapping writes to it any more), and puts them (``reshard_put.lua``, grouped by new
-shard) before deleting the bundles. A running key stays until it finishes. A pass
-that finds no key of another shard reports the shard drained; the report that
-drains the last old shard ends the reshard, and that mover raises every shard's
-marker to the final generation. See store/layout.py for the whole protocol.
+shard) before deleting the bundles. A running key stays until it finishes (the shard
+is not drained while it runs): what its run leaves there (a dead letter, a retry, a
+re-run) is taken by a later pass. A pass that finds no key of another shard reports
+the shard drained; the report that drains the last old shard ends the reshard, and
+that mover raises every shard's marker to the final generation. With ``durability:
+replicas`` each take and put counts only once the replicas hold it (else the step
+fails and is tried again): a failover never keeps a report of a drained shard while
+losing the moves it was made on. See store/layout.py for the whole protocol.
 """
 
 from __future__ import annotations
@@ -120,13 +124,14 @@ class Mover:
         tokens to its own: a key idle through the reshard (no state to move) and touched
         after it gets a token above every one it got here."""
         keyspace = info.keyspace(self._layouts.namespace)
-        await asyncio.gather(*(self._layouts.put(keyspace.shard(n), seq, [])
+        await asyncio.gather(*(self._layouts.put(keyspace.shard(n), seq, [], durable=True)
                                for n in range(keyspace.shards) if n != shard))
 
     async def _take(self, keyspace: KeySpace, keys: ShardKeys,
                     others: list[str]) -> Taken | None:
         dests = [keyspace.shard_of(k) for k in others]
-        taken = await self._layouts.take(keys, keyspace.gen, others, dests, self._rules)
+        taken = await self._layouts.take(keys, keyspace.gen, others, dests, self._rules,
+                                         durable=True)
         if taken is None:  # the shard follows a newer layout: read it, pass again later
             await self._layouts.refresh()
         return taken
@@ -143,7 +148,8 @@ class Mover:
             await self._put(keyspace, keys, Taken(now.seq, left))
 
     async def _put(self, keyspace: KeySpace, keys: ShardKeys, taken: Taken) -> None:
-        await self._layouts.carry(keyspace, taken.seq, list(taken.bundles.values()))
+        await self._layouts.carry(keyspace, taken.seq, list(taken.bundles.values()),
+                                  durable=True)
         await self._layouts.forget_moved(keys, list(taken.bundles))
         self._moved[keys.shard] += len(taken.bundles)
         self._metrics.reshard_moved.inc(len(taken.bundles))
