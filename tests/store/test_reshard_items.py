@@ -56,11 +56,12 @@ async def moved(s: Shard) -> tuple[ShardKeys, str]:
     return new, lease.holder
 
 
+@pytest.mark.parametrize("move", [True, False], ids=["moved", "not moved"])
 @pytest.mark.parametrize("attempts", [1, 3], ids=["dead letter", "retry in backoff"])
-async def test_a_failed_trys_items_reach_the_next_claim_after_a_move_and_a_timed_touch(
-        shard: Shard, attempts: int) -> None:  # noqa: F811
+async def test_a_failed_trys_items_reach_the_next_claim_after_a_timed_touch_moved_or_not(
+        shard: Shard, attempts: int, move: bool) -> None:  # noqa: F811
     await failed_with_item(shard, attempts)
-    new, leader = await moved(shard)
+    new, leader = await moved(shard) if move else (shard.keys, shard.leader)
 
     await touch(shard, new, "k", at=await shard.now() - 300)  # a time of its own: now
 
