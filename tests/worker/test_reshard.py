@@ -506,6 +506,32 @@ async def backing_off(c: Coalescer, key: str) -> bool:
     return bool(explained.get("state") == "backoff" and explained.get("attempts") == 1)
 
 
+async def test_a_dead_letters_items_reach_its_next_try_after_the_move_and_a_schedule(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
+    text = FAILING.format(ns=namespace, shards=1, attempts=1, mod="{mod}")
+    path, rec = recorder_rules(tmp_path, f"items_{namespace}", text + "    items: {max: 4}\n")
+    key = next(k for k in (f"fails:i{i}" for i in range(100))
+               if KeySpace(namespace, 4).shard_of(k) != 0)  # one that moves
+
+    async def boom(claim: Any) -> None:
+        raise RuntimeError(f"no {claim.key}")
+
+    rec.hook = boom
+    async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="a") as a:
+        a.touch(key, "i1")
+        await wait_until(lambda: dead_count(a, 1), message="a dead letter")
+    rec.hook = None
+    async with Coalescer.from_yaml(same_handler(path, 4), redis_url=redis_url,
+                                   node_id="b") as b:
+        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                         message="the reshard to end")
+        assert await where(redis_client, namespace, key, 4) == [b.keyspace.shard_of(key)]
+        seconds, _ = await redis_client.time()
+        b.touch_many([key], at=int(seconds))  # a time of its own, past: due at once
+        await wait_until(lambda: len(rec.calls) == 2, message="its next try")
+    assert [(c.attempt, c.items) for c in rec.calls] == [(1, ("i1",)), (1, ("i1",))]
+
+
 async def test_status_shows_a_reshard_while_it_runs_and_when_it_ended(
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
     path, _ = rules(tmp_path, namespace, 1)
