@@ -192,6 +192,7 @@ async def replicated(tmp_path: Path) -> AsyncIterator[tuple[ReplicatedRedis, Red
         await asyncio.to_thread(servers.stop)
 
 
+@pytest.mark.slow  # a failover scenario: run apart, with the others (pytest -m slow)
 async def test_a_dead_letter_moved_while_the_replica_lagged_moves_again_after_a_failover(
         replicated: tuple[ReplicatedRedis, Redis], namespace: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
