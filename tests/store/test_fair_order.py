@@ -241,6 +241,26 @@ async def test_a_trickle_key_just_before_a_write_larger_than_the_fast_lane_is_no
     assert (orgs(first) + orgs(second))["quiet"] == 1
 
 
+async def test_keys_hidden_by_two_writes_larger_than_the_fast_lane_are_each_looked_at_once(
+        shard: Shard) -> None:  # noqa: F811
+    async def write(*keys: str) -> None:
+        await touch(shard, *keys)
+        await shard.after(await shard.now())  # the next write falls due later
+
+    fast, gap = fair_constant("FAIR_FAST"), fair_constant("FAIR_GAP")
+    await backlog_then_quiet_key(shard)  # quiet:1, then a write the first call cannot finish
+    await write(*keys_of("huge", fast + gap + 1000, start=20_000))
+    first = await claim(shard, 10, spec())
+    await write("t:quiet:2")  # and another write larger than the lane before the next call
+    await write(*keys_of("huge", fast + 100, start=40_000))
+    second = await claim(shard, 10, spec())
+
+    # the second call reads its own gap (quiet:2) and goes on with what is left of the
+    # first write's, down to quiet:1; it does not read again the keys between the two
+    # gaps, which the first call's lane read
+    assert (orgs(first) + orgs(second))["quiet"] == 2
+
+
 async def test_a_burst_falling_due_faster_than_one_call_indexes_loses_no_key(
         shard: Shard) -> None:  # noqa: F811
     await shard.lead()

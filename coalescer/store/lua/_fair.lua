@@ -16,9 +16,9 @@
 --                          v      the virtual time: the start tag of the last claim
 --                          swept  how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
 --                          head   the score up to which the fast lane looked (fair_fast)
---                          gap_from, gap_to   the gap: the keys due from one mark
---                                 "SCORE|MEMBER" to another that the fast lane has yet
---                                 to look at (fair_gap)
+--                          gaps   the gaps, newest first: "FROM\0TO\0FROM\0TO...", each
+--                                 the keys due from one mark "SCORE|MEMBER" to another
+--                                 that the fast lane has yet to look at (fair_gaps)
 --                          low    where the round over the keys below that point goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
@@ -47,9 +47,13 @@
 -- make a gap, which the lane walks newest first with what is left of its FAIR_FAST,
 -- and at least FAIR_GAP keys a call (while each call's newest keys fill FAIR_FAST): a
 -- quiet group's key that fell due just before a large write is found a call or two
--- later, not when the sweep gets there.
+-- later, not when the sweep gets there. Each capped read makes a gap of its own (the
+-- keys between two gaps were read): every key is looked at once, by the lane or in a
+-- gap, however many writes larger than FAIR_FAST fall due while the sweep is behind.
+-- Past FAIR_GAPS gaps, the two oldest merge (the keys between them are read again).
 
 local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT, FAIR_GAP = 2000, 16, 10000, 64, 2000
+local FAIR_GAPS = 32
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -209,19 +213,31 @@ local function pick_short(f, got, queued, picked)
   end
 end
 
--- The gap's walk (see the header): up to `budget` keys of the gap, newest first (a
+-- The gaps of state field `gaps` ({from, to} marks, newest first), and back.
+local function read_gaps(joined)
+  local gaps = {}
+  if not joined or joined == '' then return gaps end
+  local parts = split_keys(joined, select(2, string.gsub(joined, '%z', '')) + 1)
+  for i = 1, #parts - 1, 2 do gaps[#gaps + 1] = {from = parts[i], to = parts[i + 1]} end
+  return gaps
+end
+
+local function join_gaps(gaps)
+  local parts = {}
+  for _, g in ipairs(gaps) do parts[#parts + 1], parts[#parts + 2] = g.from, g.to end
+  return table.concat(parts, '\0')
+end
+
+-- One gap's walk (see the header): up to `budget` keys of gap `g`, newest first (a
 -- quiet group's key most likely waits just below the write that hid it), down to its
--- start or the sweep's mark, whichever is later; moves the gap's end below them, or
--- closes the gap once it is read down to its start.
-local function fair_gap(f, due_key, budget, queued, picked)
-  local from = f.state.gap_from
+-- start or the sweep's mark, whichever is later; moves the gap's end below them.
+-- Returns how many keys it read, and whether the gap is read down to its start.
+local function fair_gap(f, due_key, g, budget, queued, picked)
+  local from = g.from
   if later(f.state.swept, from) then from = f.state.swept end
   local low = parse_mark(from)
-  local score, member = parse_mark(f.state.gap_to)
-  if low > score then
-    f.state.gap_from, f.state.gap_to = nil, nil
-    return
-  end
+  local score, member = parse_mark(g.to)
+  if low > score then return 0, true end
   local skip = 0  -- the keys of the end's score after its member: looked at already
   if member ~= '' then
     local rank, below = rank_after(due_key, int(score), member)
@@ -230,38 +246,58 @@ local function fair_gap(f, due_key, budget, queued, picked)
   local got = redis.call('ZRANGE', due_key, int(score), int(low), 'BYSCORE', 'REV',
                          'LIMIT', skip, budget, 'WITHSCORES')
   pick_short(f, got, queued, picked)
-  if #got == 2 * budget then
-    f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
-  else
-    f.state.gap_from, f.state.gap_to = nil, nil
+  if #got < 2 * budget then return #got / 2, true end
+  g.to = got[#got] .. '|' .. got[#got - 1]
+  return budget, false
+end
+
+-- The gaps' walk: `budget` keys at most, the newest gap first; drops the gaps read
+-- down to their start.
+local function fair_gaps(f, due_key, gaps, budget, queued, picked)
+  local left = {}
+  for _, g in ipairs(gaps) do
+    if budget > 0 then
+      local read, done = fair_gap(f, due_key, g, budget, queued, picked)
+      budget = budget - read
+      if not done then left[#left + 1] = g end
+    else
+      left[#left + 1] = g
+    end
   end
+  return left
 end
 
 -- The fast lane (see the header): from the keys due in (state head, now], newest
 -- first, index those of groups with a short queue; keys its read left out (more fell
--- due since the last call than it reads) join the gap, walked newest first with what
--- is left of FAIR_FAST, at least FAIR_GAP keys. Only when this call's sweep was cut
--- (else it indexed them all, and the gap with them); the first call looks at every
--- due key.
+-- due since the last call than it reads) make a new gap; the gaps are walked newest
+-- first with what is left of FAIR_FAST, at least FAIR_GAP keys. Only when this call's
+-- sweep was cut (else it indexed them all, and the gaps with them); the first call
+-- looks at every due key.
 local function fair_fast(c, f, due_key, cut)
   local head = tonumber(f.state.head)
   f.state.head = int(c.now)
   if not cut then
-    f.state.gap_from, f.state.gap_to = nil, nil
+    f.state.gaps = nil
     return
   end
   if head and head > c.now then head = nil end  -- the clock stepped back
   local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
                          'BYSCORE', 'REV', 'LIMIT', 0, FAIR_FAST, 'WITHSCORES')
-  local queued, picked = {}, {}
+  local queued, picked, gaps = {}, {}, read_gaps(f.state.gaps)
   pick_short(f, got, queued, picked)
   if #got == 2 * FAIR_FAST then  -- keys from head to the oldest read were not looked at
-    f.state.gap_from = f.state.gap_from or (head and int(head) .. '|' or f.state.swept)
-    f.state.gap_to = got[#got] .. '|' .. got[#got - 1]
+    table.insert(gaps, 1, {from = head and int(head) .. '|' or f.state.swept,
+                           to = got[#got] .. '|' .. got[#got - 1]})
+    if #gaps > FAIR_GAPS then
+      gaps[#gaps - 1].from = gaps[#gaps].from
+      gaps[#gaps] = nil
+    end
   end
-  if f.state.gap_from then
-    fair_gap(f, due_key, math.max(FAIR_FAST - #got / 2, FAIR_GAP), queued, picked)
+  if #gaps > 0 then
+    gaps = fair_gaps(f, due_key, gaps, math.max(FAIR_FAST - #got / 2, FAIR_GAP), queued,
+                     picked)
   end
+  f.state.gaps = #gaps > 0 and join_gaps(gaps) or nil
   fair_index(f, picked)
 end
 
@@ -440,11 +476,10 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low',
-                        'gap_from', 'gap_to')
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low', 'gaps')
   f.state = {swept = st[2] or nil, head = st[3] or nil, low = st[4] or nil,
-             gap_from = st[5] or nil, gap_to = st[6] or nil}
-  local had_gap = f.state.gap_from ~= nil
+             gaps = st[5] or nil}
+  local had_gap = f.state.gaps ~= nil
   f.v, f.meta = tonumber(st[1]) or 0, c.meta
   fair_settings(f)
   fair_sweep(c, f, due_key)
@@ -464,12 +499,10 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
     end
   end
   local out = {'v', tostring(f.v)}
-  for _, field in ipairs({'swept', 'head', 'low', 'gap_from', 'gap_to'}) do
+  for _, field in ipairs({'swept', 'head', 'low', 'gaps'}) do
     if f.state[field] then out[#out + 1], out[#out + 2] = field, f.state[field] end
   end
   redis.call('HSET', f.prefix .. 'state', unpack(out))
-  if had_gap and not f.state.gap_from then
-    redis.call('HDEL', f.prefix .. 'state', 'gap_from', 'gap_to')
-  end
+  if had_gap and not f.state.gaps then redis.call('HDEL', f.prefix .. 'state', 'gaps') end
   return capped
 end
