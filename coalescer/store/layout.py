@@ -14,9 +14,10 @@ its keys out (``worker/mover.py``: ``reshard_take.lua``, then ``reshard_put.lua`
 the new shard). Every shard keeps a marker of the newest generation written to it:
 a writer of an older one is refused and reads the layout again. The node that begins
 a reshard raises the old shards' markers at once (and each old shard's mover does so
-again with its first call), so no key is written by the old mapping once the reshard
-began. A key taken out of its old shard but not yet put into its new one (its mover
-died, or is slow) is put there by the first writer or cancel that meets it (``carry``).
+again with its first call, before it scans the shard), so no key is written by the old
+mapping once the reshard began, nor behind a mover's scan. A key taken out of its old
+shard but not yet put into its new one (its mover died, or is slow) is put there by the
+first writer or cancel that meets it (``carry``).
 When every old shard is drained (``reshard_drained.lua``), a last generation ends the
 reshard.
 

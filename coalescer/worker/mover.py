@@ -1,11 +1,11 @@
 """The mover: while a reshard runs, moves the keys out of the old shards this node leads.
 
 Each pass over an old shard (one of ``0 .. from - 1``) first puts into their new
-shards the bundles a dead mover left in the shard's ``moving`` hash, then scans the
-shard's keys and takes every key whose new shard is another (``reshard_take.lua``:
-the first call of a pass raises the shard's layout marker, so no writer of the old
-mapping writes to it any more), and puts them (``reshard_put.lua``, grouped by new
-shard) before deleting the bundles. A running key stays until it finishes (the shard
+shards the bundles a dead mover left in the shard's ``moving`` hash, then raises the
+shard's layout marker (``reshard_take.lua``, before the scan: no writer of the old
+mapping writes to it any more, not even behind the scan), then scans the shard's keys
+and takes every key whose new shard is another, and puts them (``reshard_put.lua``,
+grouped by new shard) before deleting the bundles. A running key stays until it finishes (the shard
 is not drained while it runs): what its run leaves there (a dead letter, a retry, a
 re-run) is taken by a later pass. A pass that finds no key of another shard reports
 the shard drained; the report that drains the last old shard ends the reshard, and
@@ -106,18 +106,22 @@ class Mover:
         keyspace = info.keyspace(self._layouts.namespace)
         keys = keyspace.shard(shard)
         await self._put_left(keyspace, keys)
-        clean, cursor, first, seq = True, 0, True, 0
+        # the shard's marker is raised before the scan: no writer of the old mapping
+        # can add a key behind it (the node that began the reshard may not have yet)
+        marked = await self._take(keyspace, keys, [])
+        if marked is None:
+            return None
+        clean, cursor, first = True, 0, True
         while first or cursor:
             cursor, found = await self._layouts.scan(keys, cursor, SCAN_COUNT)
             others = [k for k in found if keyspace.shard_of(k) != shard]
-            if first or others:  # the first call also raises the shard's marker
+            if others:
                 taken = await self._take(keyspace, keys, others)
                 if taken is None:
                     return None
-                seq = seq or taken.seq
                 await self._put(keyspace, keys, taken)
             clean, first = clean and not others, False
-        return seq if clean else None
+        return marked.seq if clean else None
 
     async def _raise_tokens(self, info: LayoutInfo, shard: int, seq: int) -> None:
         """Before old shard ``shard`` counts as drained, raise every new shard's fencing

@@ -33,17 +33,18 @@ leader_lease: 1s
 rules:
   - name: jobs
     match: "jobs:{{id}}"
-    window: 100ms
+    window: {window}
+    max_wait: {window}
     retry: {{attempts: {attempts}, backoff: {backoff}, max_backoff: {backoff}}}
     handler: {mod}:refresh
 """
 
 
 def job_rules(tmp_path: Path, namespace: str, attempts: int, *, backoff: str = "10ms",
-              durability: str = "") -> tuple[Path, Recorder]:
+              durability: str = "", window: str = "100ms") -> tuple[Path, Recorder]:
     return recorder_rules(tmp_path, f"fin_{namespace}", RULES.format(
         ns=namespace, attempts=attempts, backoff=backoff, durability=durability,
-        mod="{mod}"))
+        window=window, mod="{mod}"))
 
 
 def moving_key(namespace: str) -> str:
@@ -173,6 +174,39 @@ async def test_a_key_touched_during_a_run_a_reshard_moves_runs_again_in_its_new_
                          message=f"{key} done, in no shard")
         history = await a.query.history(HistoryQuery(key=key))
         assert len(history) == 2
+
+
+async def test_a_touch_by_the_old_layout_right_after_a_movers_scan_is_not_left_behind(
+        redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node that began a reshard has not raised the old shard's marker yet when a
+    mover scans that shard, and a write path still on the old layout touches a key of
+    another shard there just after the scan: the key ends in its new shard, never left
+    in the old one once it is reported drained."""
+    old, _ = job_rules(tmp_path, namespace, attempts=1, window="60s")
+    new = same_handler(old, 4)
+    key = moving_key(namespace)
+    async with Coalescer.from_yaml(old, redis_url=redis_url, worker=False) as writer:
+        began = Layouts(writer._run.scripts, namespace, 1)  # type: ignore[arg-type]
+        await began.refresh()
+        assert await began.begin(4, "slow")  # its markers are not raised yet
+        assert not writer.keyspace.resharding
+        scan, touched = Layouts.scan, asyncio.Event()
+
+        async def touch_behind(self: Layouts, *args: Any) -> tuple[int, list[str]]:
+            found = await scan(self, *args)
+            if not touched.is_set():
+                touched.set()
+                writer.touch(key)  # by the layout of 1 shard: to shard 0
+                await writer.flush()
+            return found
+
+        monkeypatch.setattr(Layouts, "scan", touch_behind)
+        async with Coalescer.from_yaml(new, redis_url=redis_url, node_id="b"):
+            await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
+                             message="the reshard to end")
+        assert touched.is_set()
+    assert await where(redis_client, namespace, key, 4) == [KeySpace(namespace, 4).shard_of(key)]
 
 
 # -- a move the replica never got --------------------------------------------------------
