@@ -106,7 +106,8 @@ local function fair_prios(f, got)
   local vals, out = read_fields(f.meta, keys), {}
   for i = 1, #keys do
     local v, p = vals[i], nil
-    if v and string.byte(v, 1) ~= 82 and string.byte(v, 1) ~= 68 then  -- not R, D
+    if v and string.byte(v, 1) ~= 82 and string.byte(v, 1) ~= 68  -- not R, D
+        and string.find(v, '!', 1, true) then  -- (a plain find first: most have none)
       p = string.match(v, '!([%da-z]+)$')
     end
     out[i] = math.max(f.prio, p and tonumber(p, 36) or 0)
