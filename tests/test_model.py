@@ -17,7 +17,8 @@ no refresh of a key cancelled while pending without a touch after the cancel, no
 more starts of the rated rule in any one second
 than its rate allows, and the item rule: each item reaches exactly the first refresh
 claimed after its touch (or that refresh's overflow flag), again after a failed try,
-never a refresh claimed before it (items touched before a cancel of their key are
+never a refresh claimed before it (items touched before a cancel of their key, or a touch
+of it with a time of its own, are
 dropped with it).
 
 The same programs also run on a primary and a replica of their own, which every client

@@ -540,8 +540,8 @@ def check_items(history: History, runs: dict[str, list[Run]]) -> list[str]:
     out = []
     for touch in history.item_touches:
         key_runs = runs.get(touch.key, [])
-        if _cancelled_after(history, touch):  # dropped with the cancel, or not: only
-            out += _early(touch, key_runs)      # a refresh claimed before it is wrong
+        if _cancelled_after(history, touch) or _scheduled_after(history, touch, key_runs):
+            out += _early(touch, key_runs)  # dropped (or not): only an early refresh is wrong
         else:
             out += _item_path(touch, key_runs)
     touched = {(t.key, t.item) for t in history.item_touches}
@@ -559,6 +559,16 @@ def _cancelled_after(history: History, touch: ItemTouch) -> bool:
     (a cancel drops the items touched before it, with the refresh they were for)."""
     return any(c.key == touch.key and c.t1 >= touch.t0 and c.state in ("pending", "rearm")
                for c in history.cancels)
+
+
+def _scheduled_after(history: History, touch: ItemTouch, runs: list[Run]) -> bool:
+    """Whether a touch with a time of its own may have come after ``touch`` and before
+    the first refresh surely claimed after it: it replaces the key's pending items (a
+    failed try's stay), as a re-created task its payload."""
+    later = [r.start for r in runs if r.token > touch.seq1]
+    until = min(later) if later else math.inf
+    return any(s.key == touch.key and s.t1 >= touch.t0 and s.t0 <= until
+               for s in history.scheduled)
 
 
 def _name(touch: ItemTouch) -> str:
