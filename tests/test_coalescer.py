@@ -459,6 +459,7 @@ async def test_three_shards_two_nodes(
 # -- event-driven, cheap when idle, survives Redis going away ------------------------------
 
 
+@pytest.mark.slow  # some 7-10 s: with the long scenarios, out of the quick run
 async def test_idle_node_costs_under_half_a_command_a_second(
         tmp_path: Path, namespace: str, own_server: ValkeyProcess, start: Start) -> None:
     # leader_lease 3s (the default): an idle leader's claim, which renews the lease,

@@ -48,6 +48,7 @@ def started_keys(log: Path) -> list[str]:
     return [key for phase, _, key, _, _ in read_lines(log) if phase == "done"]
 
 
+@pytest.mark.slow  # some 7-10 s: with the long scenarios, out of the quick run
 def test_pause_holds_a_rule_on_a_running_node_and_resume_runs_its_keys(
         tmp_path: Path, namespace: str, redis_url: str, procs: NodeProcs) -> None:
     rules = line_rules(tmp_path, f"ctl_{namespace}", RULES.format(ns=namespace))

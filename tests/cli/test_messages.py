@@ -309,6 +309,7 @@ def _refreshes(stdout: str) -> str:
     return line
 
 
+@pytest.mark.slow  # some 7-10 s: with the long scenarios, out of the quick run
 def test_demo_tells_the_same_story_every_run_and_leaves_no_keys(tmp_path: Path) -> None:
     shutil.copy(REPO / "rules.yaml", tmp_path / "rules.yaml")
     shutil.copytree(REPO / "examples", tmp_path / "examples",

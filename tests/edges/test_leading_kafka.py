@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.kafka_broker import TansuBroker
 from tests.conftest import Start
 from tests.edges.test_leading_edge import quiet_down
@@ -41,6 +43,7 @@ sources:
 """
 
 
+@pytest.mark.slow  # some 7-10 s: with the long scenarios, out of the quick run
 async def test_kafka_messages_lead_at_once_and_those_during_the_run_make_one_more(
         tmp_path: Path, namespace: str, kafka: TansuBroker, redis_url: str,
         *, redis_client: Any, start: Start) -> None:

@@ -245,6 +245,7 @@ async def test_a_stream_whose_old_default_group_holds_entries_is_warned_of(
             "read them, set group: coalescer in the source") in caplog.text
 
 
+@pytest.mark.slow  # some 7-10 s: with the long scenarios, out of the quick run
 async def test_a_stream_drain_in_another_namespace_leaves_a_deployment_its_entries(
         tmp_path: Path, namespace: str, redis_url: str, redis_client: Any,
         deploy: Any) -> None:
