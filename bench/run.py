@@ -4,7 +4,8 @@
 
 Starts its own valkey-server processes (a fresh one per measurement, on
 127.0.0.1) and prints ``figure | coalescer | baseline | ratio | target | met``.
-Every measurement runs 3 times (``--repeats``), each figure shows min / median /
+Every measurement runs 3 times (``--repeats``), in rounds of every system of its group
+(the order reversed every other round), each figure shows min / median /
 max, ``ratio`` is the median of coalescer / the median of the baseline, measured
 in the same run, and ``met`` means every run met the target. A full run of every
 group writes bench/results.json; ``--quick`` or ``--only`` write nothing unless
@@ -148,26 +149,40 @@ GROUP_TIMEOUTS.update({"bulk_ops_search": 300.0, "bulk_ops_retry": 900.0})
 
 async def run_group(name: str, sizes: C.Sizes, tmp: Path, results: dict[str, Any],
                     repeats: int) -> None:
+    """Each system of the group ``repeats`` times, in rounds: every round runs each
+    system once, the order reversed every other round, so a drift of the machine over
+    the group's minutes (or a warming process) favours no side."""
     out = results.setdefault(name, {})
-    for system, measure, extra in GROUPS[name]:
-        args = [sizes.million if a == "N" else sizes.small if a == "SMALL"
-                else tmp if a == "TMP" else a for a in extra]
-        t0 = time.monotonic()
-        print(f"  {name}/{system} ...", end="", flush=True)
-        runs = []
-        for i in range(repeats):
-            try:
-                fresh_heap()
-                with Server(tmp, f"{name}-{system}-{i}") as server:
-                    runs.append(await _bounded(measure(server, sizes, *args), name, system,
-                                               GROUP_TIMEOUTS.get(name, MEASURE_TIMEOUT)))
-                if "skipped" in runs[-1]:  # a peer that cannot run here: once is enough
-                    break
-            except Exception as exc:  # one broken figure must not hide the others
-                logging.exception("%s/%s failed", name, system)
-                runs.append({"error": f"{type(exc).__name__}: {exc}"})
-        out[system] = {"runs": runs}
-        print(f" {time.monotonic() - t0:.1f}s", flush=True)
+    systems = GROUPS[name]
+    runs: dict[str, list[dict[str, Any]]] = {system: [] for system, _, _ in systems}
+    spent = dict.fromkeys(runs, 0.0)
+    for i in range(repeats):
+        for system, measure, extra in systems if i % 2 == 0 else systems[::-1]:
+            if runs[system] and "skipped" in runs[system][-1]:
+                continue  # a peer that cannot run here: once is enough
+            t0 = time.monotonic()
+            runs[system].append(await _measure_once(measure, sizes, tmp, extra,
+                                                    run=(name, system, i)))
+            spent[system] += time.monotonic() - t0
+    for system, found in runs.items():
+        out[system] = {"runs": found}
+        print(f"  {name}/{system} ... {spent[system]:.1f}s", flush=True)
+
+
+async def _measure_once(measure: Measure, sizes: C.Sizes, tmp: Path, extra: tuple[Any, ...],
+                        *, run: tuple[str, str, int]) -> dict[str, Any]:
+    """One measurement, ``run`` = (group, system, round), on a server of its own."""
+    name, system, i = run
+    args = [sizes.million if a == "N" else sizes.small if a == "SMALL"
+            else tmp if a == "TMP" else a for a in extra]
+    try:
+        fresh_heap()
+        with Server(tmp, f"{name}-{system}-{i}") as server:
+            timeout = GROUP_TIMEOUTS.get(name, MEASURE_TIMEOUT)
+            return await _bounded(measure(server, sizes, *args), name, system, timeout)
+    except Exception as exc:  # one broken figure must not hide the others
+        logging.exception("%s/%s failed", name, system)
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def fresh_heap() -> None:
