@@ -101,19 +101,27 @@ async def no_state(r: Redis, namespace: str, key: str) -> bool:
     return await where(r, namespace, key, 4) == []
 
 
+async def finish_while_moved(node: Coalescer, rec: Any, key: str, gate: asyncio.Event,
+                             r: Redis) -> None:
+    """Touch ``key``, let the reshard to 4 shards pass it by while it runs, then end its
+    run (``gate``) and wait for the reshard to end."""
+    node.touch(key)
+    await node.flush()
+    await wait_until(lambda: len(rec.of(key)) == 1, message="the key running")
+    await passed_by_while_running(node, key)
+    gate.set()
+    await wait_until(lambda: reshard_done(r, node.config.namespace, 4), timeout=30,
+                     message="the reshard to end")
+
+
 async def test_a_key_that_fails_for_good_while_a_reshard_moves_it_is_dead_in_its_new_shard_only(
         redis_url: str, redis_client: Redis, namespace: str, tmp_path: Path) -> None:
     path, rec = job_rules(tmp_path, namespace, attempts=1)
     key, gate = moving_key(namespace), asyncio.Event()
     rec.hook = fail_until(gate)
     async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="a") as a:
-        a.touch(key)
-        await a.flush()
-        await wait_until(lambda: len(rec.of(key)) == 1, message="the key running")
-        await passed_by_while_running(a, key)
-        gate.set()  # its only try fails: dead-lettered in shard 0, which the layout left
-        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
-                         message="the reshard to end")
+        # its only try fails: dead-lettered in shard 0, which the layout left
+        await finish_while_moved(a, rec, key, gate, redis_client)
         assert await dead_keys(a) == [key]
         assert await where(redis_client, namespace, key, 4) == [a.keyspace.shard_of(key)]
         await refreshed_after_a_touch(a, rec, key, runs=1)
@@ -125,13 +133,8 @@ async def test_a_key_whose_try_fails_while_a_reshard_moves_it_backs_off_in_its_n
     key, gate = moving_key(namespace), asyncio.Event()
     rec.hook = fail_until(gate)
     async with Coalescer.from_yaml(path, redis_url=redis_url, node_id="a") as a:
-        a.touch(key)
-        await a.flush()
-        await wait_until(lambda: len(rec.of(key)) == 1, message="the key running")
-        await passed_by_while_running(a, key)
-        gate.set()  # its first try fails: its retry is queued in shard 0, which the layout left
-        await wait_until(lambda: reshard_done(redis_client, namespace, 4), timeout=30,
-                         message="the reshard to end")
+        # its first try fails: its retry is queued in shard 0, which the layout left
+        await finish_while_moved(a, rec, key, gate, redis_client)
         home = a.keyspace.shard_of(key)
         explained = await a.query.explain(key)
         assert (explained["state"], explained["attempts"], explained["shard"]) == (
