@@ -10,7 +10,7 @@ import pytest
 
 from coalescer.store.keys import ShardKeys
 from coalescer.store.layout import Layouts
-from coalescer.store.script_types import ClaimedKey, UpsertGroup
+from coalescer.store.script_types import ClaimedKey, Failure, UpsertGroup
 from tests.store.test_scripts import LONG, RULE, Shard, shard  # noqa: F401 (shard: a fixture)
 
 MAX = 4  # the rule's items max
@@ -111,3 +111,27 @@ async def test_a_failed_trys_items_put_into_a_running_key_reach_its_next_claim(
     await touch(shard, new, "k")
 
     assert (await claim(shard, new, lease.holder)).items == ("i1",)
+
+
+async def test_a_claim_gets_at_most_max_items_when_a_move_joins_two_failed_tries(
+        shard: Shard) -> None:  # noqa: F811
+    new = ShardKeys(shard.keys.namespace, 1)
+    lease = await shard.scripts.acquire(new, node_id="n1", lease_ms=30_000, mine="")
+    for n in range(MAX):  # touched in its new shard during the move: a try there fails
+        await touch(shard, new, "k", item=f"j{n}")
+    there = await claim(shard, new, lease.holder)
+    await shard.scripts.fail(new, [(RULE, 3, [Failure("k", there.token, 10 * LONG, "boom")])])
+    await shard.lead()  # and its last try in the old shard failed for good
+    for n in range(MAX):
+        await touch(shard, shard.keys, "k", item=f"i{n}")
+    assert (await shard.fail("k", (await claim(shard, shard.keys, shard.leader)).token,
+                             attempts=1))[1] == 1
+    layouts = Layouts(shard.scripts, shard.keys.namespace, 1)
+    taken = await layouts.take(shard.keys, 2, ["k"], [1], [RULE])
+    assert taken is not None
+    assert await layouts.put(new, taken.seq, list(taken.bundles.values())) == 1
+
+    await touch(shard, new, "k", at=await shard.now() - 300)  # due now
+
+    again = await claim(shard, new, lease.holder)
+    assert len(again.items) == MAX and again.overflowed, again  # of the 8, told some went

@@ -341,22 +341,26 @@ end
 
 -- Move a claimed key's pending items into its claimed set (merged with what a failed
 -- try left there), at most `max` of them (past it, some go and "" says so); returns
--- the claimed set's members.
+-- the claimed set's members. The bound is checked whatever the sets held: a live
+-- reshard's move may have joined a failed try's items from the old shard to another's.
 local function take_items(pending_key, claimed_key, max)
   if redis.call('EXISTS', pending_key) == 1 then
     if redis.call('EXISTS', claimed_key) == 0 then
-      redis.call('RENAME', pending_key, claimed_key)  -- holds at most max already
+      redis.call('RENAME', pending_key, claimed_key)
     else
       redis.call('SUNIONSTORE', claimed_key, claimed_key, pending_key)
       redis.call('DEL', pending_key)
-      local over = redis.call('SREM', claimed_key, OVERFLOW)
-      local extra = redis.call('SCARD', claimed_key) - max
-      if extra > 0 then
-        redis.call('SPOP', claimed_key, extra)
-        over = 1
-      end
-      if over > 0 then redis.call('SADD', claimed_key, OVERFLOW) end
     end
+  end
+  local n = redis.call('SCARD', claimed_key)
+  if n > max then  -- ("" counts in n: it is taken out and put back)
+    local over = redis.call('SREM', claimed_key, OVERFLOW)
+    local extra = n - over - max
+    if extra > 0 then
+      redis.call('SPOP', claimed_key, extra)
+      over = 1
+    end
+    if over > 0 then redis.call('SADD', claimed_key, OVERFLOW) end
   end
   return redis.call('SMEMBERS', claimed_key)
 end
