@@ -287,7 +287,8 @@ async def test_reshard_put_is_called_as_documented() -> None:
     sent: list[tuple[str, list[str], list[Any]]] = []
 
     class Scripts:
-        async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        async def call(self, name: str, keys: list[str], args: list[Any], *,
+                       durable: bool = False) -> Any:
             sent.append((name, keys, args))
             return 2
 

@@ -100,9 +100,7 @@ async def put_bundles(scripts: Scripts, shard: ShardKeys, source_seq: int,
     ``durable``: counted only once the replicas hold it (a mover's put, see Layouts)."""
     keys = [shard.meta, shard.seq, shard.next_wake, shard.rule_names, shard.arrived]
     args = [shard.wake_channel, shard.prefix, source_seq, *bundles]
-    if durable:
-        return int(await scripts.call("reshard_put", keys, args, durable=True))
-    return int(await scripts.call("reshard_put", keys, args))
+    return int(await scripts.call("reshard_put", keys, args, durable=durable))
 
 
 async def carry(scripts: Scripts, keyspace: KeySpace, source_seq: int,

@@ -137,6 +137,4 @@ class ScriptCalls:
         """Run script ``name`` (for the typed wrappers of other modules: store/layout.py);
         ``durable``: confirmed by the replicas as the DURABLE calls are (a reshard's
         mover's moves)."""
-        if durable:
-            return await self._send(name, keys, args, durable=True)
-        return await self._run(name, keys, args)
+        return await self._send(name, keys, args, durable=durable or name in DURABLE)

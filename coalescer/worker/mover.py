@@ -1,18 +1,18 @@
 """The mover: while a reshard runs, moves the keys out of the old shards this node leads.
 
-Each pass over an old shard (one of ``0 .. from - 1``) first puts into their new
-shards the bundles a dead mover left in the shard's ``moving`` hash, then raises the
-shard's layout marker (``reshard_take.lua``, before the scan: no writer of the old
-mapping writes to it any more, not even behind the scan), then scans the shard's keys
-and takes every key whose new shard is another, and puts them (``reshard_put.lua``,
-grouped by new shard) before deleting the bundles. A running key stays until it finishes (the shard
-is not drained while it runs): what its run leaves there (a dead letter, a retry, a
-re-run) is taken by a later pass. A pass that finds no key of another shard reports
-the shard drained; the report that drains the last old shard ends the reshard, and
-that mover raises every shard's marker to the final generation. With ``durability:
-replicas`` each take and put counts only once the replicas hold it (else the step
-fails and is tried again): a failover never keeps a report of a drained shard while
-losing the moves it was made on. See store/layout.py for the whole protocol.
+Each pass over an old shard (one of ``0 .. from - 1``) first puts into their new shards
+the bundles a dead mover left in the shard's ``moving`` hash, then raises the shard's
+layout marker (``reshard_take.lua``, before the scan: no writer of the old mapping
+writes to it any more, not even behind the scan), then scans the shard's keys and takes
+every key whose new shard is another, and puts them (``reshard_put.lua``, grouped by new
+shard) before deleting the bundles. A running key stays until it finishes (the shard is
+not drained while it runs): what its run leaves there (a dead letter, a retry, a re-run)
+is taken by a later pass. A pass that finds no key of another shard reports the shard
+drained; the report that drains the last old shard ends the reshard, and that mover
+raises every shard's marker to the final generation. With ``durability: replicas`` each
+take and put counts only once the replicas hold it (else the step fails and is tried
+again): a failover never keeps a report of a drained shard while losing the moves it was
+made on. See store/layout.py for the whole protocol.
 """
 
 from __future__ import annotations
