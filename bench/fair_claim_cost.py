@@ -5,6 +5,9 @@ side in one run on a valkey-server of its own, rounds interleaved (each first in
   default concurrency) by a ``fair`` rule against the same rule without ``fair``, with
   no other keys pending and with 20,000 more keys of the rule due a minute later (most
   of a busy rule's pending keys are due later: the fair order must not read them);
+- ``floor``: the same claims by the fair rule against exact per-tenant queues
+  (``bench/fair_floor.py``: the touch script queues each key, the claim script pops due
+  keys only, with no sweep, fast lane, round or check), and those against plain;
 - ``priority``: 50,000 due keys of 50 tenants claimed 500 a call by a ``fair`` rule,
   the script as it is against it without its read of the keys' priorities (one HMGET
   a sweep).
@@ -15,6 +18,7 @@ side in one run on a valkey-server of its own, rounds interleaved (each first in
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import tempfile
 from collections.abc import Callable
@@ -31,6 +35,7 @@ from coalescer.store.keys import ShardKeys
 from coalescer.store.script_types import UpsertGroup
 from coalescer.store.scripts import Scripts
 
+from .fair_floor import floor_source
 from .valkey import Server, commandstats
 
 N, LATER, ROUNDS = 50_000, 20_000, 4
@@ -50,6 +55,7 @@ class Setup:
     limit: int = 32
     later: int = 0  # keys of the rule due a minute later
     edit: Callable[[str, str], str] | None = None  # the scripts' text, changed
+    floor: bool = False  # exact per-tenant queues, emulated (bench/fair_floor.py)
 
 
 def without_read(name: str, source: str) -> str:
@@ -72,13 +78,15 @@ async def _write(scripts: Scripts, shard: ShardKeys, setup: Setup) -> None:
 
 async def claim_all(server: Server, ns: str, setup: Setup) -> float:
     """Redis microseconds of the claim calls that drain the due keys, per key claimed."""
-    original = script_calls.script_source
+    original, shard = script_calls.script_source, ShardKeys(ns, 0)
     edit = setup.edit
+    if setup.floor:
+        edit = functools.partial(floor_source, shard=shard)
     if edit is not None:
         script_calls.script_source = lambda name: edit(name, original(name))
     try:
         r = Redis.from_url(server.url, decode_responses=True)
-        scripts, shard = Scripts(r), ShardKeys(ns, 0)
+        scripts = Scripts(r)
     finally:
         script_calls.script_source = original
     await _write(scripts, shard, setup)
@@ -97,13 +105,17 @@ async def claim_all(server: Server, ns: str, setup: Setup) -> float:
     sync.flushall()  # the next run starts on an empty server, as this one did
     sync.close()
     await r.aclose()
-    return usec / max(claimed, 1)
+    if claimed < N:
+        raise RuntimeError(f"{ns}: the claims took {claimed:,} of the {N:,} due keys")
+    return usec / claimed
 
 
 COMPARISONS: dict[str, tuple[Setup, Setup]] = {
     "fair over plain, no key due later": (Setup(), Setup(fair=False)),
     f"fair over plain, {LATER:,} keys due later": (Setup(later=LATER),
                                                     Setup(fair=False, later=LATER)),
+    "fair over exact per-tenant queues (emulated, the floor)": (Setup(), Setup(floor=True)),
+    "exact per-tenant queues (emulated) over plain": (Setup(floor=True), Setup(fair=False)),
     "priority read over none (50 tenants, 500 a call)": (
         Setup(groups=50, limit=500), Setup(groups=50, limit=500, edit=without_read)),
 }

@@ -27,20 +27,22 @@ from collections.abc import Iterator
 from typing import Any
 
 from coalescer.store import script_calls
+from coalescer.store.keys import ShardKeys
 
 from . import common as C
 from . import fairness as FR
 from .valkey import Server
 
 QUEUES = FR.SHARD.fair(FR.RULE)  # the rule's fair prefix in the bench's one shard
-DUE = FR.SHARD.due(FR.RULE)
 
-# After the touch script's ZADD of a group's keys: each key into its tenant's queue
-UPSERT = (
-    "  each_chunk('ZADD', due_key, p.adds)\n",
-    f"""  each_chunk('ZADD', due_key, p.adds)
-  if due_key == '{DUE}' then
-    local pre, by = '{QUEUES}', {{}}
+
+def upsert_edit(shard: ShardKeys) -> tuple[str, str]:
+    """The touch script's edit for rule ``t`` of ``shard``: after the ZADD of a group's
+    keys to due:t, each key into its tenant's queue, and the tenant into the order."""
+    return ("  each_chunk('ZADD', due_key, p.adds)\n",
+            f"""  each_chunk('ZADD', due_key, p.adds)
+  if due_key == '{shard.due(FR.RULE)}' then
+    local pre, by = '{shard.fair(FR.RULE)}', {{}}
     for i = 1, #p.adds, 2 do
       local g = string.match(p.adds[i + 1], '^t:([^:]*):') or ''
       local t = by[g] or {{}}
@@ -57,6 +59,7 @@ UPSERT = (
     end
   end
 """)
+
 
 _POP = ("      local popped = redis.call('ZRANGE', f.prefix .. 'q:' .. x.g, '-inf', "
         "int(c.now), 'BYSCORE', 'LIMIT', 0, x.take, 'WITHSCORES')\n"
@@ -95,10 +98,10 @@ def _edit(source: str, edits: tuple[tuple[str, str], ...]) -> str:
     return source
 
 
-def floor_source(name: str, source: str) -> str:
-    """Script ``name``'s text as the floor runs it."""
+def floor_source(name: str, source: str, shard: ShardKeys = FR.SHARD) -> str:
+    """Script ``name``'s text as the floor runs it, for rule ``t`` of ``shard``."""
     if name == "upsert":
-        return _edit(source, (UPSERT,))
+        return _edit(source, (upsert_edit(shard),))
     if name == "claim":
         return _edit(source, CLAIM)
     return source
