@@ -23,7 +23,7 @@ is a lower bound on that design's cost, not a working implementation of it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coalescer.store import script_calls
@@ -107,22 +107,22 @@ def floor_source(name: str, source: str, shard: ShardKeys = FR.SHARD) -> str:
     return source
 
 
-def install() -> None:
-    """From now on, this process's scripts are the floor's."""
+def install() -> Callable[[str], str]:
+    """From now on, this process's scripts are the floor's; returns what they were."""
     original = script_calls.script_source
     script_calls.script_source = lambda name: floor_source(name, original(name))
+    return original
 
 
 @contextlib.contextmanager
 def floor_scripts() -> Iterator[None]:
     """The floor's scripts for the clients made inside (their scripts are registered as
     they are made)."""
-    original = script_calls.script_source
-    install()
+    original = install()
     try:
         yield
     finally:
-        script_calls.script_source = original
+        script_calls.script_source = original  # type: ignore[assignment]
 
 
 async def skew(server: Server, sizes: C.Sizes) -> dict[str, Any]:
