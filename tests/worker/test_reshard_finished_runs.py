@@ -237,7 +237,11 @@ async def test_a_dead_letter_moved_while_the_replica_lagged_moves_again_after_a_
     the primary; the primary then fails over before the mover's next step (its report
     that the shard is drained, or the step it tries again after an error) reaches Redis.
     The promoted replica holds the dead letter in the old shard still: the move it never
-    confirmed must not count, and the key is moved again there, never left behind."""
+    confirmed must not count, and the key is moved again there, never left behind.
+
+    The cut comes just before the mover's take of the key, once its raise of the shard's
+    marker is confirmed: a durable step on a connection that wrote after the cut is never
+    confirmed, so an earlier cut could hold the mover before it reaches the key."""
     servers, r = replicated
     old, rec = job_rules(tmp_path, namespace, attempts=1,
                          durability="durability: {replicas: 1, timeout: 250ms}")
@@ -264,8 +268,17 @@ async def test_a_dead_letter_moved_while_the_replica_lagged_moves_again_after_a_
             await failed_over.wait()
             return await drained(self, gen, shard, moved)
 
+        take, cut = Layouts.take, asyncio.Event()
+
+        async def cut_first(self: Layouts, shard: Any, gen: int, keys: Any,
+                            *args: Any, **kw: Any) -> Any:
+            if key in keys and not cut.is_set():
+                cut.set()
+                await asyncio.to_thread(servers.cut_replica)
+            return await take(self, shard, gen, keys, *args, **kw)
+
         monkeypatch.setattr(Layouts, "drained", after_the_failover)
-        servers.cut_replica()
+        monkeypatch.setattr(Layouts, "take", cut_first)
         shard0 = KeySpace(namespace, 1).shard(0)
         async with Coalescer.from_yaml(new, redis_url=servers.url, node_id="b") as b:
             await wait_until(lambda: gone(r, shard0.meta, key), timeout=20,
