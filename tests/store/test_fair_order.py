@@ -185,6 +185,30 @@ async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
     assert (await claim(shard, 10, spec())).claims == []
 
 
+async def test_a_key_a_drain_took_after_it_was_indexed_is_not_claimed_again(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1", "t:a:2")
+    await shard.after(await shard.now())
+    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    _, taken = await shard.scripts.take(shard.keys, node_id="drain", claim_lease_ms=LONG,
+                                        limits=[(RULE, 10)])
+    assert [c.key for c in taken] == ["t:a:2"]  # running now, its index entry left over
+
+    assert (await claim(shard, 10, spec())).claims == []
+
+
+async def test_a_due_key_whose_state_was_lost_is_claimed_as_touched_now(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()
+    await touch(shard, "t:a:1", "t:a:2")
+    await shard.after(await shard.now())
+    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    await shard.r.hdel(shard.keys.meta, "t:a:2")  # by hand: due:t still holds it
+
+    assert [c.key for c in (await claim(shard, 10, spec())).claims] == ["t:a:2"]
+
+
 async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reached(
         shard: Shard) -> None:  # noqa: F811
     await shard.lead()  # one write: its keys share one due time; t:m:1 sorts amid them
