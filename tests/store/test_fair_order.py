@@ -173,12 +173,17 @@ async def test_a_re_touched_key_is_not_claimed_before_its_new_due_time(
     assert (await claim(shard, 10, spec())).claims == []
 
 
+async def claim_one_of_two_indexed(s: Shard) -> None:
+    """t:a:1 and t:a:2 due, both indexed by a claim that took t:a:1 only."""
+    await s.lead()
+    await touch(s, "t:a:1", "t:a:2")
+    await s.after(await s.now())
+    assert [c.key for c in (await claim(s, 1, spec())).claims] == ["t:a:1"]
+
+
 async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
-    await touch(shard, "t:a:1", "t:a:2")
-    await shard.after(await shard.now())
-    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    await claim_one_of_two_indexed(shard)
     await shard.r.zrem(shard.keys.due(RULE), "t:a:2")  # as a cancel leaves it
     await shard.r.hdel(shard.keys.meta, "t:a:2")
 
@@ -187,10 +192,7 @@ async def test_a_cancelled_key_left_in_the_index_is_never_claimed(
 
 async def test_a_key_a_drain_took_after_it_was_indexed_is_not_claimed_again(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
-    await touch(shard, "t:a:1", "t:a:2")
-    await shard.after(await shard.now())
-    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    await claim_one_of_two_indexed(shard)
     _, taken = await shard.scripts.take(shard.keys, node_id="drain", claim_lease_ms=LONG,
                                         limits=[(RULE, 10)])
     assert [c.key for c in taken] == ["t:a:2"]  # running now, its index entry left over
@@ -200,10 +202,7 @@ async def test_a_key_a_drain_took_after_it_was_indexed_is_not_claimed_again(
 
 async def test_a_due_key_whose_state_was_lost_is_claimed_as_touched_now(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
-    await touch(shard, "t:a:1", "t:a:2")
-    await shard.after(await shard.now())
-    assert [c.key for c in (await claim(shard, 1, spec())).claims] == ["t:a:1"]
+    await claim_one_of_two_indexed(shard)
     await shard.r.hdel(shard.keys.meta, "t:a:2")  # by hand: due:t still holds it
 
     assert [c.key for c in (await claim(shard, 10, spec())).claims] == ["t:a:2"]
