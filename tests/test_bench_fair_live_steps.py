@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import common as C
 from bench import fair_live_steps as LS
 from bench import fairness as FR
@@ -21,6 +23,7 @@ class Tiny(C.Sizes):
     fair = FR.FairSizes.tiny()
 
 
+@pytest.mark.slow  # three drains with their quiet seconds, about 10 s: run apart (pytest -m slow)
 async def test_one_round_profiles_each_system_and_leaves_the_process_as_it_was(
         tmp_path: Path) -> None:
     with Server(tmp_path) as server:
