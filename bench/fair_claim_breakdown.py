@@ -62,7 +62,8 @@ class _Keep:
     """The bench's server, keeping the timers' hash from the flush after each run."""
 
     def __init__(self, server: Server) -> None:
-        self.server, self.url, self.kept = server, server.url, {}
+        self.server, self.url = server, server.url
+        self.kept: dict[Any, float] = {}
 
     def client(self) -> Any:
         client = self.server.client()
@@ -72,7 +73,7 @@ class _Keep:
             self.kept = {k: float(v) for k, v in client.hgetall(PROF).items()}
             return flush(*args, **kwargs)
 
-        client.flushall = keep_then_flush
+        client.flushall = keep_then_flush  # type: ignore[method-assign]
         return client
 
 

@@ -18,6 +18,7 @@ side in one run on a valkey-server of its own, rounds interleaved (each first in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
 import tempfile
@@ -29,13 +30,13 @@ from redis.asyncio import Redis
 
 from coalescer.config.fair import lua_pattern
 from coalescer.config.patterns import KeyPattern
-from coalescer.store import script_calls
 from coalescer.store.fair_args import FairSpec
 from coalescer.store.keys import ShardKeys
 from coalescer.store.script_types import UpsertGroup
 from coalescer.store.scripts import Scripts
 
 from .fair_floor import floor_source
+from .script_edits import edited_scripts
 from .valkey import Server, commandstats
 
 N, LATER, ROUNDS = 50_000, 20_000, 4
@@ -78,17 +79,13 @@ async def _write(scripts: Scripts, shard: ShardKeys, setup: Setup) -> None:
 
 async def claim_all(server: Server, ns: str, setup: Setup) -> float:
     """Redis microseconds of the claim calls that drain the due keys, per key claimed."""
-    original, shard = script_calls.script_source, ShardKeys(ns, 0)
+    shard = ShardKeys(ns, 0)
     edit = setup.edit
     if setup.floor:
         edit = functools.partial(floor_source, shard=shard)
-    if edit is not None:
-        script_calls.script_source = lambda name: edit(name, original(name))
-    try:
+    with edited_scripts(edit) if edit is not None else contextlib.nullcontext():
         r = Redis.from_url(server.url, decode_responses=True)
         scripts = Scripts(r)
-    finally:
-        script_calls.script_source = original
     await _write(scripts, shard, setup)
     leader = (await scripts.acquire(shard, node_id="n1", lease_ms=60_000, mine="")).holder
     sync = server.client()

@@ -22,15 +22,13 @@ is a lower bound on that design's cost, not a working implementation of it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from coalescer.store import script_calls
 from coalescer.store.keys import ShardKeys
 
 from . import common as C
 from . import fairness as FR
+from .script_edits import edited_scripts
 from .valkey import Server
 
 QUEUES = FR.SHARD.fair(FR.RULE)  # the rule's fair prefix in the bench's one shard
@@ -87,7 +85,8 @@ CLAIM = (
      "  f.v, f.meta, f.now = tonumber(st[1]) or 0, c.meta, c.now\n"),
 )
 # The import process's first line: the same scripts there
-PRELUDE = "import bench.fair_floor as _floor; _floor.install()\n"
+PRELUDE = ("import bench.fair_floor as _floor, bench.script_edits as _edits; "
+           "_edits.install(_floor.floor_source)\n")
 
 
 def _edit(source: str, edits: tuple[tuple[str, str], ...]) -> str:
@@ -107,32 +106,14 @@ def floor_source(name: str, source: str, shard: ShardKeys = FR.SHARD) -> str:
     return source
 
 
-def install() -> Callable[[str], str]:
-    """From now on, this process's scripts are the floor's; returns what they were."""
-    original = script_calls.script_source
-    script_calls.script_source = lambda name: floor_source(name, original(name))
-    return original
-
-
-@contextlib.contextmanager
-def floor_scripts() -> Iterator[None]:
-    """The floor's scripts for the clients made inside (their scripts are registered as
-    they are made)."""
-    original = install()
-    try:
-        yield
-    finally:
-        script_calls.script_source = original  # type: ignore[assignment]
-
-
 async def skew(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     """``bench.fairness.skew`` with ``fair`` on, the floor's scripts in the node and in
     the import's process."""
-    with floor_scripts():
+    with edited_scripts(floor_source):
         return await FR.skew(server, sizes, True, prelude=PRELUDE)
 
 
 async def balanced(server: Server, sizes: C.Sizes) -> dict[str, Any]:
     """``bench.fairness.balanced`` with ``fair`` on and the floor's scripts."""
-    with floor_scripts():
+    with edited_scripts(floor_source):
         return await FR.balanced(server, sizes, True)

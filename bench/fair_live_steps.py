@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from coalescer.store import script_calls
 from coalescer.store.claim_scripts import ClaimScripts
 
 from . import common as C
 from . import fair_claim_breakdown as BD
 from . import fairness as FR
+from .script_edits import edited_scripts
 from .valkey import Server
 
 SYSTEMS = ("off", "fair", "steps")
@@ -59,17 +59,6 @@ def counted_claims() -> Iterator[Counter[str]]:
         ClaimScripts.claim = claim  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def timed_scripts() -> Iterator[None]:
-    """The claim script timed step by step for the clients made inside."""
-    original = script_calls.script_source
-    script_calls.script_source = lambda name: BD.edit(name, original(name))
-    try:
-        yield
-    finally:
-        script_calls.script_source = original
-
-
 def cpu_seconds(server: Server) -> float:
     with server.client() as r:
         cpu = r.info("cpu")
@@ -88,7 +77,7 @@ async def run(server: Server, sizes: C.Sizes, system: str) -> dict[str, Any]:
     """One skew run of ``system`` (see the module)."""
     step_times(server)
     before = cpu_seconds(server)
-    timers = timed_scripts() if system == "steps" else contextlib.nullcontext()
+    timers = edited_scripts(BD.edit) if system == "steps" else contextlib.nullcontext()
     with counted_claims() as counts, timers:
         out = await FR.skew(server, sizes, system != "off")
     cpu = cpu_seconds(server) - before
