@@ -1,16 +1,10 @@
 """What the fair order costs the claim script: its Redis time per key claimed, side by
-side in one run on a valkey-server of its own, rounds interleaved (each first in turn).
-
-- ``plain``: 50,000 due keys of one tenant claimed 32 a call (a node's batch at the
-  default concurrency) by a ``fair`` rule against the same rule without ``fair``, with
-  no other keys pending and with 20,000 more keys of the rule due a minute later (most
-  of a busy rule's pending keys are due later: the fair order must not read them);
-- ``floor``: the same claims by the fair rule against exact per-tenant queues
-  (``bench/fair_floor.py``: the touch script queues each key, the claim script pops due
-  keys only, with no sweep, fast lane, round or check), and those against plain;
-- ``priority``: 50,000 due keys of 50 tenants claimed 500 a call by a ``fair`` rule,
-  the script as it is against it without its read of the keys' priorities (one HMGET
-  a sweep).
+side in one run on a valkey-server of its own, rounds interleaved (each first in turn):
+50,000 due keys of one tenant claimed 32 a call (a node's batch at the default
+concurrency) by a ``fair`` rule against the same rule without ``fair`` (plain due
+order), with no other keys pending and with 20,000 more keys of the rule due a minute
+later (most of a busy rule's pending keys are due later: the fair order must not read
+them).
 
     .venv/bin/python -m bench.fair_claim_cost [DIR]
 """
@@ -18,11 +12,8 @@ side in one run on a valkey-server of its own, rounds interleaved (each first in
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,16 +26,11 @@ from coalescer.store.keys import ShardKeys
 from coalescer.store.script_types import UpsertGroup
 from coalescer.store.scripts import Scripts
 
-from .fair_floor import floor_source
-from .script_edits import edited_scripts
 from .valkey import Server, commandstats
 
 N, LATER, ROUNDS = 50_000, 20_000, 4
 RULE = "t"
 SPEC = FairSpec(lua_pattern(KeyPattern.compile("t:{org}:{id}"), "org"), 0, "", 0)
-# The script as it was before keys had priorities of their own: the rule's offset only
-WITHOUT = {"local prios = fair_prios(f, got)": "local prios = nil",
-           "tonumber(got[i + 1]) - prios[(i + 1) / 2]": "tonumber(got[i + 1]) - f.prio"}
 
 
 @dataclass(frozen=True)
@@ -52,24 +38,12 @@ class Setup:
     """One side of a comparison."""
 
     fair: bool = True
-    groups: int = 1
-    limit: int = 32
+    limit: int = 32  # keys a claim call may take
     later: int = 0  # keys of the rule due a minute later
-    edit: Callable[[str, str], str] | None = None  # the scripts' text, changed
-    floor: bool = False  # exact per-tenant queues, emulated (bench/fair_floor.py)
-
-
-def without_read(name: str, source: str) -> str:
-    if name not in ("claim", "adopt"):
-        return source
-    for old, new in WITHOUT.items():
-        assert old in source, old
-        source = source.replace(old, new)
-    return source
 
 
 async def _write(scripts: Scripts, shard: ShardKeys, setup: Setup) -> None:
-    keys = [f"t:g{i % setup.groups}:{i}" for i in range(N)]
+    keys = [f"t:g0:{i}" for i in range(N)]
     for i in range(0, N, 2000):
         await scripts.upsert(shard, [UpsertGroup(RULE, 0, 60_000, keys[i:i + 2000])])
     later = [f"t:g0:later{i}" for i in range(setup.later)]
@@ -80,12 +54,8 @@ async def _write(scripts: Scripts, shard: ShardKeys, setup: Setup) -> None:
 async def claim_all(server: Server, ns: str, setup: Setup) -> float:
     """Redis microseconds of the claim calls that drain the due keys, per key claimed."""
     shard = ShardKeys(ns, 0)
-    edit = setup.edit
-    if setup.floor:
-        edit = functools.partial(floor_source, shard=shard)
-    with edited_scripts(edit) if edit is not None else contextlib.nullcontext():
-        r = Redis.from_url(server.url, decode_responses=True)
-        scripts = Scripts(r)
+    r = Redis.from_url(server.url, decode_responses=True)
+    scripts = Scripts(r)
     await _write(scripts, shard, setup)
     leader = (await scripts.acquire(shard, node_id="n1", lease_ms=60_000, mine="")).holder
     sync = server.client()
@@ -111,10 +81,6 @@ COMPARISONS: dict[str, tuple[Setup, Setup]] = {
     "fair over plain, no key due later": (Setup(), Setup(fair=False)),
     f"fair over plain, {LATER:,} keys due later": (Setup(later=LATER),
                                                     Setup(fair=False, later=LATER)),
-    "fair over exact per-tenant queues (emulated, the floor)": (Setup(), Setup(floor=True)),
-    "exact per-tenant queues (emulated) over plain": (Setup(floor=True), Setup(fair=False)),
-    "priority read over none (50 tenants, 500 a call)": (
-        Setup(groups=50, limit=500), Setup(groups=50, limit=500, edit=without_read)),
 }
 
 

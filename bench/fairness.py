@@ -242,11 +242,10 @@ IMPORT_RULE = """\
 
 
 async def skew(server: Server, sizes: C.Sizes, fair: bool,
-               apart: bool = False, *, prelude: str = "") -> dict[str, Any]:
+               apart: bool = False) -> dict[str, Any]:
     """``apart``: the import goes to another rule (``u:{org}:{id}``, no ``fair``), the
     quiet tenant's rule keeps only its own keys: what the import's writing alone costs
-    the quiet tenant, rules being apart. ``prelude``: code the import's process runs
-    first (bench/fair_floor.py)."""
+    the quiet tenant, rules being apart."""
     fs = sizes_of(sizes)
     text = tenant_rules(fair_block() if fair else "") + (IMPORT_RULE if apart else "")
     if fair and (why := fair_refused(text)):
@@ -258,7 +257,7 @@ async def skew(server: Server, sizes: C.Sizes, fair: bool,
         quiet = asyncio.create_task(_quiet_tenant(c, stop))
         await asyncio.sleep(4 * B_EVERY)  # the quiet tenant's lag before the import
         t0 = time.time()
-        await import_keys(server, text, "u:a:{}" if apart else "t:a:{}", n, prelude=prelude)
+        await import_keys(server, text, "u:a:{}" if apart else "t:a:{}", n)
         touched_s = time.time() - t0
         drained = await wait_count("a", n)
         await asyncio.sleep(4 * B_EVERY)  # and after it
@@ -287,12 +286,12 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
 
 
 async def import_keys(server: Server, text: str, template: str, n: int,
-                      at: float | None = None, *, prelude: str = "") -> None:
+                      at: float | None = None) -> None:
     """``n`` keys (``template.format(i)``) touched at once, at time ``at`` if given, from
     a process of its own (an app's import, not the node's: the node's loop and heap are
-    not the writer's), which runs ``prelude`` first."""
+    not the writer's)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", prelude + IMPORT, server.url, template, str(n),
+        sys.executable, "-c", IMPORT, server.url, template, str(n),
         "-" if at is None else repr(at), stdin=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate(text.encode())

@@ -73,12 +73,6 @@ def _skew_rows(t: Table, fs: FR.FairSizes) -> None:
     t.figure(f"{head}: a's import drained, keys/s, fair (beside: fair off)",
              t.spread("fair_skew.coalescer", "a.per_second"), off, fmt=_rate,
              target=">= 0.95x fair off", ok=lambda c: c >= floor)
-    t.figure(f"{head}: a's import drained, keys/s, fair with exact per-tenant queues "
-             "(emulated, bench/fair_floor.py; beside: fair off)",
-             t.spread("fair_skew.floor", "a.per_second"), off, fmt=_rate)
-    t.figure(f"{head}: b's start lag p99, fair with exact per-tenant queues (emulated; "
-             "beside: fair as it is)", t.spread("fair_skew.floor", "b.p99"),
-             t.spread("fair_skew.coalescer", "b.p99"), fmt=_ms)
 
 
 def _balanced_rows(t: Table) -> None:
@@ -93,10 +87,6 @@ def _balanced_rows(t: Table) -> None:
     t.figure(f"{head}: drained, keys/s, fair (beside: fair off)",
              t.spread("fair_balanced.coalescer", "per_second"),
              t.spread("fair_balanced.baseline", "per_second"), fmt=_rate)
-    t.figure(f"{head}: the worst tenant's start lag p99, fair with exact per-tenant "
-             "queues (emulated, bench/fair_floor.py; beside: fair off)",
-             t.spread("fair_balanced.floor", "p99"),
-             t.spread("fair_balanced.baseline", "p99"), fmt=_ms)
 
 
 def _weights_rows(t: Table, fs: FR.FairSizes) -> None:

@@ -35,7 +35,6 @@ from typing import Any
 from . import batches as B
 from . import bulk_ops as BO
 from . import common as C
-from . import fair_floor as FF
 from . import fairness as FR
 from . import fairness_cap as FC
 from . import fairness_rows as FRows
@@ -113,12 +112,11 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
                ("coalescer_lag", O.outbox_lag, ("TMP",)),
                ("coalescer_cost", O.outbox_cost, ()),
                ("coalescer_kills", O.outbox_kills, ("TMP",))],
-    # fairness: fair on (the coalescer column) beside fair off (baseline) in the same run;
-    # floor: fair on with exact per-tenant queues, emulated (bench/fair_floor.py)
+    # fairness: fair on (the coalescer column) beside fair off (baseline) in the same run
     "fair_skew": [("coalescer", FR.skew, (True,)), ("baseline", FR.skew, (False,)),
-                  ("apart", FR.skew, (False, True)), ("floor", FF.skew, ())],
+                  ("apart", FR.skew, (False, True))],
     "fair_balanced": [("coalescer", FR.balanced, (True,)),
-                      ("baseline", FR.balanced, (False,)), ("floor", FF.balanced, ())],
+                      ("baseline", FR.balanced, (False,))],
     "fair_weights": [("coalescer", FR.weights, (True,)), ("baseline", FR.weights, (False,))],
     "fair_cap": [("coalescer", FC.cap, ("TMP", True)), ("baseline", FC.cap, ("TMP", False))],
     "herd": [("coalescer", FR.herd, ()), ("baseline", FR.herd, (False,))],

@@ -50,13 +50,12 @@ async def test_every_fairness_group_runs_and_fills_its_rows(tmp_path: Path) -> N
 def _check_counts(runs: dict[str, dict[str, Any]], skipped: set[str]) -> None:
     fs = FR.FairSizes.tiny()
     live = {k: r for k, r in runs.items() if k not in skipped}
-    for where in ("fair_skew.coalescer", "fair_skew.baseline", "fair_skew.apart",
-                  "fair_skew.floor"):
+    for where in ("fair_skew.coalescer", "fair_skew.baseline", "fair_skew.apart"):
         if where in live:
             run = live[where]
             assert run["a"]["started"] == fs.fair_import
             assert run["b"]["n"] == run["b_touches"] > 0
-    for where in ("fair_balanced.coalescer", "fair_balanced.baseline", "fair_balanced.floor"):
+    for where in ("fair_balanced.coalescer", "fair_balanced.baseline"):
         if where in live:
             assert all(t["started"] == fs.fair_balanced for t in live[where]["tenants"].values())
     herd = runs["herd.coalescer"]

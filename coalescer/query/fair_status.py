@@ -57,8 +57,9 @@ async def read_fair(redis: Any, config: Config, rules: list[Rule], space: KeySpa
 
 async def _groups(redis: Any, config: Config, rules: list[Rule], space: KeySpace,
                   focus: str | None) -> tuple[dict[str, _Groups], list[tuple[str, str, str]]]:
-    """The first round trip: each rule's settings and, per shard, its groups in fair
-    order (at most ``GROUPS_READ``); the (rule, shard prefix, group) to count."""
+    """The first round trip: each rule's settings and, per shard, its groups with due
+    keys in fair order, then those whose keys are not due yet (at most ``GROUPS_READ``
+    of each); the (rule, shard prefix, group) to count."""
     found = {r.name: _Groups() for r in rules}
     for rule in rules:
         _settings(found[rule.name], await fair_view(redis, config, rule.name))
@@ -66,8 +67,9 @@ async def _groups(redis: Any, config: Config, rules: list[Rule], space: KeySpace
     for rule in rules:
         for sk in space.all_shards():
             prefix = sk.fair(rule.name)
-            pipe.zcard(prefix + "groups")
-            pipe.zrange(prefix + "groups", 0, GROUPS_READ - 1)
+            for order in ("groups", "heads"):
+                pipe.zcard(prefix + order)
+                pipe.zrange(prefix + order, 0, GROUPS_READ - 1)
             pipe.zcard(sk.inflight(rule.name))
             pipe.zrange(sk.inflight(rule.name), 0, GROUPS_READ - 1)
     replies = iter(await pipe.execute())
@@ -75,8 +77,11 @@ async def _groups(redis: Any, config: Config, rules: list[Rule], space: KeySpace
     for rule in rules:
         for sk in space.all_shards():
             total, groups = int(next(replies)), [str(g) for g in next(replies)]
+            later, more = int(next(replies)), [str(g) for g in next(replies)]
             flying, keys = int(next(replies)), [str(k) for k in next(replies)]
-            found[rule.name].partial |= total > len(groups) or flying > len(keys)
+            found[rule.name].partial |= (total > len(groups) or later > len(more)
+                                         or flying > len(keys))
+            groups = list(dict.fromkeys(groups + more))
             _running(found[rule.name], rule, keys)
             prefix = sk.fair(rule.name)
             listed += [(rule.name, prefix, g) for g in groups if g != focus]
@@ -99,12 +104,14 @@ def _running(g: _Groups, rule: Rule, keys: list[str]) -> None:
 
 async def _counts(redis: Any, found: dict[str, _Groups],
                   listed: list[tuple[str, str, str]]) -> None:
-    """Each listed group's backlog in each shard."""
+    """Each listed group's backlog in each shard: its keys due by the server's time."""
     if not listed:
         return
+    sec, usec = await redis.time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
     pipe = redis.pipeline(transaction=False)
     for _, prefix, group in listed:
-        pipe.zcard(prefix + "q:" + group)
+        pipe.zcount(prefix + "q:" + group, "-inf", now_ms)
     for (rule, _, group), count in zip(listed, await pipe.execute(), strict=True):
         found[rule].backlog[group] += int(count)
 

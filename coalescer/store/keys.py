@@ -105,12 +105,20 @@ class ShardKeys:
 
     def fair(self, rule: str) -> str:
         """The prefix of a fair rule's order in this shard (store/lua/_fair.lua): its
-        groups' due keys (``q:GROUP``), their start tags (``groups``), finish tags
-        (``tags``), virtual time and how far its due keys are indexed (``state``), the
-        runtime weights
-        and cap (``conf``, a copy of ``fair_settings``) and, on a Redis Cluster, the
-        groups' runs in flight (``run:GROUP``)."""
+        groups' pending keys (``q:GROUP``), the start tags of those with due keys
+        (``groups``), the first scores of the others (``heads``), finish tags
+        (``tags``), keys to move up when due (``prio``), virtual time and how far the
+        index is built (``state``), the runtime weights and cap (``conf``, a copy of
+        ``fair_settings``) and, on a Redis Cluster, the groups' runs in flight
+        (``run:GROUP``)."""
         return f"{self.prefix}:fair:{rule}:"
+
+    @property
+    def fair_specs(self) -> str:
+        """Due key of each fair rule -> "PATTERN\\0PREFIX\\0PRIORITY-MS", published by
+        its claims for every script that adds to a due set (store/lua/_lib.lua,
+        ``fair_specs_key``, names it the same way: the meta hash's name and ":fair")."""
+        return f"{self.meta}:fair"
 
     @property
     def paused(self) -> str:

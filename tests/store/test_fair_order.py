@@ -14,7 +14,7 @@ from coalescer.store.fair_args import FairSpec
 from coalescer.store.fair_settings import FairChange, record_in_flight, write_overrides
 from coalescer.store.keys import fair_runs
 from coalescer.store.script_calls import script_source
-from coalescer.store.script_types import ClaimBatch, UpsertGroup
+from coalescer.store.script_types import ClaimBatch, Failure, UpsertGroup
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
 
 RULE = "t"
@@ -43,11 +43,19 @@ async def claim(s: Shard, limit: int, fair: FairSpec | None = None) -> ClaimBatc
                                  fair={RULE: fair} if fair else {})
 
 
+async def lead(s: Shard, fair: FairSpec | None = None) -> None:
+    """Lead the shard and claim once in fair order (nothing is due): that first claim
+    publishes the rule's order, so every write from then on is indexed as it is made."""
+    await s.lead()
+    assert (await claim(s, 1, fair or spec())).claims == []
+
+
 def fair_constant(name: str) -> int:
     """One of the fair order's sizes, as the claim script has it."""
-    found = re.search(r"local (FAIR_\w+(?:, FAIR_\w+)*) = ([\d, ]+)\n", script_source("claim"))
-    assert found, "the claim script's fair sizes"
-    sizes = dict(zip(found[1].split(", "), found[2].split(", "), strict=True))
+    sizes: dict[str, str] = {}
+    for names, values in re.findall(r"local (FAIR_\w+(?:, FAIR_\w+)*) = ([\d, ]+)\n",
+                                    script_source("claim")):
+        sizes |= zip(names.split(", "), values.split(", "), strict=True)
     return int(sizes[name])
 
 
@@ -57,7 +65,7 @@ def orgs(batch: ClaimBatch) -> Counter[str]:
 
 async def test_a_trickle_tenant_is_claimed_in_the_first_batch_behind_a_huge_one(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("huge", 4000))
     await shard.after(await shard.now())
     await touch(shard, "t:quiet:1")  # due after every one of the huge tenant's keys
@@ -83,7 +91,7 @@ async def test_without_fair_the_same_trickle_waits_behind_the_whole_backlog(
 
 
 async def test_a_lone_tenant_drains_as_fast_and_in_due_order(shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     keys = keys_of("only", 50)
     for key in keys:
         await touch(shard, key)
@@ -96,7 +104,7 @@ async def test_a_lone_tenant_drains_as_fast_and_in_due_order(shard: Shard) -> No
 
 
 async def test_balanced_tenants_share_each_batch_evenly(shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("a", 100), *keys_of("b", 100), *keys_of("c", 100))
     await shard.after(await shard.now())
 
@@ -105,7 +113,7 @@ async def test_balanced_tenants_share_each_batch_evenly(shard: Shard) -> None:  
 
 
 async def test_weights_share_the_claims_of_backlogged_tenants(shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("a", 1500), *keys_of("b", 1500), *keys_of("c", 1500))
     await shard.after(await shard.now())
 
@@ -119,7 +127,7 @@ async def test_weights_share_the_claims_of_backlogged_tenants(shard: Shard) -> N
 
 
 async def test_one_tenant_over_many_keys_is_one_tenant(shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # a sybil: 1,000 distinct keys, one org
+    await lead(shard)  # a sybil: 1,000 distinct keys, one org
     await touch(shard, *keys_of("sybil", 1000), *keys_of("honest", 10))
     await shard.after(await shard.now())
 
@@ -128,7 +136,7 @@ async def test_one_tenant_over_many_keys_is_one_tenant(shard: Shard) -> None:  #
 
 async def test_more_tenants_than_one_batch_are_all_claimed_in_turn(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("big", 3000))
     await touch(shard, *(f"t:g{i}:1" for i in range(250)))
     await shard.after(await shard.now())
@@ -142,7 +150,7 @@ async def test_more_tenants_than_one_batch_are_all_claimed_in_turn(
 
 async def test_a_cap_holds_each_tenants_runs_in_flight_until_one_finishes(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("a", 10), *keys_of("b", 10))
     await shard.after(await shard.now())
 
@@ -161,11 +169,10 @@ async def test_a_cap_holds_each_tenants_runs_in_flight_until_one_finishes(
 
 async def test_a_re_touched_key_is_not_claimed_before_its_new_due_time(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, "t:a:1", "t:a:2")
     await shard.after(await shard.now())
-    assert await claim(shard, 0, spec()) is not None  # nothing claimed, nothing indexed
-    first = await claim(shard, 1, spec())  # indexes both, claims t:a:1
+    first = await claim(shard, 1, spec())  # both indexed, t:a:1 claimed
     assert [c.key for c in first.claims] == ["t:a:1"]
     n = await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, LONG, 10 * LONG, ["t:a:2"])])
     assert n == 1  # its due time moves a minute on
@@ -175,7 +182,7 @@ async def test_a_re_touched_key_is_not_claimed_before_its_new_due_time(
 
 async def claim_one_of_two_indexed(s: Shard) -> None:
     """t:a:1 and t:a:2 due, both indexed by a claim that took t:a:1 only."""
-    await s.lead()
+    await lead(s)
     await touch(s, "t:a:1", "t:a:2")
     await s.after(await s.now())
     assert [c.key for c in (await claim(s, 1, spec())).claims] == ["t:a:1"]
@@ -210,33 +217,65 @@ async def test_a_due_key_whose_state_was_lost_is_claimed_as_touched_now(
 
 async def test_a_trickle_due_in_the_same_millisecond_as_a_huge_backlog_is_reached(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # one write: its keys share one due time; t:m:1 sorts amid them
-    await claim(shard, 10, spec())  # (a claim before: the fast lane looks at new keys only)
-    beyond_fast_lane = fair_constant("FAIR_FAST") + 1000
-    keys = [*keys_of("aaa", 3000), "t:m:1", *keys_of("zzz", beyond_fast_lane)]
+    await lead(shard)  # one write: its keys share one due time; t:m:1 sorts amid them
+    keys = [*keys_of("aaa", 3000), "t:m:1", *keys_of("zzz", 11_000)]
     assert await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 0, LONG, keys)]) == len(keys)
     await shard.after(await shard.now())
     scores = await shard.r.zrange(shard.keys.due(RULE), 0, -1, withscores=True)
     assert len({score for _, score in scores}) == 1
 
-    first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
+    first = await claim(shard, 10, spec())
 
-    # the fast lane's newest keys are zzz keys (64 of them indexed), the sweep reads
-    # 2,000 a call, and the rest of that millisecond is the lane's gap, which reaches
-    # t:m:1 at once: the first call claims it, inside the same millisecond
     assert orgs(first) == {"aaa": 5, "m": 1, "zzz": 4}
-    assert "m" not in orgs(second)
-    # and the sweep, cut inside that millisecond call after call, indexes every key once
-    claimed = [c.key for c in first.claims + second.claims]
+    claimed = [c.key for c in first.claims]
     while batch := (await claim(shard, 1000, spec())).claims:
         claimed += [c.key for c in batch]
-    assert sorted(claimed) == sorted(keys)
+    assert sorted(claimed) == sorted(keys)  # every key once
+
+
+async def test_keys_written_before_the_first_fair_claim_are_all_indexed_from_the_due_set(
+        shard: Shard) -> None:  # noqa: F811
+    await shard.lead()  # no fair claim yet: the writes are not indexed as they are made
+    sweep = fair_constant("FAIR_SWEEP")
+    await touch(shard, *keys_of("huge", 2 * sweep))
+    await shard.after(await shard.now())
+    await touch(shard, "t:quiet:1")  # due after every one of the huge tenant's keys
+    await shard.after(await shard.now())
+
+    calls = [orgs(await claim(shard, 10, spec())) for _ in range(3)]
+
+    # the first claim builds the index from the due set, FAIR_SWEEP keys a call in due
+    # order: the quiet key is reached at the third call, and claimed there
+    assert calls[:2] == [{"huge": 10}, {"huge": 10}]
+    assert calls[2] == {"huge": 9, "quiet": 1}
+    claimed = sum(calls, Counter())
+    while batch := await claim(shard, 1000, spec()):
+        if not batch.claims:
+            break
+        claimed += orgs(batch)
+    assert claimed == {"huge": 2 * sweep, "quiet": 1}
+
+
+async def test_a_tenant_whose_keys_fall_due_later_gets_no_credit_for_the_wait(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    await touch(shard, *keys_of("a", 300))
+    await shard.after(await shard.now())
+    n = await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, 300, LONG, keys_of("b", 50))])
+    assert n == 50  # b's keys fall due in 300 ms: written now, due later
+    b_due = int((await shard.r.zscore(shard.keys.due(RULE), "t:b:0")) or 0)
+    served = [orgs(await claim(shard, 5, spec())) for _ in range(4)]
+    assert served == [{"a": 5}] * 4  # a alone meanwhile: the virtual time moves on
+    await shard.after(b_due)
+
+    # b joins the order when its keys fall due, level with a: no burst for the wait
+    assert orgs(await claim(shard, 10, spec())) == {"a": 5, "b": 5}
 
 
 async def backlog_then_quiet_key(s: Shard) -> None:
     """A backlog many calls deep (the catch-up sweep far behind), one claim of it, then
     a quiet tenant's key."""
-    await s.lead()
+    await lead(s)
     await touch(s, *keys_of("huge", 20_000))
     await s.after(await s.now())
     assert orgs(await claim(s, 10, spec())) == {"huge": 10}
@@ -251,42 +290,9 @@ async def test_a_trickle_falling_due_behind_a_backlog_is_indexed_at_the_next_cal
     assert orgs(await claim(shard, 10, spec())) == {"huge": 9, "quiet": 1}
 
 
-async def test_a_trickle_key_just_before_a_write_larger_than_the_fast_lane_is_not_left_behind(
-        shard: Shard) -> None:  # noqa: F811
-    await backlog_then_quiet_key(shard)  # then, later, more keys than the lane reads
-    await touch(shard, *keys_of("huge", fair_constant("FAIR_FAST") + 500, start=20_000))
-    await shard.after(await shard.now())
-
-    first, second = await claim(shard, 10, spec()), await claim(shard, 10, spec())
-
-    # the lane reads the newest keys first, the write's, and then what they hid (the
-    # gap), however far behind the sweep is
-    assert (orgs(first) + orgs(second))["quiet"] == 1
-
-
-async def test_keys_hidden_by_two_writes_larger_than_the_fast_lane_are_each_looked_at_once(
-        shard: Shard) -> None:  # noqa: F811
-    async def write(*keys: str) -> None:
-        await touch(shard, *keys)
-        await shard.after(await shard.now())  # the next write falls due later
-
-    fast, gap = fair_constant("FAIR_FAST"), fair_constant("FAIR_GAP")
-    await backlog_then_quiet_key(shard)  # quiet:1, then a write the first call cannot finish
-    await write(*keys_of("huge", fast + gap + 1000, start=20_000))
-    first = await claim(shard, 10, spec())
-    await write("t:quiet:2")  # and another write larger than the lane before the next call
-    await write(*keys_of("huge", fast + 100, start=40_000))
-    second = await claim(shard, 10, spec())
-
-    # the second call reads its own gap (quiet:2) and goes on with what is left of the
-    # first write's, down to quiet:1; it does not read again the keys between the two
-    # gaps, which the first call's lane read
-    assert (orgs(first) + orgs(second))["quiet"] == 2
-
-
 async def test_a_burst_falling_due_faster_than_one_call_indexes_loses_no_key(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await claim(shard, 10, spec())  # the index is up to date: nothing due
     await touch(shard, "t:first:1")
     await touch(shard, *keys_of("huge", 9000))  # due after t:first:1, more than one call
@@ -300,7 +306,7 @@ async def test_a_burst_falling_due_faster_than_one_call_indexes_loses_no_key(
 
 async def test_weights_and_a_cap_set_at_runtime_hold_for_the_next_claim(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("a", 300), *keys_of("b", 300))
     await shard.after(await shard.now())
     assert orgs(await claim(shard, 20, spec(weights={"a": 3}))) == {"a": 15, "b": 5}
@@ -317,7 +323,7 @@ async def test_weights_and_a_cap_set_at_runtime_hold_for_the_next_claim(
 
 async def test_a_cap_set_at_runtime_counts_the_runs_already_going(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()
+    await lead(shard)
     await touch(shard, *keys_of("a", 20))
     await shard.after(await shard.now())
     assert orgs(await claim(shard, 5, spec())) == {"a": 5}  # no cap: not recorded
@@ -349,7 +355,7 @@ async def test_an_adopting_node_claims_in_fair_order_under_the_cap(
 
 async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenants(
         shard: Shard) -> None:  # noqa: F811
-    await shard.lead()  # two capped tenants' backlogs sit below the sweep point
+    await lead(shard)
     await touch(shard, *keys_of("a", 300), *keys_of("b", 300))
     await shard.after(await shard.now())
     assert orgs(await claim(shard, 10, spec(cap=1))) == {"a": 1, "b": 1}
@@ -366,3 +372,49 @@ async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenan
     for _ in range(40):  # a round, 16 keys a call, over the 599 below the sweep point
         found += orgs(await claim(shard, 10, spec(cap=1)))
     assert found == {"c": 1}
+
+
+async def indexed(s: Shard) -> dict[str, float]:
+    """Every key in the rule's queues, with its score there."""
+    prefix = s.keys.fair(RULE)
+    groups = {*await s.r.zrange(prefix + "groups", 0, -1),
+              *await s.r.zrange(prefix + "heads", 0, -1)}
+    out: dict[str, float] = {}
+    for group in groups:
+        out |= dict(await s.r.zrange(prefix + "q:" + group, 0, -1, withscores=True))
+    return out
+
+
+async def test_every_script_that_makes_a_key_pending_puts_it_in_its_queue_at_its_due_time(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    await shard.touch("t:a:1", "t:a:2", "t:a:3", "t:c:1", rule=RULE)
+    await shard.touch("t:b:1", window=5000, rule=RULE)  # not due yet
+    await shard.after(await shard.now())
+    running = {c.key: c.token for c in (await claim(shard, 4, spec())).claims}
+    assert set(running) == {"t:a:1", "t:a:2", "t:a:3", "t:c:1"}
+    await shard.touch("t:a:1", rule=RULE)  # while it runs: its ack re-arms it
+    await shard.ack("t:a:1", running["t:a:1"], rule=RULE)
+    await shard.scripts.fail(shard.keys, [  # one retried later; one dead, then brought back
+        (RULE, 3, [Failure("t:a:2", running["t:a:2"], 800, "boom")]),
+        (RULE, 1, [Failure("t:a:3", running["t:a:3"], 0, "boom")])])
+    assert await shard.scripts.requeue(shard.keys, RULE, ["t:a:3"]) == 1
+    assert await shard.scripts.run_now(shard.keys, RULE, "t:b:1") == "hastened"
+
+    due = dict(await shard.r.zrange(shard.keys.due(RULE), 0, -1, withscores=True))
+    assert set(due) == {"t:a:1", "t:a:2", "t:a:3", "t:b:1"}  # t:c:1 still runs
+    assert await indexed(shard) == due
+
+
+async def test_a_key_due_beyond_the_look_ahead_is_indexed_only_when_it_comes_near(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    ahead = fair_constant("FAIR_AHEAD")
+    await shard.touch("t:a:1", window=ahead + 300, rule=RULE)
+    due = int(await shard.r.zscore(shard.keys.due(RULE), "t:a:1") or 0)
+    assert await indexed(shard) == {}  # a key due later costs no index while it waits
+
+    await shard.after(due - ahead)
+    assert (await claim(shard, 10, spec())).claims == []
+
+    assert await indexed(shard) == {"t:a:1": due}

@@ -110,7 +110,7 @@ async def test_flush_returns_once_redis_holds_the_due_times(
 # (one GET reads the shard's layout marker, one the poller's next wake-up).
 # one call per shard: its new keys' bytes added to the shard's count with one HINCRBY
 PLAIN_UPSERT = {"evalsha": 1, "time": 1, "hmget": 1, "hset": 1, "zadd": 1, "get": 2,
-                "hincrby": 1}
+                "hincrby": 1, "hget": 1}  # hget: whether the rule is fair (it is not)
 
 
 async def test_plain_touches_cost_what_they_did_before_items_existed(

@@ -1,59 +1,41 @@
 -- _fair.lua: fair order between the groups of a rule (its `fair:`), prepended to
 -- claim.lua after _lib.lua (script_calls.py). docs/concepts.md explains the order.
 --
--- A rule with `fair: {by: "{org}"}` keeps its keys where every rule does (meta, and
--- due:RULE, the truth for every other script). The claim script indexes its due keys
--- by group, and claims from that index in start-time fair order (SFQ, Goyal et al.):
+-- A rule with `fair: {by: "{org}"}` (or a priority) keeps its keys where every rule does
+-- (meta, and due:RULE, the truth for every other script) and, mirrored by every script
+-- that adds to due:RULE (due_add, _lib.lua), in an index by group that the claim takes
+-- from in start-time fair order (SFQ, Goyal et al.):
 --   PREFIX = NS:{NS:N}:fair:RULE: (the shard's; keys.py ShardKeys.fair)
---   PREFIX..q:GROUP  ZSET  due key -> its due score less its priority (the larger of
---                          the rule's and the one its touches gave, kept in its
---                          pending state: _lib.lua): the due keys of one group,
---                          indexed (a copy: due:RULE keeps them)
---   PREFIX..groups   ZSET  group with indexed keys -> the start tag of its next claim
---   PREFIX..tags     ZSET  group without indexed keys -> the finish tag of its last
---                          claim, while that is ahead of the virtual time
---   PREFIX..state    HASH  read once and written once a call (f.state):
---                          v      the virtual time: the start tag of the last claim
---                          swept  how far due:RULE is indexed: "SCORE|MEMBER" (fair_sweep)
---                          head   the score up to which the fast lane looked (fair_fast)
---                          gaps   the gaps, newest first: "FROM\0TO\0FROM\0TO...", each
---                                 the keys due from one mark "SCORE|MEMBER" to another
---                                 that the fast lane has yet to look at (fair_gaps)
---                          low    where the round over the keys below that point goes on
+--   PREFIX..q:GROUP  ZSET  key due within FAIR_AHEAD (_lib.lua), or due -> its due
+--                          score; a key whose priority is above the rule's is moved up
+--                          once due, to its due score less that difference (so a
+--                          group's due keys go in priority order)
+--   PREFIX..prio     ZSET  such a key -> its due score, until then
+--   PREFIX..groups   ZSET  group with due keys -> the start tag of its next claim
+--   PREFIX..heads    ZSET  group with keys, none due -> the score of its first
+--   PREFIX..tags     ZSET  group out of `groups` -> the finish tag of its last claim,
+--                          while that is ahead of the virtual time
+--   PREFIX..state    HASH  v      the virtual time: the start tag of the last claim
+--                          ahead  how far due:RULE is indexed (fair_ahead)
+--                          low    where the round over due:RULE goes on
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
 --                          (0: no cap); they override the rules file's
--- A claim costs its group 1/weight of virtual time: S(next) = S + 1/w. A group that
--- gets keys again starts at max(V, its last finish tag): a group that was idle gets
--- no credit for it, one that was just served waits its turn.
+-- A claim costs its group 1/weight of virtual time: S(next) = S + 1/w. A group whose
+-- first key falls due (out of `heads`) starts at max(V, its last finish tag): a group
+-- that was idle gets no credit for it, one that was just served waits its turn.
 --
--- The index is a hint, checked at each claim: an entry whose key left due:RULE
--- (claimed by a drain, cancelled, moved) is dropped, and a key whose due time moved
--- later (a re-touch) goes back to due:RULE at that time (claim_keys). Each call
--- indexes the keys due since the last sweep (at most FAIR_SWEEP of them), and reads
--- FAIR_LOW of the keys below that point, going round them call after call (state low:
--- the rank it goes on from), indexing those missing from their queue: a key put back
--- with a due time already past (a touch that came while it ran, a claim given back) is
--- found there within a round, however many keys are due before it.
---
--- When a call's sweep is cut (a backlog poured in faster than it indexes), a fast lane
--- looks at the keys that fell due since the last call, newest first (at most FAIR_FAST
--- of them, read and matched only), and indexes at once those of groups with fewer
--- than FAIR_SHORT keys in their queue: a quiet group's new key is claimable at the
--- next call, however far behind the backlog of another group keeps the sweep. The
--- sweep indexes them again when it gets there (the same entry: no harm). When more
--- than FAIR_FAST keys fell due since the last call, the older ones it did not read
--- make a gap, which the lane walks newest first with what is left of its FAIR_FAST,
--- and at least FAIR_GAP keys a call (while each call's newest keys fill FAIR_FAST): a
--- quiet group's key that fell due just before a large write is found a call or two
--- later, not when the sweep gets there. Each capped read makes a gap of its own (the
--- keys between two gaps were read): every key is looked at once, by the lane or in a
--- gap, however many writes larger than FAIR_FAST fall due while the sweep is behind.
--- Past FAIR_GAPS gaps, the two oldest merge (the keys between them are read again).
+-- The claim publishes the rule's spec where the writers read it (the shard's FAIR-SPECS
+-- hash, _lib.lua) and indexes, from due:RULE, the keys that came within FAIR_AHEAD of
+-- their due time since its last call (written further ahead than that); when the spec
+-- was absent or different, that look-ahead starts again from the first key, FAIR_SWEEP
+-- keys a call: the keys written before the spec was there. The index is a hint,
+-- checked at each claim: an entry whose key left due:RULE (claimed by a drain,
+-- cancelled, moved) is dropped. A round over due:RULE, FAIR_LOW keys a call, indexes any
+-- key missing from its queue (written by a client that predates the index, say).
 
-local FAIR_SWEEP, FAIR_LOW, FAIR_FAST, FAIR_SHORT, FAIR_GAP = 2000, 16, 10000, 64, 2000
-local FAIR_GAPS = 32
+local FAIR_SWEEP, FAIR_LOW, FAIR_HEADS = 2000, 16, 1000
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -98,76 +80,22 @@ local function weight_of(f, group)
   return f.weights[group] or 1
 end
 
--- The priorities (ms) of the keys `got` (key, score, ... of due:RULE): each the larger
--- of the rule's and its pending state's ("!" and base 36 at the end, _lib.lua).
-local function fair_prios(f, got)
-  local keys = {}
-  for i = 1, #got, 2 do keys[#keys + 1] = got[i] end
+-- The priorities (ms) of the keys `keys` (key -> ms, from their pending states).
+local function fair_prios(f, keys)
   local vals, out = read_fields(f.meta, keys), {}
-  for i = 1, #keys do
-    local v, p = vals[i], nil
-    if v and string.byte(v, 1) ~= 82 and string.byte(v, 1) ~= 68  -- not R, D
-        and string.find(v, '!', 1, true) then  -- (a plain find first: most have none)
-      p = string.match(v, '!([%da-z]+)$')
-    end
-    out[i] = math.max(f.prio, p and tonumber(p, 36) or 0)
-  end
+  for i = 1, #keys do out[keys[i]] = state_prio(vals[i]) end
   return out
 end
 
--- The entries of `got` (key, score, key, score, ... of due:RULE) by group: group ->
--- the indices of their keys in `got`, and the groups in the order first met.
-local function by_group(f, got)
-  local by, order = {}, {}
-  for i = 1, #got, 2 do
-    local group = string.match(got[i], f.pattern) or ''
-    local t = by[group]
-    if not t then
-      t = {}
-      by[group] = t
-      order[#order + 1] = group
-    end
-    t[#t + 1] = i
-  end
-  return by, order
-end
-
--- Index `got` (key, score, key, score, ... of due:RULE) by group.
-local function fair_index(f, got)
+-- Mirror `got` (key, score, ... of due:RULE, as ZRANGE WITHSCORES gives) into the index.
+local function fair_index(f, due_key, got)
   if #got == 0 then return end
-  local prios = fair_prios(f, got)
-  local by, order = by_group(f, got)
-  for _, group in ipairs(order) do
-    local entries = {}
-    for _, i in ipairs(by[group]) do
-      entries[#entries + 1] = tonumber(got[i + 1]) - prios[(i + 1) / 2]
-      entries[#entries + 1] = got[i]
-    end
-    each_chunk('ZADD', f.prefix .. 'q:' .. group, entries)
-    if not redis.call('ZSCORE', f.prefix .. 'groups', group) then
-      local start = f.v
-      local finish = tonumber(redis.call('ZSCORE', f.prefix .. 'tags', group))
-      if finish and finish > start then start = finish end
-      redis.call('ZADD', f.prefix .. 'groups', start, group)
-    end
+  local keys, entries = {}, {}
+  for i = 1, #got, 2 do
+    keys[#keys + 1] = got[i]
+    entries[i], entries[i + 1] = got[i + 1], got[i]
   end
-end
-
--- Of `got` (key, score, ... of due:RULE), those not in their group's queue: the round
--- below the sweep looks for keys put back, and most of what it reads is indexed already
--- (one ZMSCORE a group instead of indexing them all again).
-local function fair_missing(f, got)
-  local by, order = by_group(f, got)
-  local out = {}
-  for _, group in ipairs(order) do
-    local at, keys = by[group], {}
-    for j = 1, #at do keys[j] = got[at[j]] end
-    local scores = redis.call('ZMSCORE', f.prefix .. 'q:' .. group, unpack(keys))
-    for j = 1, #at do
-      if not scores[j] then out[#out + 1], out[#out + 2] = got[at[j]], got[at[j] + 1] end
-    end
-  end
-  return out
+  fair_mirror(f.meta, due_key, entries, fair_prios(f, keys))
 end
 
 -- The rank in `due_key` of the first entry after (`score`, `member`) in its order (by
@@ -192,144 +120,125 @@ local function parse_mark(mark)
   return tonumber(string.sub(mark, 1, bar - 1)), string.sub(mark, bar + 1)
 end
 
--- Whether mark `a` is later in due:RULE's order than mark `b` (see parse_mark).
-local function later(a, b)
-  local sa, ma = parse_mark(a)
-  local sb, mb = parse_mark(b)
-  if sa ~= sb then return sa > sb end
-  return ma > mb
-end
 
--- Of `got` (key, score, ... of due:RULE), appended to `picked`: the keys of groups with
--- fewer than FAIR_SHORT keys queued (`queued`: group -> its count, kept across reads).
-local function pick_short(f, got, queued, picked)
-  for i = 1, #got, 2 do
-    local group = string.match(got[i], f.pattern) or ''
-    local n = queued[group] or redis.call('ZCARD', f.prefix .. 'q:' .. group)
-    if n < FAIR_SHORT then
-      picked[#picked + 1], picked[#picked + 2] = got[i], got[i + 1]
-      n = n + 1
-    end
-    queued[group] = n
+-- Publish the rule's spec for the writers; when it was absent or different, the index
+-- is built again (state boot).
+local function fair_publish(f, due_key)
+  local spec = f.pattern .. '\0' .. f.prefix .. '\0' .. int(f.prio)
+  local specs = fair_specs_key(f.meta)
+  if redis.call('HGET', specs, due_key) ~= spec then
+    redis.call('HSET', specs, due_key, spec)
+    f.state.ahead = ''  -- from the first key on
   end
+  fair_specs_read[due_key] = {pattern = f.pattern, prefix = f.prefix, prio = f.prio}
 end
 
--- The gaps of state field `gaps` ({from, to} marks, newest first), and back.
-local function read_gaps(joined)
-  local gaps = {}
-  if not joined or joined == '' then return gaps end
-  local parts = split_keys(joined, select(2, string.gsub(joined, '%z', '')) + 1)
-  for i = 1, #parts - 1, 2 do gaps[#gaps + 1] = {from = parts[i], to = parts[i + 1]} end
-  return gaps
-end
-
-local function join_gaps(gaps)
-  local parts = {}
-  for _, g in ipairs(gaps) do parts[#parts + 1], parts[#parts + 2] = g.from, g.to end
-  return table.concat(parts, '\0')
-end
-
--- One gap's walk (see the header): up to `budget` keys of gap `g`, newest first (a
--- quiet group's key most likely waits just below the write that hid it), down to its
--- start or the sweep's mark, whichever is later; moves the gap's end below them.
--- Returns how many keys it read, and whether the gap is read down to its start.
-local function fair_gap(f, due_key, g, budget, queued, picked)
-  local from = g.from
-  if later(f.state.swept, from) then from = f.state.swept end
-  local low = parse_mark(from)
-  local score, member = parse_mark(g.to)
-  if low > score then return 0, true end
-  local skip = 0  -- the keys of the end's score after its member: looked at already
-  if member ~= '' then
-    local rank, below = rank_after(due_key, int(score), member)
-    skip = redis.call('ZCOUNT', due_key, int(score), int(score)) - (rank - below)
-  end
-  local got = redis.call('ZRANGE', due_key, int(score), int(low), 'BYSCORE', 'REV',
-                         'LIMIT', skip, budget, 'WITHSCORES')
-  pick_short(f, got, queued, picked)
-  if #got < 2 * budget then return #got / 2, true end
-  g.to = got[#got] .. '|' .. got[#got - 1]
-  return budget, false
-end
-
--- The gaps' walk: `budget` keys at most, the newest gap first; drops the gaps read
--- down to their start.
-local function fair_gaps(f, due_key, gaps, budget, queued, picked)
-  local left = {}
-  for _, g in ipairs(gaps) do
-    if budget > 0 then
-      local read, done = fair_gap(f, due_key, g, budget, queued, picked)
-      budget = budget - read
-      if not done then left[#left + 1] = g end
-    else
-      left[#left + 1] = g
+-- A rule claimed in plain order whose spec is still published (its node's rules lost
+-- their `fair:`): the writers stop mirroring, and its index is deleted.
+local function fair_unpublish(meta, due_key)
+  local f = fair_spec_of(meta, due_key)
+  if not f then return end
+  redis.call('HDEL', fair_specs_key(meta), due_key)
+  fair_specs_read[due_key] = false
+  for _, set in ipairs({'groups', 'heads'}) do
+    for _, g in ipairs(redis.call('ZRANGE', f.prefix .. set, 0, -1)) do
+      redis.call('DEL', f.prefix .. 'q:' .. g)
     end
   end
-  return left
+  redis.call('DEL', f.prefix .. 'groups', f.prefix .. 'heads', f.prefix .. 'prio',
+             f.prefix .. 'tags', f.prefix .. 'state')
 end
 
--- The fast lane (see the header): from the keys due in (state head, now], newest
--- first, index those of groups with a short queue; keys its read left out (more fell
--- due since the last call than it reads) make a new gap; the gaps are walked newest
--- first with what is left of FAIR_FAST, at least FAIR_GAP keys. Only when this call's
--- sweep was cut (else it indexed them all, and the gaps with them); the first call
--- looks at every due key.
-local function fair_fast(c, f, due_key, cut)
-  local head = tonumber(f.state.head)
-  f.state.head = int(c.now)
-  if not cut then
-    f.state.gaps = nil
-    return
-  end
-  if head and head > c.now then head = nil end  -- the clock stepped back
-  local got = redis.call('ZRANGE', due_key, int(c.now), head and '(' .. int(head) or '-inf',
-                         'BYSCORE', 'REV', 'LIMIT', 0, FAIR_FAST, 'WITHSCORES')
-  local queued, picked, gaps = {}, {}, read_gaps(f.state.gaps)
-  pick_short(f, got, queued, picked)
-  if #got == 2 * FAIR_FAST then  -- keys from head to the oldest read were not looked at
-    table.insert(gaps, 1, {from = head and int(head) .. '|' or f.state.swept,
-                           to = got[#got] .. '|' .. got[#got - 1]})
-    if #gaps > FAIR_GAPS then
-      gaps[#gaps - 1].from = gaps[#gaps].from
-      gaps[#gaps] = nil
-    end
-  end
-  if #gaps > 0 then
-    gaps = fair_gaps(f, due_key, gaps, math.max(FAIR_FAST - #got / 2, FAIR_GAP), queued,
-                     picked)
-  end
-  f.state.gaps = #gaps > 0 and join_gaps(gaps) or nil
-  fair_index(f, picked)
-end
-
--- Index the keys of due:RULE due since the last sweep (see the header). State swept
--- holds "SCORE|MEMBER": the last entry indexed when a sweep was cut, else "NOW|".
-local function fair_sweep(c, f, due_key)
-  local mark = f.state.swept
-  local score, member = nil, ''
-  if mark then score, member = parse_mark(mark) end
-  if score and score > c.now then score = nil end  -- the clock stepped back: all again
+-- The look-ahead: the keys of due:RULE that came within FAIR_AHEAD (_lib.lua) of their
+-- due time since the last call, FAIR_SWEEP a call, indexed (the writers index those
+-- they write due sooner). State ahead: "SCORE|MEMBER", the last key indexed when a call
+-- was cut, else "SCORE|", every key up to that score; "" (a spec just published): from
+-- the first key, which builds the index of the keys written before.
+local function fair_ahead(c, f, due_key)
+  local horizon = c.now + FAIR_AHEAD
+  local score, member = parse_mark(f.state.ahead or '')
+  if score and score > horizon then score, member = horizon, '' end  -- the clock stepped back
   local start, below = 0, 0
   if score then start, below = rank_after(due_key, int(score), member) end
-  -- only keys due by now are read: the many due later cost nothing
-  local got = redis.call('ZRANGE', due_key, score and int(score) or '-inf', int(c.now),
+  local got = redis.call('ZRANGE', due_key, score and int(score) or '-inf', int(horizon),
                          'BYSCORE', 'LIMIT', start - below, FAIR_SWEEP, 'WITHSCORES')
-  local n = #got
-  fair_index(f, got)
-  if start > 0 then  -- the keys below the sweep point, FAIR_LOW a call, round and round
-    local at = tonumber(f.state.low) or 0
-    if at >= start then at = 0 end
-    local stop = math.min(at + FAIR_LOW, start) - 1
-    fair_index(f, fair_missing(f, redis.call('ZRANGE', due_key, at, stop, 'WITHSCORES')))
-    f.state.low = stop + 1 >= start and 0 or stop + 1
-  end
-  if n == 2 * FAIR_SWEEP then
-    mark = got[n] .. '|' .. got[n - 1]
+  fair_index(f, due_key, got)
+  if #got == 2 * FAIR_SWEEP then
+    f.state.ahead = got[#got] .. '|' .. got[#got - 1]
   else
-    mark = int(c.now) .. '|'
+    f.state.ahead = int(horizon) .. '|'
   end
-  f.state.swept = mark
-  fair_fast(c, f, due_key, n == 2 * FAIR_SWEEP)
+end
+
+-- The round: FAIR_LOW keys of due:RULE a call, indexing those missing from their queue.
+local function fair_round(f, due_key)
+  local at = tonumber(f.state.low) or 0
+  local got = redis.call('ZRANGE', due_key, at, at + FAIR_LOW - 1, 'WITHSCORES')
+  f.state.low = #got == 2 * FAIR_LOW and at + FAIR_LOW or 0
+  local by, order = {}, {}
+  for i = 1, #got, 2 do
+    local g = string.match(got[i], f.pattern) or ''
+    if not by[g] then
+      by[g] = {}
+      order[#order + 1] = g
+    end
+    by[g][#by[g] + 1] = i
+  end
+  local missing = {}
+  for _, g in ipairs(order) do
+    local keys = {}
+    for j, i in ipairs(by[g]) do keys[j] = got[i] end
+    local scores = redis.call('ZMSCORE', f.prefix .. 'q:' .. g, unpack(keys))
+    for j, i in ipairs(by[g]) do
+      if not scores[j] then missing[#missing + 1], missing[#missing + 2] = got[i], got[i + 1] end
+    end
+  end
+  fair_index(f, due_key, missing)
+end
+
+-- Keys of `prio` that fell due move up their queue (to their due score less the part of
+-- their priority above the rule's); those no longer pending are dropped, those due later
+-- (a re-touch) wait on at that time.
+local function fair_lift(c, f, due_key)
+  local got = redis.call('ZRANGE', f.prefix .. 'prio', '-inf', int(c.now), 'BYSCORE', 'LIMIT',
+                         0, FAIR_SWEEP)
+  if #got == 0 then return end
+  redis.call('ZREM', f.prefix .. 'prio', unpack(got))
+  local dues, prios, later = redis.call('ZMSCORE', due_key, unpack(got)), fair_prios(f, got), {}
+  for i, key in ipairs(got) do
+    local due = tonumber(dues[i])
+    if due and due > c.now then
+      later[#later + 1], later[#later + 2] = due, key
+    elseif due then
+      local g = string.match(key, f.pattern) or ''
+      redis.call('ZADD', f.prefix .. 'q:' .. g, 'XX', due - math.max(0, prios[key] - f.prio), key)
+    end
+  end
+  if #later > 0 then redis.call('ZADD', f.prefix .. 'prio', unpack(later)) end
+end
+
+-- Groups whose first key fell due join the order at max(V, their last finish tag).
+local function fair_wake(c, f)
+  local heads, groups, tags = f.prefix .. 'heads', f.prefix .. 'groups', f.prefix .. 'tags'
+  local due = redis.call('ZRANGE', heads, '-inf', int(c.now), 'BYSCORE', 'LIMIT', 0, FAIR_HEADS)
+  if #due == 0 then return end
+  redis.call('ZREM', heads, unpack(due))
+  local finish = redis.call('ZMSCORE', tags, unpack(due))
+  local entries = {}
+  for i, g in ipairs(due) do
+    local start = math.max(f.v, tonumber(finish[i]) or f.v)
+    entries[#entries + 1], entries[#entries + 2] = start, g
+  end
+  redis.call('ZADD', groups, 'NX', unpack(entries))
+end
+
+-- Group `g` leaves the order (no due key left): back to `heads` at its first key's
+-- score while it has keys, its finish tag `finish` kept while ahead of V.
+local function fair_rest(f, g, finish)
+  redis.call('ZREM', f.prefix .. 'groups', g)
+  local first = redis.call('ZRANGE', f.prefix .. 'q:' .. g, 0, 0, 'WITHSCORES')
+  if first[2] then redis.call('ZADD', f.prefix .. 'heads', first[2], g) end
+  if finish > f.v then redis.call('ZADD', f.prefix .. 'tags', finish, g) end
 end
 
 -- How many more claims of `group` its cap allows (a large number without a cap). The
@@ -402,12 +311,12 @@ local function fair_plan(f, limit)
                              'WITHSCORES')
     for i = 1, #found, 2 do
       local g = found[i]
-      local n = redis.call('ZCARD', f.prefix .. 'q:' .. g)
+      local n = redis.call('ZCOUNT', f.prefix .. 'q:' .. g, '-inf', int(f.now))
       local have = math.min(n, limit)
       local room = fair_room(f, g, have)
-      if have == 0 then redis.call('ZREM', groups, g) end
-      if room < have then capped = true end
       local s0 = tonumber(found[i + 1])
+      if have == 0 then fair_rest(f, g, s0) end
+      if room < have then capped = true end
       local x = {g = g, s = s0, s0 = s0, n = n, w = weight_of(f, g), left = room, take = 0}
       cands[#cands + 1] = x
       if room > 0 then
@@ -428,9 +337,10 @@ local function fair_plan(f, limit)
 end
 
 -- Claim the planned keys of every candidate in one go: each group's lowest `take` keys
--- popped from its queue (x.popped of them), those still in due:RULE claimed by one
--- claim_keys call (a few commands for the batch, not per group). Returns group -> the
--- claims it got.
+-- (all due: it has at least that many) popped from its queue (x.popped of them), those
+-- still due in due:RULE claimed by one claim_keys call (a few commands for the batch,
+-- not per group); one due later there goes back to its queue at that time. Returns
+-- group -> the claims it got.
 local function fair_take(c, f, r, due_key, inflight_key, cands)
   local keys, group_of, got = {}, {}, {}
   for _, x in ipairs(cands) do
@@ -446,7 +356,12 @@ local function fair_take(c, f, r, due_key, inflight_key, cands)
   if #keys == 0 then return got end
   local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
   for i = 1, #keys do
-    if scores[i] then ready[#ready + 1] = keys[i] end
+    local due = tonumber(scores[i])
+    if due and due > c.now then
+      redis.call('ZADD', f.prefix .. 'q:' .. group_of[keys[i]], due, keys[i])
+    elseif due then
+      ready[#ready + 1] = keys[i]
+    end
   end
   if #ready == 0 then return got end
   redis.call('ZREM', due_key, unpack(ready))
@@ -477,33 +392,29 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'swept', 'head', 'low', 'gaps')
-  f.state = {swept = st[2] or nil, head = st[3] or nil, low = st[4] or nil,
-             gaps = st[5] or nil}
-  local had_gap = f.state.gaps ~= nil
-  f.v, f.meta = tonumber(st[1]) or 0, c.meta
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'ahead', 'low')
+  f.state = {ahead = st[2] or nil, low = st[3] or nil}
+  f.v, f.meta, f.now = tonumber(st[1]) or 0, c.meta, c.now
   fair_settings(f)
-  fair_sweep(c, f, due_key)
+  fair_publish(f, due_key)
+  fair_ahead(c, f, due_key)
+  fair_round(f, due_key)
+  fair_lift(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
+  fair_wake(c, f)
   local cands, capped = fair_plan(f, limit)
   local got = fair_take(c, f, r, due_key, inflight_key, cands)
-  local groups, tags = f.prefix .. 'groups', f.prefix .. 'tags'
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local start = x.s0 + (got[x.g] or 0) / x.w
       if x.n > x.popped then
-        redis.call('ZADD', groups, start, x.g)
+        redis.call('ZADD', f.prefix .. 'groups', start, x.g)
       else
-        redis.call('ZREM', groups, x.g)
-        if start > f.v then redis.call('ZADD', tags, start, x.g) end
+        fair_rest(f, x.g, start)
       end
     end
   end
-  local out = {'v', tostring(f.v)}
-  for _, field in ipairs({'swept', 'head', 'low', 'gaps'}) do
-    if f.state[field] then out[#out + 1], out[#out + 2] = field, f.state[field] end
-  end
-  redis.call('HSET', f.prefix .. 'state', unpack(out))
-  if had_gap and not f.state.gaps then redis.call('HDEL', f.prefix .. 'state', 'gaps') end
+  redis.call('HSET', f.prefix .. 'state', 'v', tostring(f.v), 'ahead', f.state.ahead,
+             'low', tostring(f.state.low))
   return capped
 end

@@ -184,6 +184,83 @@ local function pending_times(v, now)
   return now, now, now, 0, 1
 end
 
+-- THE FAIR INDEX of a rule with `fair:` or a priority (_fair.lua keeps its order): its
+-- claim publishes, in its shard's FAIR-SPECS hash (the meta key's name and ":fair",
+-- keys.py ShardKeys.fair_specs), due key -> "PATTERN\0PREFIX\0PRIORITY-MS". Every
+-- script that adds keys to a due set goes through due_add, which mirrors those due
+-- within FAIR_AHEAD ms into the index: each key into its group's queue PREFIX..q:GROUP
+-- at its due score, and its group into PREFIX..heads (group -> its earliest score)
+-- unless the order holds it already (PREFIX..groups); a key whose priority is above the
+-- rule's also into PREFIX..prio (key -> due score), which the claim moves up its queue
+-- once it is due. A key due later costs no index while it waits: the claim indexes it
+-- from the due set when it comes within FAIR_AHEAD of its due time (_fair.lua).
+local FAIR_AHEAD = 60000
+local fair_specs_read = {}  -- due key -> spec, or false: read once a call
+
+-- The shard's FAIR-SPECS hash, named after its meta hash as keys.py names it.
+local function fair_specs_key(meta)
+  return meta .. ':fair'
+end
+
+local function fair_spec_of(meta, due_key)
+  local f = fair_specs_read[due_key]
+  if f == nil then
+    f = false
+    local v = redis.call('HGET', fair_specs_key(meta), due_key)
+    if v then
+      local pattern, prefix, prio = string.match(v, '^(.-)%z(.-)%z(%d+)$')
+      if prefix then f = {pattern = pattern, prefix = prefix, prio = tonumber(prio)} end
+    end
+    fair_specs_read[due_key] = f
+  end
+  return f
+end
+
+-- The priority (ms) a key's state carries ("!" and base 36 at its end), or 0.
+local function state_prio(v)
+  if not v or not string.find(v, '!', 1, true) then return 0 end
+  local p = string.match(v, '!([%da-z]+)$')
+  return p and tonumber(p, 36) or 0
+end
+
+-- Mirror `entries` (SCORE, KEY, ... just added to `due_key`) into the rule's fair index
+-- (see above); `prios`: key -> its priority ms, or nil.
+local function fair_mirror(meta, due_key, entries, prios)
+  local f = fair_spec_of(meta, due_key)
+  if not f or #entries == 0 then return end
+  local by, order, lifted, horizon = {}, {}, {}, now_ms() + FAIR_AHEAD
+  for i = 1, #entries, 2 do
+    local score, key = tonumber(entries[i]), entries[i + 1]
+    local g = score <= horizon and (string.match(key, f.pattern) or '')
+    local t = g and by[g]
+    if g and not t then
+      t = {n = 0, low = score, items = {}}
+      by[g] = t
+      order[#order + 1] = g
+    end
+    if t then
+      t.items[t.n + 1], t.items[t.n + 2], t.n = score, key, t.n + 2
+      if score < t.low then t.low = score end
+      if prios and (prios[key] or 0) > f.prio then
+        lifted[#lifted + 1], lifted[#lifted + 2] = score, key
+      end
+    end
+  end
+  for _, g in ipairs(order) do
+    each_chunk('ZADD', f.prefix .. 'q:' .. g, by[g].items)
+    if not redis.call('ZSCORE', f.prefix .. 'groups', g) then
+      redis.call('ZADD', f.prefix .. 'heads', 'LT', by[g].low, g)
+    end
+  end
+  each_chunk('ZADD', f.prefix .. 'prio', lifted)
+end
+
+-- Add `entries` (SCORE, KEY, ...) to `due_key`, and to its rule's fair index.
+local function due_add(meta, due_key, entries, prios)
+  each_chunk('ZADD', due_key, entries)
+  fair_mirror(meta, due_key, entries, prios)
+end
+
 -- A pending value (`sched`: the due time is a touch's own, see above; `count`: the
 -- burst's touches, 1 when nil; `prio`: the burst's priority in ms, none when nil or 0).
 local function pending(first, last, attempts, due, sched, count, prio)
@@ -208,7 +285,7 @@ end
 -- due time set by a touch's own time; `count`: the burst's touches, 1 when nil).
 local function schedule(meta, due_key, key, first, last, attempts, due, sched, count, prio)
   redis.call('HSET', meta, key, pending(first, last, attempts, due, sched, count, prio))
-  redis.call('ZADD', due_key, due, key)
+  due_add(meta, due_key, {due, key}, prio and {[key] = prio})
 end
 
 local function running(r)
@@ -488,11 +565,12 @@ end
 -- `due_key` (the fair order of _fair.lua picks them its own way).
 local function claim_keys(c, rule_index, due_key, inflight_key, ready)
   local states = read_fields(c.meta, ready)
-  local take, counts, later, n, sched = {}, {}, {}, 0, {}
+  local take, counts, later, n, sched, lifts = {}, {}, {}, 0, {}, {}
   for i, key in ipairs(ready) do
     local first, due, last, tries, count = pending_times(states[i], c.now)
     if due > c.now then
       later[#later + 1], later[#later + 2] = due, key
+      lifts[key] = state_prio(states[i])
     else  -- FIRST|LAST|ATTEMPT|DUE of the claim, and its key
       take[n + 1] = int(first) .. '|' .. int(last) .. '|' .. (tries + 1) .. '|' .. int(due)
       take[n + 2] = key
@@ -501,7 +579,7 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
       n = n + 2
     end
   end
-  if #later > 0 then redis.call('ZADD', due_key, unpack(later)) end
+  if #later > 0 then due_add(c.meta, due_key, later, lifts) end
   if n == 0 then return end
   local token = take_tokens(c.seq, n / 2, c.now)
   local first_token = token + 1

@@ -39,7 +39,7 @@ local function requeue_keys(meta, due_key, dead_key, keys, listed, now)
   if n > 0 then
     each_chunk('ZREM', dead_key, back)
     each_chunk('HSET', meta, fields)
-    each_chunk('ZADD', due_key, entries)
+    due_add(meta, due_key, entries)
   end
   return n, not_dead
 end

@@ -34,6 +34,7 @@ local c = {meta = KEYS[2], seq = KEYS[3], now = now, lease_until = now + tonumbe
 claim_items_at(c, 3 + (#KEYS - 6))
 local fair = fair_specs(3 + (#KEYS - 6))  -- nil: no rule of this call is fair (_fair.lua)
 local paused = paused_due_keys(KEYS[6], KEYS[2])
+local published = redis.call('EXISTS', fair_specs_key(KEYS[2])) == 1  -- some rule's index
 local next_due, next_expiry, blocked, served, held = nil, nil, 0, 0, {}
 
 local function head(zset)
@@ -52,6 +53,7 @@ for r = 0, (#KEYS - 6) / 2 - 1 do
     if limit > 0 and fair and fair[r] then
       capped = claim_fair(c, r, due_key, inflight_key, limit, fair[r])
     elseif limit > 0 then
+      if published then fair_unpublish(c.meta, due_key) end
       claim_due(c, r, due_key, inflight_key, limit)
     end
     local h = limit >= 0 and head(due_key) or nil

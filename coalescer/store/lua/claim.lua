@@ -45,6 +45,7 @@ local rules = (#KEYS - 6) / 2
 claim_items_at(c, 5 + rules)
 local fair = fair_specs(5 + rules)  -- nil: no rule of this call is fair (_fair.lua)
 local paused = paused_due_keys(KEYS[6], KEYS[2])
+local published = redis.call('EXISTS', fair_specs_key(KEYS[2])) == 1  -- some rule's index
 local next_due, next_expiry = nil, nil
 
 local function head(zset)
@@ -61,6 +62,7 @@ for r = 0, rules - 1 do
   if limit > 0 and fair and fair[r] then
     capped = claim_fair(c, r, due_key, inflight_key, limit, fair[r])
   elseif limit > 0 then
+    if published then fair_unpublish(c.meta, due_key) end
     claim_due(c, r, due_key, inflight_key, limit)
   end
   local claimed = #c.claims - before

@@ -22,7 +22,7 @@ local function hasten(due_key, key, score)
   elseif score <= now then
     return 0
   end
-  redis.call('ZADD', due_key, now, key)
+  due_add(meta, due_key, {now, key}, s and s.prio and {[key] = s.prio})
   return 1
 end
 

@@ -34,10 +34,10 @@ local function merge_pending(b, e, due_key, key)
   local first, last = math.min(b.first, e.first), math.max(b.last, e.last)
   local due = math.max(b.due, e.due)
   local sched = (b.due == due and b.sched) or (e.due == due and e.sched) or nil
+  local prio = math.max(b.prio or 0, e.prio or 0)
   redis.call('HSET', meta, key, pending(first, last, math.max(b.attempts, e.attempts), due,
-                                        sched, (b.count or 1) + (e.count or 1),
-                                        math.max(b.prio or 0, e.prio or 0)))
-  redis.call('ZADD', due_key, due, key)
+                                        sched, (b.count or 1) + (e.count or 1), prio))
+  due_add(meta, due_key, {due, key}, {[key] = prio})
   return due
 end
 

@@ -19,6 +19,6 @@ if s.kind == 'D' then return {now, 'dead'} end
 local score = tonumber(redis.call('ZSCORE', due_key, key))
 if s.due <= now and score and score <= now then return {now, 'due'} end
 redis.call('HSET', meta, key, pending(s.first, s.last, s.attempts, now))
-redis.call('ZADD', due_key, now, key)
+due_add(meta, due_key, {now, key})
 wake(KEYS[3], ARGV[2], now)
 return {now, 'hastened'}

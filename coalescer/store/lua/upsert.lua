@@ -198,7 +198,8 @@ end
 -- `prios`: key -> its touch's priority in ms (nil when no key of the group has one).
 local function plan(keys, vals, window, max_wait, guarded, failed, times, leads, prios)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
-  local p = {states = states, adds = adds, revived = {}, count = 0, events = {}}
+  local p = {states = states, adds = adds, revived = {}, count = 0, events = {}, lifts = {},
+             raised = {}}
   local fresh, fresh_due = pending(now, now, 0, now + window), int(now + window)
   for i = 1, #keys do
     local key, v = keys[i], vals[i]
@@ -229,6 +230,11 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times, leads,
       if due then
         adds[na + 1], adds[na + 2] = due, key
         na = na + 2
+        if string.find(state, '!', 1, true) then p.lifts[key] = state_prio(state) end
+      elseif prio and string.byte(state, 1) ~= 82 then  -- a pending key's priority raised:
+        local _, pdue = pending_times(state, now)        -- its queue learns it (_lib.lua)
+        p.raised[#p.raised + 1], p.raised[#p.raised + 2] = pdue, key
+        p.lifts[key] = state_prio(state)
       end
     else
       failed[#failed + 1], failed[#failed + 2] = key, key_error(state)
@@ -370,7 +376,8 @@ for g = 0, (#KEYS - 6) / 2 - 1 do
   end
   each_chunk('HSET', meta, p.states)
   each_chunk('ZREM', dead_key, p.revived)
-  each_chunk('ZADD', due_key, p.adds)
+  due_add(meta, due_key, p.adds, p.lifts)
+  fair_mirror(meta, due_key, p.raised, p.lifts)
   for i = 1, #p.events, 2 do
     local tkey = timeline_of(meta, p.events[i])
     if redis.call('EXISTS', tkey) == 1 then
