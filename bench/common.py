@@ -358,15 +358,17 @@ def process_tree_cpu(pid: int) -> float:
 
 
 async def touch_distinct(c: Coalescer, keys: Iterable[str],
-                         items: Iterable[str | None] | None = None) -> int:
-    """Touch each key once (with its item of ``items``), yielding every 1000 so the
-    flusher writes meanwhile; how many touches the full buffer refused first."""
+                         items: Iterable[str | None] | None = None, *,
+                         delay: float | None = None) -> int:
+    """Touch each key once (with its item of ``items``; ``delay`` s ahead, else a window
+    on), yielding every 1000 so the flusher writes meanwhile; how many touches the full
+    buffer refused first."""
     refused = 0
     touch = c.touch
     for i, (k, item) in enumerate(zip(keys, items or itertools.repeat(None), strict=False)):
         for _ in range(10_000):  # bounded: back-pressure only while Redis catches up
             try:
-                touch(k, item)
+                touch(k, item, delay=delay)
                 break
             except BackpressureError:
                 refused += 1

@@ -18,9 +18,10 @@ due time), rule ``t:{org}:{id}`` with a 100 ms window:
   for the same second while rule ``other`` is touched every 10 ms: ``other``'s start lag
   p50/p99 while the herd drains (no ``fair``: rules are apart by design; the "baseline"
   column is ``other`` alone, the same node and rate with no herd).
-- ``memory``: Redis memory per pending key (``memory_keys`` keys over 100 tenants) and
-  per tenant (``fair_groups`` tenants of one key each), ``fair`` on against off, once
-  the claim script has indexed every due key by tenant.
+- ``memory``: Redis memory per pending key (``memory_keys`` keys over 100 tenants)
+  scheduled an hour ahead (beyond the queues' look-ahead) and due within the window (in
+  their tenant's queue), and per tenant (``fair_groups`` tenants of one key each),
+  ``fair`` on against off.
 
 The ``max_running`` figure runs over node processes: ``bench/fairness_cap.py``.
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import sys
 import time
@@ -67,7 +67,6 @@ SCHEDULE_RATE = 20_000  # keys/s a loaded machine schedules at least (measured: 
 MEMORY_TENANTS = 100
 DRAIN_TIMEOUT = 120.0
 HERD_DRAIN_TIMEOUT = 300.0  # a million keys at a loaded machine's few thousand a second
-INDEX_PER_CALL = 2000  # due keys a claim call's sweep indexes (store/lua/_fair.lua)
 
 
 @dataclass
@@ -462,15 +461,17 @@ async def _other_rule(c: Coalescer, stop: asyncio.Event) -> int:
 
 
 async def memory(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
-    """Bytes per pending key (``memory_keys`` over ``MEMORY_TENANTS`` tenants) and per
-    tenant (``fair_groups`` tenants of one key each), read with ``used_memory`` once the
-    claim script has indexed every due key by tenant (as a node's claim calls do while
-    they drain): the same claim calls, one key claimed a call, with ``fair`` off."""
+    """Bytes per pending key (``memory_keys`` over ``MEMORY_TENANTS`` tenants) scheduled
+    an hour ahead, beyond the look-ahead of a fair rule's queues, and written with the
+    rule's window (each in its tenant's queue with ``fair``), and per tenant
+    (``fair_groups`` tenants of one key each), read with ``used_memory``; a claim call
+    first, as a node's, publishes the rule's queues for the writes."""
     fs = sizes_of(sizes)
     text = tenant_rules(fair_block() if fair else "")
     if fair and (why := fair_refused(text)):
         return {"skipped": why}
     many = [tkey(f"m{i % MEMORY_TENANTS}", i) for i in range(fs.memory_keys)]
+    later = [tkey(f"l{i % MEMORY_TENANTS}", i) for i in range(fs.memory_keys)]
     groups = [tkey(f"g{i}", 0) for i in range(fs.fair_groups)]
     sync = server.client(timeout=60)
     config = Config.from_string(text, source="<bench>")
@@ -478,44 +479,34 @@ async def memory(server: Server, sizes: C.Sizes, fair: bool) -> dict[str, Any]:
         async with node(server, text, worker=False) as w:
             w.touch(tkey("warm", 0))
             await w.flush()
-            await _index(server, config, 1)
-            per_key = await _bytes_per(server, config, w, sync, many)
-            per_group = await _bytes_per(server, config, w, sync, groups)
+            await _claim_once(server, config)
+            per_later = await _bytes_per(w, sync, later, delay=3600)
+            per_key = await _bytes_per(w, sync, many)
+            per_group = await _bytes_per(w, sync, groups)
     finally:
         sync.close()
     return {"fair": fair, "keys": len(many), "tenants": MEMORY_TENANTS,
-            "bytes_per_key": per_key["bytes"], "index_bytes_per_key": per_key["index"],
-            "pending_bytes_per_key": per_key["bytes"] - per_key["index"],
-            "groups": len(groups), "bytes_per_group_key": per_group["bytes"],
-            "index_bytes_per_group_key": per_group["index"], **load_note()}
+            "pending_bytes_per_key": per_later, "bytes_per_key": per_key,
+            "groups": len(groups), "bytes_per_group_key": per_group, **load_note()}
 
 
-async def _bytes_per(server: Server, config: Config, w: Coalescer, sync: Any,
-                     keys: list[str]) -> dict[str, float]:
-    """Bytes per key of ``keys`` written and due, and of their index (the claim calls')."""
+async def _bytes_per(w: Coalescer, sync: Any, keys: list[str],
+                     delay: float | None = None) -> float:
+    """Bytes per key of ``keys`` written (each ``delay`` s ahead, else the rule's window)."""
     before = used_memory(sync)
-    await C.touch_distinct(w, keys)
+    await C.touch_distinct(w, keys, delay=delay)
     await w.flush()
-    await asyncio.sleep(0.3)  # every key due
-    written = used_memory(sync)
-    await _index(server, config, len(keys))
-    n = max(1, len(keys))
-    return {"bytes": (used_memory(sync) - before) / n, "index": (used_memory(sync) - written) / n}
+    return (used_memory(sync) - before) / max(1, len(keys))
 
 
-async def _index(server: Server, config: Config, n: int) -> int:
-    """Claim calls of one key each, enough for the fair index to take ``n`` due keys (it
-    indexes up to ``INDEX_PER_CALL`` a call); the calls made."""
+async def _claim_once(server: Server, config: Config) -> None:
+    """One claim call of the rule, as a node makes at start."""
     r = Redis.from_url(server.url, decode_responses=True)
     scripts = Scripts(r)
-    fair = fair_rules(config.rules)
-    calls = math.ceil(n / INDEX_PER_CALL) + 2
     try:
         state = await scripts.acquire(SHARD, node_id="bench-mem", lease_ms=600_000, mine="")
-        for _ in range(calls):
-            await scripts.claim(SHARD, leader=state.holder, node_id="bench-mem",
-                                claim_lease_ms=600_000, sleep_cap_ms=1000,
-                                limits=[(RULE, 1)], fair=fair)
+        await scripts.claim(SHARD, leader=state.holder, node_id="bench-mem",
+                            claim_lease_ms=600_000, sleep_cap_ms=1000,
+                            limits=[(RULE, 1)], fair=fair_rules(config.rules))
     finally:
         await r.aclose()
-    return calls

@@ -124,12 +124,12 @@ def _herd_rows(t: Table, fs: FR.FairSizes) -> None:
 
 def _memory_rows(t: Table, fs: FR.FairSizes) -> None:
     keys = f"{fs.memory_keys:,} keys over {FR.MEMORY_TENANTS} tenants"
-    t.figure(f"Redis memory per pending key, {keys}, before they fall due, fair (beside: "
+    t.figure(f"Redis memory per pending key, {keys}, scheduled an hour ahead, fair (beside: "
              "fair off)", t.spread("fair_memory.coalescer", "pending_bytes_per_key"),
              t.spread("fair_memory.baseline", "pending_bytes_per_key"), fmt=_bytes,
              target="<= 150 B", ok=lambda c: c <= 150)
-    t.figure(f"Redis memory per pending key, {keys}, due and waiting in their tenant's "
-             "queue, fair (beside: fair off)", t.spread("fair_memory.coalescer",
+    t.figure(f"Redis memory per pending key, {keys}, due within the window, each in its "
+             "tenant's queue, fair (beside: fair off)", t.spread("fair_memory.coalescer",
                                                          "bytes_per_key"),
              t.spread("fair_memory.baseline", "bytes_per_key"), fmt=_bytes)
     t.figure(f"Redis memory per due key, {fs.fair_groups:,} tenants of one key each, fair "

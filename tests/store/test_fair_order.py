@@ -353,14 +353,14 @@ async def test_an_adopting_node_claims_in_fair_order_under_the_cap(
     assert batch.blocked  # the capped tenant's keys wait for a run to end
 
 
-async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenants(
+async def test_a_key_missing_from_its_queue_is_found_by_the_round_behind_capped_tenants(
         shard: Shard) -> None:  # noqa: F811
     await lead(shard)
     await touch(shard, *keys_of("a", 300), *keys_of("b", 300))
     await shard.after(await shard.now())
     assert orgs(await claim(shard, 10, spec(cap=1))) == {"a": 1, "b": 1}
-    # a key put back with a due time as old as theirs, ranked after all of them (as an
-    # ack re-arms a touch that came while it ran), which no sweep indexes
+    # a due key ranked after all of theirs that its queue lacks (as a writer older than
+    # the queues leaves it)
     await touch(shard, "t:c:1")
     last_key, last_score = (await shard.r.zrange(shard.keys.due(RULE), -2, -2,
                                                   withscores=True))[0]
@@ -369,9 +369,24 @@ async def test_a_key_put_back_below_the_sweep_point_is_found_behind_capped_tenan
     await shard.r.delete(shard.keys.fair(RULE) + "q:c")
 
     found: Counter[str] = Counter()
-    for _ in range(40):  # a round, 16 keys a call, over the 599 below the sweep point
+    for _ in range(40):  # a round, 16 keys a call, over the 599 keys due
         found += orgs(await claim(shard, 10, spec(cap=1)))
     assert found == {"c": 1}
+
+
+async def test_a_rule_claimed_without_fair_drops_its_queues_and_its_writes_are_not_queued(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    await touch(shard, *keys_of("a", 5))
+    assert await indexed(shard)
+    await shard.after(await shard.now())
+
+    assert orgs(await claim(shard, 2)) == {"a": 2}  # a node whose rules lost `fair:`
+    await touch(shard, *keys_of("b", 5))
+
+    assert await indexed(shard) == {}
+    assert await shard.r.hlen(shard.keys.fair_specs) == 0
+    assert orgs(await claim(shard, 100)) == {"a": 3, "b": 5}
 
 
 async def indexed(s: Shard) -> dict[str, float]:

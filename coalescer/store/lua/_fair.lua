@@ -121,8 +121,8 @@ local function parse_mark(mark)
 end
 
 
--- Publish the rule's spec for the writers; when it was absent or different, the index
--- is built again (state boot).
+-- Publish the rule's spec for the writers; when it was absent or different, the
+-- look-ahead starts again from the first key (see fair_ahead).
 local function fair_publish(f, due_key)
   local spec = f.pattern .. '\0' .. f.prefix .. '\0' .. int(f.prio)
   local specs = fair_specs_key(f.meta)
@@ -170,11 +170,16 @@ local function fair_ahead(c, f, due_key)
   end
 end
 
--- The round: FAIR_LOW keys of due:RULE a call, indexing those missing from their queue.
-local function fair_round(f, due_key)
+-- The round: FAIR_LOW keys of due:RULE a call, in due order up to the look-ahead's
+-- horizon and round again, indexing those missing from their queue.
+local function fair_round(c, f, due_key)
   local at = tonumber(f.state.low) or 0
   local got = redis.call('ZRANGE', due_key, at, at + FAIR_LOW - 1, 'WITHSCORES')
   f.state.low = #got == 2 * FAIR_LOW and at + FAIR_LOW or 0
+  while #got > 0 and tonumber(got[#got]) > c.now + FAIR_AHEAD do
+    got[#got], got[#got - 1] = nil, nil
+    f.state.low = 0
+  end
   local by, order = {}, {}
   for i = 1, #got, 2 do
     local g = string.match(got[i], f.pattern) or ''
@@ -398,7 +403,7 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   fair_settings(f)
   fair_publish(f, due_key)
   fair_ahead(c, f, due_key)
-  fair_round(f, due_key)
+  fair_round(c, f, due_key)
   fair_lift(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   fair_wake(c, f)
