@@ -18,6 +18,7 @@
 --   PREFIX..state    HASH  v      the virtual time: the start tag of the last claim
 --                          ahead  how far due:RULE is indexed (fair_ahead)
 --                          low    where the round over due:RULE goes on
+--                          calls  the claim calls, counted FAIR_EVERY round
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
@@ -32,10 +33,11 @@
 -- was absent or different, that look-ahead starts again from the first key, FAIR_SWEEP
 -- keys a call: the keys written before the spec was there. The index is a hint,
 -- checked at each claim: an entry whose key left due:RULE (claimed by a drain,
--- cancelled, moved) is dropped. A round over due:RULE, FAIR_LOW keys a call, indexes any
--- key missing from its queue (written by a client that predates the index, say).
+-- cancelled, moved) is dropped. A round over due:RULE, FAIR_LOW keys every FAIR_EVERY
+-- calls, indexes any key missing from its queue (written by a client that predates the
+-- index, say).
 
-local FAIR_SWEEP, FAIR_LOW, FAIR_HEADS = 2000, 16, 1000
+local FAIR_SWEEP, FAIR_LOW, FAIR_EVERY, FAIR_HEADS = 2000, 16, 8, 1000
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -170,9 +172,11 @@ local function fair_ahead(c, f, due_key)
   end
 end
 
--- The round: FAIR_LOW keys of due:RULE a call, in due order up to the look-ahead's
--- horizon and round again, indexing those missing from their queue.
+-- The round: FAIR_LOW keys of due:RULE every FAIR_EVERY calls, in due order up to the
+-- look-ahead's horizon and round again, indexing those missing from their queue.
 local function fair_round(c, f, due_key)
+  f.state.calls = ((tonumber(f.state.calls) or 0) + 1) % FAIR_EVERY
+  if f.state.calls ~= 0 then return end
   local at = tonumber(f.state.low) or 0
   local got = redis.call('ZRANGE', due_key, at, at + FAIR_LOW - 1, 'WITHSCORES')
   f.state.low = #got == 2 * FAIR_LOW and at + FAIR_LOW or 0
@@ -397,8 +401,8 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'ahead', 'low')
-  f.state = {ahead = st[2] or nil, low = st[3] or nil}
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'ahead', 'low', 'calls')
+  f.state = {ahead = st[2] or nil, low = st[3] or nil, calls = st[4] or nil}
   f.v, f.meta, f.now = tonumber(st[1]) or 0, c.meta, c.now
   fair_settings(f)
   fair_publish(f, due_key)
@@ -420,6 +424,6 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
     end
   end
   redis.call('HSET', f.prefix .. 'state', 'v', tostring(f.v), 'ahead', f.state.ahead,
-             'low', tostring(f.state.low))
+             'low', tostring(f.state.low or 0), 'calls', tostring(f.state.calls))
   return capped
 end
