@@ -143,7 +143,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
 PEERS = ("arq", "bullmq")  # their cells: the figure, and coalescer's median over theirs
 REPEATS = 3  # fresh runs of every measurement: the table shows min / median / max
 MEASURE_TIMEOUT = 150.0  # seconds: no measurement takes a tenth of this when all is well
-GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 600.0, "fair_cap": 600.0}  # measurements that run long
+GROUP_TIMEOUTS = {"fleet": 600.0, "herd": 600.0, "fair_cap": 600.0,  # measurements that run long
+                  "fair_memory": 600.0}
 GROUP_TIMEOUTS.update({"bulk_ops_search": 300.0, "bulk_ops_retry": 900.0})
 
 

@@ -102,11 +102,10 @@ end
 
 -- The rank in `due_key` of the first entry after (`score`, `member`) in its order (by
 -- score, then member, bytewise): a binary search within the entries of that score, so
--- a sweep cut inside thousands of keys due in the same millisecond goes on from there.
--- Also returns how many entries sort before `score`.
+-- a look-ahead cut inside thousands of keys due in the same millisecond goes on from
+-- there. Also returns how many entries sort before `score`.
 local function rank_after(due_key, score, member)
   local below = redis.call('ZCOUNT', due_key, '-inf', '(' .. score)
-  if member == '' then return below, below end
   local lo, hi = below, below + redis.call('ZCOUNT', due_key, score, score)
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
@@ -160,8 +159,8 @@ local function fair_ahead(c, f, due_key)
   local horizon = c.now + FAIR_AHEAD
   local score, member = parse_mark(f.state.ahead or '')
   if score and score > horizon then score, member = horizon, '' end  -- the clock stepped back
-  local start, below = 0, 0
-  if score then start, below = rank_after(due_key, int(score), member) end
+  local start, below = 0, 0  -- (a mark without a member starts at its score)
+  if score and member ~= '' then start, below = rank_after(due_key, int(score), member) end
   local got = redis.call('ZRANGE', due_key, score and int(score) or '-inf', int(horizon),
                          'BYSCORE', 'LIMIT', start - below, FAIR_SWEEP, 'WITHSCORES')
   fair_index(f, due_key, got)
