@@ -9,7 +9,10 @@ Due keys that wait for a handler slot are claimed the moment one frees: the
 poller reads the runner's count of freed slots before each claim call, claims
 again at once if a slot of a rule that hit its limit freed during the call, and
 otherwise sleeps noting those rules, so that the next freed slot of one of them
-wakes it. A rule whose slots are all busy never makes it spin.
+wakes it. A rule whose slots are all busy never makes it spin. A claim that got no
+slot for a rule with due keys while another shard's claim held them waits a random
+pause (at most ``COLLISION_PAUSE``) before the next: two shards' pollers never keep
+claiming in step, each holding the slots the other needs.
 
 A rule with a rate claims only the starts its token bucket grants (see
 ``worker.throttle``); its due keys left waiting make the poller sleep until the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -53,6 +57,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER_MS = 10 * 365 * 86_400_000  # "the poller looks again" this far ahead: when woken
+# At most this many seconds, at random, a poller waits before its next claim when its
+# last one got no slot for a rule with keys due because another shard's claim call,
+# under way, had reserved them (see ``_claim``)
+COLLISION_PAUSE = 0.002
 
 
 class Poller:
@@ -89,6 +97,8 @@ class Poller:
         self._others_claiming = others_claiming  # another shard's claim call is under way
         self.claiming = False  # a claim call of this poller is under way
         self._got_none = False  # its last claim call got no slot at all
+        self._collided = False  # ... none for a rule with due keys, another shard claiming
+        self._random = random.Random()
 
     def poke(self) -> None:
         """Wake the poller now (a nearer due time, a freed slot, a reconnect)."""
@@ -115,6 +125,8 @@ class Poller:
         self._lapsed.restart()
         try:
             while keep_leading():
+                if self._collided:
+                    await asyncio.sleep(self._random.uniform(0, COLLISION_PAUSE))
                 self._wake.clear()
                 self._waiting = []
                 self._freed_at_claim = [self._runner.freed(r) for r in self._rules]
@@ -155,6 +167,7 @@ class Poller:
                 claim_lease_ms=self._claim_lease_ms,
                 sleep_cap_ms=NEVER_MS, limits=limits,
                 item_rules=self._item_rules, fair=self._fair)
+        crowded = self._others_claiming()
         self.claiming = True
         try:
             batch, limits, taken = await claim_into_slots(
@@ -162,6 +175,12 @@ class Poller:
         finally:
             self.claiming = False
         self._got_none = not any(limits)
+        # Every claim call reserves every free slot, even of a rule with nothing due in
+        # its shard, until it returns. Two shards' pollers woken together by each
+        # other's freed slots can thus keep claiming at the same moments, each call
+        # holding the slots the other shard's due keys need, round after round: a hot
+        # loop that starts nothing. A random pause before the next claim breaks the step.
+        self._collided = crowded and any(limits[i] == 0 for i in batch.held)
         if any(taken):
             self.served = time.monotonic()
         if self._gate:
