@@ -2,8 +2,10 @@
 (touches with priorities and times of their own, claims in fair and in plain order,
 acks, failures, cancels, run-nows, dead-letter requeues, recoveries of lapsed claims,
 hastens) keep the fair index whole after each step: every pending key sits in its
-group's queue, and a group with a pending key is in the order or wakes no later than
-that key is due. At the end every key still pending is claimed: no group is stranded."""
+group's queue, no later than its score in the due set (else the claim would not take it
+while the due set says it is due, and the poller would claim again and again), and a
+group with a pending key is in the order or wakes no later than that key is due. At the
+end every key still pending is claimed: no group is stranded."""
 
 from __future__ import annotations
 
@@ -107,10 +109,12 @@ class Program:
             queue: dict[Any, float] = dict(await r.zrange(prefix + "q:" + g, 0, -1,
                                                           withscores=True))
             missing = [k for k in due if k.split(":")[1] == g and k not in queue]
+            behind = [k for k, score in queue.items() if k in due and score > due[k]]
             pending = [score for k, score in queue.items() if k in due]
             late = pending and g not in order and heads.get(g, float("inf")) > min(pending)
-            assert not missing and not late, (
-                f"group {g}: pending keys not in its queue {missing}; queue {queue}; "
+            assert not missing and not behind and not late, (
+                f"group {g}: pending keys not in its queue {missing}, queued later than "
+                f"their due score {behind}; queue {queue}; "
                 f"in the order {order.get(g)}, wakes at {heads.get(g)}\n"
                 + "\n".join(self.log[-25:]))
 

@@ -190,12 +190,28 @@ local function key_error(e)
   return e
 end
 
+-- `keys` (pending) as SCORE, KEY, ... with their scores in `due_key`: a re-touched key
+-- keeps its earlier score there until a claim re-scores it, and its queue entry must not
+-- be later (the claim would not take it while the due set says it is due).
+local function as_scored(due_key, keys)
+  local out = {}
+  for from = 1, #keys, 1000 do
+    local part = {unpack(keys, from, math.min(from + 999, #keys))}
+    local scores = redis.call('ZMSCORE', due_key, unpack(part))
+    for j, key in ipairs(part) do
+      if scores[j] then out[#out + 1], out[#out + 2] = scores[j], key end
+    end
+  end
+  return out
+end
+
 -- Work out the group's writes: p.states (field, value, ...), p.adds (score, key, ...)
 -- for its due set, p.revived (dead keys starting again). With `guarded`, each key
 -- with a state is worked out under pcall and a failing one goes to `failed`.
 -- `times`: key -> its touch's own time (nil when no key of the group has one).
 -- `leads`: key -> {state, due, dead} of a leading rule's leading touches (nil: none).
 -- `prios`: key -> its touch's priority in ms (nil when no key of the group has one).
+-- p.raised: the pending keys whose priority a touch raised (their queue learns it).
 local function plan(keys, vals, window, max_wait, guarded, failed, times, leads, prios)
   local states, adds, ns, na = {}, {}, 0, 0  -- counted, not `#`: a long table's # is a search
   local p = {states = states, adds = adds, revived = {}, count = 0, events = {}, lifts = {},
@@ -232,8 +248,7 @@ local function plan(keys, vals, window, max_wait, guarded, failed, times, leads,
         na = na + 2
         if string.find(state, '!', 1, true) then p.lifts[key] = state_prio(state) end
       elseif prio and string.byte(state, 1) ~= 82 then  -- a pending key's priority raised:
-        local _, pdue = pending_times(state, now)        -- its queue learns it (_lib.lua)
-        p.raised[#p.raised + 1], p.raised[#p.raised + 2] = pdue, key
+        p.raised[#p.raised + 1] = key                    -- its queue learns it (_lib.lua)
         p.lifts[key] = state_prio(state)
       end
     else
@@ -377,7 +392,7 @@ for g = 0, (#KEYS - 6) / 2 - 1 do
   each_chunk('HSET', meta, p.states)
   each_chunk('ZREM', dead_key, p.revived)
   due_add(meta, due_key, p.adds, p.lifts)
-  fair_mirror(meta, due_key, p.raised, p.lifts)
+  fair_mirror(meta, due_key, as_scored(due_key, p.raised), p.lifts)
   for i = 1, #p.events, 2 do
     local tkey = timeline_of(meta, p.events[i])
     if redis.call('EXISTS', tkey) == 1 then
