@@ -9,10 +9,11 @@ Due keys that wait for a handler slot are claimed the moment one frees: the
 poller reads the runner's count of freed slots before each claim call, claims
 again at once if a slot of a rule that hit its limit freed during the call, and
 otherwise sleeps noting those rules, so that the next freed slot of one of them
-wakes it. A rule whose slots are all busy never makes it spin. A claim that got no
-slot for a rule with due keys while another shard's claim held them waits a random
-pause (at most ``COLLISION_PAUSE``) before the next: two shards' pollers never keep
-claiming in step, each holding the slots the other needs.
+wakes it. A rule whose slots are all busy never makes it spin. After ``COLLISIONS``
+claims in a row that started nothing and got no slot for a rule with due keys while
+another shard's claim held them, a poller waits a random pause (at most
+``COLLISION_PAUSE``) before each next claim: two shards' pollers never keep claiming in
+step, each holding the slots the other needs.
 
 A rule with a rate claims only the starts its token bucket grants (see
 ``worker.throttle``); its due keys left waiting make the poller sleep until the
@@ -57,10 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER_MS = 10 * 365 * 86_400_000  # "the poller looks again" this far ahead: when woken
-# At most this many seconds, at random, a poller waits before its next claim when its
-# last one got no slot for a rule with keys due because another shard's claim call,
-# under way, had reserved them (see ``_claim``)
+# At most this many seconds, at random, a poller waits before its next claim once
+# COLLISIONS claims in a row started nothing and got no slot for a rule with keys due
+# while another shard's claim call was under way (see ``_claim``)
 COLLISION_PAUSE = 0.002
+COLLISIONS = 50  # about a tenth of a second of claims in step; rare otherwise
 
 
 class Poller:
@@ -97,7 +99,7 @@ class Poller:
         self._others_claiming = others_claiming  # another shard's claim call is under way
         self.claiming = False  # a claim call of this poller is under way
         self._got_none = False  # its last claim call got no slot at all
-        self._collided = False  # ... none for a rule with due keys, another shard claiming
+        self._collided = 0  # claims in a row that started nothing, another shard claiming
         self._random = random.Random()
 
     def poke(self) -> None:
@@ -125,7 +127,7 @@ class Poller:
         self._lapsed.restart()
         try:
             while keep_leading():
-                if self._collided:
+                if self._collided >= COLLISIONS:
                     await asyncio.sleep(self._random.uniform(0, COLLISION_PAUSE))
                 self._wake.clear()
                 self._waiting = []
@@ -179,8 +181,11 @@ class Poller:
         # its shard, until it returns. Two shards' pollers woken together by each
         # other's freed slots can thus keep claiming at the same moments, each call
         # holding the slots the other shard's due keys need, round after round: a hot
-        # loop that starts nothing. A random pause before the next claim breaks the step.
-        self._collided = crowded and any(limits[i] == 0 for i in batch.held)
+        # loop that starts nothing. Once that has gone on for COLLISIONS claims, a random
+        # pause before each next claim breaks the step (a pause every time a shard lost a
+        # race would make shards claim at uneven rates, and a fair rule's weights drift).
+        collided = crowded and not any(taken) and any(limits[i] == 0 for i in batch.held)
+        self._collided = self._collided + 1 if collided else 0
         if any(taken):
             self.served = time.monotonic()
         if self._gate:
