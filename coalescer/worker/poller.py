@@ -58,11 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NEVER_MS = 10 * 365 * 86_400_000  # "the poller looks again" this far ahead: when woken
-# At most this many seconds, at random, a poller waits before its next claim once
-# COLLISIONS claims in a row started nothing and got no slot for a rule with keys due
-# while another shard's claim call was under way (see ``_claim``)
-COLLISION_PAUSE = 0.002
-COLLISIONS = 50  # about a tenth of a second of claims in step; rare otherwise
+COLLISION_PAUSE = 0.002  # seconds at most of the random pause before a claim (``_claim``)
+COLLISIONS = 50  # collided claims in a row before it: a tenth of a second in step
 
 
 class Poller:
