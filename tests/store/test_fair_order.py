@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from redis.asyncio import Redis
+
 from coalescer.config.fair import lua_pattern
 from coalescer.config.patterns import KeyPattern
 from coalescer.store.fair_args import FairSpec
@@ -15,6 +17,7 @@ from coalescer.store.fair_settings import FairChange, record_in_flight, write_ov
 from coalescer.store.keys import fair_runs
 from coalescer.store.script_calls import script_source
 from coalescer.store.script_types import ClaimBatch, Failure, UpsertGroup
+from tests.helpers.servers import ValkeyProcess
 from tests.store.test_scripts import LONG, Shard, shard  # noqa: F401 (shard: a fixture)
 
 RULE = "t"
@@ -101,6 +104,66 @@ async def test_a_lone_tenant_drains_as_fast_and_in_due_order(shard: Shard) -> No
     got = [c.key for _ in range(3) for c in (await claim(shard, 20, spec())).claims]
 
     assert got == due_order and len(got) == 50  # 20 + 20 + 10: every slot used, in order
+
+
+PER_KEY = ("zpopmin", "zmscore")  # a claim taking keys one by one pops, then looks up
+
+
+async def lookups_of_claims(s: Shard, server: ValkeyProcess, limit: int,
+                            calls: int) -> tuple[Counter[str], int]:
+    """Claim ``calls`` times in fair order on a server of the test's own: the commands of
+    a claim taking keys one by one those claims sent, counted by the server, and how
+    many keys they claimed."""
+    sync = server.client()
+    try:
+        sync.config_resetstat()
+        claimed = sum([len((await claim(s, limit, spec())).claims) for _ in range(calls)])
+        stats = sync.info("commandstats")
+    finally:
+        sync.close()
+    return Counter({name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+                    for name in PER_KEY}), claimed
+
+
+async def test_a_lone_tenants_claims_cut_its_queue_and_the_due_keys_by_rank(
+        own_server: ValkeyProcess, namespace: str) -> None:
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    try:
+        s = Shard(client, namespace)
+        await lead(s)
+        await touch(s, *keys_of("a", 300))
+        await s.after(await s.now())
+        due_order = await client.zrange(s.keys.due(RULE), 0, -1)
+
+        counted, claimed = await lookups_of_claims(s, own_server, 32, 3)
+
+        assert claimed == 96 and counted["zpopmin"] == 0, counted  # one tenant: by rank
+        assert await client.zrange(s.keys.due(RULE), 0, -1) == due_order[96:]
+        queue = await client.zrange(s.keys.fair(RULE) + "q:a", 0, -1)
+        assert queue == due_order[96:]
+    finally:
+        await client.aclose()
+
+
+async def test_a_tenant_whose_queue_and_due_keys_differ_is_claimed_key_by_key(
+        own_server: ValkeyProcess, namespace: str) -> None:
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    try:
+        s = Shard(client, namespace)
+        await lead(s)
+        await touch(s, *keys_of("a", 100))
+        await s.after(await s.now())
+        first = (await client.zrange(s.keys.due(RULE), 0, 0))[0]
+        await client.zrem(s.keys.due(RULE), first)  # as a cancel leaves it in the queue
+        await client.hdel(s.keys.meta, first)
+
+        counted, claimed = await lookups_of_claims(s, own_server, 10, 1)
+
+        assert counted["zpopmin"] == 1  # the queue's head is gone: key by key
+        assert claimed == 9  # the nine others the call popped
+        assert await client.zscore(s.keys.fair(RULE) + "q:a", first) is None
+    finally:
+        await client.aclose()
 
 
 async def test_balanced_tenants_share_each_batch_evenly(shard: Shard) -> None:  # noqa: F811

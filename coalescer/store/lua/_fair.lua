@@ -344,13 +344,29 @@ local function fair_plan(f, limit)
   return cands, capped
 end
 
--- Claim the planned keys of every candidate in one go: each group's lowest `take` keys
--- (all due: it has at least that many) popped from its queue (x.popped of them), those
--- still due in due:RULE claimed by one claim_keys call (a few commands for the batch,
--- not per group); one due later there goes back to its queue at that time. Returns
--- group -> the claims it got.
-local function fair_take(c, f, r, due_key, inflight_key, cands)
-  local keys, group_of, got = {}, {}, {}
+-- The keys a lone taker `x` (the one group of the call's plan that takes keys) claims
+-- when its queue's first `take` keys are, in order, the first due keys of due:RULE (one
+-- tenant's import, say): both cut by rank, with no lookup per key. Else nil, nothing
+-- changed (fair_pop then takes them key by key).
+local function fair_run(c, f, due_key, x)
+  local q = f.prefix .. 'q:' .. x.g
+  local mine = redis.call('ZRANGE', q, 0, x.take - 1)
+  local due = redis.call('ZRANGE', due_key, '-inf', int(c.now), 'BYSCORE', 'LIMIT', 0, #mine)
+  if #mine == 0 or #due ~= #mine then return nil end  -- (a range 0..-1 would be all)
+  for i = 1, #mine do
+    if mine[i] ~= due[i] then return nil end
+  end
+  redis.call('ZREMRANGEBYRANK', q, 0, #mine - 1)
+  redis.call('ZREMRANGEBYRANK', due_key, 0, #mine - 1)
+  x.popped = #mine
+  return mine
+end
+
+-- Each taking candidate's lowest `take` keys (all due: it has at least that many)
+-- popped from its queue (x.popped of them), and those still due in due:RULE taken out
+-- of it; one due later there goes back to its queue at that time. Returns the keys.
+local function fair_pop(c, f, due_key, cands, group_of)
+  local keys = {}
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local popped = redis.call('ZPOPMIN', f.prefix .. 'q:' .. x.g, x.take)
@@ -361,7 +377,7 @@ local function fair_take(c, f, r, due_key, inflight_key, cands)
       end
     end
   end
-  if #keys == 0 then return got end
+  if #keys == 0 then return keys end
   local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
   for i = 1, #keys do
     local due = tonumber(scores[i])
@@ -371,8 +387,35 @@ local function fair_take(c, f, r, due_key, inflight_key, cands)
       ready[#ready + 1] = keys[i]
     end
   end
+  if #ready > 0 then redis.call('ZREM', due_key, unpack(ready)) end
+  return ready
+end
+
+-- The one candidate that takes keys, or nil when none or several do.
+local function lone_taker(cands)
+  local one = nil
+  for _, x in ipairs(cands) do
+    if x.take > 0 then
+      if one then return nil end
+      one = x
+    end
+  end
+  return one
+end
+
+-- Claim the planned keys of every candidate in one go (fair_run, else fair_pop), by one
+-- claim_keys call (a few commands for the batch, not per group). Returns group -> the
+-- claims it got.
+local function fair_take(c, f, r, due_key, inflight_key, cands)
+  local group_of, got = {}, {}
+  local x = lone_taker(cands)
+  local ready = x and fair_run(c, f, due_key, x)
+  if ready then
+    for _, key in ipairs(ready) do group_of[key] = x.g end
+  else
+    ready = fair_pop(c, f, due_key, cands, group_of)
+  end
   if #ready == 0 then return got end
-  redis.call('ZREM', due_key, unpack(ready))
   local before_n = #c.claims
   c.ckeys, c.ctokens = {}, {}  -- claim_keys notes each claim's key and token there
   claim_keys(c, r, due_key, inflight_key, ready)
