@@ -77,6 +77,8 @@ async def test_a_trickle_tenant_is_claimed_in_the_first_batch_behind_a_huge_one(
     batch = await claim(shard, 100, spec())
 
     assert orgs(batch) == {"huge": 99, "quiet": 1}
+    # and among the first to start, in the order the claims were picked
+    assert [c.key for c in batch.claims].index("t:quiet:1") == 1
 
 
 async def test_without_fair_the_same_trickle_waits_behind_the_whole_backlog(

@@ -307,12 +307,12 @@ end
 -- Plan up to `limit` claims in SFQ order. Candidates are read in start-tag order until
 -- `limit` of them may take a claim (no group after those can be reached in `limit`
 -- picks), at most FAIR_PAGES pages of `limit` groups: a group its cap holds back never
--- hides the others. Returns the candidates ({g, s, w, take}) and whether a cap held
--- back a group with due keys.
+-- hides the others. Returns the candidates ({g, s, w, take}), whether a cap held back a
+-- group with due keys, and the picks (a candidate per claim, in the order picked).
 local FAIR_PAGES = 8
 
 local function fair_plan(f, limit)
-  local heap, cands, capped, open = {}, {}, false, 0
+  local heap, cands, capped, open, picks = {}, {}, false, 0, {}
   local groups = f.prefix .. 'groups'
   for page = 0, FAIR_PAGES - 1 do
     local found = redis.call('ZRANGE', groups, page * limit, (page + 1) * limit - 1,
@@ -339,9 +339,10 @@ local function fair_plan(f, limit)
     if not x then break end
     if x.s > f.v then f.v = x.s end
     x.take, x.left, x.s = x.take + 1, x.left - 1, x.s + 1 / x.w
+    picks[#picks + 1] = x
     if x.left > 0 then heap_push(heap, x) end
   end
-  return cands, capped
+  return cands, capped, picks
 end
 
 -- The keys a lone taker `x` (the one group of the call's plan that takes keys) claims
@@ -364,18 +365,24 @@ end
 
 -- Each taking candidate's lowest `take` keys (all due: it has at least that many)
 -- popped from its queue (x.popped of them), and those still due in due:RULE taken out
--- of it; one due later there goes back to its queue at that time. Returns the keys.
-local function fair_pop(c, f, due_key, cands, group_of)
-  local keys = {}
+-- of it; one due later there goes back to its queue at that time. Returns the keys in
+-- the order of the plan's picks, which is the order their refreshes start in: a
+-- quiet tenant's key goes with the first of a batch, not after a busy tenant's.
+local function fair_pop(c, f, due_key, cands, picks, group_of)
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local popped = redis.call('ZPOPMIN', f.prefix .. 'q:' .. x.g, x.take)
-      x.popped = #popped / 2
+      x.popped, x.keys, x.next = #popped / 2, {}, 1
       for i = 1, #popped, 2 do
-        keys[#keys + 1] = popped[i]
+        x.keys[#x.keys + 1] = popped[i]
         group_of[popped[i]] = x.g
       end
     end
+  end
+  local keys = {}
+  for _, x in ipairs(picks) do
+    local key = x.keys[x.next]
+    if key then keys[#keys + 1], x.next = key, x.next + 1 end
   end
   if #keys == 0 then return keys end
   local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
@@ -406,14 +413,14 @@ end
 -- Claim the planned keys of every candidate in one go (fair_run, else fair_pop), by one
 -- claim_keys call (a few commands for the batch, not per group). Returns group -> the
 -- claims it got.
-local function fair_take(c, f, r, due_key, inflight_key, cands)
+local function fair_take(c, f, r, due_key, inflight_key, cands, picks)
   local group_of, got = {}, {}
   local x = lone_taker(cands)
   local ready = x and fair_run(c, f, due_key, x)
   if ready then
     for _, key in ipairs(ready) do group_of[key] = x.g end
   else
-    ready = fair_pop(c, f, due_key, cands, group_of)
+    ready = fair_pop(c, f, due_key, cands, picks, group_of)
   end
   if #ready == 0 then return got end
   local before_n = #c.claims
@@ -453,8 +460,8 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   fair_lift(c, f, due_key)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   fair_wake(c, f)
-  local cands, capped = fair_plan(f, limit)
-  local got = fair_take(c, f, r, due_key, inflight_key, cands)
+  local cands, capped, picks = fair_plan(f, limit)
+  local got = fair_take(c, f, r, due_key, inflight_key, cands, picks)
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local start = x.s0 + (got[x.g] or 0) / x.w
