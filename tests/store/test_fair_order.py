@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import AsyncIterator
 
+import pytest
 from redis.asyncio import Redis
 
 from coalescer.config.fair import lua_pattern
@@ -111,11 +113,25 @@ async def test_a_lone_tenant_drains_as_fast_and_in_due_order(shard: Shard) -> No
 PER_KEY = ("zpopmin", "zmscore")  # a claim taking keys one by one pops, then looks up
 
 
+@pytest.fixture
+async def counted_shard(own_server: ValkeyProcess, namespace: str) -> AsyncIterator[Shard]:
+    """A led shard whose fair order is published, on a server of the test's own (its
+    command counts are the test's alone), with tenant a's 100 keys due."""
+    client = Redis.from_url(own_server.url, decode_responses=True)
+    try:
+        s = Shard(client, namespace)
+        await lead(s)
+        await touch(s, *keys_of("a", 100))
+        await s.after(await s.now())
+        yield s
+    finally:
+        await client.aclose()
+
+
 async def lookups_of_claims(s: Shard, server: ValkeyProcess, limit: int,
                             calls: int) -> tuple[Counter[str], int]:
-    """Claim ``calls`` times in fair order on a server of the test's own: the commands of
-    a claim taking keys one by one those claims sent, counted by the server, and how
-    many keys they claimed."""
+    """Claim ``calls`` times in fair order: the commands of a claim taking keys one by
+    one those claims sent, counted by the server, and how many keys they claimed."""
     sync = server.client()
     try:
         sync.config_resetstat()
@@ -128,44 +144,29 @@ async def lookups_of_claims(s: Shard, server: ValkeyProcess, limit: int,
 
 
 async def test_a_lone_tenants_claims_cut_its_queue_and_the_due_keys_by_rank(
-        own_server: ValkeyProcess, namespace: str) -> None:
-    client = Redis.from_url(own_server.url, decode_responses=True)
-    try:
-        s = Shard(client, namespace)
-        await lead(s)
-        await touch(s, *keys_of("a", 300))
-        await s.after(await s.now())
-        due_order = await client.zrange(s.keys.due(RULE), 0, -1)
+        counted_shard: Shard, own_server: ValkeyProcess) -> None:
+    s = counted_shard
+    due_order = await s.r.zrange(s.keys.due(RULE), 0, -1)
 
-        counted, claimed = await lookups_of_claims(s, own_server, 32, 3)
+    counted, claimed = await lookups_of_claims(s, own_server, 32, 3)
 
-        assert claimed == 96 and counted["zpopmin"] == 0, counted  # one tenant: by rank
-        assert await client.zrange(s.keys.due(RULE), 0, -1) == due_order[96:]
-        queue = await client.zrange(s.keys.fair(RULE) + "q:a", 0, -1)
-        assert queue == due_order[96:]
-    finally:
-        await client.aclose()
+    assert claimed == 96 and counted["zpopmin"] == 0, counted  # one tenant: by rank
+    assert await s.r.zrange(s.keys.due(RULE), 0, -1) == due_order[96:]
+    assert await s.r.zrange(s.keys.fair(RULE) + "q:a", 0, -1) == due_order[96:]
 
 
 async def test_a_tenant_whose_queue_and_due_keys_differ_is_claimed_key_by_key(
-        own_server: ValkeyProcess, namespace: str) -> None:
-    client = Redis.from_url(own_server.url, decode_responses=True)
-    try:
-        s = Shard(client, namespace)
-        await lead(s)
-        await touch(s, *keys_of("a", 100))
-        await s.after(await s.now())
-        first = (await client.zrange(s.keys.due(RULE), 0, 0))[0]
-        await client.zrem(s.keys.due(RULE), first)  # as a cancel leaves it in the queue
-        await client.hdel(s.keys.meta, first)
+        counted_shard: Shard, own_server: ValkeyProcess) -> None:
+    s = counted_shard
+    first = (await s.r.zrange(s.keys.due(RULE), 0, 0))[0]
+    await s.r.zrem(s.keys.due(RULE), first)  # as a cancel leaves it in the queue
+    await s.r.hdel(s.keys.meta, first)
 
-        counted, claimed = await lookups_of_claims(s, own_server, 10, 1)
+    counted, claimed = await lookups_of_claims(s, own_server, 10, 1)
 
-        assert counted["zpopmin"] == 1  # the queue's head is gone: key by key
-        assert claimed == 9  # the nine others the call popped
-        assert await client.zscore(s.keys.fair(RULE) + "q:a", first) is None
-    finally:
-        await client.aclose()
+    assert counted["zpopmin"] == 1  # the queue's head is gone: key by key
+    assert claimed == 9  # the nine others the call popped
+    assert await s.r.zscore(s.keys.fair(RULE) + "q:a", first) is None
 
 
 async def test_balanced_tenants_share_each_batch_evenly(shard: Shard) -> None:  # noqa: F811
