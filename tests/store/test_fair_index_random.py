@@ -1,11 +1,12 @@
 """Random programs of every script that adds to or takes from a fair rule's due set
 (touches with priorities and times of their own, claims in fair and in plain order,
 acks, failures, cancels, run-nows, dead-letter requeues, recoveries of lapsed claims,
-hastens) keep the fair index whole after each step: every pending key sits in its
-group's queue, no later than its score in the due set (else the claim would not take it
-while the due set says it is due, and the poller would claim again and again), and a
-group with a pending key is in the order or wakes no later than that key is due. At the
-end every key still pending is claimed: no group is stranded."""
+hastens) keep the fair index whole after each step: every pending key is in the due
+set (none lost) and sits in its group's queue, no later than its score in the due set
+(else the claim would not take it while the due set says it is due, and the poller
+would claim again and again), and a group with a pending key is in the order or wakes
+no later than that key is due. At the end every key still pending is claimed: no group
+is stranded."""
 
 from __future__ import annotations
 
@@ -105,6 +106,10 @@ class Program:
         order = dict(await r.zrange(prefix + "groups", 0, -1, withscores=True))
         heads = dict(await r.zrange(prefix + "heads", 0, -1, withscores=True))
         due = dict(await r.zrange(self.s.keys.due(RULE), 0, -1, withscores=True))
+        states = dict(zip(KEYS, await r.hmget(self.s.keys.meta, KEYS), strict=True))
+        lost = [k for k, v in states.items() if v and v[0] not in "RD" and k not in due]
+        assert not lost, f"pending keys out of the due set: {lost}\n" + "\n".join(
+            self.log[-25:])
         for g in GROUPS:
             queue: dict[Any, float] = dict(await r.zrange(prefix + "q:" + g, 0, -1,
                                                           withscores=True))
