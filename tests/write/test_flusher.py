@@ -200,6 +200,58 @@ async def test_distinct_keys_are_batched_at_most_0_02_commands_per_key(
     assert await c.redis.zcard(c.keyspace.shard(0).due("stats")) == n
 
 
+@pytest.mark.usefixtures("no_counts")
+async def test_a_bulk_flush_goes_out_in_calls_of_at_most_500_keys(
+        make: Make, own_server: ValkeyProcess) -> None:
+    """Each upsert call holds Redis a millisecond or two: 1,250 keys buffered at once are
+    written by three calls (500, 500 and 250 keys), every key once."""
+    c = await make(own_server.url)
+    c.touch("stats:warm")  # loads the script, opens the connection
+    await c.flush()
+    before = await command_calls(c.redis)
+    for i in range(1_250):
+        c.touch(f"stats:{i}")
+    await c.flush()
+    after = await command_calls(c.redis)
+    assert delta(before, after, "evalsha", "eval") == 3
+    assert await c.redis.zcard(c.keyspace.shard(0).due("stats")) == 1_251
+
+
+ITEM_RULES = """\
+namespace: {ns}
+shards: 1
+defaults:
+  window: 10s
+  absorb: 50ms
+rules:
+  - name: bag
+    match: "bag:{{id}}"
+    items: {{max: 100}}
+    handler: builtins:print
+"""
+
+
+@pytest.mark.usefixtures("no_counts")
+async def test_keys_with_items_go_out_in_calls_of_at_most_5000_keys_and_items(
+        rules_file: Callable[..., Any], namespace: str, own_server: ValkeyProcess) -> None:
+    """60 keys with 100 items each (6,060 keys and items) take two calls; no key's items
+    are split between them."""
+    path = rules_file(ITEM_RULES.format(ns=namespace))
+    async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as c:
+        c.touch("bag:warm", "x")
+        await c.flush()
+        before = await command_calls(c.redis)
+        for i in range(60):
+            for j in range(100):
+                c.touch(f"bag:{i}", f"item-{j}")
+        await c.flush()
+        after = await command_calls(c.redis)
+        shard = c.keyspace.shard(0)
+        sizes = {await c.redis.scard(shard.items(f"bag:{i}")) for i in range(60)}
+    assert delta(before, after, "evalsha", "eval") == 2
+    assert sizes == {100}
+
+
 async def test_touches_survive_redis_being_down_and_are_written_once_it_is_back(
         make: Make, own_server: ValkeyProcess) -> None:
     c = await make(own_server.url)

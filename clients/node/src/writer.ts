@@ -24,8 +24,8 @@ import { thenPlain } from "./schedule.js";
 import { MAX_GROUPS, type Scripts, type UpsertGroup, type UpsertResult } from "./scripts.js";
 
 export const MAX_IN_FLIGHT = 2;
-export const MAX_KEYS_PER_CALL = 2000;
-export const MAX_ITEMS_PER_CALL = 20_000;
+export const MAX_KEYS_PER_CALL = 500; // each upsert call holds Redis about 1-2 ms at most
+export const MAX_ITEMS_PER_CALL = 5_000;
 const FLUSH_ROUNDS = 3;
 const MAX_REROUTES = 3;
 const FORGET_ROUNDS = 5;

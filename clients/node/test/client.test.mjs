@@ -261,6 +261,27 @@ test("one write of keys of several rules, shards and sizes: every key lands", as
   await c.close();
 });
 
+async function scriptCalls() {
+  const stats = await server.redis.info("commandstats");
+  return [...stats.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+)/gm)]
+    .reduce((sum, m) => sum + Number(m[1]), 0);
+}
+
+test("a bulk flush goes out in calls of at most 500 keys: each holds Redis a millisecond or two", async () => {
+  const c = await client();
+  try {
+    c.touch("stats:user:warm");
+    await c.flush();
+    const before = await scriptCalls();
+    c.touchMany(Array.from({ length: 1250 }, (_, i) => `stats:user:${i}`));
+    await c.flush();
+    assert.equal(await scriptCalls() - before, 3); // 500, 500 and 250 keys
+    assert.equal(await server.redis.zcard(shard0(c).due("user-stats")), 1251);
+  } finally {
+    await c.close();
+  }
+});
+
 test("edge: leading: the first touch of a quiet key is due at once, the next ones a window on", async () => {
   n += 1;
   const yaml = `namespace: t${n}
