@@ -96,6 +96,18 @@ def client_commands(before: dict[str, int], after: dict[str, int]) -> int:
     return delta(before, after, *(set(after) - IN_SCRIPTS)) - 1
 
 
+async def counted_flush(c: Coalescer, n: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The server's command counts before and after a flush of ``n`` fresh keys
+    (``stats:0``, ...), the script loaded and the connection open before."""
+    c.touch("stats:warm")
+    await c.flush()
+    before = await command_calls(c.redis)
+    for i in range(n):
+        c.touch(f"stats:{i}")
+    await c.flush()
+    return before, await command_calls(c.redis)
+
+
 def buffered(c: Coalescer) -> float | None:
     return c.metrics.registry.get_sample_value("coalescer_buffered_keys")
 
@@ -127,14 +139,7 @@ async def test_plain_touches_cost_what_they_did_before_items_existed(
         make: Make, own_server: ValkeyProcess) -> None:
     """The items path is separate: a flush of plain touches sends no items section and
     runs no set command, and its commands are the same, call for call."""
-    c = await make(own_server.url)
-    c.touch("stats:warm")  # loads the script, opens the connection
-    await c.flush()
-    before = await command_calls(c.redis)
-    for i in range(100):
-        c.touch(f"stats:{i}")
-    await c.flush()
-    after = await command_calls(c.redis)
+    before, after = await counted_flush(await make(own_server.url), 100)
     ran = {name: n for name in after if (n := delta(before, after, name))}
     ran["info"] -= 1  # the INFO that read ``before``
     assert {k: v for k, v in ran.items() if v} == PLAIN_UPSERT
@@ -206,13 +211,7 @@ async def test_a_bulk_flush_goes_out_in_calls_of_at_most_500_keys(
     """Each upsert call holds Redis a millisecond or two: 1,250 keys buffered at once are
     written by three calls (500, 500 and 250 keys), every key once."""
     c = await make(own_server.url)
-    c.touch("stats:warm")  # loads the script, opens the connection
-    await c.flush()
-    before = await command_calls(c.redis)
-    for i in range(1_250):
-        c.touch(f"stats:{i}")
-    await c.flush()
-    after = await command_calls(c.redis)
+    before, after = await counted_flush(c, 1_250)
     assert delta(before, after, "evalsha", "eval") == 3
     assert await c.redis.zcard(c.keyspace.shard(0).due("stats")) == 1_251
 
