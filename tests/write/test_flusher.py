@@ -233,8 +233,8 @@ rules:
 @pytest.mark.usefixtures("no_counts")
 async def test_keys_with_items_go_out_in_calls_of_at_most_5000_keys_and_items(
         rules_file: Callable[..., Any], namespace: str, own_server: ValkeyProcess) -> None:
-    """60 keys with 100 items each (6,060 keys and items) take two calls; no key's items
-    are split between them."""
+    """60 keys with 100 items each (6,060 keys and items) take two calls, and every key
+    keeps all its items."""
     path = rules_file(ITEM_RULES.format(ns=namespace))
     async with Coalescer.from_yaml(path, redis_url=own_server.url, worker=False) as c:
         c.touch("bag:warm", "x")
