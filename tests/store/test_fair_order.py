@@ -246,6 +246,24 @@ async def test_a_re_touched_key_is_not_claimed_before_its_new_due_time(
     assert (await claim(shard, 10, spec())).claims == []
 
 
+async def test_a_re_touched_key_a_capped_claim_put_back_holds_no_run_of_its_tenant(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    await touch(shard, *keys_of("a", 2), *keys_of("b", 2))
+    await shard.after(await shard.now())
+    moved = await shard.scripts.upsert(shard.keys, [UpsertGroup(RULE, LONG, 10 * LONG,
+                                                                 ["t:a:0"])])
+    assert moved == 1  # its due time moves a minute on; its due score stays early
+
+    batch = await claim(shard, 8, spec(cap=5))
+
+    assert sorted(c.key for c in batch.claims) == ["t:a:1", "t:b:0", "t:b:1"]
+    for org in ("a", "b"):
+        runs = await shard.r.hgetall(fair_runs(shard.keys.namespace, RULE) + org)
+        assert runs == {c.key: f"{c.token}|{shard.keys.meta}" for c in batch.claims
+                        if c.key.startswith(f"t:{org}:")}
+
+
 async def claim_one_of_two_indexed(s: Shard) -> None:
     """t:a:1 and t:a:2 due, both indexed by a claim that took t:a:1 only."""
     await lead(s)

@@ -308,8 +308,22 @@ end
 -- `limit` of them may take a claim (no group after those can be reached in `limit`
 -- picks), at most FAIR_PAGES pages of `limit` groups: a group its cap holds back never
 -- hides the others. Returns the candidates ({g, s, w, take}), whether a cap held back a
--- group with due keys, and the picks (a candidate per claim, in the order picked).
+-- group with due keys, and the picks (a candidate per claim, in the order picked; nil
+-- when one group alone takes them all).
 local FAIR_PAGES = 8
+
+-- The plan when one group alone may take claims (one tenant's import, say): the picks
+-- the heap would make, `x` every time, without the heap. Returns nil for the picks
+-- (fair_pop then takes `x`'s keys in their queue's order).
+local function fair_plan_lone(f, x, limit)
+  local take = math.min(x.left, limit)
+  for _ = 1, take do  -- the same sums as the heap's picks
+    if x.s > f.v then f.v = x.s end
+    x.s = x.s + 1 / x.w
+  end
+  x.take, x.left = take, x.left - take
+  return nil
+end
 
 local function fair_plan(f, limit)
   local heap, cands, capped, open, picks = {}, {}, false, 0, {}
@@ -334,6 +348,7 @@ local function fair_plan(f, limit)
     end
     if open >= limit or #found < 2 * limit then break end
   end
+  if open == 1 then return cands, capped, fair_plan_lone(f, heap[1], limit) end
   for _ = 1, limit do
     local x = heap_pop(heap)
     if not x then break end
@@ -367,35 +382,43 @@ end
 -- popped from its queue (x.popped of them), and those still due in due:RULE taken out
 -- of it; one due later there goes back to its queue at that time. Returns the keys in
 -- the order of the plan's picks, which is the order their refreshes start in: a
--- quiet tenant's key goes with the first of a batch, not after a busy tenant's.
-local function fair_pop(c, f, due_key, cands, picks, group_of)
+-- quiet tenant's key goes with the first of a batch, not after a busy tenant's; and
+-- beside them, the candidate each came from.
+local function fair_pop(c, f, due_key, cands, picks)
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local popped = redis.call('ZPOPMIN', f.prefix .. 'q:' .. x.g, x.take)
       x.popped, x.keys, x.next = #popped / 2, {}, 1
-      for i = 1, #popped, 2 do
-        x.keys[#x.keys + 1] = popped[i]
-        group_of[popped[i]] = x.g
-      end
+      for i = 1, #popped, 2 do x.keys[#x.keys + 1] = popped[i] end
     end
   end
-  local keys = {}
-  for _, x in ipairs(picks) do
+  local keys, from = {}, {}
+  local function next_of(x)
     local key = x.keys[x.next]
-    if key then keys[#keys + 1], x.next = key, x.next + 1 end
+    if not key then return end
+    local n = #keys + 1
+    keys[n], from[n], x.next = key, x, x.next + 1
   end
-  if #keys == 0 then return keys end
-  local scores, ready = redis.call('ZMSCORE', due_key, unpack(keys)), {}
+  if picks then
+    for _, x in ipairs(picks) do next_of(x) end
+  else  -- one group takes them all, in its queue's order
+    for _, x in ipairs(cands) do
+      for _ = 1, x.keys and #x.keys or 0 do next_of(x) end
+    end
+  end
+  if #keys == 0 then return keys, from end
+  local scores, ready, owner = redis.call('ZMSCORE', due_key, unpack(keys)), {}, {}
   for i = 1, #keys do
     local due = tonumber(scores[i])
     if due and due > c.now then
-      redis.call('ZADD', f.prefix .. 'q:' .. group_of[keys[i]], due, keys[i])
+      redis.call('ZADD', f.prefix .. 'q:' .. from[i].g, due, keys[i])
     elseif due then
-      ready[#ready + 1] = keys[i]
+      local n = #ready + 1
+      ready[n], owner[n] = keys[i], from[i]
     end
   end
   if #ready > 0 then redis.call('ZREM', due_key, unpack(ready)) end
-  return ready
+  return ready, owner
 end
 
 -- The one candidate that takes keys, or nil when none or several do.
@@ -410,40 +433,46 @@ local function lone_taker(cands)
   return one
 end
 
+-- Per group, the claims claim_keys made of `ready` (those of `owner[i]`, else all of
+-- `lone`), from `before_n` on in c.claims, less those it put back (`later`). With a
+-- cap each claim also goes into its group's run set (its token from c.ctokens).
+local function fair_count(c, f, cands, before_n, ready, owner, lone, later)
+  if #later == 0 and not c.ctokens and not owner then
+    return {[lone.g] = #c.claims - before_n}
+  end
+  local back, got, runs, at = {}, {}, {}, before_n
+  for i = 2, #later, 2 do back[later[i]] = true end
+  for i, key in ipairs(ready) do
+    if not back[key] then
+      at = at + 1
+      local g = owner and owner[i].g or lone.g
+      got[g] = (got[g] or 0) + 1
+      if c.ctokens then
+        runs[g] = runs[g] or {}
+        local t = runs[g]
+        t[#t + 1], t[#t + 2] = key, int(c.ctokens[at]) .. '|' .. c.meta
+      end
+    end
+  end
+  for _, x in ipairs(cands) do
+    if runs[x.g] then redis.call('HSET', f.run .. x.g, unpack(runs[x.g])) end
+  end
+  return got
+end
+
 -- Claim the planned keys of every candidate in one go (fair_run, else fair_pop), by one
 -- claim_keys call (a few commands for the batch, not per group). Returns group -> the
 -- claims it got.
 local function fair_take(c, f, r, due_key, inflight_key, cands, picks)
-  local group_of, got = {}, {}
   local x = lone_taker(cands)
-  local ready = x and fair_run(c, f, due_key, x)
-  if ready then
-    for _, key in ipairs(ready) do group_of[key] = x.g end
-  else
-    ready = fair_pop(c, f, due_key, cands, picks, group_of)
-  end
-  if #ready == 0 then return got end
+  local ready, owner = x and fair_run(c, f, due_key, x), nil
+  if not ready then ready, owner = fair_pop(c, f, due_key, cands, picks) end
+  if #ready == 0 then return {} end
   local before_n = #c.claims
-  c.ckeys, c.ctokens = {}, {}  -- claim_keys notes each claim's key and token there
-  claim_keys(c, r, due_key, inflight_key, ready)
-  local runs = {}
-  for i = before_n + 1, #c.claims do
-    local key = c.ckeys[i]
-    local g = group_of[key]
-    got[g] = (got[g] or 0) + 1
-    if f.cap and f.cap > 0 then
-      local t = runs[g]
-      if not t then
-        t = {}
-        runs[g] = t
-      end
-      t[#t + 1], t[#t + 2] = key, int(c.ctokens[i]) .. '|' .. c.meta
-    end
-  end
-  c.ckeys, c.ctokens = nil, nil
-  for _, x in ipairs(cands) do
-    if runs[x.g] then redis.call('HSET', f.run .. x.g, unpack(runs[x.g])) end
-  end
+  if f.cap and f.cap > 0 then c.ctokens = {} end
+  local later = claim_keys(c, r, due_key, inflight_key, ready)
+  local got = fair_count(c, f, cands, before_n, ready, owner, x, later)
+  c.ctokens = nil
   return got
 end
 
@@ -461,17 +490,18 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   fair_wake(c, f)
   local cands, capped, picks = fair_plan(f, limit)
-  local got = fair_take(c, f, r, due_key, inflight_key, cands, picks)
+  local got, stay = fair_take(c, f, r, due_key, inflight_key, cands, picks), {}
   for _, x in ipairs(cands) do
     if x.take > 0 then
       local start = x.s0 + (got[x.g] or 0) / x.w
       if x.n > x.popped then
-        redis.call('ZADD', f.prefix .. 'groups', start, x.g)
+        stay[#stay + 1], stay[#stay + 2] = start, x.g
       else
         fair_rest(f, x.g, start)
       end
     end
   end
+  if #stay > 0 then redis.call('ZADD', f.prefix .. 'groups', unpack(stay)) end
   redis.call('HSET', f.prefix .. 'state', 'v', tostring(f.v), 'ahead', f.state.ahead,
              'low', tostring(f.state.low or 0), 'calls', tostring(f.state.calls))
   return capped

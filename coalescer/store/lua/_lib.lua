@@ -562,7 +562,9 @@ end
 -- rule with items (c.items_at, claim_items_at) each claim's items go to `c.items`.
 -- `limit` is at most a few thousand (one unpack of the keys read).
 -- claim_keys is its second half: claim the keys `ready`, already taken out of
--- `due_key` (the fair order of _fair.lua picks them its own way).
+-- `due_key` (the fair order of _fair.lua picks them its own way), in their order; it
+-- returns those put back, due later (DUE, KEY, ...). With `c.ctokens` set, each claim's
+-- token goes there at the claim's place in `c.claims`.
 local function claim_keys(c, rule_index, due_key, inflight_key, ready)
   local states = read_fields(c.meta, ready)
   local take, counts, later, n, sched, lifts = {}, {}, {}, 0, {}, {}
@@ -580,7 +582,7 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
     end
   end
   if #later > 0 then due_add(c.meta, due_key, later, lifts) end
-  if n == 0 then return end
+  if n == 0 then return later end
   local token = take_tokens(c.seq, n / 2, c.now)
   local first_token = token + 1
   local states_out, leases, claims = {}, {}, c.claims
@@ -593,12 +595,13 @@ local function claim_keys(c, rule_index, due_key, inflight_key, ready)
     states_out[i], states_out[i + 1] = key, 'R|' .. head .. tail
     leases[i], leases[i + 1] = c.lease_until, key
     claims[#claims + 1] = rule_index .. '|' .. head .. '|' .. counts[i] .. '|' .. key
-    if c.ckeys then c.ckeys[#claims], c.ctokens[#claims] = key, token end
+    if c.ctokens then c.ctokens[#claims] = token end
   end
   redis.call('HSET', c.meta, unpack(states_out))
   redis.call('ZADD', inflight_key, unpack(leases))
   if c.items_at then claim_items(c, rule_index, take, n, before) end
   timeline_claims(c, take, counts, sched, n, first_token, before)
+  return later
 end
 
 local function claim_due(c, rule_index, due_key, inflight_key, limit)
