@@ -1,10 +1,17 @@
-"""What the fair order costs the claim script: its Redis time per key claimed, side by
-side in one run on a valkey-server of its own, rounds interleaved (each first in turn):
-50,000 due keys of one tenant claimed 32 a call (a node's batch at the default
-concurrency) by a ``fair`` rule against the same rule without ``fair`` (plain due
-order), with no other keys pending and with 20,000 more keys of the rule due a minute
-later (most of a busy rule's pending keys are due later: the fair order must not read
-them).
+"""What the fair order costs the write and claim scripts: the Redis time of each call,
+``fair`` and plain due order side by side call by call on one valkey-server of its own.
+Each call's own execution time comes from SLOWLOG (logging every command), so the
+machine's drift, which moves whole runs by a quarter, falls on both sides alike. Shapes:
+
+- ``one tenant``: 50,000 due keys of one tenant (an import), written 500 a call;
+- ``one tenant, 20,000 due later``: the same, with 20,000 more keys of the rule due a
+  minute later (most of a busy rule's pending keys are due later: the fair order must
+  not read them);
+- ``four tenants``: 12,500 due keys each, interleaved (equal tenants).
+
+Each side's keys are then claimed 32 a call (a node's batch at the default concurrency),
+the two sides' calls alternating. Prints per shape the median Redis time of a write call
+and of a claim call on each side, and fair over plain.
 
     .venv/bin/python -m bench.fair_claim_cost [DIR]
 """
@@ -12,10 +19,14 @@ them).
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from redis.asyncio import Redis
 
@@ -26,94 +37,146 @@ from coalescer.store.keys import ShardKeys
 from coalescer.store.script_types import UpsertGroup
 from coalescer.store.scripts import Scripts
 
-from .valkey import Server, commandstats
+from .valkey import Server
 
-N, LATER, ROUNDS = 50_000, 20_000, 4
+N, LATER, WRITE, LIMIT = 50_000, 20_000, 500, 32
 RULE = "t"
 SPEC = FairSpec(lua_pattern(KeyPattern.compile("t:{org}:{id}"), "org"), 0, "", 0)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Setup:
-    """One side of a comparison."""
+class Shape:
+    """The keys both sides write: ``tenants`` tenants, ``N`` due keys in all, interleaved,
+    and ``later`` more keys due a minute later."""
 
-    fair: bool = True
-    limit: int = 32  # keys a claim call may take
-    later: int = 0  # keys of the rule due a minute later
+    tenants: int = 1
+    later: int = 0
 
-
-async def _write(scripts: Scripts, shard: ShardKeys, setup: Setup) -> None:
-    keys = [f"t:g0:{i}" for i in range(N)]
-    for i in range(0, N, 2000):
-        await scripts.upsert(shard, [UpsertGroup(RULE, 0, 60_000, keys[i:i + 2000])])
-    later = [f"t:g0:later{i}" for i in range(setup.later)]
-    for i in range(0, setup.later, 2000):
-        await scripts.upsert(shard, [UpsertGroup(RULE, 60_000, 60_000, later[i:i + 2000])])
+    def keys(self) -> list[str]:
+        per = N // self.tenants
+        return [f"t:g{j}:{i}" for i in range(per) for j in range(self.tenants)]
 
 
-async def claim_all(server: Server, ns: str, setup: Setup) -> tuple[float, float]:
-    """Redis microseconds per due key of the writes, then of the claim calls that drain
-    them. A claim call before the writes, as a running node's, publishes the order."""
-    shard = ShardKeys(ns, 0)
+SHAPES = {"one tenant": Shape(), f"one tenant, {LATER:,} due later": Shape(later=LATER),
+          "four tenants": Shape(tenants=4)}
+
+
+@dataclass
+class Side:
+    """One side of a comparison: a shard of its own on the shared server."""
+
+    fair: bool
+    shard: ShardKeys
+    leader: str = ""
+    writes: list[int] = field(default_factory=list)  # µs a call
+    claims: list[int] = field(default_factory=list)
+    claimed: int = 0
+
+
+class Timer:
+    """Runs one script call at a time and reads its execution time from SLOWLOG."""
+
+    def __init__(self, r: Redis) -> None:
+        self.r = r
+
+    async def setup(self) -> None:
+        await self.r.config_set("slowlog-log-slower-than", 0)
+        await self.r.config_set("slowlog-max-len", 128)
+
+    async def run(self, call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+        await self.r.slowlog_reset()
+        out = await call()
+        for entry in await self.r.slowlog_get(8):
+            command = entry["command"]
+            text = command.decode() if isinstance(command, bytes) else str(command)
+            if text.upper().startswith("EVALSHA"):
+                return out, int(entry["duration"])
+        raise RuntimeError("no script call in SLOWLOG")
+
+
+async def _claim(scripts: Scripts, side: Side, limit: int) -> int:
+    batch = await scripts.claim(side.shard, leader=side.leader, node_id="n1",
+                                claim_lease_ms=600_000, sleep_cap_ms=1000,
+                                limits=[(RULE, limit)], fair={RULE: SPEC} if side.fair else {})
+    return len(batch.claims)
+
+
+async def _write(scripts: Scripts, timer: Timer, sides: list[Side], shape: Shape) -> None:
+    """Both sides write the same keys, call by call; the later keys are not timed."""
+    keys = shape.keys()
+    for i in range(0, len(keys), WRITE):
+        for side in sides:
+            group = UpsertGroup(RULE, 0, 60_000, keys[i:i + WRITE])
+            _, us = await timer.run(partial(scripts.upsert, side.shard, [group]))
+            side.writes.append(us)
+    later = [f"t:g0:later{i}" for i in range(shape.later)]
+    for side in sides:
+        for i in range(0, len(later), WRITE):
+            await scripts.upsert(side.shard, [UpsertGroup(RULE, 60_000, 60_000,
+                                                          later[i:i + WRITE])])
+
+
+async def compare(server: Server, name: str, shape: Shape, limit: int = LIMIT) -> list[Side]:
+    """One shape: the fair side and the plain side, each on a shard of its own, writing
+    and claiming call by call in turn. Raises if a side claims fewer keys than are due.
+    A claim call before the writes, as a running node's, publishes the fair order."""
     r = Redis.from_url(server.url, decode_responses=True)
-    scripts = Scripts(r)
-    leader = (await scripts.acquire(shard, node_id="n1", lease_ms=60_000, mine="")).holder
-
-    async def claim() -> int:
-        batch = await scripts.claim(shard, leader=leader, node_id="n1", claim_lease_ms=60_000,
-                                    sleep_cap_ms=1000, limits=[(RULE, setup.limit)],
-                                    fair={RULE: SPEC} if setup.fair else {})
-        return len(batch.claims)
-
-    sync = server.client()
-    await claim()
-    sync.config_resetstat()
-    await _write(scripts, shard, setup)
-    write_usec = commandstats(sync, "usec").get("evalsha", 0)
-    sync.config_resetstat()
-    claimed = 0
-    while claimed < N and (got := await claim()):
-        claimed += got
-    usec = commandstats(sync, "usec").get("evalsha", 0)
-    sync.flushall()  # the next run starts on an empty server, as this one did
-    sync.close()
-    await r.aclose()
-    if claimed < N:
-        raise RuntimeError(f"{ns}: the claims took {claimed:,} of the {N:,} due keys")
-    return write_usec / N, usec / claimed
+    try:
+        scripts, timer = Scripts(r), Timer(r)
+        await timer.setup()
+        sides = [Side(fair, ShardKeys(f"{name}-{'fair' if fair else 'plain'}", 0))
+                 for fair in (True, False)]
+        for side in sides:
+            side.leader = (await scripts.acquire(side.shard, node_id="n1", lease_ms=600_000,
+                                                 mine="")).holder
+            await _claim(scripts, side, 1)
+        await _write(scripts, timer, sides, shape)
+        await _claim_all(scripts, timer, sides, limit, len(shape.keys()))
+        return sides
+    finally:
+        await r.flushall()
+        await r.aclose()
 
 
-COMPARISONS: dict[str, tuple[Setup, Setup]] = {
-    "fair over plain, no key due later": (Setup(), Setup(fair=False)),
-    f"fair over plain, {LATER:,} keys due later": (Setup(later=LATER),
-                                                    Setup(fair=False, later=LATER)),
-}
+async def _claim_all(scripts: Scripts, timer: Timer, sides: list[Side], limit: int,
+                     due: int) -> None:
+    going = list(sides)
+    while going:
+        for side in list(going):
+            got, us = await timer.run(partial(_claim, scripts, side, limit))
+            if got == 0:
+                going.remove(side)
+                continue
+            side.claims.append(us)
+            side.claimed += got
+    for side in sides:
+        if side.claimed < due:
+            raise RuntimeError(f"{side.shard.namespace}: the claims took {side.claimed:,} of "
+                               f"the {due:,} due keys")
 
 
-Found = tuple[list[tuple[float, float]], list[tuple[float, float]]]
+async def measure(server: Server) -> dict[str, list[Side]]:
+    return {name: await compare(server, f"s{i}", shape)
+            for i, (name, shape) in enumerate(SHAPES.items())}
 
 
-async def measure(server: Server) -> dict[str, Found]:
-    out: dict[str, Found] = {}
-    for name, (a, b) in COMPARISONS.items():
-        found: Found = ([], [])
-        for n in range(ROUNDS):
-            order = (0, 1) if n % 2 == 0 else (1, 0)
-            for side in order:
-                found[side].append(await claim_all(server, f"r{n}{side}", (a, b)[side]))
-        out[name] = found
-    return out
+def report(found: dict[str, list[Side]]) -> list[str]:
+    lines = []
+    for name, (fair, plain) in found.items():
+        for what, f, p in (("a write call", fair.writes, plain.writes),
+                           ("a claim call", fair.claims, plain.claims)):
+            mf, mp = statistics.median(f), statistics.median(p)
+            lines.append(f"{name}, {what}: {mf:,.0f} against {mp:,.0f} µs of Redis time "
+                         f"(medians of {len(f):,} and {len(p):,} calls): {mf / mp:.2f}x")
+    return lines
 
 
 def main() -> None:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
     with Server(root) as server:
         found = asyncio.run(measure(server))
-    for name, (a, b) in found.items():
-        for what, i in (("the claims", 1), ("the writes", 0)):
-            mine, plain = min(x[i] for x in a), min(x[i] for x in b)
-            print(f"{name}, {what}: {mine:.2f} against {plain:.2f} µs of Redis time per "
-                  f"due key (best of {ROUNDS}): {mine / plain:.2f}x")
+    print("\n".join(report(found)))
 
 
 if __name__ == "__main__":
