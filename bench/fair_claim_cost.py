@@ -10,8 +10,9 @@ machine's drift, which moves whole runs by a quarter, falls on both sides alike.
 - ``four tenants``: 12,500 due keys each, interleaved (equal tenants).
 
 Each side's keys are then claimed 32 a call (a node's batch at the default concurrency),
-the two sides' calls alternating. Prints per shape the median Redis time of a write call
-and of a claim call on each side, and fair over plain.
+the two sides' calls alternating, each side first every other time. Prints per shape
+the median Redis time of a write call and of a claim call on each side, and fair over
+plain.
 
     .venv/bin/python -m bench.fair_claim_cost [DIR]
 """
@@ -95,6 +96,12 @@ class Timer:
         raise RuntimeError("no script call in SLOWLOG")
 
 
+def _in_turn(sides: list[Side], n: int) -> list[Side]:
+    """The sides in the order of round ``n``: each goes first every other round (the
+    call made first measures a few per cent slower, the same script on both sides)."""
+    return sides if n % 2 == 0 else sides[::-1]
+
+
 async def _claim(scripts: Scripts, side: Side, limit: int) -> int:
     batch = await scripts.claim(side.shard, leader=side.leader, node_id="n1",
                                 claim_lease_ms=600_000, sleep_cap_ms=1000,
@@ -105,8 +112,8 @@ async def _claim(scripts: Scripts, side: Side, limit: int) -> int:
 async def _write(scripts: Scripts, timer: Timer, sides: list[Side], shape: Shape) -> None:
     """Both sides write the same keys, call by call; the later keys are not timed."""
     keys = shape.keys()
-    for i in range(0, len(keys), WRITE):
-        for side in sides:
+    for n, i in enumerate(range(0, len(keys), WRITE)):
+        for side in _in_turn(sides, n):
             group = UpsertGroup(RULE, 0, 60_000, keys[i:i + WRITE])
             _, us = await timer.run(partial(scripts.upsert, side.shard, [group]))
             side.writes.append(us)
@@ -141,9 +148,10 @@ async def compare(server: Server, name: str, shape: Shape, limit: int = LIMIT) -
 
 async def _claim_all(scripts: Scripts, timer: Timer, sides: list[Side], limit: int,
                      due: int) -> None:
-    going = list(sides)
+    going, n = list(sides), 0
     while going:
-        for side in list(going):
+        n += 1
+        for side in _in_turn(list(going), n):
             got, us = await timer.run(partial(_claim, scripts, side, limit))
             if got == 0:
                 going.remove(side)

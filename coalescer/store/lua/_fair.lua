@@ -14,7 +14,8 @@
 --   PREFIX..groups   ZSET  group with due keys -> the start tag of its next claim
 --   PREFIX..heads    ZSET  group with keys, none due -> the score of its first
 --   PREFIX..tags     ZSET  group out of `groups` -> the finish tag of its last claim,
---                          while that is ahead of the virtual time
+--                          while that is ahead of the virtual time (a tag V has passed
+--                          counts as none; the round drops those)
 --   PREFIX..state    HASH  v      the virtual time: the start tag of the last claim
 --                          ahead  how far due:RULE is indexed (fair_ahead)
 --                          low    where the round over due:RULE goes on
@@ -172,10 +173,12 @@ local function fair_ahead(c, f, due_key)
 end
 
 -- The round: FAIR_LOW keys of due:RULE every FAIR_EVERY calls, in due order up to the
--- look-ahead's horizon and round again, indexing those missing from their queue.
+-- look-ahead's horizon and round again, indexing those missing from their queue; and
+-- the finish tags the virtual time has passed dropped.
 local function fair_round(c, f, due_key)
   f.state.calls = ((tonumber(f.state.calls) or 0) + 1) % FAIR_EVERY
   if f.state.calls ~= 0 then return end
+  redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   local at = tonumber(f.state.low) or 0
   local got = redis.call('ZRANGE', due_key, at, at + FAIR_LOW - 1, 'WITHSCORES')
   f.state.low = #got == 2 * FAIR_LOW and at + FAIR_LOW or 0
@@ -487,7 +490,6 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   fair_ahead(c, f, due_key)
   fair_round(c, f, due_key)
   fair_lift(c, f, due_key)
-  redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   fair_wake(c, f)
   local cands, capped, picks = fair_plan(f, limit)
   local got, stay = fair_take(c, f, r, due_key, inflight_key, cands, picks), {}
