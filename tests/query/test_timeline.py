@@ -60,6 +60,15 @@ async def touched(c: Coalescer, key: str, times: int) -> None:
         await c.flush()
 
 
+async def next_millisecond(redis: Any) -> None:
+    """Wait until the server clock is past the millisecond it reads now."""
+    start = await server_ms(redis)
+
+    async def later() -> bool:
+        return await server_ms(redis) > start
+    await wait_until(later, message="the next millisecond")
+
+
 async def next_second(redis: Any) -> None:
     """Wait until the server clock is in a later second than now."""
     start = await server_ms(redis) // 1000
@@ -140,7 +149,9 @@ async def test_max_wait_forcing_a_failure_dead_letter_and_purge(
     rules, _ = write(tmp_path, namespace, RULES.format(ns=namespace))
     async with node(rules, redis_url, node_id="node-f") as c:
         at = await server_ms(redis_client)
-        await touched(c, "bad:1", 2)  # the second touch: due by max_wait, not the window
+        await touched(c, "bad:1", 1)
+        await next_millisecond(redis_client)  # (touches in one millisecond: due by either)
+        await touched(c, "bad:1", 1)  # the second touch: due by max_wait, not the window
         info = await run_of(c, "bad:1", "dead")
         claim = next(e for e in info["events"] if e["type"] == "claim")
         assert claim["due_reason"] == "max_wait" and claim["touches"] == 2
