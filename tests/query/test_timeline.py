@@ -60,22 +60,14 @@ async def touched(c: Coalescer, key: str, times: int) -> None:
         await c.flush()
 
 
-async def next_millisecond(redis: Any) -> None:
-    """Wait until the server clock is past the millisecond it reads now."""
-    start = await server_ms(redis)
+async def next_step(redis: Any, step_ms: int) -> None:
+    """Wait until the server clock is in a later step of ``step_ms`` than now (1: the
+    next millisecond, 1000: the next second)."""
+    start = await server_ms(redis) // step_ms
 
     async def later() -> bool:
-        return await server_ms(redis) > start
-    await wait_until(later, message="the next millisecond")
-
-
-async def next_second(redis: Any) -> None:
-    """Wait until the server clock is in a later second than now."""
-    start = await server_ms(redis) // 1000
-
-    async def later() -> bool:
-        return await server_ms(redis) // 1000 > start
-    await wait_until(later, message="the next second")
+        return await server_ms(redis) // step_ms > start
+    await wait_until(later, message=f"the server clock's next {step_ms} ms")
 
 
 async def run_of(c: Coalescer, key: str, outcome: str) -> dict[str, Any]:
@@ -96,7 +88,7 @@ async def test_a_burst_its_claim_and_success_then_touches_by_second(
     sk = ShardKeys(namespace, 0)
     async with node(rules, redis_url, worker=False) as writer:
         await touched(writer, "w:1", 3)
-        await next_second(redis_client)
+        await next_step(redis_client, 1000)
         await touched(writer, "w:1", 2)
         assert await redis_client.exists(sk.timeline("w:1")) == 0  # never claimed: nothing
         before_claim = await server_ms(redis_client)
@@ -110,7 +102,7 @@ async def test_a_burst_its_claim_and_success_then_touches_by_second(
             info = await run_of(worker, "w:1", "success")
             answer = await worker.query.timeline("w:1", at_ms=before_claim)
         await touched(writer, "w:1", 2)  # a new burst: the key has a timeline now
-        await next_second(redis_client)
+        await next_step(redis_client, 1000)
         await touched(writer, "w:1", 1)
         again = await writer.query.timeline("w:1")
     kinds = [e["type"] for e in info["events"]]
@@ -150,7 +142,7 @@ async def test_max_wait_forcing_a_failure_dead_letter_and_purge(
     async with node(rules, redis_url, node_id="node-f") as c:
         at = await server_ms(redis_client)
         await touched(c, "bad:1", 1)
-        await next_millisecond(redis_client)  # (touches in one millisecond: due by either)
+        await next_step(redis_client, 1)  # (touches in one millisecond: due by either)
         await touched(c, "bad:1", 1)  # the second touch: due by max_wait, not the window
         info = await run_of(c, "bad:1", "dead")
         claim = next(e for e in info["events"] if e["type"] == "claim")
