@@ -453,7 +453,8 @@ async def test_a_key_missing_from_its_queue_is_found_by_the_round_behind_capped_
     await shard.r.delete(shard.keys.fair(RULE) + "q:c")
 
     found: Counter[str] = Counter()
-    for _ in range(8 * 40):  # a round, 16 keys every 8 calls, over the 599 keys due
+    every, low = fair_constant("FAIR_EVERY"), fair_constant("FAIR_LOW")
+    for _ in range(every * (599 // low + 2)):  # a round over the 599 keys due
         found += orgs(await claim(shard, 10, spec(cap=1)))
     assert found == {"c": 1}
 
@@ -471,6 +472,21 @@ async def test_a_rule_claimed_without_fair_drops_its_queues_and_its_writes_are_n
     assert await indexed(shard) == {}
     assert await shard.r.hlen(shard.keys.fair_specs) == 0
     assert orgs(await claim(shard, 100)) == {"a": 3, "b": 5}
+
+
+async def test_the_writers_copy_of_the_order_lost_to_eviction_is_back_within_a_round(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    await shard.r.delete(shard.keys.fair_specs)  # as an eviction would
+    await shard.touch("t:a:1", window=LONG // 2, rule=RULE)
+    assert await indexed(shard) == {}  # the writers no longer index
+
+    for _ in range(fair_constant("FAIR_EVERY")):
+        assert (await claim(shard, 1, spec())).claims == []
+    await shard.touch("t:b:1", window=LONG // 2, rule=RULE)
+
+    assert await shard.r.hlen(shard.keys.fair_specs) == 1
+    assert set(await indexed(shard)) == {"t:a:1", "t:b:1"}  # t:a:1 by the claims
 
 
 async def indexed(s: Shard) -> dict[str, float]:
@@ -508,8 +524,8 @@ async def test_every_script_that_makes_a_key_pending_puts_it_in_its_queue_at_its
 async def test_a_key_due_beyond_the_look_ahead_is_indexed_only_when_it_comes_near(
         shard: Shard) -> None:  # noqa: F811
     await lead(shard)
-    ahead = fair_constant("FAIR_AHEAD")
-    await shard.touch("t:a:1", window=ahead + 300, rule=RULE)
+    ahead = fair_constant("FAIR_AHEAD")  # (the look-ahead reads again once a step on)
+    await shard.touch("t:a:1", window=ahead + fair_constant("FAIR_STEP") + 300, rule=RULE)
     due = int(await shard.r.zscore(shard.keys.due(RULE), "t:a:1") or 0)
     assert await indexed(shard) == {}  # a key due later costs no index while it waits
 

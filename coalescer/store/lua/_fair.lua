@@ -20,6 +20,7 @@
 --                          ahead  how far due:RULE is indexed (fair_ahead)
 --                          low    where the round over due:RULE goes on
 --                          calls  the claim calls, counted FAIR_EVERY round
+--                          spec   the spec this claim last published (fair_publish)
 --   RUN..GROUP       HASH  key -> "TOKEN|META-KEY": the group's claims in flight (only
 --                          with a cap), one set for all shards on one server
 --   CONF             HASH  runtime settings: "w:VALUE" -> weight, "cap" -> max_running
@@ -38,7 +39,11 @@
 -- calls, indexes any key missing from its queue (written by a client that predates the
 -- index, say).
 
-local FAIR_SWEEP, FAIR_LOW, FAIR_EVERY, FAIR_HEADS = 2000, 16, 8, 1000
+local FAIR_SWEEP, FAIR_LOW, FAIR_EVERY, FAIR_HEADS = 2000, 32, 32, 1000
+-- The look-ahead reads due:RULE again once its horizon moved FAIR_STEP ms on: a key due
+-- later than the writers index is still indexed at least FAIR_AHEAD - FAIR_STEP ms
+-- before it falls due, and a busy claimer does not read the due set every call.
+local FAIR_STEP = 1000
 
 -- The fair section of ARGV, from `at` (its "\0FAIR" tag) on: N, then per fair rule
 -- RULE-INDEX, LUA-PATTERN (its one capture is the group), PREFIX, RUN-PREFIX, CONF,
@@ -124,14 +129,18 @@ end
 
 
 -- Publish the rule's spec for the writers; when it was absent or different, the
--- look-ahead starts again from the first key (see fair_ahead).
+-- look-ahead starts again from the first key (see fair_ahead). The state keeps the spec
+-- last published: the writers' copy is read again only when that differs, and at each
+-- round (an evicted copy comes back within FAIR_EVERY calls).
 local function fair_publish(f, due_key)
   local spec = f.pattern .. '\0' .. f.prefix .. '\0' .. int(f.prio)
   local specs = fair_specs_key(f.meta)
-  if redis.call('HGET', specs, due_key) ~= spec then
+  if (f.state.spec ~= spec or f.state.calls == 0)
+      and redis.call('HGET', specs, due_key) ~= spec then
     redis.call('HSET', specs, due_key, spec)
     f.state.ahead = ''  -- from the first key on
   end
+  f.state.spec = spec
   fair_specs_read[due_key] = {pattern = f.pattern, prefix = f.prefix, prio = f.prio}
 end
 
@@ -153,12 +162,15 @@ end
 
 -- The look-ahead: the keys of due:RULE that came within FAIR_AHEAD (_lib.lua) of their
 -- due time since the last call, FAIR_SWEEP a call, indexed (the writers index those
--- they write due sooner). State ahead: "SCORE|MEMBER", the last key indexed when a call
+-- they write due sooner); once the horizon moved FAIR_STEP on. State ahead: "SCORE|MEMBER", the last key indexed when a call
 -- was cut, else "SCORE|", every key up to that score; "" (a spec just published): from
 -- the first key, which builds the index of the keys written before.
 local function fair_ahead(c, f, due_key)
   local horizon = c.now + FAIR_AHEAD
   local score, member = parse_mark(f.state.ahead or '')
+  if score and member == '' and score <= horizon and horizon - score < FAIR_STEP then
+    return  -- indexed up to less than a step ago
+  end
   if score and score > horizon then score, member = horizon, '' end  -- the clock stepped back
   local start, below = 0, 0  -- (a mark without a member starts at its score)
   if score and member ~= '' then start, below = rank_after(due_key, int(score), member) end
@@ -176,7 +188,6 @@ end
 -- look-ahead's horizon and round again, indexing those missing from their queue; and
 -- the finish tags the virtual time has passed dropped.
 local function fair_round(c, f, due_key)
-  f.state.calls = ((tonumber(f.state.calls) or 0) + 1) % FAIR_EVERY
   if f.state.calls ~= 0 then return end
   redis.call('ZREMRANGEBYSCORE', f.prefix .. 'tags', '-inf', f.v)
   local at = tonumber(f.state.low) or 0
@@ -482,8 +493,9 @@ end
 -- Claim up to `limit` due keys of fair rule `r` (spec `f`) in fair order; returns
 -- whether a cap held back a group that has due keys.
 local function claim_fair(c, r, due_key, inflight_key, limit, f)
-  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'ahead', 'low', 'calls')
-  f.state = {ahead = st[2] or nil, low = st[3] or nil, calls = st[4] or nil}
+  local st = redis.call('HMGET', f.prefix .. 'state', 'v', 'ahead', 'low', 'calls', 'spec')
+  f.state = {ahead = st[2] or nil, low = st[3] or nil, spec = st[5] or nil,
+             calls = ((tonumber(st[4]) or 0) + 1) % FAIR_EVERY}  -- 0: this call is a round
   f.v, f.meta, f.now = tonumber(st[1]) or 0, c.meta, c.now
   fair_settings(f)
   fair_publish(f, due_key)
@@ -505,6 +517,7 @@ local function claim_fair(c, r, due_key, inflight_key, limit, f)
   end
   if #stay > 0 then redis.call('ZADD', f.prefix .. 'groups', unpack(stay)) end
   redis.call('HSET', f.prefix .. 'state', 'v', tostring(f.v), 'ahead', f.state.ahead,
-             'low', tostring(f.state.low or 0), 'calls', tostring(f.state.calls))
+             'low', tostring(f.state.low or 0), 'calls', tostring(f.state.calls),
+             'spec', f.state.spec)
   return capped
 end
