@@ -9,6 +9,9 @@ due time), rule ``t:{org}:{id}`` with a 100 ms window:
   a process of its own, as an app's import would) while tenant ``b`` touches a new key
   every 0.25 s (from before the import until it has drained): ``b``'s start lag p50/p99,
   and ``a``'s drain (its keys over the time from its first start to its last).
+- ``skew_work``: the same with ``sizes.fair_import_work`` keys and a handler that waits
+  ``WORK_MS`` after recording its start (a query, say): what ``fair`` costs an import
+  when the node's slots, not Redis, bound the drain.
 - ``balanced``: ``BALANCED_TENANTS`` tenants touch ``sizes.fair_balanced`` keys each,
   interleaved, at once: each tenant's lag p50/p99 and the drain rate.
 - ``weights``: three tenants at weights 5:3:2, each with ``sizes.fair_weights`` due keys
@@ -58,6 +61,7 @@ SHARD = KeySpace(NS, 1).shard(0)
 RULE = "t"
 WINDOW = "100ms"
 B_EVERY = 0.25  # seconds between the quiet tenant's touches
+WORK_MS = 2.0  # what the handler of the skew_work figure waits after its start
 BALANCED_TENANTS = 4
 WEIGHTS = {"x": 5, "y": 3, "z": 2}
 OTHER_EVERY = 0.01  # seconds between touches of the other rule during a herd
@@ -74,6 +78,7 @@ class FairSizes:
     """How big each fairness figure is (full and ``quick``; the test: ``tiny``)."""
 
     fair_import: int = 200_000
+    fair_import_work: int = 60_000
     fair_balanced: int = 25_000
     fair_weights: int = 10_000
     herd: int = 1_000_000
@@ -84,13 +89,15 @@ class FairSizes:
 
     @classmethod
     def quick(cls) -> FairSizes:
-        return cls(fair_import=40_000, fair_balanced=5_000, fair_weights=5_000, herd=200_000,
-                   memory_keys=200_000, fair_groups=5_000, cap_claims=10_000)
+        return cls(fair_import=40_000, fair_import_work=20_000, fair_balanced=5_000,
+                   fair_weights=5_000, herd=200_000, memory_keys=200_000, fair_groups=5_000,
+                   cap_claims=10_000)
 
     @classmethod
     def tiny(cls) -> FairSizes:
-        return cls(fair_import=600, fair_balanced=100, fair_weights=300, herd=2_000,
-                   memory_keys=2_000, fair_groups=200, cap_claims=300, herd_lead=0.5)
+        return cls(fair_import=600, fair_import_work=300, fair_balanced=100, fair_weights=300,
+                   herd=2_000, memory_keys=2_000, fair_groups=200, cap_claims=300,
+                   herd_lead=0.5)
 
 
 def sizes_of(sizes: C.Sizes) -> FairSizes:
@@ -129,6 +136,12 @@ STARTS = Starts()
 async def started(claim: Any) -> None:
     """The no-op handler: one start recorded under the key's tenant (else its rule)."""
     STARTS.record(claim.params.get("org") or claim.rule, claim.due_ms)
+
+
+async def started_then_work(claim: Any) -> None:
+    """A handler that records its start, then waits ``WORK_MS`` (a query)."""
+    await started(claim)
+    await asyncio.sleep(WORK_MS / 1000)
 
 
 # -- rules ---------------------------------------------------------------------------------
@@ -241,16 +254,18 @@ IMPORT_RULE = """\
 
 
 async def skew(server: Server, sizes: C.Sizes, fair: bool,
-               apart: bool = False) -> dict[str, Any]:
+               apart: bool = False, work: bool = False) -> dict[str, Any]:
     """``apart``: the import goes to another rule (``u:{org}:{id}``, no ``fair``), the
     quiet tenant's rule keeps only its own keys: what the import's writing alone costs
-    the quiet tenant, rules being apart."""
+    the quiet tenant, rules being apart. ``work``: the ``skew_work`` shape."""
     fs = sizes_of(sizes)
-    text = tenant_rules(fair_block() if fair else "") + (IMPORT_RULE if apart else "")
+    handler = "bench.fairness:started_then_work" if work else "bench.fairness:started"
+    text = (tenant_rules(fair_block() if fair else "", handler=handler)
+            + (IMPORT_RULE if apart else ""))
     if fair and (why := fair_refused(text)):
         return {"skipped": why}
     STARTS.reset(await C.clock_offset_ms(server.url))
-    n = fs.fair_import
+    n = fs.fair_import_work if work else fs.fair_import
     async with node(server, text) as c:
         stop = asyncio.Event()
         quiet = asyncio.create_task(_quiet_tenant(c, stop))

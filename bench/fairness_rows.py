@@ -49,6 +49,7 @@ def _at_most(ceiling: float) -> Callable[[float], bool]:
 def rows(t: Table) -> None:
     fs = FR.sizes_of(t.sizes)
     _skew_rows(t, fs)
+    _skew_work_rows(t, fs)
     _balanced_rows(t)
     _weights_rows(t, fs)
     _cap_rows(t, fs)
@@ -73,6 +74,17 @@ def _skew_rows(t: Table, fs: FR.FairSizes) -> None:
     t.figure(f"{head}: a's import drained, keys/s, fair (beside: fair off)",
              t.spread("fair_skew.coalescer", "a.per_second"), off, fmt=_rate,
              target=">= 0.95x fair off", ok=lambda c: c >= floor)
+
+
+def _skew_work_rows(t: Table, fs: FR.FairSizes) -> None:
+    head = (f"tenant a imports {fs.fair_import_work:,} keys to a handler that waits "
+            f"{FR.WORK_MS:g} ms, tenant b touches a key every {FR.B_EVERY:g} s")
+    t.figure(f"{head}: b's start lag p99, fair (beside: fair off)",
+             t.spread("fair_skew_work.coalescer", "b.p99"),
+             t.spread("fair_skew_work.baseline", "b.p99"), fmt=_ms)
+    t.figure(f"{head}: a's import drained, keys/s, fair (beside: fair off)",
+             t.spread("fair_skew_work.coalescer", "a.per_second"),
+             t.spread("fair_skew_work.baseline", "a.per_second"), fmt=_rate)
 
 
 def _balanced_rows(t: Table) -> None:

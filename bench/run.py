@@ -115,6 +115,8 @@ GROUPS: dict[str, list[tuple[str, Measure, tuple[Any, ...]]]] = {
     # fairness: fair on (the coalescer column) beside fair off (baseline) in the same run
     "fair_skew": [("coalescer", FR.skew, (True,)), ("baseline", FR.skew, (False,)),
                   ("apart", FR.skew, (False, True))],
+    "fair_skew_work": [("coalescer", FR.skew, (True, False, True)),
+                       ("baseline", FR.skew, (False, False, True))],
     "fair_balanced": [("coalescer", FR.balanced, (True,)),
                       ("baseline", FR.balanced, (False,))],
     "fair_weights": [("coalescer", FR.weights, (True,)), ("baseline", FR.weights, (False,))],

@@ -300,22 +300,24 @@ local function heap_push(h, x)
   end
 end
 
-local function heap_pop(h)
-  local top, last = h[1], h[#h]
-  h[#h] = nil
-  if #h > 0 then
-    h[1] = last
-    local i = 1
-    while true do
-      local l, r, m = 2 * i, 2 * i + 1, i
-      if l <= #h and fair_before(h[l], h[m]) then m = l end
-      if r <= #h and fair_before(h[r], h[m]) then m = r end
-      if m == i then break end
-      h[m], h[i] = h[i], h[m]
-      i = m
-    end
+-- Move the group at `i` down to its place (its start tag grew, or it came from the end).
+local function heap_down(h, i)
+  local n = #h
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and fair_before(h[l], h[m]) then m = l end
+    if r <= n and fair_before(h[r], h[m]) then m = r end
+    if m == i then return end
+    h[m], h[i] = h[i], h[m]
+    i = m
   end
-  return top
+end
+
+-- Take the first group out of the heap.
+local function heap_drop(h)
+  h[1] = h[#h]
+  h[#h] = nil
+  if #h > 1 then heap_down(h, 1) end
 end
 
 -- Plan up to `limit` claims in SFQ order. Candidates are read in start-tag order until
@@ -364,12 +366,12 @@ local function fair_plan(f, limit)
   end
   if open == 1 then return cands, capped, fair_plan_lone(f, heap[1], limit) end
   for _ = 1, limit do
-    local x = heap_pop(heap)
+    local x = heap[1]  -- the lowest start tag takes the claim, and its tag moves on
     if not x then break end
     if x.s > f.v then f.v = x.s end
     x.take, x.left, x.s = x.take + 1, x.left - 1, x.s + 1 / x.w
     picks[#picks + 1] = x
-    if x.left > 0 then heap_push(heap, x) end
+    if x.left > 0 then heap_down(heap, 1) else heap_drop(heap) end
   end
   return cands, capped, picks
 end
