@@ -161,10 +161,11 @@ local function fair_unpublish(meta, due_key)
 end
 
 -- The look-ahead: the keys of due:RULE that came within FAIR_AHEAD (_lib.lua) of their
--- due time since the last call, FAIR_SWEEP a call, indexed (the writers index those
--- they write due sooner); once the horizon moved FAIR_STEP on. State ahead: "SCORE|MEMBER", the last key indexed when a call
--- was cut, else "SCORE|", every key up to that score; "" (a spec just published): from
--- the first key, which builds the index of the keys written before.
+-- due time since it last read, FAIR_SWEEP a call, indexed (the writers index those they
+-- write due sooner); it reads once its horizon moved FAIR_STEP on. State ahead:
+-- "SCORE|MEMBER", the last key indexed when a call was cut, else "SCORE|", every key up
+-- to that score; "" (a spec just published): from the first key, which builds the index
+-- of the keys written before.
 local function fair_ahead(c, f, due_key)
   local horizon = c.now + FAIR_AHEAD
   local score, member = parse_mark(f.state.ahead or '')
