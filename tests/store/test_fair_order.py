@@ -533,3 +533,19 @@ async def test_a_key_due_beyond_the_look_ahead_is_indexed_only_when_it_comes_nea
     assert (await claim(shard, 10, spec())).claims == []
 
     assert await indexed(shard) == {"t:a:1": due}
+
+
+async def test_after_the_clock_stepped_back_the_look_ahead_reads_from_the_new_horizon(
+        shard: Shard) -> None:  # noqa: F811
+    await lead(shard)
+    ahead, step = fair_constant("FAIR_AHEAD"), fair_constant("FAIR_STEP")
+    now = await shard.now()  # a claim made 10 minutes on left its mark there
+    await shard.r.hset(shard.keys.fair(RULE) + "state", "ahead", f"{now + ahead + 600_000}|")
+    await shard.touch("t:a:1", window=ahead + step + 300, rule=RULE)
+    due = int(await shard.r.zscore(shard.keys.due(RULE), "t:a:1") or 0)
+    assert (await claim(shard, 10, spec())).claims == []
+
+    await shard.after(due - ahead)
+    assert (await claim(shard, 10, spec())).claims == []
+
+    assert await indexed(shard) == {"t:a:1": due}
