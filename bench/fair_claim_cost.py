@@ -42,7 +42,7 @@ from .valkey import Server
 
 N, LATER, WRITE, LIMIT = 50_000, 20_000, 500, 32
 RULE = "t"
-SPEC = FairSpec(lua_pattern(KeyPattern.compile("t:{org}:{id}"), "org"), 0, "", 0)
+BY_ORG = FairSpec(lua_pattern(KeyPattern.compile("t:{org}:{id}"), "org"), 0, "", 0)
 T = TypeVar("T")
 
 
@@ -105,7 +105,7 @@ def _in_turn(sides: list[Side], n: int) -> list[Side]:
 async def _claim(scripts: Scripts, side: Side, limit: int) -> int:
     batch = await scripts.claim(side.shard, leader=side.leader, node_id="n1",
                                 claim_lease_ms=600_000, sleep_cap_ms=1000,
-                                limits=[(RULE, limit)], fair={RULE: SPEC} if side.fair else {})
+                                limits=[(RULE, limit)], fair={RULE: BY_ORG} if side.fair else {})
     return len(batch.claims)
 
 
